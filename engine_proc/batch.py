@@ -1,0 +1,52 @@
+"""What the scheduler hands the model runner for one step, and what comes back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine_proc.request import EngineRequest
+from ipc.protocol import FinishReason
+
+
+@dataclass(eq=False)
+class ScheduledSeq:
+    """A slice of one request's tokens to run this step: a prefill chunk or one decode token."""
+
+    req: EngineRequest
+    start_pos: int  # == req.num_computed_tokens before this step
+    num_new_tokens: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.req.token_ids(self.start_pos, self.start_pos + self.num_new_tokens)
+
+    @property
+    def needs_sample(self) -> bool:
+        """True when this slice reaches the end of the request's known tokens."""
+        return self.start_pos + self.num_new_tokens == self.req.num_tokens
+
+
+@dataclass(eq=False)
+class Batch:
+    """One flattened step: sequences in order; token ids laid end to end, no padding."""
+
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+    @property
+    def sampled_seqs(self) -> list[ScheduledSeq]:
+        return [s for s in self.seqs if s.needs_sample]
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+@dataclass(eq=False)
+class TokenDelta:
+    """What one step produced for one request (also emitted when a request finishes)."""
+
+    req: EngineRequest
+    new_ids: list[int]
+    finish: FinishReason | None = None

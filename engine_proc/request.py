@@ -1,0 +1,47 @@
+"""One request as the engine sees it: its token ids, its KV blocks, and its state."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ipc.protocol import FinishReason, SamplingParams
+
+
+class RequestState(enum.IntEnum):
+    WAITING = 0  # queued, or preempted and waiting to be recomputed
+    RUNNING = 1
+    FINISHED = 2
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    req_id: str
+    worker_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    # Tokens of prompt_ids + output_ids whose KV is in the cache (or scheduled into it).
+    num_computed_tokens: int = 0
+    # Prompt tokens found in the prefix cache at first scheduling (reported in usage).
+    num_cached_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    state: RequestState = RequestState.WAITING
+    finish: FinishReason | None = None
+    num_preemptions: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids [start, end) of prompt + output, without building the whole list."""
+        num_prompt = len(self.prompt_ids)
+        if end <= num_prompt:
+            return self.prompt_ids[start:end]
+        if start >= num_prompt:
+            return self.output_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_ids[start:] + self.output_ids[: end - num_prompt]

@@ -1,0 +1,119 @@
+"""The msgspec messages that cross the worker <-> engine boundary, and their codecs."""
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; the API maps these to OpenAI's `finish_reason` strings."""
+
+    STOP = 1  # eos, a stop token id, or (decided in the worker) a stop string
+    LENGTH = 2  # max_tokens or the model's context
+    ABORT = 3  # the client went away or the worker aborted it
+    ERROR = 4  # the engine could not serve it (for example: context full)
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What the engine needs to generate for one request; validated in the API worker."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means off
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = []
+
+
+class ShmSlice(msgspec.Struct, array_like=True, gc=False):
+    """Where an int32 array lies in a shared-memory ring: stream position and element count."""
+
+    pos: int
+    num_ids: int
+
+
+# ---- worker -> engine (one PULL socket on the engine, a PUSH per worker) ----------------
+
+
+class Submit(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
+    req_id: str
+    worker_id: str
+    params: SamplingParams
+    # Prompt token ids: in the worker's shared-memory ring, or inline when the ring is full.
+    prompt: ShmSlice | None = None
+    prompt_ids: list[int] | None = None
+
+
+class Abort(msgspec.Struct, tag=True, array_like=True, gc=False):
+    req_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag=True, array_like=True, gc=False):
+    pass
+
+
+class StatsQuery(msgspec.Struct, tag=True, array_like=True, gc=False):
+    worker_id: str
+
+
+EngineInput = Submit | Abort | Shutdown | StatsQuery
+
+
+# ---- engine -> worker (a PUSH per worker on the engine, a PULL bound by each worker) -----
+
+
+class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """New tokens of one request in one step. Its ids are `num_new` ids of the step's array."""
+
+    req_id: str
+    num_new: int
+    finish: FinishReason | None = None
+    num_prompt_tokens: int = 0  # set on a request's first delta
+    num_cached_tokens: int = 0
+    error: str = ""
+
+
+class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
+    """One message per engine step per worker; token ids of all deltas laid end to end."""
+
+    deltas: list[RequestDelta]
+    ids: ShmSlice | None = None
+    inline_ids: list[int] | None = None
+
+
+class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
+    """Figures the engine exposes (answered to a StatsQuery)."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_aborted: int
+    num_finished: int
+
+
+EngineOutput = StepOutputs | EngineStats
+
+
+class EngineLimits(msgspec.Struct):
+    """Carried by the READY handshake: what the engine can actually serve."""
+
+    model_id: str
+    model_dir: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_kv_blocks: int
+    block_size: int
+    eos_token_ids: list[int]
+    vocab_size: int
+    dtype: str
+
+
+input_encoder = msgspec.msgpack.Encoder()
+input_decoder = msgspec.msgpack.Decoder(EngineInput)
+output_encoder = msgspec.msgpack.Encoder()
+output_decoder = msgspec.msgpack.Decoder(EngineOutput)

@@ -1,0 +1,115 @@
+"""The ASGI application each Granian worker runs: lifespan, routing by (method, path), errors."""
+from __future__ import annotations
+
+import logging
+
+from asgi.chat import chat_completions
+from asgi.completions import completions
+from asgi.engine_client import EngineDead
+from asgi.errors import APIError, error_body
+from asgi.generate import GenerationFailed
+from asgi.http import ClientDisconnected, read_body, send_response
+from asgi.state import WorkerSettings, WorkerState, dumps
+
+log = logging.getLogger("rill.api")
+
+
+async def health(state, body, receive, send):
+    await send_response(send, 200, b"{}")
+
+
+async def ready(state, body, receive, send):
+    if not state.client.alive:
+        raise APIError(503, "The inference engine is not available.", type="server_error", code="engine_unavailable")
+    await send_response(send, 200, b'{"status":"ready"}')
+
+
+async def engine_stats(state, body, receive, send):
+    """The engine's own figures (running, waiting, free KV blocks, aborted, finished)."""
+    try:
+        stats = await state.client.stats()
+    except (EngineDead, TimeoutError):
+        raise APIError(503, "The inference engine is not available.", type="server_error",
+                       code="engine_unavailable") from None
+    figures = {f: getattr(stats, f) for f in stats.__struct_fields__}
+    await send_response(send, 200, dumps({**figures, "engine_pid": state.settings.engine_pid}))
+
+
+async def list_models(state, body, receive, send):
+    await send_response(send, 200, dumps({"object": "list", "data": [state.model_card()]}))
+
+
+async def get_model(state, model_id, receive, send):
+    if model_id != state.model_id:
+        raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+    await send_response(send, 200, dumps(state.model_card()))
+
+
+ROUTES = {
+    ("GET", "/health"): health,
+    ("GET", "/ready"): ready,
+    ("GET", "/stats"): engine_stats,
+    ("GET", "/v1/models"): list_models,
+    ("POST", "/v1/chat/completions"): chat_completions,
+    ("POST", "/v1/completions"): completions,
+}
+PATHS = {path: [m for m, p in ROUTES if p == path] for _, path in ROUTES}
+NEEDS_BODY = {"POST"}
+MODEL_PREFIX = "/v1/models/"
+
+
+class App:
+    def __init__(self):
+        self.state: WorkerState | None = None
+
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.state = WorkerState.load(WorkerSettings.from_env())
+                    self.state.client.start()
+                except Exception as exc:
+                    log.exception("worker failed to start")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.state is not None:
+                    self.state.client.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def http(self, scope, receive, send):
+        method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        handler = ROUTES.get((method, path))
+        try:
+            if handler is None:
+                if path.startswith(MODEL_PREFIX) and method == "GET":
+                    return await get_model(self.state, path[len(MODEL_PREFIX):], receive, send)
+                if path in PATHS or path.startswith(MODEL_PREFIX):
+                    allowed = ", ".join(PATHS.get(path, ["GET"]))
+                    raise APIError(405, f"Method {method} is not allowed for {path}; use {allowed}.",
+                                   code="method_not_allowed")
+                raise APIError(404, f"Unknown path: {path}", code="not_found")
+            body = await read_body(receive, self.state.settings.max_body_bytes) if method in NEEDS_BODY else b""
+            await handler(self.state, body, receive, send)
+        except APIError as exc:
+            await send_response(send, exc.status, exc.body())
+        except ClientDisconnected:
+            pass
+        except GenerationFailed as exc:
+            await send_response(send, exc.status, error_body(str(exc), "server_error", code="engine_error"))
+        except Exception:
+            log.exception("unhandled error on %s %s", method, path)
+            await send_response(send, 500, error_body("Internal server error.", "server_error"))
+
+
+app = App()

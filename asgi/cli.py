@@ -1,0 +1,68 @@
+"""The `rill` command: `rill serve` and its flags."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
+          "G": 1e9, "GB": 1e9, "GIB": 2**30, "T": 1e12, "TB": 1e12, "TIB": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """'2GiB', '512MiB' or '1073741824' -> bytes."""
+    match = _SIZE.match(text)
+    unit = (match.group(2) or "").upper() if match else None
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GiB or 512MiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def serve_parser(sub) -> argparse.ArgumentParser:
+    ap = sub.add_parser("serve", help="serve a model over the OpenAI API",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    net = ap.add_argument_group("HTTP")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    net.add_argument("--port", type=int, default=8000)
+    net.add_argument("--workers", type=int, default=1, help="API worker processes sharing the one engine")
+    net.add_argument("--sse-keepalive", type=float, default=15.0,
+                     help="seconds of silence on a stream before a ': keep-alive' comment goes out")
+    net.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
+    net.add_argument("--max-request-body", type=byte_size, default="32MiB", help="larger bodies get 413")
+    model = ap.add_argument_group("model")
+    model.add_argument("--model", default=None,
+                       help="a local Hugging Face model directory (default: the bundled SmolLM2-135M-Instruct)")
+    model.add_argument("--served-model-name", default=None, help="the model id clients use")
+    model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
+    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="auto is float32 on CPU")
+    model.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                       help="dummy: random weights from the config, no weight files read")
+    model.add_argument("--cache-dir", default=None,
+                       help="where the bundled model is converted once (default $RILL_CACHE or ~/.cache/rill)")
+    engine = ap.add_argument_group("engine")
+    engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    engine.add_argument("--kv-cache-memory", type=byte_size, default="1GiB", help="KV cache size on CPU")
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
+    engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rill", description="Rill: an OpenAI-compatible LLM inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from asgi.launcher import serve
+
+        sys.exit(serve(args))
+
+
+if __name__ == "__main__":
+    main()

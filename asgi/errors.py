@@ -1,0 +1,50 @@
+"""OpenAI error objects: one exception type, its JSON body, and msgspec errors mapped onto it."""
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+
+class APIError(Exception):
+    """A request's fault (4xx) or the server's state (503); becomes `{"error": {...}}`."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+_PATH = re.compile(r"at `\$((?:\.[A-Za-z_][\w-]*|\[\d+\])*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIError:
+    """``Expected `int` >= 1 - at `$.max_tokens` `` -> 400 with param `max_tokens`."""
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        match = _PATH.search(text)
+        param = match.group(1).lstrip(".") if match and match.group(1) else None
+        if missing := _MISSING.search(text):
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+        return APIError(400, text, param=param, code="invalid_value" if param else None)
+    return APIError(400, f"The request body is not valid JSON: {text}", code="invalid_json")
+
+
+def not_found(message: str, param: str | None = None) -> APIError:
+    return APIError(404, message, param=param, code="model_not_found" if param == "model" else None)
+
+
+def unsupported(param: str) -> APIError:
+    return APIError(400, f"`{param}` is not supported by this server yet.", param=param, code="unsupported_parameter")

@@ -1,0 +1,130 @@
+"""One API request on the engine: submit its choices, turn token ids into text deltas.
+
+Every request streams internally; the non-streaming answer is aggregated from these deltas.
+The loop wakes on engine output, on the client's disconnect, or when a keep-alive is due.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from asgi.detokenizer import Detokenizer
+from asgi.engine_client import ENGINE_DEAD, EngineClient, EngineDead
+from asgi.errors import APIError
+from asgi.mailbox import Mailbox
+from ipc.protocol import FinishReason, SamplingParams
+
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+KEEPALIVE = object()
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+class GenerationFailed(Exception):
+    """The engine could not finish the request (it died, or a step failed)."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Generation:
+    def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
+                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer]):
+        self.client = client
+        self.request_id = request_id
+        self.prompts = prompts
+        self.params = params
+        self.mailbox = Mailbox(len(prompts))
+        self.detokenizers = [make_detokenizer() for _ in prompts]
+        self.finished = [False] * len(prompts)
+        self.engine_ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        self.disconnected = False
+        self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
+
+    async def start(self) -> None:
+        try:
+            for index, prompt_ids in enumerate(self.prompts):
+                await self.client.submit(self.engine_ids[index], prompt_ids, self.params, self.mailbox, index)
+        except EngineDead:
+            raise APIError(503, ENGINE_DEAD, type="server_error", code="engine_unavailable") from None
+
+    def on_disconnect(self) -> None:
+        self.disconnected = True
+        self.mailbox.wake()
+
+    async def deltas(self, keepalive_due_in: Callable[[], float] | None = None) -> AsyncIterator:
+        """Yields lists of ChoiceDelta, or KEEPALIVE when nothing came for a keep-alive period."""
+        try:
+            while not all(self.finished):
+                timeout = max(keepalive_due_in(), 0.0) if keepalive_due_in else None
+                if not await self.mailbox.wait(timeout):
+                    yield KEEPALIVE
+                    continue
+                if self.disconnected:
+                    return
+                if self.mailbox.error:
+                    raise GenerationFailed(self.mailbox.error, status=503)
+                out = [d for i in range(len(self.prompts)) if not self.finished[i] and (d := self._advance(i))]
+                if self._stopped_early:
+                    await self.client.abort(self._stopped_early)
+                    self._stopped_early = []
+                if out:
+                    yield out
+        finally:
+            unfinished = [rid for rid, done in zip(self.engine_ids, self.finished) if not done]
+            if unfinished:  # client gone, stop string, or error: free the engine's work now
+                await self.client.abort(unfinished)
+
+    def _advance(self, index: int) -> ChoiceDelta | None:
+        choice = self.mailbox.choices[index]
+        detok = self.detokenizers[index]
+        ids = self.mailbox.take(index)
+        text = detok.push(ids) if ids else ""
+        if detok.stop_matched is not None:
+            finish = "stop"
+            if choice.finish is None:
+                self._stopped_early.append(self.engine_ids[index])
+        elif choice.finish is not None:
+            if choice.finish not in FINISH_REASONS:
+                raise GenerationFailed(choice.error or "The engine failed to complete the request.")
+            text += detok.flush()
+            finish = FINISH_REASONS[choice.finish]
+        else:
+            finish = None
+        if finish is not None:
+            self.finished[index] = True
+        return ChoiceDelta(index, text, finish) if text or finish else None
+
+    def usage(self) -> Usage:
+        usage = Usage()
+        for choice in self.mailbox.choices:
+            usage.prompt_tokens += choice.num_prompt_tokens
+            usage.completion_tokens += choice.num_output_tokens
+            usage.cached_tokens += choice.num_cached_tokens
+        return usage

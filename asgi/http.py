@@ -1,0 +1,63 @@
+"""The ASGI primitives: read a body with a limit, answer JSON, and watch for a disconnect.
+
+Granian does not raise on `send()` after the client left, so a request that streams or waits
+on the engine runs a DisconnectWatcher: it owns `receive()` once the body is read, and its
+event is how the handler learns the client is gone.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from asgi.errors import APIError
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def read_body(receive, limit_bytes: int) -> bytes:
+    """The whole request body; 413 past limit_bytes; ClientDisconnected if the client left."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit_bytes:
+            raise APIError(413, f"Request body is larger than the limit of {limit_bytes} bytes.",
+                           code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_response(send, status: int, body: bytes, content_type: bytes = b"application/json",
+                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    all_headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if headers:
+        all_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class DisconnectWatcher:
+    """Owns receive() after the body; `.gone` is set when the client disconnects."""
+
+    def __init__(self, receive, on_disconnect=None):
+        self.gone = asyncio.Event()
+        self._on_disconnect = on_disconnect
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                if self._on_disconnect is not None:
+                    self._on_disconnect()
+                return
+
+    def stop(self) -> None:
+        self._task.cancel()

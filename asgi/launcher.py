@@ -1,0 +1,156 @@
+"""`rill serve`: resolve the model, start the engine, wait for READY, run Granian, clean up.
+
+Exit status: 0 after a normal stop (SIGTERM/SIGINT), 1 when the engine died or failed to
+start (so a supervisor restarts us), 2 for a bad command line.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from asgi.state import SETTINGS_ENV, WorkerSettings
+from engine_proc.main import EngineConfig, run_engine
+from ipc import protocol as p
+from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
+from ipc.shm_ring import remove_segments, remove_stale_segments
+
+log = logging.getLogger("rill")
+BUNDLED_MODEL_ID = "smollm2-135m-instruct"
+
+
+def resolve_model(args) -> tuple[Path, str]:
+    if args.model is None:
+        from engine_proc.bundled_model import ensure_bundled_model
+
+        return ensure_bundled_model(args.cache_dir), args.served_model_name or BUNDLED_MODEL_ID
+    model_dir = Path(args.model).expanduser()
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
+                         "(no config.json); Rill never downloads models")
+    return model_dir.resolve(), args.served_model_name or model_dir.name
+
+
+def start_engine(config: EngineConfig, timeout_s: float = 600.0):
+    """Start the engine process and wait for its READY message; returns (process, limits)."""
+    ctx = mp.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=run_engine, args=(config, child_conn), name="rill-engine", daemon=False)
+    proc.start()
+    child_conn.close()
+    deadline = time.monotonic() + timeout_s
+    while not parent_conn.poll(0.2):
+        if not proc.is_alive() or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the engine process exited before it was ready")
+    message = msgspec.json.decode(parent_conn.recv_bytes())
+    if isinstance(message, str):
+        proc.join(10)
+        raise RuntimeError(f"the engine failed to start: {message}")
+    return proc, msgspec.convert(message, p.EngineLimits)
+
+
+def stop_engine(proc, paths: RunPaths, timeout_s: float = 10.0) -> None:
+    if proc.is_alive():
+        ctx = zmq.Context()
+        sock = make_socket(ctx, zmq.PUSH, paths.engine_input, bind=False)
+        sock.send(p.input_encoder.encode(p.Shutdown()))
+        proc.join(timeout_s)
+        sock.close()
+        ctx.term()
+    if proc.is_alive():
+        log.warning("engine did not stop in %.0f s; killing it", timeout_s)
+        proc.kill()
+        proc.join()
+
+
+class EngineWatch(threading.Thread):
+    """Turns an unexpected engine exit into a stop of the whole server, with a failure status."""
+
+    def __init__(self, proc):
+        super().__init__(name="engine-watch", daemon=True)
+        self.proc = proc
+        self.stopping = False
+        self.engine_died = False
+
+    def run(self) -> None:
+        self.proc.join()
+        if not self.stopping:
+            self.engine_died = True
+            log.error("the engine process died (exit code %s); shutting down", self.proc.exitcode)
+            os.kill(os.getpid(), signal.SIGTERM)  # Granian's handler stops the workers
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    remove_stale_segments()
+    remove_stale_run_dirs()
+    model_dir, model_id = resolve_model(args)
+    paths = RunPaths.for_run(str(os.getpid()))
+    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config = EngineConfig(
+        model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
+        dtype="float32" if args.dtype == "auto" else args.dtype, load_format=args.load_format,
+        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        num_threads=args.num_threads, log_level=args.log_level.upper(),
+    )
+    proc = None
+    watch = None
+    http_failed = False
+    try:
+        log.info("starting the engine for %s (%s)", model_id, model_dir)
+        proc, limits = start_engine(config)
+        log.info("engine ready (pid %d): max_model_len %d, %d KV blocks", proc.pid, limits.max_model_len,
+                 limits.num_kv_blocks)
+        os.environ[SETTINGS_ENV] = WorkerSettings(
+            served_model_name=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pid=proc.pid,
+            limits=limits, sse_keepalive_s=args.sse_keepalive, max_body_bytes=args.max_request_body,
+            chat_template=args.chat_template, created=int(time.time()),
+        ).to_env()
+        watch = EngineWatch(proc)
+        watch.start()
+        http_failed = run_granian(args)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        if watch is not None:
+            watch.stopping = True
+        if proc is not None:
+            stop_engine(proc, paths)
+        remove_segments(paths.run_id)
+        paths.remove_run_dir()
+    return 1 if http_failed or (watch is not None and watch.engine_died) else 0
+
+
+def run_granian(args) -> bool:
+    """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    server = Granian(
+        "asgi.app:app",
+        address=args.host,
+        port=args.port,
+        interface=Interfaces.ASGI,
+        workers=args.workers,
+        loop=Loops.uvloop,
+        log_level=args.log_level,
+        workers_kill_timeout=max(1, int(args.shutdown_timeout)),
+        backlog=2048,
+    )
+    try:
+        server.serve()
+    except SystemExit as exc:  # Granian exits non-zero when a worker crashed
+        if exc.code:
+            log.error("the HTTP server stopped with status %s", exc.code)
+            return True
+    return False

@@ -1,0 +1,65 @@
+"""A per-request slot for engine output: merges deltas while the client is slow.
+
+The engine client puts each step's new ids here; the request's own loop takes everything that
+accumulated since its last look. Memory stays bounded by the request's own max_tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ipc.protocol import FinishReason
+
+
+@dataclass(eq=False)
+class ChoiceOutput:
+    """What one choice (one engine request) has produced and not yet been taken."""
+
+    new_ids: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str = ""
+
+
+class Mailbox:
+    def __init__(self, num_choices: int):
+        self.choices = [ChoiceOutput() for _ in range(num_choices)]
+        self.error: str = ""  # set when the engine is gone: every choice fails
+        self._ready = asyncio.Event()
+
+    def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int,
+            error: str = "") -> None:
+        choice = self.choices[index]
+        choice.new_ids.extend(ids)
+        choice.num_output_tokens += len(ids)
+        if num_prompt:
+            choice.num_prompt_tokens = num_prompt
+            choice.num_cached_tokens = num_cached
+        if finish is not None:
+            choice.finish = finish
+            choice.error = error
+        self._ready.set()
+
+    def wake(self) -> None:
+        self._ready.set()
+
+    def fail(self, message: str) -> None:
+        self.error = message
+        self._ready.set()
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """True when there is something to take; False on timeout."""
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout_s)
+            except TimeoutError:
+                return False
+        self._ready.clear()
+        return True
+
+    def take(self, index: int) -> list[int]:
+        choice = self.choices[index]
+        ids, choice.new_ids = choice.new_ids, []
+        return ids

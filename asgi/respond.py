@@ -1,0 +1,76 @@
+"""Drive one Generation to the client: as an SSE stream, or aggregated into one JSON body.
+
+The endpoint-specific shape (chat or completions) comes from a Formatter; this module owns the
+order of events: role chunk, deltas, finish, usage, [DONE]; keep-alives while waiting; an
+error event when the engine fails after the headers went out.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from asgi.errors import APIError, error_body
+from asgi.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
+from asgi.http import DisconnectWatcher, send_response
+from asgi.sse import SSEWriter
+
+log = logging.getLogger("rill.api")
+
+
+class Formatter(Protocol):
+    def opening_chunks(self) -> list[bytes]: ...
+    def chunk(self, deltas: list[ChoiceDelta]) -> bytes: ...
+    def usage_chunk(self, usage: Usage) -> bytes: ...
+    def body(self, texts: list[str], finish_reasons: list[str | None], usage: Usage) -> bytes: ...
+
+
+async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, send,
+                  keepalive_s: float, include_usage: bool) -> None:
+    watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
+    try:
+        await gen.start()
+        if stream:
+            await _stream(gen, fmt, send, keepalive_s, include_usage)
+        else:
+            await _aggregate(gen, fmt, send)
+    finally:
+        watcher.stop()
+
+
+async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool) -> None:
+    sse = SSEWriter(send, keepalive_s)
+    await sse.start()
+    for chunk in fmt.opening_chunks():
+        await sse.data(chunk)
+    try:
+        async for item in gen.deltas(sse.keepalive_due_in):
+            if item is KEEPALIVE:
+                await sse.keepalive()
+            else:
+                await sse.data(fmt.chunk(item))
+    except GenerationFailed as exc:
+        log.error("request %s failed mid-stream: %s", gen.request_id, exc)
+        await sse.data(error_body(str(exc), "server_error", code="engine_error"))
+        await sse.done()
+        return
+    if gen.disconnected:
+        return
+    if include_usage:
+        await sse.data(fmt.usage_chunk(gen.usage()))
+    await sse.done()
+
+
+async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:
+    texts = [[] for _ in gen.prompts]
+    finish_reasons: list[str | None] = [None] * len(gen.prompts)
+    try:
+        async for item in gen.deltas():
+            for delta in item:
+                texts[delta.index].append(delta.text)
+                finish_reasons[delta.index] = delta.finish_reason or finish_reasons[delta.index]
+    except GenerationFailed as exc:
+        raise APIError(exc.status, str(exc), type="server_error", code="engine_error") from None
+    if gen.disconnected:
+        return
+    body = fmt.body(["".join(t) for t in texts], finish_reasons, gen.usage())
+    await send_response(send, 200, body)

@@ -1,0 +1,30 @@
+"""Turn a validated request into the engine's SamplingParams, checking the context length."""
+from __future__ import annotations
+
+from asgi.errors import APIError
+from asgi.schemas import SamplingFields
+from ipc.protocol import SamplingParams
+
+
+def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
+                    max_model_len: int, prompt_param: str) -> SamplingParams:
+    room = max_model_len - prompt_len
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        wanted = f"{prompt_len} tokens in the prompt" + (f" and {max_tokens} to generate" if max_tokens else "")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the request asks for "
+            f"{wanted}. Shorten the prompt or lower max_tokens.",
+            param=prompt_param if max_tokens is None or prompt_len >= max_model_len else "max_tokens",
+            code="context_length_exceeded",
+        )
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else room,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(req.top_k or 0, 0),  # -1 and 0 both mean "off", as in vLLM
+        seed=req.seed,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop_token_ids=req.stop_token_ids or [],
+    )

@@ -1,0 +1,170 @@
+"""Request bodies of the OpenAI routes, decoded and range-checked by msgspec at the edge.
+
+Unknown fields are ignored (SDKs send extras). Fields that a later version will implement are
+declared so that a request using them gets a 400 naming them (see `reject_unsupported`),
+never a silent ignore.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from asgi.errors import APIError, unsupported
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """What chat and completions share."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+    # Added by later issues; refused until then.
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    structured_outputs: Any = None
+    nvext: Any = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    reasoning_effort: str | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | list[Any]
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    echo: bool = False
+    best_of: PositiveInt | None = None
+    suffix: str | None = None
+
+
+chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def reject_unsupported(req: SamplingFields) -> None:
+    """400 for every parameter this server does not implement yet, naming it."""
+    checks: list[tuple[str, bool]] = [
+        ("n", req.n not in (None, 1)),
+        ("presence_penalty", req.presence_penalty not in (None, 0)),
+        ("frequency_penalty", req.frequency_penalty not in (None, 0)),
+        ("repetition_penalty", req.repetition_penalty not in (None, 1)),
+        ("logit_bias", bool(req.logit_bias)),
+        ("response_format", req.response_format not in (None, {"type": "text"})),
+        ("guided_json", req.guided_json is not None),
+        ("guided_regex", req.guided_regex is not None),
+        ("guided_choice", req.guided_choice is not None),
+        ("structured_outputs", req.structured_outputs is not None),
+        ("nvext", req.nvext is not None),
+    ]
+    if isinstance(req, ChatCompletionRequest):
+        checks += [
+            ("logprobs", bool(req.logprobs)),
+            ("top_logprobs", req.top_logprobs is not None),
+            ("tools", bool(req.tools)),
+            ("tool_choice", req.tool_choice not in (None, "none")),
+            ("functions", bool(req.functions)),
+            ("function_call", req.function_call not in (None, "none")),
+            ("continue_final_message", req.continue_final_message),
+            ("chat_template", req.chat_template is not None),
+            ("reasoning_effort", req.reasoning_effort is not None),
+            ("audio", req.audio is not None),
+            ("modalities", req.modalities not in (None, ["text"])),
+            ("prediction", req.prediction is not None),
+            ("web_search_options", req.web_search_options is not None),
+        ]
+    else:
+        checks += [
+            ("logprobs", req.logprobs is not None),
+            ("echo", req.echo),
+            ("best_of", req.best_of not in (None, 1)),
+            ("suffix", bool(req.suffix)),
+        ]
+    for param, used in checks:
+        if used:
+            raise unsupported(param)
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "`stream_options` is only allowed when `stream` is true.", param="stream_options")
+
+
+def stop_strings(req: SamplingFields) -> list[str]:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stop):
+        raise APIError(400, "Stop strings must not be empty.", param="stop")
+    return stop
+
+
+def prompt_batch(prompt: str | list[Any]) -> list[str] | list[list[int]]:
+    """A completions prompt as a list of strings or a list of token-id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "`prompt` must not be empty.", param="prompt")
+    if all(isinstance(x, str) for x in prompt):
+        return prompt
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        return [prompt]
+    if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in prompt):
+        return prompt
+    raise APIError(400, "`prompt` must be a string, a list of strings, a list of token ids, "
+                        "or a list of lists of token ids.", param="prompt")

@@ -1,0 +1,80 @@
+"""What each API worker holds for its lifetime: settings from the launcher, tokenizer, engine link."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from tokenizers import Tokenizer
+
+from asgi.detokenizer import Detokenizer
+from asgi.engine_client import EngineClient
+from asgi.templating import ChatTemplate
+from ipc.channels import RunPaths
+from ipc.protocol import EngineLimits
+
+SETTINGS_ENV = "RILL_WORKER_SETTINGS"
+
+
+class WorkerSettings(msgspec.Struct):
+    """Handed from `rill serve` to every Granian worker through the environment."""
+
+    served_model_name: str
+    run_id: str
+    run_dir: str
+    engine_pid: int
+    limits: EngineLimits
+    sse_keepalive_s: float = 15.0
+    max_body_bytes: int = 32 << 20
+    chat_template: str | None = None
+    created: int = 0
+
+    def to_env(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def from_env(cls) -> WorkerSettings:
+        return msgspec.json.decode(os.environ[SETTINGS_ENV], type=cls)
+
+
+@dataclass(eq=False)
+class WorkerState:
+    settings: WorkerSettings
+    client: EngineClient
+    tokenizer: Tokenizer
+    template: ChatTemplate
+
+    @classmethod
+    def load(cls, settings: WorkerSettings) -> WorkerState:
+        model_dir = Path(settings.limits.model_dir)
+        paths = RunPaths(settings.run_id, Path(settings.run_dir))
+        template = (ChatTemplate.from_file(settings.chat_template) if settings.chat_template
+                    else ChatTemplate(model_dir))
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+
+    @property
+    def model_id(self) -> str:
+        return self.settings.served_model_name
+
+    def detokenizer(self, *, stop: list[str], skip_special_tokens: bool, include_stop: bool):
+        return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,
+                                   include_stop_str_in_output=include_stop)
+
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_id,
+            "object": "model",
+            "created": self.settings.created or int(time.time()),
+            "owned_by": "rill",
+            "root": self.settings.limits.model_dir,
+            "max_model_len": self.settings.limits.max_model_len,
+        }
+
+
+def dumps(obj) -> bytes:
+    return msgspec.json.encode(obj)
+
+

@@ -1,0 +1,93 @@
+"""The engine's busy loop: drain inputs, schedule, run the model, publish the step's deltas."""
+from __future__ import annotations
+
+import logging
+import queue
+
+from engine_proc.batch import Batch, TokenDelta
+from engine_proc.request import EngineRequest
+from engine_proc.scheduler import Scheduler
+from ipc import protocol as p
+
+log = logging.getLogger("rill.engine")
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.inputs = inputs
+        self.publish = publish  # callable taking one step's outputs (see OutputThread.publish)
+        self.num_aborted = 0
+        self.num_finished = 0
+        self.running = True
+
+    def run_busy_loop(self) -> None:
+        while self.running:
+            self.drain_inputs(block=not self.scheduler.has_work)
+            batch = self.scheduler.schedule()
+            deltas = self.step(batch) if batch else []
+            self.publish_deltas(deltas + self.scheduler.take_errored())
+
+    def step(self, batch: Batch) -> list[TokenDelta]:
+        try:
+            sampled = self.runner.execute(batch)
+        except Exception:  # a bug in the model path must not take every other request down
+            log.exception("model step failed; ending the %d requests of this batch", len(batch.seqs))
+            return [self._fail(seq.req) for seq in batch.seqs]
+        return self.scheduler.update(batch, sampled)
+
+    def _fail(self, req: EngineRequest) -> TokenDelta:
+        self.scheduler.abort(req.req_id)
+        return TokenDelta(req, [], p.FinishReason.ERROR)
+
+    def drain_inputs(self, *, block: bool) -> None:
+        try:
+            item = self.inputs.get(timeout=None) if block else self.inputs.get_nowait()
+            while True:
+                self.handle(item)
+                item = self.inputs.get_nowait()
+        except queue.Empty:
+            pass
+
+    def handle(self, item) -> None:
+        if isinstance(item, EngineRequest):
+            self.scheduler.add(item)
+        elif isinstance(item, p.Abort):
+            for req_id in item.req_ids:
+                if self.scheduler.abort(req_id) is not None:
+                    self.num_aborted += 1
+        elif isinstance(item, p.StatsQuery):
+            self.publish((item.worker_id, self.stats()))
+        elif isinstance(item, p.Shutdown):
+            self.running = False
+
+    def stats(self) -> p.EngineStats:
+        blocks = self.scheduler.block_manager
+        return p.EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_free_blocks=blocks.num_free_blocks,
+            num_total_blocks=blocks.num_total_blocks,
+            num_aborted=self.num_aborted,
+            num_finished=self.num_finished,
+        )
+
+    def publish_deltas(self, deltas: list[TokenDelta]) -> None:
+        if not deltas:
+            return
+        out = []
+        for d in deltas:
+            req = d.req
+            first = len(req.output_ids) <= len(d.new_ids)
+            delta = p.RequestDelta(
+                req.req_id,
+                len(d.new_ids),
+                d.finish,
+                num_prompt_tokens=req.num_prompt_tokens if first or d.finish else 0,
+                num_cached_tokens=req.num_cached_tokens if first or d.finish else 0,
+            )
+            out.append((req.worker_id, delta, d.new_ids))
+            if d.finish is not None:
+                self.num_finished += 1
+        self.publish(out)

@@ -1,0 +1,159 @@
+"""The engine process: build the model and scheduler, say READY with real limits, loop."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from ipc import protocol as p
+from ipc.channels import RunPaths
+
+log = logging.getLogger("rill.engine")
+
+
+class EngineConfig(msgspec.Struct):
+    model_dir: str
+    model_id: str
+    run_id: str
+    run_dir: str
+    dtype: str = "float32"
+    load_format: str = "auto"
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    num_threads: int | None = None
+    log_level: str = "INFO"
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill us when the launcher dies, however it dies."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: fall back to watching the parent
+        parent = os.getppid()
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+
+def eos_token_ids(model_dir: Path, config) -> list[int]:
+    ids: set[int] = set()
+    for source in (config, _generation_config(model_dir)):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return sorted(ids)
+
+
+def _generation_config(model_dir: Path):
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except OSError:
+        return None
+
+
+def run_engine(config: EngineConfig, ready_conn) -> None:
+    """Entry point of the engine process. Sends EngineLimits (or an error string) on ready_conn."""
+    die_with_parent()
+    # The launcher decides when we stop (after the HTTP workers drained); a Ctrl-C that
+    # reaches the whole process group must not kill in-flight requests.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        core, threads, limits = build_engine(config)
+    except Exception as exc:
+        log.exception("engine failed to start")
+        ready_conn.send_bytes(msgspec.json.encode(f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1)
+    ready_conn.send_bytes(msgspec.json.encode(limits))
+    ready_conn.close()
+    try:
+        core.run_busy_loop()
+    finally:
+        input_thread, output_thread = threads
+        output_thread.publish(None)
+        output_thread.join(timeout=5)
+        input_thread.close()
+        log.info("engine stopped")
+
+
+def build_engine(config: EngineConfig):
+    import torch
+
+    from engine_proc.block_manager import BlockManager
+    from engine_proc.core import EngineCore
+    from engine_proc.io_threads import InputThread, OutputThread
+    from engine_proc.kv_cache import num_blocks_for_memory
+    from engine_proc.model_loader import load_config
+    from engine_proc.model_runner import ModelRunner
+    from engine_proc.scheduler import Scheduler
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    dtype = getattr(torch, config.dtype)
+    model_dir = Path(config.model_dir)
+    hf_config = load_config(model_dir)
+    eos_ids = eos_token_ids(model_dir, hf_config)
+    num_blocks = num_blocks_for_memory(hf_config, dtype, config.block_size, config.kv_cache_memory_bytes)
+    started = time.perf_counter()
+    runner = ModelRunner(
+        model_dir,
+        dtype=dtype,
+        num_kv_blocks=num_blocks,
+        block_size=config.block_size,
+        eos_token_ids=eos_ids,
+        load_format=config.load_format,
+    )
+    max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
+    max_model_len = min(max_model_len, num_blocks * config.block_size)
+    log.info(
+        "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d",
+        time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
+        config.kv_cache_memory_bytes / 2**20, max_model_len,
+    )
+    blocks = BlockManager(num_blocks, config.block_size)
+    scheduler = Scheduler(
+        blocks,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        eos_token_ids=eos_ids,
+    )
+    paths = RunPaths(config.run_id, Path(config.run_dir))
+    ctx = zmq.Context()
+    inputs: queue.SimpleQueue = queue.SimpleQueue()
+    input_thread = InputThread(ctx, paths, inputs)
+    output_thread = OutputThread(ctx, paths)
+    input_thread.start()
+    output_thread.start()
+    core = EngineCore(scheduler, runner, inputs, output_thread.publish)
+    limits = p.EngineLimits(
+        model_id=config.model_id,
+        model_dir=str(model_dir),
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_kv_blocks=num_blocks,
+        block_size=config.block_size,
+        eos_token_ids=eos_ids,
+        vocab_size=runner.vocab_size,
+        dtype=config.dtype,
+    )
+    return core, (input_thread, output_thread), limits

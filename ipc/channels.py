@@ -1,0 +1,66 @@
+"""Where each process listens: ZeroMQ addresses and shared-memory segment names of one run.
+
+A run is one `rill serve`: its id is the launcher's pid, its sockets live in a private
+directory, and its segments are named `rill_<run_id>_*` so a restart can sweep what a killed
+run left behind.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from ipc.shm_ring import segment_name
+
+PROMPT_RING_IDS = 1 << 20  # 4 MiB per worker: many long prompts in flight
+OUTPUT_RING_IDS = 1 << 18  # 1 MiB per worker: thousands of steps of a large batch
+_SOCKET_HWM = 100_000
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    run_id: str
+    run_dir: Path
+
+    @classmethod
+    def for_run(cls, run_id: str, base: Path = Path("/tmp")) -> RunPaths:
+        return cls(run_id, base / f"rill-{run_id}")
+
+    @property
+    def engine_input(self) -> str:
+        return f"ipc://{self.run_dir}/engine-in.sock"
+
+    def worker_output(self, worker_id: str) -> str:
+        return f"ipc://{self.run_dir}/worker-{worker_id}.sock"
+
+    def prompt_ring(self, worker_id: str) -> str:
+        return segment_name(self.run_id, f"w{worker_id}-prompts")
+
+    def output_ring(self, worker_id: str) -> str:
+        return segment_name(self.run_id, f"w{worker_id}-outputs")
+
+    def remove_run_dir(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def remove_stale_run_dirs(base: Path = Path("/tmp")) -> None:
+    """Socket directories of runs whose launcher is gone (killed, not stopped)."""
+    for path in base.glob("rill-*"):
+        run_id = path.name.removeprefix("rill-")
+        if run_id.isdigit() and not Path(f"/proc/{run_id}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, _SOCKET_HWM)
+    sock.setsockopt(zmq.RCVHWM, _SOCKET_HWM)
+    if bind:
+        sock.bind(address)
+    else:
+        sock.connect(address)
+    return sock
+

@@ -1,0 +1,55 @@
+"""Shared fixtures: the bundled model, a real `rill serve`, and OpenAI SDK clients."""
+from __future__ import annotations
+
+import pytest
+
+from tests.server import RillServer, shm_segments
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from engine_proc.bundled_model import ensure_bundled_model
+
+    return ensure_bundled_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
+def start_server(tmp_path_factory, *flags: str) -> RillServer:
+    log_path = tmp_path_factory.mktemp("rill") / "serve.log"
+    return RillServer(*flags, log_path=log_path).wait_ready()
+
+
+def stop_server(server: RillServer) -> None:
+    code = server.stop()
+    assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
+    assert shm_segments(server.proc.pid) == [], "shared memory left behind"
+
+
+@pytest.fixture(scope="session")
+def server(model_dir, tmp_path_factory):
+    """One shared server for the read-only end-to-end tests."""
+    srv = start_server(tmp_path_factory, "--max-model-len", "2048")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", _strict_response_validation=True,
+                  max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def aclient_factory(server):
+    from openai import AsyncOpenAI
+
+    return lambda: AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                               _strict_response_validation=True, max_retries=0, timeout=120)

@@ -1,0 +1,185 @@
+"""End to end through a real `rill serve` with the openai SDK (strict) and the OpenAPI spec."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.openapi import validate
+
+MODEL = "smollm2-135m-instruct"
+HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """Raw SSE lines of a streamed response: data payloads and comments."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            events.append(line[len("data: "):])
+        elif line.startswith(":"):
+            events.append(line)
+    return events
+
+
+def post(server, path: str, body, **kw) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, timeout=120, **kw)
+
+
+# ---- models and health ----------------------------------------------------------------
+
+
+def test_models_list_and_retrieve(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    validate("ListModelsResponse", httpx.get(f"{server.base_url}/v1/models").json())
+    validate("Model", httpx.get(f"{server.base_url}/v1/models/{MODEL}").json())
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_health_and_ready(server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/ready").status_code == 200
+
+
+# ---- chat -----------------------------------------------------------------------------
+
+
+def test_chat_non_streaming_matches_spec(server, client):
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0)
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert resp.usage.completion_tokens <= 24 and resp.usage.prompt_tokens > 5
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    raw = post(server, "/v1/chat/completions", {"model": MODEL, "messages": HELLO, "max_tokens": 8}).json()
+    validate("CreateChatCompletionResponse", raw)
+
+
+def test_chat_stream_shape_and_equality_with_non_streaming(server, client):
+    kwargs = dict(model=MODEL, messages=HELLO, max_tokens=40, temperature=0)
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["stop"], ["length"])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_chat_stream_raw_frames_match_spec(server):
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 10, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [e for e in sse_events(r) if not e.startswith(":")]
+    assert events[-1] == "[DONE]"
+    for payload in events[:-1]:
+        validate("CreateChatCompletionStreamResponse", json.loads(payload))
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == 10
+
+
+def test_seed_reproduces_sampling(client):
+    kwargs = dict(model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0, top_p=0.95, seed=1234)
+    first = client.chat.completions.create(**kwargs).choices[0].message.content
+    second = client.chat.completions.create(**kwargs).choices[0].message.content
+    other = [client.chat.completions.create(**{**kwargs, "seed": s}).choices[0].message.content for s in (1, 2)]
+    assert first == second
+    assert any(o != first for o in other)
+
+
+def test_max_tokens_length_and_ignore_eos(client):
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_completion_tokens=50,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 50
+
+
+def test_min_tokens_holds_back_eos(client):
+    short = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                           max_tokens=60, temperature=0)
+    n = short.usage.completion_tokens
+    assert short.choices[0].finish_reason == "stop" and n < 50
+    longer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                            max_tokens=60, temperature=0, extra_body={"min_tokens": n + 5})
+    assert longer.usage.completion_tokens >= n + 5
+
+
+def test_stop_string_never_reaches_the_client(client):
+    kwargs = dict(model=MODEL, messages=HELLO, max_tokens=40, temperature=0)
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    stop = full[len(full) // 2 : len(full) // 2 + 4]  # likely spans a token boundary
+    cut = full[: full.index(stop)]
+    resp = client.chat.completions.create(**kwargs, stop=[stop, "never-seen-xyz"])
+    assert resp.choices[0].message.content == cut
+    assert resp.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(**kwargs, stop=stop, stream=True) if c.choices)
+    assert streamed == cut
+
+
+# ---- completions ----------------------------------------------------------------------
+
+
+def test_completions_prompt_forms(server, client, tokenizer):
+    text = "The capital of France is"
+    ids = tokenizer.encode(text).ids
+    by_text = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert by_text.choices[0].text == by_ids.choices[0].text
+    batch = client.completions.create(model=MODEL, prompt=[text, "Once upon a time"], max_tokens=8, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == by_text.choices[0].text
+    id_batch = client.completions.create(model=MODEL, prompt=[ids, ids[:3]], max_tokens=8, temperature=0)
+    assert id_batch.choices[0].text == by_text.choices[0].text
+    assert batch.usage.completion_tokens == 16 or batch.usage.completion_tokens <= 16
+    validate("CreateCompletionResponse", post(server, "/v1/completions",
+                                              {"model": MODEL, "prompt": text, "max_tokens": 4}).json())
+
+
+def test_completions_stream_interleaves_choices(server, client):
+    prompts = ["The capital of France is", "Once upon a time"]
+    kwargs = dict(model=MODEL, prompt=prompts, max_tokens=12, temperature=0)
+    full = client.completions.create(**kwargs)
+    texts = ["", ""]
+    for chunk in client.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in full.choices]
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json={**kwargs, "stream": True}) as r:
+        events = [e for e in sse_events(r) if not e.startswith(":")]
+    assert events[-1] == "[DONE]"
+    for payload in events[:-1]:
+        validate("CreateCompletionResponse", json.loads(payload))
+
+
+# ---- continuous batching --------------------------------------------------------------
+
+
+def test_concurrent_requests_share_the_batch(aclient_factory):
+    """8 concurrent requests finish in well under 8x the time of one (measured in this run)."""
+    import time
+
+    async def one(client, i):
+        await client.completions.create(model=MODEL, prompt=f"Count to ten, number {i}:", max_tokens=48,
+                                        temperature=0, extra_body={"ignore_eos": True})
+
+    async def run(n):
+        client = aclient_factory()
+        await one(client, 99)  # warm
+        started = time.perf_counter()
+        await asyncio.gather(*(one(client, i) for i in range(n)))
+        elapsed = time.perf_counter() - started
+        await client.close()
+        return elapsed
+
+    single = asyncio.run(run(1))
+    eight = asyncio.run(run(8))
+    print(f"1 request: {single:.2f} s, 8 concurrent: {eight:.2f} s, ratio {eight / single:.2f}")
+    assert eight < 4 * single

@@ -67,8 +67,8 @@ class EngineCore:
         return p.EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            num_free_blocks=blocks.num_free_blocks,
-            num_total_blocks=blocks.num_total_blocks,
+            num_free_blocks=blocks.num_free_blocks(),
+            num_total_blocks=blocks.num_total_blocks(),
             num_aborted=self.num_aborted,
             num_finished=self.num_finished,
         )

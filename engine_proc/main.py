@@ -112,6 +112,9 @@ def build_engine(config: EngineConfig):
     hf_config = load_config(model_dir)
     eos_ids = eos_token_ids(model_dir, hf_config)
     num_blocks = num_blocks_for_memory(hf_config, dtype, config.block_size, config.kv_cache_memory_bytes)
+    if num_blocks < 2:
+        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_bytes} bytes holds no KV block of "
+                         f"{config.block_size} tokens for this model; give it more memory")
     started = time.perf_counter()
     runner = ModelRunner(
         model_dir,
@@ -122,13 +125,14 @@ def build_engine(config: EngineConfig):
         load_format=config.load_format,
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
-    max_model_len = min(max_model_len, num_blocks * config.block_size)
+    blocks = BlockManager(num_blocks, config.block_size)
+    # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
+    max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d",
         time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len,
     )
-    blocks = BlockManager(num_blocks, config.block_size)
     scheduler = Scheduler(
         blocks,
         max_num_seqs=config.max_num_seqs,

@@ -1,0 +1,229 @@
+"""Continuous batching: each step's tokens under a token budget, with chunked prefill and preemption."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from engine_proc.batch import Batch, ScheduledSeq, TokenDelta
+from engine_proc.block_manager import BlockManager
+from engine_proc.request import EngineRequest, RequestState
+from ipc.protocol import FinishReason
+
+_RUNNING = RequestState.RUNNING
+
+
+class Scheduler:
+    """A pure object: `add`, `schedule() -> Batch`, `update(batch, sampled) -> deltas`, `abort`.
+
+    Call `take_errored()` once a step, also when the batch is empty: a request the engine can
+    never serve (a prompt bigger than the whole KV cache or than `max_model_len`) finishes with
+    `FinishReason.ERROR` in `add()`, outside any step, and its `TokenDelta(req, [], ERROR)`
+    waits there; `has_work` stays true until it is taken. A request that outgrows the whole
+    cache while generating finishes with ERROR in `update()`, in the delta of its last token.
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Sequence[int],
+        watermark_blocks: int | None = None,
+    ) -> None:
+        assert max_num_seqs >= 1 and max_num_batched_tokens >= 1 and max_model_len >= 1
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        # Blocks a newcomer must leave free while others run, so that admitting it does not
+        # at once preempt a running request that crosses into a new block next step (1%, as
+        # vLLM's watermark, and at least one block).
+        if watermark_blocks is None:
+            watermark_blocks = max(1, block_manager.num_total_blocks() // 100)
+        self.watermark_blocks = watermark_blocks
+        # Tokens the whole cache holds: no request may need more positions than this.
+        self._cache_len = block_manager.num_total_blocks() * block_manager.block_size
+        # Both keyed by req_id, for O(1) abort. Waiting: the front is admitted first; a
+        # preempted request goes back to the front. Running: in admission order, so the
+        # last one is the most recently admitted, the first to preempt.
+        self._waiting: OrderedDict[str, EngineRequest] = OrderedDict()
+        self._running: dict[str, EngineRequest] = {}
+        # Requests errored out in add(), until take_errored() hands them out.
+        self._errored_deltas: list[TokenDelta] = []
+
+    # ---- figures --------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._errored_deltas)
+
+    # ---- requests in and out ----------------------------------------------------------------
+
+    def add(self, req: EngineRequest) -> None:
+        """Queues `req` behind every waiting request, or errors it out if it can never run."""
+        assert req.req_id not in self._waiting and req.req_id not in self._running, req.req_id
+        assert req.state is RequestState.WAITING and not req.block_ids
+        num_tokens = req.num_tokens
+        # Checked once here: a request that fits now always fits later, since update()
+        # finishes a request before it grows past the cache or max_model_len.
+        if num_tokens == 0 or num_tokens > self.max_model_len or num_tokens > self._cache_len:
+            req.state = RequestState.FINISHED
+            req.finish = FinishReason.ERROR
+            self._errored_deltas.append(TokenDelta(req, [], FinishReason.ERROR))
+            return
+        self._waiting[req.req_id] = req
+
+    def take_errored(self) -> list[TokenDelta]:
+        """The ERROR deltas of requests that add() found the engine can never serve."""
+        if not self._errored_deltas:
+            return []
+        deltas = self._errored_deltas
+        self._errored_deltas = []
+        return deltas
+
+    def abort(self, req_id: str) -> EngineRequest | None:
+        """Drops a waiting or running request and frees its blocks; None if it is unknown."""
+        req = self._running.pop(req_id, None)
+        if req is None:
+            req = self._waiting.pop(req_id, None)
+            if req is None:
+                return None
+        self.block_manager.free(req)
+        req.state = RequestState.FINISHED
+        req.finish = FinishReason.ABORT
+        return req
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> Batch:
+        """Picks this step's tokens: running requests first, then waiting ones in FCFS order."""
+        block_manager = self.block_manager
+        budget = self.max_num_batched_tokens
+        seqs: list[ScheduledSeq] = []
+
+        # Running requests in admission order. Decodes are not stalled by a long prompt:
+        # a request can only be mid-prefill when its chunk used up the budget, so nothing
+        # was admitted after it, and it is the last running request.
+        running = list(self._running.values())
+        num_live = len(running)  # running[num_live:] were preempted during this loop
+        did_preempt = False
+        i = 0
+        while i < num_live and budget > 0:
+            req = running[i]
+            start_pos = req.num_computed_tokens
+            num_new_tokens = min(req.num_tokens - start_pos, budget)
+            num_new_blocks = block_manager.num_blocks_needed(req, start_pos + num_new_tokens)
+            while not block_manager.can_allocate(num_new_blocks):
+                # Out of blocks: recompute the most recently admitted request later. This
+                # ends at `req` itself at the latest; and since add() and update() keep every
+                # request within the whole cache, the oldest running request always fits,
+                # so some request always progresses.
+                num_live -= 1
+                victim = running[num_live]
+                self._preempt(victim)
+                did_preempt = True
+                if victim is req:
+                    break
+            else:
+                if num_new_blocks:  # most decodes stay inside their last block
+                    block_manager.allocate(req, start_pos + num_new_tokens)
+                seqs.append(ScheduledSeq(req, start_pos, num_new_tokens))
+                budget -= num_new_tokens
+            i += 1
+
+        # Admit no one in a step that had to preempt: blocks are short, and the preempted
+        # requests (now at the front) would only be readmitted to be preempted again.
+        if not did_preempt:
+            self._admit(seqs, budget)
+        return Batch(seqs)
+
+    def _admit(self, seqs: list[ScheduledSeq], budget: int) -> None:
+        block_manager = self.block_manager
+        waiting = self._waiting
+        running = self._running
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = next(iter(waiting.values()))
+            # A preempted request recomputes prompt + output; its output_ids are kept, so it
+            # samples only once it reaches its end, and nothing is lost or repeated.
+            num_new_tokens = min(req.num_tokens, budget)
+            num_new_blocks = block_manager.num_blocks_needed(req, num_new_tokens)
+            # With nobody running there is nobody to starve, and a prompt the size of the
+            # whole cache must still get in.
+            num_reserved_blocks = self.watermark_blocks if running else 0
+            if not block_manager.can_allocate(num_new_blocks + num_reserved_blocks):
+                break  # FCFS: a smaller request behind it does not jump the queue
+            waiting.popitem(last=False)
+            block_manager.allocate(req, num_new_tokens)
+            req.state = _RUNNING
+            running[req.req_id] = req
+            seqs.append(ScheduledSeq(req, 0, num_new_tokens))
+            budget -= num_new_tokens
+
+    def _preempt(self, req: EngineRequest) -> None:
+        del self._running[req.req_id]
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.state = RequestState.WAITING
+        self._waiting[req.req_id] = req
+        self._waiting.move_to_end(req.req_id, last=False)
+
+    def update(self, batch: Batch, sampled: list[int]) -> list[TokenDelta]:
+        """Takes the step's sampled ids (one per `batch.sampled_seqs`, in order); returns deltas."""
+        deltas: list[TokenDelta] = []
+        num_sampled = 0
+        for seq in batch.seqs:
+            req = seq.req
+            # Read before num_computed_tokens and output_ids change.
+            needs_sample = seq.needs_sample
+            if needs_sample:
+                token_id = sampled[num_sampled]
+                num_sampled += 1
+            if req.state is not _RUNNING:
+                continue  # aborted after schedule(): abort()'s caller reports it
+            assert seq.start_pos == req.num_computed_tokens, "update() twice for one batch"
+            req.num_computed_tokens += seq.num_new_tokens
+            if not needs_sample:
+                continue
+            req.output_ids.append(token_id)
+            finish = self._check_finish(req, token_id)
+            if finish is not None:
+                self._finish_running(req, finish)
+            deltas.append(TokenDelta(req, [token_id], finish))
+        assert num_sampled == len(sampled), "one sampled id per sampled seq"
+        return deltas
+
+    def _check_finish(self, req: EngineRequest, token_id: int) -> FinishReason | None:
+        params = req.params
+        num_output_ids = len(req.output_ids)
+        if num_output_ids >= params.min_tokens and (
+            (token_id in self.eos_token_ids and not params.ignore_eos)
+            or token_id in params.stop_token_ids
+        ):
+            return FinishReason.STOP
+        num_tokens = req.num_tokens
+        if num_output_ids >= params.max_tokens or num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        # The next step computes position num_tokens - 1: if the whole cache cannot hold
+        # that, the request could only be preempted forever. The engine should advertise
+        # min(max_model_len, cache tokens) so that clients meet LENGTH before this.
+        if num_tokens > self._cache_len:
+            return FinishReason.ERROR
+        return None
+
+    def _finish_running(self, req: EngineRequest, finish: FinishReason) -> None:
+        del self._running[req.req_id]
+        self.block_manager.free(req)
+        req.state = RequestState.FINISHED
+        req.finish = finish

@@ -32,9 +32,12 @@ def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]
         if m.name is not None:
             message["name"] = m.name
         messages.append(message)
+    extra = req.chat_template_kwargs or {}
+    if reserved := {"messages", "add_generation_prompt"} & extra.keys():
+        raise APIError(400, f"`chat_template_kwargs` must not set {sorted(reserved)}; use the request fields.",
+                       param="chat_template_kwargs")
     try:
-        text = state.template.render(messages, add_generation_prompt=req.add_generation_prompt,
-                                     **(req.chat_template_kwargs or {}))
+        text = state.template.render(messages, add_generation_prompt=req.add_generation_prompt, **extra)
     except TemplateError as exc:
         raise APIError(400, f"The chat template could not render these messages: {exc}", param="messages") from None
     return state.tokenizer.encode(text, add_special_tokens=False).ids

@@ -50,7 +50,7 @@ class WorkerState:
     def load(cls, settings: WorkerSettings) -> WorkerState:
         model_dir = Path(settings.limits.model_dir)
         paths = RunPaths(settings.run_id, Path(settings.run_dir))
-        template = (ChatTemplate.from_file(settings.chat_template) if settings.chat_template
+        template = (ChatTemplate.from_file(settings.chat_template, model_dir=model_dir) if settings.chat_template
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         return cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)

@@ -1,0 +1,212 @@
+"""Chat templates: load a model's jinja2 template (or a bundled one) and render messages."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+BUNDLED_TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
+DEFAULT_TEMPLATE_NAME = "chatml"
+
+
+class TemplateError(ValueError):
+    """A chat template failed to compile or to render; the API turns it into a 400."""
+
+
+def _raise_exception(message: str) -> None:
+    # Templates call raise_exception("Conversation roles must alternate ...") on bad input:
+    # that is the request's fault, so it surfaces with the template's own words.
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes HTML characters and non-ASCII; HF overrides it like this,
+    # and templates written for HF expect tool schemas rendered this way.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accept HF's `{% generation %}...{% endgeneration %}` and render its body unchanged.
+
+    HF uses the tag to find assistant tokens for training masks; for serving it is a no-op,
+    but without this extension such templates would not even compile.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: jinja2.runtime.Macro) -> str:
+        return caller()
+
+
+def _make_environment() -> ImmutableSandboxedEnvironment:
+    # The same environment HF's apply_chat_template uses, so Hub templates render alike.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _token_text(value: Any) -> str:
+    """tokenizer_config.json stores special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _pick_named(templates: list[dict[str, Any]]) -> str | None:
+    """From HF's list form [{name, template}], the one named "default" (else the first)."""
+    by_name = {t.get("name"): t.get("template") for t in templates if isinstance(t, dict)}
+    chosen = by_name.get("default", next(iter(by_name.values()), None))
+    return chosen if isinstance(chosen, str) else None
+
+
+def _special_tokens(model_dir: Path) -> tuple[str, str]:
+    config = _read_json(model_dir / "tokenizer_config.json")
+    # Older checkpoints keep the special tokens only in special_tokens_map.json.
+    special = _read_json(model_dir / "special_tokens_map.json")
+    bos = _token_text(config.get("bos_token")) or _token_text(special.get("bos_token"))
+    eos = _token_text(config.get("eos_token")) or _token_text(special.get("eos_token"))
+    return bos, eos
+
+
+def _model_template(model_dir: Path) -> tuple[str, str] | None:
+    """(source, origin) of the template a model dir ships, or None."""
+    config_path = model_dir / "tokenizer_config.json"
+    template = _read_json(config_path).get("chat_template")
+    if isinstance(template, list):
+        template = _pick_named(template)
+    if isinstance(template, str) and template:
+        return template, str(config_path)
+    jinja_path = model_dir / "chat_template.jinja"  # where transformers >= 4.50 saves it
+    if jinja_path.is_file():
+        return jinja_path.read_text(encoding="utf-8"), str(jinja_path)
+    # Multimodal processors save {"chat_template": "..."} here.
+    json_path = model_dir / "chat_template.json"
+    template = _read_json(json_path).get("chat_template")
+    if isinstance(template, str) and template:
+        return template, str(json_path)
+    return None
+
+
+class ChatTemplate:
+    """One compiled chat template; build it once per process and render per request.
+
+    ChatTemplate(model_dir) takes the model's template from tokenizer_config.json
+    ("chat_template": a string, or a list of {name, template} whose "default" is used), else
+    chat_template.jinja, else chat_template.json, else the bundled templates/chatml.jinja.
+
+    Tokenize what render() returns with add_special_tokens=(not renders_bos_token): a
+    template that writes bos_token itself (Llama 3, Mistral, SmolLM's ChatML whose "BOS" is
+    <|im_start|>) must not get a second BOS from the tokenizer's post-processor.
+    """
+
+    def __init__(self, model_dir: str | Path) -> None:
+        """The template a model dir ships, else the bundled ChatML one."""
+        model_dir = Path(model_dir)
+        bos, eos = _special_tokens(model_dir)
+        source, origin = _model_template(model_dir) or _bundled_source(DEFAULT_TEMPLATE_NAME)
+        self._compile(source, bos_token=bos, eos_token=eos, origin=origin)
+
+    @classmethod
+    def from_string(cls, source: str, *, bos_token: str = "", eos_token: str = "",
+                    origin: str = "<string>") -> ChatTemplate:
+        template = cls.__new__(cls)
+        template._compile(source, bos_token=bos_token, eos_token=eos_token, origin=origin)
+        return template
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, model_dir: str | Path | None = None) -> ChatTemplate:
+        """A template file given on the command line (--chat-template); pass model_dir so
+        that bos_token and eos_token come from the served model (else they are "")."""
+        path = Path(path)
+        bos, eos = _special_tokens(Path(model_dir)) if model_dir is not None else ("", "")
+        return cls.from_string(path.read_text(encoding="utf-8"), bos_token=bos, eos_token=eos,
+                               origin=str(path))
+
+    @classmethod
+    def bundled(cls, name: str, *, model_dir: str | Path | None = None) -> ChatTemplate:
+        """One of templates/*.jinja by name: "chatml", "llama3" or "plain"."""
+        source, origin = _bundled_source(name)
+        bos, eos = _special_tokens(Path(model_dir)) if model_dir is not None else ("", "")
+        return cls.from_string(source, bos_token=bos, eos_token=eos, origin=origin)
+
+    def _compile(self, source: str, *, bos_token: str, eos_token: str, origin: str) -> None:
+        self.source = source
+        self.origin = origin
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _make_environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template {origin}, line {e.lineno}: {e.message}") from e
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template {origin}: {e.message}") from e
+        self.renders_bos_token = self._probe_renders_bos()
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               **kwargs: Any) -> str:
+        """The prompt text for messages; extra kwargs (chat_template_kwargs) reach the template."""
+        # HF passes tools/documents as None when absent; some templates test `is not none`.
+        context = {"tools": None, "documents": None,
+                   "bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs,
+                   "messages": messages, "add_generation_prompt": add_generation_prompt}
+        try:
+            return self._template.render(context)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template error: {e.message or type(e).__name__}") from e
+        except Exception as e:
+            # A template doing `'<|im_start|>' + message['content']` on a null content raises
+            # TypeError: still the request's fault, so a 400 and never a 500.
+            raise TemplateError(f"chat template error: {type(e).__name__}: {e}") from e
+
+    def _probe_renders_bos(self) -> bool:
+        if not self.bos_token:
+            return False
+        try:
+            prompt = self.render([{"role": "user", "content": "hi"}])
+        except TemplateError:
+            # Some templates insist on a system message or other shapes: judge by the source.
+            return "bos_token" in self.source
+        return prompt.startswith(self.bos_token)
+
+
+def _bundled_source(name: str) -> tuple[str, str]:
+    path = BUNDLED_TEMPLATES_DIR / f"{name}.jinja"
+    if not path.is_file():
+        known = sorted(p.stem for p in BUNDLED_TEMPLATES_DIR.glob("*.jinja"))
+        raise TemplateError(f"no bundled chat template {name!r} (known: {', '.join(known)})")
+    return path.read_text(encoding="utf-8"), str(path)

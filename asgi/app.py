@@ -19,6 +19,8 @@ async def health(state, body, receive, send):
 
 
 async def ready(state, body, receive, send):
+    if state.draining():
+        raise APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
     if not state.client.alive:
         raise APIError(503, "The inference engine is not available.", type="server_error", code="engine_unavailable")
     await send_response(send, 200, b'{"status":"ready"}')
@@ -91,6 +93,8 @@ class App:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         handler = ROUTES.get((method, path))
         try:
+            if method in NEEDS_BODY and self.state.draining():
+                raise APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
             if handler is None:
                 if path.startswith(MODEL_PREFIX) and method == "GET":
                     return await get_model(self.state, path[len(MODEL_PREFIX):], receive, send)

@@ -71,6 +71,65 @@ def stop_engine(proc, paths: RunPaths, timeout_s: float = 10.0) -> None:
         proc.join()
 
 
+def make_draining_granian():
+    """Granian, but SIGTERM/SIGINT first drain in-flight requests, then stop the workers.
+
+    Granian's own worker shutdown stops the worker's event loop while it waits for open
+    connections, so a stream in progress could never finish there; we finish them first.
+    """
+    from granian import Granian
+
+    class DrainingGranian(Granian):
+        def __init__(self, paths: RunPaths, timeout_s: float, engine_alive, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.paths = paths
+            self.engine_alive = engine_alive
+            self.drain_timeout_s = timeout_s
+            self.drain_thread: threading.Thread | None = None
+
+        def signal_handler_interrupt(self, *args, **kwargs):
+            if self.drain_thread is not None:  # a second signal: stop now
+                log.warning("second stop signal: stopping without waiting")
+                return super().signal_handler_interrupt()
+            self.drain_thread = threading.Thread(target=self._drain_then_stop, name="drain", daemon=True)
+            self.drain_thread.start()
+
+        def _drain_then_stop(self) -> None:
+            self.paths.draining_flag.touch()
+            log.info("draining: waiting up to %.0f s for in-flight requests", self.drain_timeout_s)
+            if not wait_engine_idle(self.paths, self.drain_timeout_s, self.engine_alive):
+                log.warning("requests still running after %.0f s; stopping anyway", self.drain_timeout_s)
+            super().signal_handler_interrupt()
+
+    return DrainingGranian
+
+
+def wait_engine_idle(paths: RunPaths, timeout_s: float, engine_alive, poll_s: float = 0.1) -> bool:
+    """True once the engine has nothing running or waiting (and the last bytes went out)."""
+    ctx = zmq.Context()
+    out = make_socket(ctx, zmq.PUSH, paths.engine_input, bind=False)
+    inbox = make_socket(ctx, zmq.PULL, paths.worker_output("launcher"), bind=True)
+    deadline = time.monotonic() + timeout_s
+    idle = False
+    try:
+        while time.monotonic() < deadline:
+            out.send(p.input_encoder.encode(p.StatsQuery("launcher")))
+            if inbox.poll(1000):
+                stats = p.output_decoder.decode(inbox.recv())
+                if stats.num_running == 0 and stats.num_waiting == 0:
+                    idle = True
+                    time.sleep(0.3)  # the workers write the last chunks and [DONE]
+                    break
+            if not engine_alive():  # nothing left to wait for
+                break
+            time.sleep(poll_s)
+    finally:
+        out.close()
+        inbox.close()
+        ctx.term()
+    return idle
+
+
 class EngineWatch(threading.Thread):
     """Turns an unexpected engine exit into a stop of the whole server, with a failure status."""
 
@@ -112,12 +171,13 @@ def serve(args) -> int:
                  limits.num_kv_blocks)
         os.environ[SETTINGS_ENV] = WorkerSettings(
             served_model_name=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pid=proc.pid,
-            limits=limits, sse_keepalive_s=args.sse_keepalive, max_body_bytes=args.max_request_body,
+            limits=limits, sse_keepalive_s=args.sse_keepalive,
+ max_body_bytes=args.max_request_body,
             chat_template=args.chat_template, created=int(time.time()),
         ).to_env()
         watch = EngineWatch(proc)
         watch.start()
-        http_failed = run_granian(args)
+        http_failed = run_granian(args, paths, proc.is_alive)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
@@ -131,12 +191,14 @@ def serve(args) -> int:
     return 1 if http_failed or (watch is not None and watch.engine_died) else 0
 
 
-def run_granian(args) -> bool:
+def run_granian(args, paths: RunPaths, engine_alive) -> bool:
     """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
-    from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    server = Granian(
+    server = make_draining_granian()(
+        paths,
+        args.shutdown_timeout,
+        engine_alive,
         "asgi.app:app",
         address=args.host,
         port=args.port,
@@ -144,7 +206,7 @@ def run_granian(args) -> bool:
         workers=args.workers,
         loop=Loops.uvloop,
         log_level=args.log_level,
-        workers_kill_timeout=max(1, int(args.shutdown_timeout)),
+        workers_kill_timeout=5,  # requests were drained before the workers are told to stop
         backlog=2048,
     )
     try:

@@ -55,6 +55,10 @@ class WorkerState:
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         return cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
 
+    def draining(self) -> bool:
+        """The launcher got SIGTERM/SIGINT: finish what runs, take nothing new."""
+        return self.client.paths.draining_flag.exists()
+
     @property
     def model_id(self) -> str:
         return self.settings.served_model_name

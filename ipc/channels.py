@@ -41,6 +41,11 @@ class RunPaths:
     def output_ring(self, worker_id: str) -> str:
         return segment_name(self.run_id, f"w{worker_id}-outputs")
 
+    @property
+    def draining_flag(self) -> Path:
+        """Exists while the server drains; the workers refuse new work when they see it."""
+        return self.run_dir / "draining"
+
     def remove_run_dir(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

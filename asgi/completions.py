@@ -25,6 +25,8 @@ class CompletionFormatter:
         return []
 
     def chunk(self, deltas: list[ChoiceDelta]) -> bytes:
+        # finish_reason is null until a choice ends, as OpenAI streams it; the spec (and so the
+        # SDK's strict mode) reuses the non-streamed schema, where it is not nullable.
         body = {**self.head, "choices": [{"index": d.index, "text": d.text, "logprobs": None,
                                           "finish_reason": d.finish_reason} for d in deltas]}
         if self.include_usage:

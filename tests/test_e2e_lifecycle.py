@@ -1,0 +1,139 @@
+"""Disconnects, keep-alives, several workers, stopping, and the engine dying under load."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import start_server
+from tests.server import shm_segments
+
+MODEL = "smollm2-135m-instruct"
+LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
+
+
+def wait_for(predicate, timeout_s: float = 30.0, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(poll_s)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture(scope="module")
+def busy_server(model_dir, tmp_path_factory):
+    """Two API workers, one running request at a time, keep-alives every 0.3 s."""
+    srv = start_server(tmp_path_factory, "--workers", "2", "--max-num-seqs", "1", "--sse-keepalive", "0.3",
+                       "--max-model-len", "2048")
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+
+
+def engine_idle(server) -> dict | None:
+    stats = server.stats()
+    free = stats["num_free_blocks"] == stats["num_total_blocks"]
+    return stats if stats["num_running"] == 0 and stats["num_waiting"] == 0 and free else None
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_frees_the_engine(busy_server, stream):
+    before = wait_for(lambda: engine_idle(busy_server))["num_aborted"]
+    body = json.dumps({**LONG, "stream": stream}).encode()
+    with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_for(lambda: busy_server.stats()["num_running"] == 1)
+        if stream:
+            assert sock.recv(100).startswith(b"HTTP/1.1 200")  # it is streaming
+    # the connection is closed here; the engine must drop the request within a step
+    after = wait_for(lambda: engine_idle(busy_server), timeout_s=10)
+    assert after["num_aborted"] == before + 1
+
+
+def test_keepalive_while_queued(busy_server):
+    """With one seat, a second stream waits in the queue and gets keep-alive comments."""
+    blocker = threading.Thread(target=httpx.post, args=(f"{busy_server.base_url}/v1/completions",),
+                               kwargs={"json": {**LONG, "max_tokens": 60}, "timeout": 120})
+    blocker.start()
+    wait_for(lambda: busy_server.stats()["num_running"] == 1)
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{busy_server.base_url}/v1/completions", json=body, timeout=120) as r:
+        lines = [line for line in r.iter_lines() if line]
+    blocker.join()
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    assert lines[:first_data] and all(line == ": keep-alive" for line in lines[:first_data])
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_two_workers_route_outputs_to_their_owner(busy_server):
+    async def one(client, i):
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": f"Item {i}:", "max_tokens": 5,
+                                                       "temperature": 0})
+        return r.json()["choices"][0]["text"]
+
+    async def run():
+        async with httpx.AsyncClient(base_url=busy_server.base_url, timeout=120,
+                                     limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            return await asyncio.gather(*(one(client, i % 3) for i in range(12)))
+
+    texts = asyncio.run(run())
+    for i in range(3):  # greedy: the same prompt gives the same text, whichever worker served it
+        assert len({texts[j] for j in range(i, 12, 3)}) == 1
+
+
+def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
+    """Last in this module: kills the engine under a live stream."""
+    engine_pid = busy_server.stats()["engine_pid"]
+    events = []
+    with httpx.stream("POST", f"{busy_server.base_url}/v1/completions", json={**LONG, "stream": True},
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        events.append(next(lines))
+        os.kill(engine_pid, signal.SIGKILL)
+        events.extend(line for line in lines if line.startswith("data:"))
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])
+    assert "error" in error and error["error"]["message"]
+    assert busy_server.proc.wait(60) != 0  # a supervisor restarts us
+    assert shm_segments(busy_server.proc.pid) == []
+    assert not Path(f"/tmp/rill-{busy_server.proc.pid}").exists()
+
+
+def test_sigterm_lets_inflight_streams_finish(model_dir, tmp_path_factory):
+    srv = start_server(tmp_path_factory, "--shutdown-timeout", "60")
+    body = {**LONG, "max_tokens": 80, "stream": True}
+    with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        next(lines)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert httpx.get(f"{srv.base_url}/ready").status_code == 503
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
+    assert srv.proc.wait(60) == 0
+    assert shm_segments(srv.proc.pid) == []
+    assert not Path(f"/tmp/rill-{srv.proc.pid}").exists()
+
+
+def test_restart_after_sigkill_leaves_nothing(model_dir, tmp_path_factory):
+    srv = start_server(tmp_path_factory)
+    httpx.post(f"{srv.base_url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
+    os.killpg(srv.proc.pid, signal.SIGKILL)  # launcher, engine and workers: no cleanup runs
+    srv.proc.wait()
+    srv._log.close()
+    assert shm_segments(srv.proc.pid), "a killed run leaves its segments (so the sweep is tested)"
+    again = start_server(tmp_path_factory)  # sweeps what the dead run left
+    assert shm_segments(srv.proc.pid) == []
+    assert again.stop() == 0
+    assert shm_segments(again.proc.pid) == []

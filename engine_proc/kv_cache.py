@@ -1,0 +1,168 @@
+"""The paged KV cache: block tensors, how many fit in memory, slot writes, attention over it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def num_kv_heads_of(config: PretrainedConfig) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int) -> int:
+    """K and V of `block_size` tokens across all layers."""
+    num_kv_heads, head_dim = num_kv_heads_of(config), head_dim_of(config)
+    num_elements = 2 * config.num_hidden_layers * block_size * num_kv_heads * head_dim
+    return num_elements * dtype.itemsize
+
+
+def num_blocks_for_memory(
+    config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int
+) -> int:
+    return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size))
+
+
+class KVCache:
+    """K and V of every layer as [num_blocks, block_size, num_kv_heads, head_dim] tensors.
+
+    Token at position p of a request lives in slot block_ids[p // block_size] * block_size
+    + p % block_size; the block manager owns which block ids a request holds.
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads_of(config)
+        self.head_dim = head_dim_of(config)
+        num_layers = config.num_hidden_layers
+        shape = (num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
+        # a masked NaN left in uninitialised memory would still poison the weighted sum.
+        self._storage = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_caches = [self._storage[layer, 0] for layer in range(config.num_hidden_layers)]
+        self.v_caches = [self._storage[layer, 1] for layer in range(config.num_hidden_layers)]
+
+    @property
+    def num_bytes(self) -> int:
+        return self._storage.numel() * self._storage.element_size()
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store the step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """Cached K or V of block-id rows [S, num_blocks], as [S, num_blocks * block_size, H, D]."""
+    num_seqs, num_blocks = block_table.shape
+    # index_select on the flat ids: much faster on CPU than advanced indexing cache[table].
+    gathered = cache.index_select(0, block_table.reshape(-1))
+    return gathered.view(num_seqs, num_blocks * cache.shape[1], *cache.shape[2:])
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's multi-token slice in the step, and what its queries may attend to."""
+
+    token_start: int  # where its tokens lie in the step's flattened tokens
+    token_end: int
+    # None when the chunk starts at position 0: it attends to its own new K/V only.
+    block_table: torch.Tensor | None = None  # [num_blocks] covering [0, context_len)
+    context_len: int = 0
+    causal_mask: torch.Tensor | None = None  # [num_new_tokens, context_len], True = attend
+
+
+@dataclass
+class AttentionMetadata:
+    """Index tensors for one step, built once and shared by every layer.
+
+    Decode tokens (one per sequence) come first in the flattened step, then prefill chunks.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens]: where each new token's K/V goes
+    num_decode_tokens: int = 0
+    decode_block_table: torch.Tensor | None = None  # [num_decodes, max_num_blocks]
+    decode_context_len: int = 0  # the longest decode context
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """Attention of the step's queries [T, H, D] over cached and new K/V (already written)."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    num_decodes = meta.num_decode_tokens
+    if num_decodes == num_tokens:
+        return _decode_attention(q, k_cache, v_cache, meta, num_kv_heads)
+    out = torch.empty_like(q)
+    if num_decodes:
+        q_decode = q[:num_decodes]
+        out[:num_decodes] = _decode_attention(q_decode, k_cache, v_cache, meta, num_kv_heads)
+    for chunk in meta.prefills:
+        q_chunk = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
+        if chunk.block_table is None:
+            k_ctx = k[chunk.token_start : chunk.token_end]
+            v_ctx = v[chunk.token_start : chunk.token_end]
+        else:
+            table = chunk.block_table.unsqueeze(0)
+            k_ctx = gather_blocks(k_cache, table)[0, : chunk.context_len]
+            v_ctx = gather_blocks(v_cache, table)[0, : chunk.context_len]
+        o = F.scaled_dot_product_attention(
+            q_chunk,
+            k_ctx.transpose(0, 1).unsqueeze(0),
+            v_ctx.transpose(0, 1).unsqueeze(0),
+            attn_mask=chunk.causal_mask,
+            is_causal=chunk.causal_mask is None,
+            enable_gqa=True,
+        )
+        out[chunk.token_start : chunk.token_end] = o[0].transpose(0, 1)
+    return out
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    num_decodes, num_heads, head_dim = q.shape
+    context_len = meta.decode_context_len
+    k_ctx = gather_blocks(k_cache, meta.decode_block_table)[:, :context_len].transpose(1, 2)
+    v_ctx = gather_blocks(v_cache, meta.decode_block_table)[:, :context_len].transpose(1, 2)
+    # One query per sequence: fold the query heads that share a KV head into the query
+    # axis ([B, H_kv, group, D]) so SDPA needs neither enable_gqa nor a repeated K/V,
+    # both of which take a much slower path on CPU with a mask.
+    q_grouped = q.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=meta.decode_mask)
+    return o.reshape(num_decodes, num_heads, head_dim)

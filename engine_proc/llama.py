@@ -1,0 +1,273 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the paged KV cache."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from engine_proc.kv_cache import (
+    AttentionMetadata,
+    KVCache,
+    head_dim_of,
+    num_kv_heads_of,
+    paged_attention,
+    write_kv,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {config.model_type!r} is not supported: {SUPPORTED_MODEL_TYPES}")
+    window_len = getattr(config, "sliding_window", None) or math.inf
+    uses_window = config.model_type == "mistral" and window_len < config.max_position_embeddings
+    if uses_window or getattr(config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    """rope_theta and scaling, from transformers 5's rope_parameters or the older fields."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if not params:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    params.setdefault("rope_theta", 10000.0)
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_inv_freq(config: PretrainedConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], written as transformers does so fp32 matches bit for bit."""
+    params = rope_parameters(config)
+    dim = head_dim_of(config)
+    base = params["rope_theta"]
+    # device="cpu": the model may be built under a meta-device context.
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / params["factor"]
+    if rope_type == "llama3":
+        factor = params["factor"]
+        low_freq_factor, high_freq_factor = params["low_freq_factor"], params["high_freq_factor"]
+        old_context_len = params["original_max_position_embeddings"]
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the Hugging Face layout) on [T, heads, D] with cos/sin [T, 1, D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = num_kv_heads_of(config)
+        self.head_dim = head_dim_of(config)
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = attention_bias or config.model_type == "qwen2"  # Qwen2 always biases q, k, v
+        # q, k and v in one matmul: one weight read and one kernel launch instead of three.
+        qkv_dim = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=attention_bias)
+        self.q_norm = self.k_norm = None
+        if config.model_type == "qwen3":
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:
+            # Without per-head norms q and k rotate together in one pass.
+            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta)
+        return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
+        h = h + self.attn(self.input_norm(h), cos, sin, meta, k_cache, v_cache)
+        return h + self.mlp(self.post_attn_norm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        # None when tied: the embedding matrix serves as the head (a packed copy may replace it).
+        self.lm_head = None
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Not a buffer: rebuilt after the module is materialised from the meta device.
+        self.inv_freq = rope_inv_freq(config)
+
+    def rope_cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D/2] for the step, computed once and shared by all layers."""
+        inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.to(torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
+        return freqs.cos().to(dtype).unsqueeze(1), freqs.sin().to(dtype).unsqueeze(1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] for the chosen tokens of the flattened step."""
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rope_cos_sin(positions, h.dtype)
+        for layer, k_cache, v_cache in zip(self.layers, kv_cache.k_caches, kv_cache.v_caches):
+            h = layer(h, cos, sin, meta, k_cache, v_cache)
+        # The final norm is per token: normalising only the rows we sample from is the same.
+        h = self.norm(h.index_select(0, logits_indices))
+        if self.lm_head is None:
+            return F.linear(h, self.embed_tokens.weight)
+        return self.lm_head(h)
+
+    # ---- weights -------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; fail on a missing one."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        num_heads, num_kv_heads = self.config.num_attention_heads, num_kv_heads_of(self.config)
+        head_dim = head_dim_of(self.config)
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        intermediate = self.config.intermediate_size
+        shards = {  # HF leaf -> (native leaf, row offset, row count) inside the fused weight
+            "self_attn.q_proj": ("attn.qkv_proj", 0, q_dim),
+            "self_attn.k_proj": ("attn.qkv_proj", q_dim, kv_dim),
+            "self_attn.v_proj": ("attn.qkv_proj", q_dim + kv_dim, kv_dim),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0, intermediate),
+            "mlp.up_proj": ("mlp.gate_up_proj", intermediate, intermediate),
+        }
+        renames = {
+            "self_attn.o_proj": "attn.o_proj",
+            "self_attn.q_norm": "attn.q_norm",
+            "self_attn.k_norm": "attn.k_norm",
+            "input_layernorm": "input_norm",
+            "post_attention_layernorm": "post_attn_norm",
+        }
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb." in name or (name == "lm_head.weight" and self.lm_head is None):
+                continue  # recomputed here / tied to the embedding
+            module_path, _, leaf = name.rpartition(".")  # leaf: weight or bias
+            target, offset, num_rows = module_path, None, None
+            for hf_part, (native_part, row_offset, row_count) in shards.items():
+                if module_path.endswith(hf_part):
+                    target = module_path.removesuffix(hf_part) + native_part
+                    offset, num_rows = row_offset, row_count
+                    break
+            else:
+                for hf_part, native_part in renames.items():
+                    if module_path.endswith(hf_part):
+                        target = module_path.removesuffix(hf_part) + native_part
+                        break
+            param_name = f"{target}.{leaf}"
+            if param_name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r} (no parameter {param_name!r})")
+            dest = params[param_name].data
+            if offset is not None:
+                dest = dest.narrow(0, offset, num_rows)
+            if dest.shape != tensor.shape:
+                raise ValueError(
+                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            loaded.add((param_name, offset))
+        expected = set()
+        for param_name in params:
+            module_path = param_name.rpartition(".")[0]
+            offsets = [off for native, off, _ in shards.values() if module_path.endswith(native)]
+            expected.update((param_name, off) for off in (offsets or [None]))
+        missing = sorted({name for name, _ in expected - loaded})
+        if missing:
+            more = " ..." if len(missing) > 8 else ""
+            raise ValueError(f"weights missing from the checkpoint: {missing[:8]}{more}")
+
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Small random weights (normal, std = initializer_range), unit norms: finite activations."""
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        std = getattr(self.config, "initializer_range", 0.02)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.data.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.data.zero_()
+            else:
+                values = torch.empty(param.shape, dtype=torch.float32)
+                param.data.copy_(values.normal_(0.0, std, generator=generator))

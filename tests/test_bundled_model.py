@@ -1,0 +1,66 @@
+"""The bundled SmolLM2 model: converted once from its GGUF into a loadable directory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from engine_proc import bundled_model
+from engine_proc.bundled_model import ensure_bundled_model
+from engine_proc.model_loader import load_config
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    # The default cache: the conversion (about half a minute) happens once per machine.
+    return ensure_bundled_model()
+
+
+def test_directory_has_config_weights_tokenizer_and_template(model_dir):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (model_dir / name).is_file(), name
+    config = load_config(model_dir)
+    assert config.model_type == "llama"
+    assert config.tie_word_embeddings
+    with open(model_dir / "tokenizer_config.json") as f:
+        template = json.load(f)["chat_template"]
+    assert "<|im_start|>" in template and "<|im_end|>" in template  # ChatML
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    assert tokenizer.token_to_id("<|im_end|>") == 2  # eos
+
+
+def test_second_call_returns_the_directory_without_rewriting(model_dir):
+    weights = model_dir / "model.safetensors"
+    mtimes_before = (model_dir.stat().st_mtime_ns, weights.stat().st_mtime_ns)
+    assert ensure_bundled_model() == model_dir
+    assert (model_dir.stat().st_mtime_ns, weights.stat().st_mtime_ns) == mtimes_before
+
+
+def test_cache_dir_comes_from_rill_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("RILL_CACHE", str(tmp_path))
+    assert bundled_model.default_cache_dir() == tmp_path
+    monkeypatch.delenv("RILL_CACHE")
+    assert bundled_model.default_cache_dir() == Path.home() / ".cache" / "rill"
+
+
+def test_a_crashed_conversion_leaves_nothing_that_counts(tmp_path):
+    """A temp directory of a dead converter is neither used nor kept; a live one's is kept."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dead_tmp = tmp_path / f"{bundled_model._TMP_PREFIX}{dead.pid}"
+    live_tmp = tmp_path / f"{bundled_model._TMP_PREFIX}{os.getpid()}"
+    for path in (dead_tmp, live_tmp):
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+    half = tmp_path / bundled_model.BUNDLED_DIR_NAME
+    half.mkdir()
+    (half / "config.json").write_text("{}")
+    assert not bundled_model.is_complete(half)
+    bundled_model._remove_stale_tmp_dirs(tmp_path)
+    assert not dead_tmp.exists()
+    assert live_tmp.exists()

@@ -1,0 +1,202 @@
+"""The native model runner against transformers: same greedy tokens, same logits, any batching."""
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
+
+from engine_proc.batch import Batch, ScheduledSeq
+from engine_proc.bundled_model import ensure_bundled_model
+from engine_proc.kv_cache import bytes_per_block
+from engine_proc.model_loader import load_config
+from engine_proc.model_runner import ModelRunner
+from engine_proc.request import EngineRequest
+from ipc.protocol import SamplingParams
+
+EOS_ID = 2
+BLOCK_SIZE = 16
+NUM_NEW_TOKENS = 32
+MESSAGES = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue, and mention Rayleigh scattering by name.",
+]
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return ensure_bundled_model()
+
+
+@pytest.fixture(scope="session")
+def prompts(model_dir) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for m in MESSAGES
+    ]
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokens(hf_model, prompts) -> list[list[int]]:
+    """transformers' greedy continuation; min_new_tokens holds eos back as min_tokens does."""
+    out = []
+    with torch.inference_mode():
+        for ids in prompts:
+            generated = hf_model.generate(
+                torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False
+            )
+            out.append(generated[0, len(ids) :].tolist())
+    return out
+
+
+@pytest.fixture(scope="session")
+def runner(model_dir) -> ModelRunner:
+    return ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+
+
+class BlockAllocator:
+    """Hands out block ids in a shuffled order, so block tables are neither contiguous nor sorted."""
+
+    def __init__(self, num_blocks: int, seed: int = 0) -> None:
+        self.free_ids = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_ids)
+
+    def cover(self, req: EngineRequest, num_tokens: int) -> None:
+        while len(req.block_ids) * BLOCK_SIZE < num_tokens:
+            req.block_ids.append(self.free_ids.pop())
+
+
+def generate(
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int = NUM_NEW_TOKENS,
+    chunk_len: int | None = None,
+    arrival_steps: list[int] | None = None,
+) -> list[list[int]]:
+    """A minimal scheduler: every live request gets its next chunk (or decode token) each step."""
+    allocator = BlockAllocator(runner.kv_cache.num_blocks)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, min_tokens=max_tokens)
+    reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
+    arrival_steps = arrival_steps or [0] * len(reqs)
+    step = 0
+    while any(len(r.output_ids) < max_tokens for r in reqs):
+        seqs = []
+        for req, arrival in zip(reqs, arrival_steps):
+            if arrival > step or len(req.output_ids) >= max_tokens:
+                continue
+            num_new = req.num_tokens - req.num_computed_tokens
+            if chunk_len is not None:
+                num_new = min(num_new, chunk_len)
+            allocator.cover(req, req.num_computed_tokens + num_new)
+            seqs.append(ScheduledSeq(req, req.num_computed_tokens, num_new))
+        step += 1
+        if not seqs:
+            continue
+        batch = Batch(seqs)
+        sampled = runner.execute(batch)
+        assert len(sampled) == len(batch.sampled_seqs)
+        for s in seqs:
+            s.req.num_computed_tokens = s.start_pos + s.num_new_tokens
+        for s, token_id in zip(batch.sampled_seqs, sampled):
+            s.req.output_ids.append(token_id)
+    return [r.output_ids for r in reqs]
+
+
+def test_limits_come_from_the_config(runner):
+    assert runner.vocab_size == 49152
+    assert runner.max_model_len == 8192
+
+
+def test_each_prompt_alone_matches_transformers(runner, prompts, hf_tokens):
+    for ids, expected in zip(prompts, hf_tokens):
+        assert generate(runner, [ids]) == [expected]
+
+
+def test_prompts_batched_together_match_transformers(runner, prompts, hf_tokens):
+    assert generate(runner, prompts) == hf_tokens
+
+
+def test_chunked_prefill_mixed_with_decodes_matches_transformers(runner, prompts, hf_tokens):
+    # Chunks of 7 cross block boundaries at odd offsets; staggered arrivals put prefill
+    # chunks of one request in the same steps as decode tokens of another.
+    assert generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9]) == hf_tokens
+
+
+def test_prompt_logits_match_transformers(runner, prompts, hf_model):
+    reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]
+    allocator = BlockAllocator(runner.kv_cache.num_blocks, seed=1)
+    for req in reqs:
+        allocator.cover(req, req.num_tokens)
+    logits = runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))
+    with torch.inference_mode():
+        for row, ids in zip(logits, prompts):
+            expected = hf_model(torch.tensor([ids])).logits[0, -1]
+            torch.testing.assert_close(row, expected, atol=2e-4, rtol=1e-4)
+
+
+def test_kv_blocks_for_memory(model_dir):
+    per_block = 2 * 30 * BLOCK_SIZE * 3 * 64 * 4  # K and V, 30 layers, 3 KV heads of 64, fp32
+    num_blocks = ModelRunner.num_kv_blocks_for_memory(model_dir, dtype=torch.float32, block_size=BLOCK_SIZE, memory_bytes=2**30)
+    assert num_blocks == 2**30 // per_block
+    assert bytes_per_block(load_config(model_dir), torch.bfloat16, BLOCK_SIZE) == per_block // 2
+
+
+def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
+    shutil.copy(model_dir / "config.json", tmp_path / "config.json")  # no weights beside it
+    runner = ModelRunner(tmp_path, num_kv_blocks=16, eos_token_ids=[EOS_ID], load_format="dummy")
+    tokens = generate(runner, [[1, 2, 3, 4, 5]], max_tokens=3)
+    assert all(0 <= t < runner.vocab_size for t in tokens[0])
+
+
+# ---- other architectures: tiny random models saved by transformers ------------------------
+
+TINY = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+)  # fmt: skip
+
+
+def _tiny_config(kind: str):
+    if kind == "llama3-rope-untied":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
+        return LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters=rope)
+    if kind == "qwen2":
+        return Qwen2Config(**TINY, tie_word_embeddings=True)
+    if kind == "qwen3":
+        return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])
+def test_tiny_architectures_match_transformers(kind, tmp_path):
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_tiny_config(kind), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in hf.parameters():  # biases and norms too, so that loading each is checked
+            param.normal_(0.0, 0.2)
+    hf.save_pretrained(tmp_path)
+    runner = ModelRunner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    ids = torch.randint(3, 128, (1, 70)).tolist()[0]
+    with torch.inference_mode():
+        expected = hf(torch.tensor([ids])).logits[0]
+    # Prefill in chunks of 23 on top of the cache; compare the logits at each chunk's end.
+    req = EngineRequest("r", "w", ids, SamplingParams(max_tokens=1))
+    BlockAllocator(runner.kv_cache.num_blocks).cover(req, len(ids))
+    for start in range(0, len(ids), 23):
+        num_new = min(23, len(ids) - start)
+        seq = ScheduledSeq(req, start, num_new)
+        req.output_ids, req.prompt_ids = [], ids[: start + num_new]  # makes this chunk the sampled one
+        logits = runner.compute_logits(Batch([seq]))
+        torch.testing.assert_close(logits[0], expected[start + num_new - 1], atol=1e-4, rtol=1e-4)

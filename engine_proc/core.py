@@ -23,8 +23,10 @@ class EngineCore:
         self.running = True
 
     def run_busy_loop(self) -> None:
-        while self.running:
+        while True:
             self.drain_inputs(block=not self.scheduler.has_work)
+            if not self.running:
+                return
             batch = self.scheduler.schedule()
             deltas = self.step(batch) if batch else []
             self.publish_deltas(deltas + self.scheduler.take_errored())

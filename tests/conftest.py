@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server import RillServer, shm_segments
+from bench.servers import ServerProcess, rill_server
+from tests.server import shm_segments
 
 
 @pytest.fixture(scope="session")
@@ -20,12 +21,12 @@ def tokenizer(model_dir):
     return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
-def start_server(tmp_path_factory, *flags: str) -> RillServer:
+def start_server(tmp_path_factory, *flags: str) -> ServerProcess:
     log_path = tmp_path_factory.mktemp("rill") / "serve.log"
-    return RillServer(*flags, log_path=log_path).wait_ready()
+    return rill_server(*flags, log_path=log_path).wait_ready()
 
 
-def stop_server(server: RillServer) -> None:
+def stop_server(server: ServerProcess) -> None:
     code = server.stop()
     assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
     assert shm_segments(server.proc.pid) == [], "shared memory left behind"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import start_server
-from tests.server import shm_segments
+from tests.server import shm_segments, stats
 
 MODEL = "smollm2-135m-instruct"
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
@@ -40,9 +40,9 @@ def busy_server(model_dir, tmp_path_factory):
 
 
 def engine_idle(server) -> dict | None:
-    stats = server.stats()
-    free = stats["num_free_blocks"] == stats["num_total_blocks"]
-    return stats if stats["num_running"] == 0 and stats["num_waiting"] == 0 and free else None
+    figures = stats(server)
+    free = figures["num_free_blocks"] == figures["num_total_blocks"]
+    return figures if figures["num_running"] == 0 and figures["num_waiting"] == 0 and free else None
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -52,7 +52,7 @@ def test_disconnect_frees_the_engine(busy_server, stream):
     with socket.create_connection(("127.0.0.1", busy_server.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        wait_for(lambda: busy_server.stats()["num_running"] == 1)
+        wait_for(lambda: stats(busy_server)["num_running"] == 1)
         if stream:
             assert sock.recv(100).startswith(b"HTTP/1.1 200")  # it is streaming
     # the connection is closed here; the engine must drop the request within a step
@@ -65,7 +65,7 @@ def test_keepalive_while_queued(busy_server):
     blocker = threading.Thread(target=httpx.post, args=(f"{busy_server.base_url}/v1/completions",),
                                kwargs={"json": {**LONG, "max_tokens": 60}, "timeout": 120})
     blocker.start()
-    wait_for(lambda: busy_server.stats()["num_running"] == 1)
+    wait_for(lambda: stats(busy_server)["num_running"] == 1)
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True}
     with httpx.stream("POST", f"{busy_server.base_url}/v1/completions", json=body, timeout=120) as r:
         lines = [line for line in r.iter_lines() if line]
@@ -93,7 +93,7 @@ def test_two_workers_route_outputs_to_their_owner(busy_server):
 
 def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     """Last in this module: kills the engine under a live stream."""
-    engine_pid = busy_server.stats()["engine_pid"]
+    engine_pid = stats(busy_server)["engine_pid"]
     events = []
     with httpx.stream("POST", f"{busy_server.base_url}/v1/completions", json={**LONG, "stream": True},
                       timeout=60) as r:
@@ -144,8 +144,7 @@ def test_restart_after_sigkill_leaves_nothing(model_dir, tmp_path_factory):
     srv = start_server(tmp_path_factory)
     httpx.post(f"{srv.base_url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
     os.killpg(srv.proc.pid, signal.SIGKILL)  # launcher, engine and workers: no cleanup runs
-    srv.proc.wait()
-    srv._log.close()
+    srv.stop()
     assert shm_segments(srv.proc.pid), "a killed run leaves its segments (so the sweep is tested)"
     again = start_server(tmp_path_factory)  # sweeps what the dead run left
     assert shm_segments(srv.proc.pid) == []

@@ -1,0 +1,42 @@
+"""Where a microbenchmark's result files go, and the provenance every one of them records."""
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from bench.markdown import machine_info as base_machine_info
+
+
+def provenance(module: str, argv: list[str] | None, machine_name: str | None) -> dict:
+    """The command, the date and the machine, as every result file records them."""
+    packages = {pkg: _version(pkg) for pkg in ("torch", "transformers", "pyzmq", "msgspec", "numpy", "granian")}
+    machine = {**base_machine_info(), **packages, "cpu_model": _cpu_model()}
+    machine["name"] = machine_name or machine["hostname"] or "unknown"
+    return {"command": shlex.join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine}
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)  # no import: this runs before torch is loaded, or without it
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+def save_results(json_path: Path, report: dict, summary_md: str) -> None:
+    """`<benchmark>-<machine>.json` and the `.md` summary beside it."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    json_path.with_suffix(".md").write_text(summary_md)

@@ -1,0 +1,78 @@
+"""Start an HTTP server as a child process, wait until it is ready, stop it with SIGTERM."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+RILL = Path(sys.executable).with_name("rill")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`argv` must make the server listen on `port`; `/ready` answering 200 means ready."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path):
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        # A session of its own: a Ctrl-C meant for the caller does not reach the server.
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 300.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout_s} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
+        finally:
+            self._log.close()
+
+    def __enter__(self):
+        return self.wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def rill_server(*flags: str, log_path: Path) -> ServerProcess:
+    port = free_port()
+    return ServerProcess([str(RILL), "serve", "--port", str(port), "--log-level", "warning", *flags], port, log_path)
+
+
+def baseline_server(log_path: Path) -> ServerProcess:
+    port = free_port()
+    return ServerProcess([sys.executable, "-m", "bench.baseline_app", "--port", str(port)], port, log_path)

@@ -1,0 +1,86 @@
+"""`make bench` (`python -m bench.suite`): the standard suite against servers it starts itself.
+
+1. The serving stack alone: Rill serving a tiny random-weight model against a bare Granian app
+   that answers the same SSE shape with no engine (the ceiling of the HTTP layer here), at
+   concurrency 1 to 256: streamed tokens/s (64 tokens a request) and requests/s (max_tokens 1).
+2. The IPC path: ZeroMQ frames alone against ZeroMQ + shared memory (bench/ipc_bench.py).
+3. The engine step: the native runner against transformers per batch size (bench/engine_step.py).
+
+Everything lands in bench/results/ (JSON, markdown, plots) and SUMMARY.md holds the headline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from bench.__main__ import main as bench_main
+from bench.servers import baseline_server, rill_server
+from bench.tiny_model import write_tiny_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONCURRENCY = "1,16,64,256"
+
+
+def http_stack(out: Path, rounds: int, num_prompts: int, scratch: Path) -> dict[str, Path]:
+    tiny = write_tiny_model(scratch / "tiny-llama")
+    rill = rill_server("--model", str(tiny), "--load-format", "dummy", "--served-model-name", "tiny",
+                       "--max-model-len", "1024", "--max-num-seqs", "256", log_path=scratch / "rill.log")
+    base = baseline_server(scratch / "baseline.log")
+    reports = {}
+    with rill, base:
+        for name, output_len in (("http-stream", 64), ("http-requests", 1)):
+            argv = ["compare", "--server", f"rill-tiny={rill.base_url}", "--server",
+                    f"granian-baseline={base.base_url}", "--baseline", "granian-baseline", "--model", "tiny",
+                    "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", str(output_len),
+                    "--num-prompts", str(num_prompts), "--max-concurrency", CONCURRENCY, "--rounds", str(rounds),
+                    "--disable-tqdm", "--out", str(out / name)]
+            if bench_main(argv, prog="python -m bench") != 0:
+                raise SystemExit(f"bench compare failed for {name}")
+            reports[name] = out / name / "compare.json"
+    return reports
+
+
+def http_headline(reports: dict[str, Path]) -> list[str]:
+    stream = json.loads(reports["http-stream"].read_text())
+    requests = json.loads(reports["http-requests"].read_text())
+
+    def medians(doc, metric):
+        return {(a["label"], a["setting"]): a["median"][metric] for a in doc["aggregate"]}
+
+    tok = medians(stream, "output_throughput")
+    req = medians(requests, "request_throughput")
+    lines = ["| concurrency | Rill tok/s | baseline tok/s | Rill / baseline | Rill req/s (max_tokens 1) "
+             "| baseline req/s | Rill / baseline |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in sorted({s for _, s in tok}):
+        rt, bt = tok[("rill-tiny", c)], tok[("granian-baseline", c)]
+        rr, br = req[("rill-tiny", c)], req[("granian-baseline", c)]
+        lines.append(f"| {c} | {rt:,.0f} | {bt:,.0f} | {rt / bt:.2f}x | {rr:,.1f} | {br:,.1f} | {rr / br:.2f}x |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the HTTP comparison")
+    ap.add_argument("--num-prompts", type=int, default=256)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rill-bench-") as scratch:
+        reports = http_stack(args.out, args.rounds, args.num_prompts, Path(scratch))
+    summary = ["# Rill benchmark suite", "", f"Made by `make bench` (`python -m bench.suite`) on "
+               f"{time.strftime('%Y-%m-%d')}, {__import__('os').cpu_count()} CPUs.", "",
+               "## The serving stack alone (tiny random-weight model vs a bare Granian SSE app)", "",
+               *http_headline(reports), "",
+               "Medians over interleaved rounds; details and plots in `http-stream/` and `http-requests/`.", ""]
+    (args.out / "SUMMARY.md").write_text("\n".join(summary))
+    print("\n".join(summary))
+    print(f"suite done in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

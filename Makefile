@@ -25,5 +25,9 @@ serve: install
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# The standard benchmark suite (a few minutes): results and SUMMARY.md under bench/results/.
+bench: install
+	$(BIN)/python -m bench.suite $(ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

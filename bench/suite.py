@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
+from bench import engine_step, ipc_bench
 from bench.__main__ import main as bench_main
 from bench.servers import baseline_server, rill_server
 from bench.tiny_model import write_tiny_model
@@ -61,6 +63,25 @@ def http_headline(reports: dict[str, Path]) -> list[str]:
     return lines
 
 
+def ipc_headline(report: dict) -> list[str]:
+    lines = ["| payload | ZeroMQ alone µs/msg | ZeroMQ + shm µs/msg | shm / ZeroMQ time | shm / ZeroMQ CPU |",
+             "|---|---:|---:|---:|---:|"]
+    for name, result in report["results"].items():
+        zmq_alone, shm = result["variants"]["zmq_list"], result["variants"]["shm_ring"]
+        lines.append(f"| {name} | {zmq_alone['us_per_msg']:.0f} | {shm['us_per_msg']:.0f} | "
+                     f"{shm['us_per_msg'] / zmq_alone['us_per_msg']:.2f}x | "
+                     f"{shm['cpu_us_per_msg'] / zmq_alone['cpu_us_per_msg']:.2f}x |")
+    return lines
+
+
+def engine_headline(report: dict) -> list[str]:
+    lines = ["| step | native ms | transformers ms | native / transformers |", "|---|---:|---:|---:|"]
+    for case, result in report["results"].items():
+        native, hf = result["native"]["ms_per_step"], result["transformers"]["ms_per_step"]
+        lines.append(f"| {case} | {native:.1f} | {hf:.1f} | {native / hf:.2f}x |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -71,11 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rill-bench-") as scratch:
         reports = http_stack(args.out, args.rounds, args.num_prompts, Path(scratch))
+    ipc = ipc_bench.main(["--out", str(args.out / "ipc_bench-cpu.json")])
+    engine = engine_step.main(["--out", str(args.out / "engine_step-float32-cpu.json")])
     summary = ["# Rill benchmark suite", "", f"Made by `make bench` (`python -m bench.suite`) on "
-               f"{time.strftime('%Y-%m-%d')}, {__import__('os').cpu_count()} CPUs.", "",
+               f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs.", "",
                "## The serving stack alone (tiny random-weight model vs a bare Granian SSE app)", "",
                *http_headline(reports), "",
-               "Medians over interleaved rounds; details and plots in `http-stream/` and `http-requests/`.", ""]
+               "Medians over interleaved rounds; details and plots in `http-stream/` and `http-requests/`.", "",
+               "## IPC: token ids through ZeroMQ frames alone vs ZeroMQ + shared memory", "",
+               *ipc_headline(ipc), "", *ipc["conclusion"], "", "Details: `ipc_bench-cpu.md`.", "",
+               "## Engine step: native runner vs transformers (bundled model, float32)", "",
+               *engine_headline(engine), "", "Details: `engine_step-float32-cpu.md`.", ""]
     (args.out / "SUMMARY.md").write_text("\n".join(summary))
     print("\n".join(summary))
     print(f"suite done in {time.monotonic() - started:.0f} s")

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     # The bench parsers import aiohttp and numpy: build them only for `rill bench`.
-    bench = sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
+    sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
                            add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its own parser, so that `rill bench -h` and every flag pass through

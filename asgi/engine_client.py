@@ -1,7 +1,7 @@
 """The API worker's link to the engine: submit, abort, and route step outputs to mailboxes.
 
-One per worker process. Prompt ids go out through this worker's shared-memory ring; each step's
-StepOutputs arrives on this worker's own PULL socket (only this worker's requests are in it).
+One per worker process. Submits go to the engine's PULL socket; each step's StepOutputs
+arrives on this worker's own PULL socket (only this worker's requests are in it).
 A watchdog notices the engine's death and fails every waiting request at once.
 """
 from __future__ import annotations
@@ -16,8 +16,7 @@ import zmq.asyncio
 
 from asgi.mailbox import Mailbox
 from ipc import protocol as p
-from ipc.channels import OUTPUT_RING_IDS, PROMPT_RING_IDS, RunPaths, make_socket
-from ipc.shm_ring import ShmRing
+from ipc.channels import RunPaths, make_socket
 
 log = logging.getLogger("rill.api")
 ENGINE_DEAD = "The inference engine stopped unexpectedly."
@@ -43,8 +42,6 @@ class EngineClient:
         self._ctx = zmq.asyncio.Context()
         self._out = make_socket(self._ctx, zmq.PUSH, paths.engine_input, bind=False)
         self._in = make_socket(self._ctx, zmq.PULL, paths.worker_output(self.worker_id), bind=True)
-        self._prompt_ring = ShmRing(paths.prompt_ring(self.worker_id), PROMPT_RING_IDS, create=True)
-        self._output_ring: ShmRing | None = None
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -56,10 +53,7 @@ class EngineClient:
         if not self.alive:
             raise EngineDead
         self._routes[req_id] = (mailbox, index)
-        where = self._prompt_ring.write(prompt_ids)
-        msg = p.Submit(req_id, self.worker_id, params, prompt=where,
-                       prompt_ids=None if where is not None else prompt_ids)
-        await self._out.send(p.input_encoder.encode(msg))
+        await self._out.send(p.input_encoder.encode(p.Submit(req_id, self.worker_id, params, prompt_ids)))
 
     async def abort(self, req_ids: list[str]) -> None:
         live = [r for r in req_ids if self._routes.pop(r, None) is not None]
@@ -84,7 +78,7 @@ class EngineClient:
                     if not fut.done():
                         fut.set_result(msg)
                 continue
-            ids = msg.inline_ids if msg.ids is None else self._read_ring(msg.ids)
+            ids = msg.ids
             start = 0
             for delta in msg.deltas:
                 new_ids = ids[start : start + delta.num_new]
@@ -97,11 +91,6 @@ class EngineClient:
                             delta.error)
                 if delta.finish is not None:
                     del self._routes[delta.req_id]
-
-    def _read_ring(self, where: p.ShmSlice) -> list[int]:
-        if self._output_ring is None:
-            self._output_ring = ShmRing(self.paths.output_ring(self.worker_id), OUTPUT_RING_IDS, create=False)
-        return self._output_ring.read(where).tolist()
 
     async def _watch_engine(self, interval_s: float = 0.2) -> None:
         while process_alive(self.engine_pid):
@@ -121,9 +110,6 @@ class EngineClient:
         self._out.close()
         self._in.close()
         self._ctx.term()
-        self._prompt_ring.close()
-        if self._output_ring is not None:
-            self._output_ring.close()
         Path(self.paths.worker_output(self.worker_id).removeprefix("ipc://")).unlink(missing_ok=True)
 
 

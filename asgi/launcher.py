@@ -20,7 +20,6 @@ from asgi.state import SETTINGS_ENV, WorkerSettings
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
-from ipc.shm_ring import remove_segments, remove_stale_segments
 
 log = logging.getLogger("rill")
 BUNDLED_MODEL_ID = "smollm2-135m-instruct"
@@ -149,7 +148,6 @@ class EngineWatch(threading.Thread):
 
 def serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    remove_stale_segments()
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.for_run(str(os.getpid()))
@@ -186,7 +184,6 @@ def serve(args) -> int:
             watch.stopping = True
         if proc is not None:
             stop_engine(proc, paths)
-        remove_segments(paths.run_id)
         paths.remove_run_dir()
     return 1 if http_failed or (watch is not None and watch.engine_died) else 0
 

@@ -34,9 +34,9 @@ import zmq
 
 from bench.provenance import provenance, save_results
 from bench.ipc_variants import (BASELINE, NUM_MSGS, PAYLOADS, QUICK_NUM_MSGS, RATIO_KEYS, STREAM_WINDOW,
-                                 NUM_VERSIONS, VARIANTS, Payload, decode_control, digest, encode, receive, send)
+                                 NUM_VERSIONS, OUTPUT_RING_IDS, PROMPT_RING_IDS, VARIANTS, Payload, decode_control, digest, encode, receive, send)
 from bench.markdown import table
-from ipc.channels import OUTPUT_RING_IDS, PROMPT_RING_IDS, make_socket
+from ipc.channels import make_socket
 from ipc.shm_ring import ShmRing, segment_name
 
 def _receiver_main(address_dir: str, ring_specs: dict[str, tuple[str, int]], parent_pid: int) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import zmq
 
 from ipc import protocol as p
-from ipc.shm_ring import ShmRing
+from ipc.shm_ring import ShmRing, ShmSlice
 
 VARIANTS = ("zmq_list", "shm_ring", "zmq_bytes", "zmq_multipart")
 BASELINE = "zmq_list"
@@ -21,6 +21,27 @@ NUM_MSGS = {"prompt_4k": 2000, "step_256": 4000, "step_256_top20": 800}  # ~0.2-
 QUICK_NUM_MSGS = dict.fromkeys(NUM_MSGS, 40)
 RATIO_KEYS = ("us_per_msg", "cpu_us_per_msg", "ping_rtt_us")
 PARAMS = p.SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95, seed=1234)
+
+
+# Ring sizes as the serving path had them when it used rings (4 MiB prompts, 1 MiB outputs).
+PROMPT_RING_IDS = 1 << 20
+OUTPUT_RING_IDS = 1 << 18
+
+
+class SubmitShm(msgspec.Struct, tag="Submit", array_like=True, gc=False):
+    """`Submit` with its prompt ids in the worker's ring instead of inline."""
+
+    req_id: str
+    worker_id: str
+    params: p.SamplingParams
+    prompt: ShmSlice
+
+
+class StepShm(msgspec.Struct, tag="StepOutputs", array_like=True, gc=False):
+    """`StepOutputs` with the step's ids in the worker's ring instead of inline."""
+
+    deltas: list[p.RequestDelta]
+    ids: ShmSlice
 
 
 class SubmitBytes(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -40,14 +61,14 @@ class StepLogprobs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     """`StepOutputs` plus the logprobs the protocol does not carry yet: in the ring or inline."""
 
     deltas: list[p.RequestDelta]
-    ids: p.ShmSlice | None = None
+    ids: ShmSlice | None = None
     inline_ids: list[int] | None = None
-    logprobs: p.ShmSlice | None = None
+    logprobs: ShmSlice | None = None
     inline_logprobs: list[float] | None = None
 
 
 encode = msgspec.msgpack.Encoder().encode
-_decoders = {t: msgspec.msgpack.Decoder(t).decode for t in (SubmitBytes, StepBytes, StepLogprobs)}
+_decoders = {t: msgspec.msgpack.Decoder(t).decode for t in (SubmitBytes, StepBytes, StepLogprobs, SubmitShm, StepShm)}
 decode_control = msgspec.msgpack.Decoder().decode  # trial orders and results: plain arrays
 
 
@@ -86,7 +107,7 @@ def digest(crc: int, ids, logprobs) -> int:
     return crc if logprobs is None else zlib.crc32(np.asarray(logprobs, dtype=np.float32).tobytes(), crc)
 
 
-def _ring_write(ring: ShmRing, values) -> p.ShmSlice:
+def _ring_write(ring: ShmRing, values) -> ShmSlice:
     where = ring.write(values)
     if where is None:  # STREAM_WINDOW is sized so that this never happens
         raise RuntimeError(f"ring {ring.name} full: STREAM_WINDOW too large for its capacity")
@@ -98,28 +119,28 @@ def send(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload, i: int
     src, deltas, req_id = payload.source[i % NUM_VERSIONS], payload.deltas, f"cmpl-{i:032x}-0"
     lps = payload.logprobs[i % NUM_VERSIONS]
     if variant == "zmq_list" and payload.is_prompt:
-        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, prompt_ids=src))]
+        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, src))]
     elif variant == "zmq_list" and payload.has_logprobs:
         frames = [encode(StepLogprobs(deltas, inline_ids=src.tolist(), inline_logprobs=lps.tolist()))]
     elif variant == "zmq_list":
-        frames = [p.output_encoder.encode(p.StepOutputs(deltas, inline_ids=src))]
+        frames = [p.output_encoder.encode(p.StepOutputs(deltas, src))]
     elif variant == "shm_ring" and payload.is_prompt:
-        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, prompt=_ring_write(ring, src)))]
+        frames = [encode(SubmitShm(req_id, "1234", PARAMS, _ring_write(ring, src)))]
     elif variant == "shm_ring" and payload.has_logprobs:  # both arrays in the one ring, logprobs as raw bits
         ids_at, lps_at = _ring_write(ring, src), _ring_write(ring, lps.view(np.int32))
         frames = [encode(StepLogprobs(deltas, ids=ids_at, logprobs=lps_at))]
     elif variant == "shm_ring":
-        frames = [p.output_encoder.encode(p.StepOutputs(deltas, ids=_ring_write(ring, src)))]
+        frames = [encode(StepShm(deltas, _ring_write(ring, src)))]
     elif variant == "zmq_bytes" and payload.is_prompt:
         frames = [encode(SubmitBytes(req_id, "1234", PARAMS, np.array(src, np.int32).tobytes()))]
     elif variant == "zmq_bytes":
         frames = [encode(StepBytes(deltas, np.asarray(src, np.int32).tobytes(),
                                     lps.tobytes() if payload.has_logprobs else b""))]
     elif payload.is_prompt:
-        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS)), np.array(src, np.int32)]
+        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, [])), np.array(src, np.int32)]
     else:
         arrays = [src, lps] if payload.has_logprobs else [np.array(src, np.int32)]
-        frames = [p.output_encoder.encode(p.StepOutputs(deltas)), *arrays]
+        frames = [p.output_encoder.encode(p.StepOutputs(deltas, [])), *arrays]
     if len(frames) == 1:
         sock.send(frames[0])
     else:  # hands the arrays' buffers over without a copy (pyzmq copies frames under 64 KiB anyway)
@@ -141,16 +162,23 @@ def receive(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload):
         ids = np.frombuffer(msg.prompt_bytes if payload.is_prompt else msg.ids_bytes, np.int32).tolist()
         if payload.has_logprobs:
             lps = np.frombuffer(msg.logprobs_bytes, np.float32).tolist()
+    elif payload.is_prompt and variant == "shm_ring":
+        msg = _decoders[SubmitShm](sock.recv(copy=False).buffer)
+        ids = ring.read(msg.prompt).tolist()
     elif payload.is_prompt:  # as engine_proc/io_threads.py
         msg = p.input_decoder.decode(sock.recv(copy=False).buffer)
-        ids = ring.read(msg.prompt).tolist() if msg.prompt is not None else msg.prompt_ids
-    else:  # as asgi/engine_client.py
-        buf = sock.recv(copy=False).buffer
-        msg = _decoders[StepLogprobs](buf) if payload.has_logprobs else p.output_decoder.decode(buf)
+        ids = msg.prompt_ids
+    elif payload.has_logprobs:
+        msg = _decoders[StepLogprobs](sock.recv(copy=False).buffer)
         ids = ring.read(msg.ids).tolist() if msg.ids is not None else msg.inline_ids
-        if payload.has_logprobs:
-            lps = (ring.read(msg.logprobs).view(np.float32).tolist() if msg.logprobs is not None
-                   else msg.inline_logprobs)
+        lps = (ring.read(msg.logprobs).view(np.float32).tolist() if msg.logprobs is not None
+               else msg.inline_logprobs)
+    elif variant == "shm_ring":
+        msg = _decoders[StepShm](sock.recv(copy=False).buffer)
+        ids = ring.read(msg.ids).tolist()
+    else:  # as asgi/engine_client.py
+        msg = p.output_decoder.decode(sock.recv(copy=False).buffer)
+        ids = msg.ids
     if not payload.is_prompt:  # each request's slice, where the engine client puts it in a mailbox
         start, slices = 0, []
         for delta in msg.deltas:

@@ -1,8 +1,7 @@
 """The engine's socket threads: decode inputs into a queue, encode each step's outputs out.
 
 Socket I/O stays off the busy loop: the input thread turns Submit messages into
-EngineRequests (copying prompt ids out of the worker's ring), and the output thread fans a
-step's deltas out to the workers that own them (ids through each worker's output ring).
+EngineRequests, and the output thread fans a step's deltas out to the workers that own them.
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import zmq
 
 from engine_proc.request import EngineRequest
 from ipc import protocol as p
-from ipc.channels import OUTPUT_RING_IDS, PROMPT_RING_IDS, RunPaths, make_socket
-from ipc.shm_ring import ShmRing
+from ipc.channels import RunPaths, make_socket
 
 log = logging.getLogger("rill.engine")
 
@@ -26,35 +24,20 @@ class InputThread(threading.Thread):
 
     def __init__(self, ctx: zmq.Context, paths: RunPaths, inputs: queue.SimpleQueue):
         super().__init__(name="engine-input", daemon=True)
-        self.paths = paths
         self.inputs = inputs
         self.sock = make_socket(ctx, zmq.PULL, paths.engine_input, bind=True)
-        self.prompt_rings: dict[str, ShmRing] = {}
 
     def run(self) -> None:
         while True:
             msg = p.input_decoder.decode(self.sock.recv(copy=False).buffer)
             if isinstance(msg, p.Submit):
-                self.inputs.put(self._to_request(msg))
+                self.inputs.put(EngineRequest(msg.req_id, msg.worker_id, msg.prompt_ids, msg.params))
             else:
                 self.inputs.put(msg)
                 if isinstance(msg, p.Shutdown):
                     return
 
-    def _to_request(self, msg: p.Submit) -> EngineRequest:
-        if msg.prompt is not None:
-            ring = self.prompt_rings.get(msg.worker_id)
-            if ring is None:
-                ring = ShmRing(self.paths.prompt_ring(msg.worker_id), PROMPT_RING_IDS, create=False)
-                self.prompt_rings[msg.worker_id] = ring
-            prompt_ids = ring.read(msg.prompt).tolist()
-        else:
-            prompt_ids = msg.prompt_ids or []
-        return EngineRequest(msg.req_id, msg.worker_id, prompt_ids, msg.params)
-
     def close(self) -> None:
-        for ring in self.prompt_rings.values():
-            ring.close()
         self.sock.close()
 
 
@@ -67,7 +50,6 @@ class OutputThread(threading.Thread):
         self.paths = paths
         self.outputs: queue.SimpleQueue = queue.SimpleQueue()
         self.socks: dict[str, zmq.Socket] = {}
-        self.rings: dict[str, ShmRing] = {}
 
     def publish(self, item: list[tuple[str, p.RequestDelta, list[int]]] | tuple[str, p.EngineStats] | None) -> None:
         self.outputs.put(item)
@@ -83,17 +65,8 @@ class OutputThread(threading.Thread):
                 deltas.append(delta)
                 ids.extend(new_ids)
             for worker_id, (deltas, ids) in by_worker.items():
-                where = self._ring(worker_id).write(ids)
-                msg = p.StepOutputs(deltas, ids=where, inline_ids=None if where else ids)
-                self._send(worker_id, msg)
+                self._send(worker_id, p.StepOutputs(deltas, ids))
         self.close()
-
-    def _ring(self, worker_id: str) -> ShmRing:
-        ring = self.rings.get(worker_id)
-        if ring is None:
-            ring = ShmRing(self.paths.output_ring(worker_id), OUTPUT_RING_IDS, create=True)
-            self.rings[worker_id] = ring
-        return ring
 
     def _send(self, worker_id: str, msg) -> None:
         sock = self.socks.get(worker_id)
@@ -108,5 +81,3 @@ class OutputThread(threading.Thread):
     def close(self) -> None:
         for sock in self.socks.values():
             sock.close()
-        for ring in self.rings.values():
-            ring.close()

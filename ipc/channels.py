@@ -1,8 +1,7 @@
-"""Where each process listens: ZeroMQ addresses and shared-memory segment names of one run.
+"""Where each process listens: the ZeroMQ addresses of one run.
 
-A run is one `rill serve`: its id is the launcher's pid, its sockets live in a private
-directory, and its segments are named `rill_<run_id>_*` so a restart can sweep what a killed
-run left behind.
+A run is one `rill serve`: its id is the launcher's pid and its sockets live in a private
+directory, so a restart can sweep what a killed run left behind.
 """
 from __future__ import annotations
 
@@ -12,10 +11,6 @@ from pathlib import Path
 
 import zmq
 
-from ipc.shm_ring import segment_name
-
-PROMPT_RING_IDS = 1 << 20  # 4 MiB per worker: many long prompts in flight
-OUTPUT_RING_IDS = 1 << 18  # 1 MiB per worker: thousands of steps of a large batch
 _SOCKET_HWM = 100_000
 
 
@@ -34,12 +29,6 @@ class RunPaths:
 
     def worker_output(self, worker_id: str) -> str:
         return f"ipc://{self.run_dir}/worker-{worker_id}.sock"
-
-    def prompt_ring(self, worker_id: str) -> str:
-        return segment_name(self.run_id, f"w{worker_id}-prompts")
-
-    def output_ring(self, worker_id: str) -> str:
-        return segment_name(self.run_id, f"w{worker_id}-outputs")
 
     @property
     def draining_flag(self) -> Path:

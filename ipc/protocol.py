@@ -28,12 +28,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     stop_token_ids: list[int] = []
 
 
-class ShmSlice(msgspec.Struct, array_like=True, gc=False):
-    """Where an int32 array lies in a shared-memory ring: stream position and element count."""
-
-    pos: int
-    num_ids: int
-
+# Token ids travel inline, as msgpack lists: bench/ipc_bench.py measured them against ids in a
+# shared-memory ring, which cost more for prompts (copying a list into the ring) and the same
+# for decode steps. The ring (ipc/shm_ring.py) pays only for large arrays such as top-k logprobs.
 
 # ---- worker -> engine (one PULL socket on the engine, a PUSH per worker) ----------------
 
@@ -42,9 +39,7 @@ class Submit(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=F
     req_id: str
     worker_id: str
     params: SamplingParams
-    # Prompt token ids: in the worker's shared-memory ring, or inline when the ring is full.
-    prompt: ShmSlice | None = None
-    prompt_ids: list[int] | None = None
+    prompt_ids: list[int]
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -80,8 +75,7 @@ class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
     """One message per engine step per worker; token ids of all deltas laid end to end."""
 
     deltas: list[RequestDelta]
-    ids: ShmSlice | None = None
-    inline_ids: list[int] | None = None
+    ids: list[int]
 
 
 class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):

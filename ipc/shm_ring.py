@@ -1,4 +1,7 @@
-"""A single-producer single-consumer ring of int32 token ids in a named /dev/shm segment.
+"""A single-producer single-consumer ring of int32 values in a named /dev/shm segment.
+
+Not on the serving path today: bench/ipc_bench.py shows it pays only for large arrays (top-k
+logprobs), not for prompts or per-step token ids, which travel inline in the ZeroMQ message.
 
 The producer writes an array and sends its `ShmSlice` (stream position, count) in a ZeroMQ
 message; the consumer copies the ids out and advances the shared read cursor. Positions grow
@@ -14,9 +17,16 @@ import mmap
 import os
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
-from ipc.protocol import ShmSlice
+
+
+class ShmSlice(msgspec.Struct, array_like=True, gc=False):
+    """Where an int32 array lies in a ring: stream position and element count."""
+
+    pos: int
+    num_ids: int
 
 SHM_DIR = Path("/dev/shm")
 _HEADER_BYTES = 64  # the read cursor (int64) on its own cache line
@@ -82,25 +92,6 @@ class ShmRing:
 
 
 def segment_name(run_id: str, role: str) -> str:
-    """All of one server's segments share the prefix `rill_<run_id>_` so they can be swept."""
+    """Segments of one run share the prefix `rill_<run_id>_`, so a sweep can find them."""
     return f"rill_{run_id}_{role}"
 
-
-def remove_segments(run_id: str) -> int:
-    """Remove every segment of one server run (after a crash, or at stop). Returns the count."""
-    count = 0
-    for path in SHM_DIR.glob(f"rill_{run_id}_*"):
-        path.unlink(missing_ok=True)
-        count += 1
-    return count
-
-
-def remove_stale_segments() -> int:
-    """Remove segments whose owning server (run id = its launcher's pid) is no longer alive."""
-    count = 0
-    for path in SHM_DIR.glob("rill_*_*"):
-        run_id = path.name.split("_")[1]
-        if run_id.isdigit() and not Path(f"/proc/{run_id}").exists():
-            path.unlink(missing_ok=True)
-            count += 1
-    return count

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from bench.servers import ServerProcess, rill_server
-from tests.server import shm_segments
+from tests.server import leftovers
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def start_server(tmp_path_factory, *flags: str) -> ServerProcess:
 def stop_server(server: ServerProcess) -> None:
     code = server.stop()
     assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
-    assert shm_segments(server.proc.pid) == [], "shared memory left behind"
+    assert leftovers(server.proc.pid) == [], "shared memory or socket files left behind"
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,9 @@ import httpx
 from bench.servers import ServerProcess
 
 
-def shm_segments(run_id: int) -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob(f"rill_{run_id}_*"))
+def leftovers(run_id: int) -> list[str]:
+    """What a run of `rill serve` (run id: the launcher's pid) left in /dev/shm or /tmp."""
+    return sorted(str(p) for p in [*Path("/dev/shm").glob(f"rill_{run_id}_*"), *Path("/tmp").glob(f"rill-{run_id}")])
 
 
 def stats(server: ServerProcess) -> dict:

@@ -10,7 +10,8 @@ import pytest
 
 from bench.serve import BenchConfig, build_prompts, run_benchmark
 from tests.conftest import start_server, stop_server
-from tests.server import ROOT
+from bench.servers import ROOT
+from bench.tiny_model import write_tiny_model
 
 NUM_PROMPTS = 8
 INPUT_LEN = 32
@@ -25,7 +26,9 @@ VLLM_FIELDS = ["date", "backend", "model_id", "tokenizer_id", "num_prompts", "re
 
 @pytest.fixture(scope="module")
 def bench_server(model_dir, tmp_path_factory):
-    srv = start_server(tmp_path_factory, "--max-model-len", "1024")
+    """A dummy-model Rill: the tiny random-weight model with the bundled tokenizer."""
+    tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--max-model-len", "1024")
     yield srv
     stop_server(srv)
 

@@ -8,13 +8,12 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import start_server
-from tests.server import shm_segments, stats
+from tests.server import leftovers, stats
 
 MODEL = "smollm2-135m-instruct"
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
@@ -110,8 +109,7 @@ def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     except httpx.ConnectError:
         pass
     assert busy_server.proc.wait(60) != 0  # a supervisor restarts us
-    assert shm_segments(busy_server.proc.pid) == []
-    assert not Path(f"/tmp/rill-{busy_server.proc.pid}").exists()
+    assert leftovers(busy_server.proc.pid) == []
 
 
 @pytest.mark.parametrize("how", ["sigterm-to-launcher", "sigint-to-group"])
@@ -136,8 +134,7 @@ def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how):
     assert rest[-1] == "data: [DONE]"
     assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
     assert srv.proc.wait(60) == 0
-    assert shm_segments(srv.proc.pid) == []
-    assert not Path(f"/tmp/rill-{srv.proc.pid}").exists()
+    assert leftovers(srv.proc.pid) == []
 
 
 def test_restart_after_sigkill_leaves_nothing(model_dir, tmp_path_factory):
@@ -145,8 +142,8 @@ def test_restart_after_sigkill_leaves_nothing(model_dir, tmp_path_factory):
     httpx.post(f"{srv.base_url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
     os.killpg(srv.proc.pid, signal.SIGKILL)  # launcher, engine and workers: no cleanup runs
     srv.stop()
-    assert shm_segments(srv.proc.pid), "a killed run leaves its segments (so the sweep is tested)"
+    assert leftovers(srv.proc.pid), "a killed run leaves its socket directory (so the sweep is tested)"
     again = start_server(tmp_path_factory)  # sweeps what the dead run left
-    assert shm_segments(srv.proc.pid) == []
+    assert leftovers(srv.proc.pid) == []
     assert again.stop() == 0
-    assert shm_segments(again.proc.pid) == []
+    assert leftovers(again.proc.pid) == []

@@ -4,8 +4,9 @@
 message pays the whole path: build, encode, send, recv, decode, ids out as Python lists, and
 for a step the per-request slicing `asgi/engine_client.py` does. How the ids travel:
 
-- zmq_list: inline msgpack lists, the protocol's `Submit.prompt_ids` / `StepOutputs.inline_ids`
-- shm_ring: our ShmRing (capacities of ipc/channels.py), a ShmSlice in the message
+- zmq_list: inline msgpack lists, the protocol's `Submit.prompt_ids` / `StepOutputs.ids`: what
+  the serving path sends
+- shm_ring: bench/shm_ring.py's ring (sizes in bench/ipc_variants.py), a ShmSlice in the message
 - zmq_bytes: raw int32 (float32) bytes in a msgpack bin field, one frame
 - zmq_multipart: a header frame + each numpy array as its own frame (send_multipart copy=False)
 
@@ -37,7 +38,7 @@ from bench.ipc_variants import (BASELINE, NUM_MSGS, PAYLOADS, QUICK_NUM_MSGS, RA
                                  NUM_VERSIONS, OUTPUT_RING_IDS, PROMPT_RING_IDS, VARIANTS, Payload, decode_control, digest, encode, receive, send)
 from bench.markdown import table
 from ipc.channels import make_socket
-from ipc.shm_ring import ShmRing, segment_name
+from bench.shm_ring import ShmRing, segment_name
 
 def _receiver_main(address_dir: str, ring_specs: dict[str, tuple[str, int]], parent_pid: int) -> None:
     ctx = zmq.Context()

@@ -11,7 +11,7 @@ import numpy as np
 import zmq
 
 from ipc import protocol as p
-from ipc.shm_ring import ShmRing, ShmSlice
+from bench.shm_ring import ShmRing, ShmSlice
 
 VARIANTS = ("zmq_list", "shm_ring", "zmq_bytes", "zmq_multipart")
 BASELINE = "zmq_list"

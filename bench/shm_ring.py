@@ -1,7 +1,8 @@
 """A single-producer single-consumer ring of int32 values in a named /dev/shm segment.
 
-Not on the serving path today: bench/ipc_bench.py shows it pays only for large arrays (top-k
-logprobs), not for prompts or per-step token ids, which travel inline in the ZeroMQ message.
+The shared-memory alternative that bench/ipc_bench.py measures against plain ZeroMQ frames.
+It is not on the serving path: it cost more for prompts, the same for decode steps, and no
+less than raw bytes inline for top-k logprobs (bench/results/ipc_bench-cpu.md).
 
 The producer writes an array and sends its `ShmSlice` (stream position, count) in a ZeroMQ
 message; the consumer copies the ids out and advances the shared read cursor. Positions grow

@@ -48,6 +48,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of prompt prefixes that earlier requests computed")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap

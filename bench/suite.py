@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import engine_step, ipc_bench
+from bench import engine_step, ipc_bench, peers, prefix_cache
 from bench.__main__ import main as bench_main
 from bench.servers import baseline_server, rill_server
 from bench.tiny_model import write_tiny_model
@@ -82,6 +82,16 @@ def engine_headline(report: dict) -> list[str]:
     return lines
 
 
+def targets_headline(peer: dict, prefix: dict) -> list[str]:
+    lines = ["| target | measured | goal | verdict |", "|---|---:|---:|---|"]
+    for name, result in peer["results"].items():
+        lines.append(f"| {name}: {result['what']} | {result['ratio']:.2f}x | {result['target']}x | "
+                     f"{'PASS' if result['pass'] else 'FAIL'} |")
+    lines.append(f"| TTFT with a shared {prefix['params']['prefix_len']}-token prefix, warm / cold | "
+                 f"{prefix['median_ratio']:.2f}x | <= {prefix['target']}x | {'PASS' if prefix['pass'] else 'FAIL'} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -94,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         reports = http_stack(args.out, args.rounds, args.num_prompts, Path(scratch))
     ipc = ipc_bench.main(["--out", str(args.out / "ipc_bench-cpu.json")])
     engine = engine_step.main(["--out", str(args.out / "engine_step-float32-cpu.json")])
+    peer = peers.main(["--out", str(args.out / "peers-cpu.json")])
+    prefix = prefix_cache.main(["--out", str(args.out / "prefix_cache-cpu.json")])
     summary = ["# Rill benchmark suite", "", f"Made by `make bench` (`python -m bench.suite`) on "
                f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs.", "",
                "## The serving stack alone (tiny random-weight model vs a bare Granian SSE app)", "",
@@ -102,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                "## IPC: token ids through ZeroMQ frames alone vs ZeroMQ + shared memory", "",
                *ipc_headline(ipc), "", *ipc["conclusion"], "", "Details: `ipc_bench-cpu.md`.", "",
                "## Engine step: native runner vs transformers (bundled model, float32)", "",
-               *engine_headline(engine), "", "Details: `engine_step-float32-cpu.md`.", ""]
+               *engine_headline(engine), "", "Details: `engine_step-float32-cpu.md`.", "",
+               "## Issue 4's CPU targets against transformers, and prefix caching", "",
+               *targets_headline(peer, prefix), "", "Details: `peers-cpu.md`, `prefix_cache-cpu.md`.", ""]
     (args.out / "SUMMARY.md").write_text("\n".join(summary))
     print("\n".join(summary))
     print(f"suite done in {time.monotonic() - started:.0f} s")

@@ -1,6 +1,9 @@
 """Paged KV-cache bookkeeping: fixed-size blocks, a free stack, and a reference count per block."""
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
+from engine_proc.prefix_cache import PrefixCache
 from engine_proc.request import EngineRequest
 
 # Block 0 is never handed to a request: the model runner can pad block tables and point the
@@ -10,13 +13,24 @@ NULL_BLOCK_ID = 0
 
 
 class BlockManager:
-    """Hands out KV blocks to requests; a block returns to the free stack when its count hits 0.
+    """Hands out KV blocks to requests; a block is free again when its reference count hits 0.
 
-    Reference counts let a later prefix cache share one block between requests (`share`);
-    today every allocated block has a count of 1.
+    With prefix caching on, full blocks of computed tokens are entered into a `PrefixCache`
+    (`cache_full_blocks`), found again by content (`find_cached_blocks`) and shared between
+    requests (`share`). A freed cached block stays findable until its slot is needed: a block
+    is free either on the plain stack (never cached) or on the cache's LRU (evictable), and
+    `allocate` takes from the stack first, so cached content is given up only under pressure.
+    Both count as free, so admission control reads `num_free_blocks` as before.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        hash_fn: Callable[[Hashable], int] = hash,
+    ) -> None:
         assert num_blocks >= 2, "block 0 is the null block: at least one more is needed"
         assert block_size >= 1
         self.num_blocks = num_blocks  # size of the KV tensor, null block included
@@ -27,9 +41,16 @@ class BlockManager:
         # warm in the GPU's L2, is the next one reused. Filled in reverse so that ids come
         # out ascending on a fresh cache, which keeps block tables readable in tests.
         self._free_block_ids = list(range(num_blocks - 1, NULL_BLOCK_ID, -1))
+        self.prefix_cache = PrefixCache(block_size, hash_fn) if enable_prefix_caching else None
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.prefix_cache is not None
 
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        """Blocks allocate() can hand out: never-cached ones and evictable cached ones."""
+        cache = self.prefix_cache
+        return len(self._free_block_ids) + (cache.num_evictable() if cache is not None else 0)
 
     def num_total_blocks(self) -> int:
         """Blocks that can hold tokens (the null block excluded)."""
@@ -44,42 +65,80 @@ class BlockManager:
         return max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free_block_ids)
+        return num_blocks <= self.num_free_blocks()
 
     def allocate(self, req: EngineRequest, num_tokens: int) -> None:
         """Appends blocks to `req.block_ids` so that they cover positions [0, num_tokens)."""
         num_new_blocks = self.num_blocks_needed(req, num_tokens)
         if num_new_blocks == 0:
             return
+        assert num_new_blocks <= self.num_free_blocks(), "allocate() without can_allocate()"
         free_ids = self._free_block_ids
-        assert num_new_blocks <= len(free_ids), "allocate() without can_allocate()"
-        new_ids = free_ids[-num_new_blocks:]
-        del free_ids[-num_new_blocks:]
+        num_from_stack = min(num_new_blocks, len(free_ids))
+        new_ids = free_ids[len(free_ids) - num_from_stack :]
+        del free_ids[len(free_ids) - num_from_stack :]
         new_ids.reverse()  # the order pop() would give: the top of the stack first
+        for _ in range(num_new_blocks - num_from_stack):
+            new_ids.append(self.prefix_cache.evict_oldest())
         ref_counts = self.ref_counts
         for block_id in new_ids:
             ref_counts[block_id] = 1
         req.block_ids.extend(new_ids)
 
+    # ---- prefix caching (no-ops when it is off) ---------------------------------------------
+
+    def find_cached_blocks(self, req: EngineRequest, max_num_blocks: int) -> list[int]:
+        """Cached blocks holding req's leading full blocks, at most max_num_blocks; [] when off."""
+        if self.prefix_cache is None or max_num_blocks <= 0:
+            return []
+        return self.prefix_cache.find(req, max_num_blocks)
+
+    def num_free_among(self, block_ids: list[int]) -> int:
+        """How many of these (cached) blocks sit free: sharing them takes them off the free count."""
+        ref_counts = self.ref_counts
+        return sum(1 for block_id in block_ids if ref_counts[block_id] == 0)
+
     def share(self, req: EngineRequest, block_ids: list[int]) -> None:
-        """Appends blocks another request already holds (a shared prefix) to `req.block_ids`."""
+        """Makes `block_ids` (held by others, or cached and free) the first blocks of `req`."""
+        assert not req.block_ids, "a shared prefix comes first"
+        cache = self.prefix_cache
         ref_counts = self.ref_counts
         for block_id in block_ids:
-            assert ref_counts[block_id] > 0 and block_id != NULL_BLOCK_ID, "can share only held blocks"
-            ref_counts[block_id] += 1
+            assert block_id != NULL_BLOCK_ID
+            count = ref_counts[block_id]
+            if count == 0:
+                assert cache is not None and cache.is_cached(block_id), "can share only held or cached blocks"
+                cache.remove_evictable(block_id)
+            ref_counts[block_id] = count + 1
         req.block_ids.extend(block_ids)
+        if cache is not None:
+            cache.start_chain(req)
+
+    def cache_full_blocks(self, req: EngineRequest) -> None:
+        """Enters req's blocks that are now full of computed tokens (after a step) into the cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.register(req, req.num_computed_tokens // self.block_size)
+
+    # ---- release ------------------------------------------------------------------------------
 
     def free(self, req: EngineRequest) -> None:
-        """Releases all of `req`'s blocks (each returns to the stack once nobody holds it)."""
+        """Releases all of `req`'s blocks (each is free again once nobody holds it)."""
         ref_counts = self.ref_counts
         free_ids = self._free_block_ids
-        # Head first, so the tail ends on top of the stack and is reused first: the head
-        # blocks are the ones a prefix cache will want to keep longest.
-        for block_id in req.block_ids:
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.end_chain(req)
+        # Tail first: cached blocks join the LRU in that order, so a request's tail is
+        # evicted before its head; a tail block is unreachable without its head anyway, and
+        # heads (system prompts) are what other requests share.
+        for block_id in reversed(req.block_ids):
             count = ref_counts[block_id] - 1
             assert count >= 0, f"block {block_id} freed more often than held"
             ref_counts[block_id] = count
             if count == 0:
-                free_ids.append(block_id)
+                if cache is not None and cache.is_cached(block_id):
+                    cache.add_evictable(block_id)
+                else:
+                    free_ids.append(block_id)
         # A new list rather than clear(): a step in flight may still read the old block table.
         req.block_ids = []

@@ -73,6 +73,8 @@ class EngineCore:
             num_total_blocks=blocks.num_total_blocks(),
             num_aborted=self.num_aborted,
             num_finished=self.num_finished,
+            num_prefix_queries_tokens=self.scheduler.num_prefix_queries_tokens,
+            num_prefix_hit_tokens=self.scheduler.num_prefix_hit_tokens,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:

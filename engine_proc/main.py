@@ -32,6 +32,7 @@ class EngineConfig(msgspec.Struct):
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     num_threads: int | None = None
+    enable_prefix_caching: bool = True
     log_level: str = "INFO"
 
 
@@ -125,13 +126,14 @@ def build_engine(config: EngineConfig):
         load_format=config.load_format,
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
-    blocks = BlockManager(num_blocks, config.block_size)
+    blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
-        "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d",
+        "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d, "
+        "prefix caching %s",
         time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
-        config.kv_cache_memory_bytes / 2**20, max_model_len,
+        config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if config.enable_prefix_caching else "off",
     )
     scheduler = Scheduler(
         blocks,

@@ -20,6 +20,9 @@ class Scheduler:
     `FinishReason.ERROR` in `add()`, outside any step, and its `TokenDelta(req, [], ERROR)`
     waits there; `has_work` stays true until it is taken. A request that outgrows the whole
     cache while generating finishes with ERROR in `update()`, in the delta of its last token.
+
+    With the block manager's prefix cache on, admission starts a request after its longest
+    cached prefix of full blocks, and `update()` enters the blocks each step fills.
     """
 
     def __init__(
@@ -53,6 +56,9 @@ class Scheduler:
         self._running: dict[str, EngineRequest] = {}
         # Requests errored out in add(), until take_errored() hands them out.
         self._errored_deltas: list[TokenDelta] = []
+        # Prefix cache figures, over admissions (re-admissions after preemption included).
+        self.num_prefix_queries_tokens = 0  # tokens of the requests looked up
+        self.num_prefix_hit_tokens = 0  # of those, found in the cache
 
     # ---- figures --------------------------------------------------------------------------
 
@@ -150,24 +156,44 @@ class Scheduler:
 
     def _admit(self, seqs: list[ScheduledSeq], budget: int) -> None:
         block_manager = self.block_manager
+        block_size = block_manager.block_size
         waiting = self._waiting
         running = self._running
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = next(iter(waiting.values()))
             # A preempted request recomputes prompt + output; its output_ids are kept, so it
-            # samples only once it reaches its end, and nothing is lost or repeated.
-            num_new_tokens = min(req.num_tokens, budget)
-            num_new_blocks = block_manager.num_blocks_needed(req, num_new_tokens)
+            # samples only once it reaches its end, and nothing is lost or repeated. Cached
+            # blocks stop strictly before the block of its last token: that token is always
+            # computed (its logits are sampled), and this step's writes start on a block
+            # edge, in blocks of its own, never in a shared one.
+            cached_ids = block_manager.find_cached_blocks(req, (req.num_tokens - 1) // block_size)
+            num_cached_tokens = len(cached_ids) * block_size
+            num_new_tokens = min(req.num_tokens - num_cached_tokens, budget)
+            end_pos = num_cached_tokens + num_new_tokens
+            # Cached blocks that sit free count against the free blocks like new ones.
+            num_new_blocks = (
+                block_manager.num_blocks_for(end_pos) - len(cached_ids) + block_manager.num_free_among(cached_ids)
+            )
             # With nobody running there is nobody to starve, and a prompt the size of the
             # whole cache must still get in.
             num_reserved_blocks = self.watermark_blocks if running else 0
             if not block_manager.can_allocate(num_new_blocks + num_reserved_blocks):
                 break  # FCFS: a smaller request behind it does not jump the queue
             waiting.popitem(last=False)
-            block_manager.allocate(req, num_new_tokens)
+            if cached_ids:
+                block_manager.share(req, cached_ids)  # before allocate(), which may evict
+            block_manager.allocate(req, end_pos)
+            req.num_computed_tokens = num_cached_tokens
+            # Usage reports what the prompt found on arrival, not what a re-admission after
+            # preemption finds (mostly the request's own blocks).
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached_tokens
+            if block_manager.enable_prefix_caching:
+                self.num_prefix_queries_tokens += req.num_tokens
+                self.num_prefix_hit_tokens += num_cached_tokens
             req.state = _RUNNING
             running[req.req_id] = req
-            seqs.append(ScheduledSeq(req, 0, num_new_tokens))
+            seqs.append(ScheduledSeq(req, num_cached_tokens, num_new_tokens))
             budget -= num_new_tokens
 
     def _preempt(self, req: EngineRequest) -> None:
@@ -181,6 +207,7 @@ class Scheduler:
 
     def update(self, batch: Batch, sampled: list[int]) -> list[TokenDelta]:
         """Takes the step's sampled ids (one per `batch.sampled_seqs`, in order); returns deltas."""
+        block_manager = self.block_manager
         deltas: list[TokenDelta] = []
         num_sampled = 0
         for seq in batch.seqs:
@@ -194,6 +221,9 @@ class Scheduler:
                 continue  # aborted after schedule(): abort()'s caller reports it
             assert seq.start_pos == req.num_computed_tokens, "update() twice for one batch"
             req.num_computed_tokens += seq.num_new_tokens
+            # Blocks this step filled become findable now, before the request may finish:
+            # another request can share them while this one still runs.
+            block_manager.cache_full_blocks(req)
             if not needs_sample:
                 continue
             req.output_ids.append(token_id)

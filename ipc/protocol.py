@@ -87,6 +87,9 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_total_blocks: int
     num_aborted: int
     num_finished: int
+    # Prefix cache: tokens of the requests admitted, and of those, tokens found cached.
+    num_prefix_queries_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 EngineOutput = StepOutputs | EngineStats

@@ -25,10 +25,12 @@ def make_scheduler(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 64,
     max_model_len: int = 1024,
+    enable_prefix_caching: bool = True,
+    hash_fn=hash,
     **kwargs,
 ) -> Scheduler:
     return Scheduler(
-        BlockManager(num_blocks, block_size),
+        BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching, hash_fn=hash_fn),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
@@ -45,14 +47,18 @@ def fake_next(ids: list[int]) -> int:
 class PagedFakeModel:
     """Writes each scheduled token into its KV slot and samples from what the slots hold.
 
-    Reading back through the block table is what catches bookkeeping bugs: a block shared by
-    two requests, a block table that does not cover a position, or a recompute that skipped
-    positions would feed the 'model' a wrong history.
+    A slot holds its position's whole history (as real K/V depends on every earlier token):
+    the history read from the slot before it, plus its own token. Reading back through the
+    block table is what catches bookkeeping bugs: a block shared by two requests, a block
+    table that does not cover a position, a recompute that skipped positions, or a prefix
+    cache hit on a block computed after another prefix would feed the 'model' a wrong history.
+    Given the block manager, it also asserts that no step writes into a shared block.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, block_manager: BlockManager | None = None) -> None:
         self.block_size = block_size
-        self.slots: dict[tuple[int, int], int] = {}
+        self.block_manager = block_manager
+        self.slots: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def run(self, batch: Batch) -> list[int]:
         bs = self.block_size
@@ -61,14 +67,22 @@ class PagedFakeModel:
             end_pos = seq.start_pos + seq.num_new_tokens
             assert len(block_ids) * bs >= end_pos, "block table does not cover the step"
             assert NULL_BLOCK_ID not in block_ids
+            pos = seq.start_pos
+            history = self.slots[(block_ids[(pos - 1) // bs], (pos - 1) % bs)] if pos else ()
+            assert len(history) == pos, "the slot before the step holds another position"
             for pos, token_id in enumerate(seq.token_ids, seq.start_pos):
-                self.slots[(block_ids[pos // bs], pos % bs)] = token_id
+                block_id = block_ids[pos // bs]
+                if self.block_manager is not None:
+                    assert self.block_manager.ref_counts[block_id] == 1, f"a write into shared block {block_id}"
+                history += (token_id,)
+                self.slots[(block_id, pos % bs)] = history
         sampled = []
         for seq in batch.sampled_seqs:
             block_ids = seq.req.block_ids
             end_pos = seq.start_pos + seq.num_new_tokens
-            history = [self.slots[(block_ids[pos // bs], pos % bs)] for pos in range(end_pos)]
-            sampled.append(fake_next(history))
+            history = self.slots[(block_ids[(end_pos - 1) // bs], (end_pos - 1) % bs)]
+            assert list(history) == seq.req.token_ids(0, end_pos), "the cache holds another history"
+            sampled.append(fake_next(list(history)))
         return sampled
 
 
@@ -315,8 +329,9 @@ def test_abort_between_schedule_and_update_is_skipped() -> None:
 
 
 def test_preempts_the_most_recently_admitted_and_requeues_it_at_the_front() -> None:
-    # 4 usable blocks of 4 tokens; watermark 0 so both prompts get in.
-    sched = make_scheduler(num_blocks=5, block_size=4, watermark_blocks=0)
+    # 4 usable blocks of 4 tokens; watermark 0 so both prompts get in. No prefix caching: a
+    # and b have the same prompt, and b would restart from a's blocks (test_prefix_cache.py).
+    sched = make_scheduler(num_blocks=5, block_size=4, watermark_blocks=0, enable_prefix_caching=False)
     a, b, c = make_req("a", prompt_len=8), make_req("b", prompt_len=8), make_req("c", prompt_len=2)
     sched.add(a)
     sched.add(b)
@@ -370,7 +385,7 @@ def test_preemption_loses_and_repeats_no_token(
         reqs = [make_req(rid, prompt_len=n, max_tokens=14, ignore_eos=True) for rid, n in prompts.items()]
         for req in reqs:
             sched.add(req)
-        streamed, finishes = run_until_done(sched, PagedFakeModel(block_size))
+        streamed, finishes = run_until_done(sched, PagedFakeModel(block_size, sched.block_manager))
         assert_all_blocks_free(sched)
         return reqs, streamed, finishes
 
@@ -384,15 +399,25 @@ def test_preemption_loses_and_repeats_no_token(
         assert tight_finishes[tight.req_id] is FinishReason.LENGTH
 
 
-def test_random_workload_keeps_every_invariant() -> None:
-    rng = random.Random(1234)
+def run_random_workload(seed: int = 1234, make_prompt=None, **sched_kwargs) -> list[EngineRequest]:
+    """40 requests arriving, aborted, preempted at random; every invariant checked each step.
+
+    make_prompt(rng, prompt_len) -> prompt ids; by default make_req's.
+    """
+    rng = random.Random(seed)
     block_size = 4
-    sched = make_scheduler(num_blocks=17, block_size=block_size, max_num_seqs=5, max_num_batched_tokens=12)
-    model = PagedFakeModel(block_size)
+    sched = make_scheduler(num_blocks=17, block_size=block_size, max_num_seqs=5, max_num_batched_tokens=12,
+                           **sched_kwargs)
+    bm = sched.block_manager
+    model = PagedFakeModel(block_size, bm)
+    # Request ids of the same length get the same prompt ids (make_req): prompts share prefixes.
     pending = [
         make_req(f"r{i}", prompt_len=rng.randint(1, 30), max_tokens=rng.randint(1, 20), ignore_eos=True)
         for i in range(40)
     ]
+    if make_prompt is not None:
+        for req in pending:
+            req.prompt_ids = make_prompt(rng, req.num_prompt_tokens)
     reqs = list(pending)
     aborted: set[str] = set()
     streamed: dict[str, list[int]] = {}
@@ -410,9 +435,15 @@ def test_random_workload_keeps_every_invariant() -> None:
         batch = sched.schedule()
         assert batch.num_tokens <= 12
         assert sched.num_running <= 5
-        held = [b for req in reqs if req.state is RequestState.RUNNING for b in req.block_ids]
-        assert len(held) == len(set(held)), "a block held by two requests"
-        assert len(held) + sched.block_manager.num_free_blocks() == sched.block_manager.num_total_blocks()
+        holders: dict[int, int] = {}
+        for req in reqs:
+            assert req.state is RequestState.RUNNING or not req.block_ids, "only running requests hold blocks"
+            for block_id in req.block_ids:
+                holders[block_id] = holders.get(block_id, 0) + 1
+        assert all(bm.ref_counts[b] == n for b, n in holders.items()), "ref counts != holders"
+        assert len(holders) + bm.num_free_blocks() == bm.num_total_blocks()
+        if not bm.enable_prefix_caching:
+            assert max(holders.values(), default=1) == 1, "a block shared with prefix caching off"
         collect(sched.update(batch, model.run(batch)), streamed, finishes)
     else:
         pytest.fail("did not drain")
@@ -425,6 +456,14 @@ def test_random_workload_keeps_every_invariant() -> None:
         assert req.finish is FinishReason.LENGTH
         assert req.output_ids == reference_output(req.prompt_ids, req.params.max_tokens)
         assert streamed[req.req_id] == req.output_ids
+    return reqs
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_random_workload_keeps_every_invariant(enable_prefix_caching: bool) -> None:
+    reqs = run_random_workload(enable_prefix_caching=enable_prefix_caching)
+    num_cached_tokens = sum(req.num_cached_tokens for req in reqs)
+    assert (num_cached_tokens > 0) == enable_prefix_caching
 
 
 # ---- requests the cache cannot hold -------------------------------------------------------

@@ -1,0 +1,177 @@
+"""Automatic prefix caching: full KV blocks found again by a chained hash of their token ids."""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+from engine_proc.request import EngineRequest
+
+# The parent of a request's first block. Serials of real entries count from 1.
+ROOT_HASH = 0
+ROOT_SERIAL = 0
+
+
+class _Entry:
+    """What the cache knows about one block: its key, its content, and which entry precedes it."""
+
+    __slots__ = ("block_hash", "token_ids", "serial", "parent_serial")
+
+    def __init__(self, block_hash: int, token_ids: tuple[int, ...], serial: int, parent_serial: int) -> None:
+        self.block_hash = block_hash
+        self.token_ids = token_ids
+        self.serial = serial  # never reused, unlike block ids: names this exact prefix
+        self.parent_serial = parent_serial
+
+
+class _Chain:
+    """How many of one request's leading blocks the cache knows, and the entry to go on from."""
+
+    __slots__ = ("num_blocks", "last_hash", "last_serial")
+
+    def __init__(self, num_blocks: int, last_hash: int, last_serial: int | None) -> None:
+        self.num_blocks = num_blocks
+        self.last_hash = last_hash
+        self.last_serial = last_serial  # None: the chain broke, nothing further gets cached
+
+
+class PrefixCache:
+    """The hash index of full, computed blocks, and the LRU order of those that sit free.
+
+    hash(block i) = hash_fn((hash(block i-1), token ids of block i)). The hash only finds a
+    candidate; a hit is served only if the candidate's own token ids equal the request's AND
+    its parent is the very entry matched one block earlier (by serial, never reused). By
+    induction the whole prefix then matches, so a hash collision costs a miss, never wrong KV,
+    whatever hash_fn is. That is why Python's built-in tuple hash is enough (and several times
+    faster than hashlib's sha256, which vLLM offers because it trusts its hashes unverified):
+    int hashes are not salted per process, and the index never leaves this one anyway.
+
+    Pure bookkeeping: the block manager owns reference counts and the free stack, and tells
+    this cache when a cached block is freed (`add_evictable`), shared again while free
+    (`remove_evictable`), or needed for new tokens (`evict_oldest`).
+    """
+
+    def __init__(self, block_size: int, hash_fn: Callable[[Hashable], int] = hash) -> None:
+        self.block_size = block_size
+        self._hash_fn = hash_fn
+        self._block_id_by_hash: dict[int, int] = {}
+        self._entries: dict[int, _Entry] = {}  # by block id
+        self._live_serials: set[int] = {ROOT_SERIAL}
+        # Free blocks that were cached when freed, least recently used first: O(1) to append,
+        # to take out of the middle when a hit revives one, and to pop the oldest.
+        self._free_lru: OrderedDict[int, None] = OrderedDict()
+        self._chains: dict[str, _Chain] = {}  # by req_id, while the request holds blocks
+        self._serials = itertools.count(ROOT_SERIAL + 1)
+
+    # ---- figures --------------------------------------------------------------------------
+
+    def num_evictable(self) -> int:
+        return len(self._free_lru)
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._entries
+
+    def num_cached_blocks(self) -> int:
+        return len(self._entries)
+
+    # ---- lookup -----------------------------------------------------------------------------
+
+    def find(self, req: EngineRequest, max_num_blocks: int) -> list[int]:
+        """Ids of the cached blocks holding req's longest prefix of full blocks (at most max_num_blocks)."""
+        block_size = self.block_size
+        hits: list[int] = []
+        parent_hash, parent_serial = ROOT_HASH, ROOT_SERIAL
+        for i in range(max_num_blocks):
+            token_ids = tuple(req.token_ids(i * block_size, (i + 1) * block_size))
+            block_hash = self._hash_fn((parent_hash, token_ids))
+            block_id = self._block_id_by_hash.get(block_hash)
+            if block_id is None:
+                break
+            entry = self._entries[block_id]
+            if entry.parent_serial != parent_serial or entry.token_ids != token_ids:
+                break  # a hash collision: another prefix's block
+            hits.append(block_id)
+            parent_hash, parent_serial = block_hash, entry.serial
+        return hits
+
+    # ---- one request's chain --------------------------------------------------------------------
+
+    def start_chain(self, req: EngineRequest) -> None:
+        """Goes on from req's shared leading blocks (req.block_ids, just shared from the cache)."""
+        assert req.req_id not in self._chains, "start_chain() twice without end_chain()"
+        if not req.block_ids:
+            return
+        last = self._entries.get(req.block_ids[-1])
+        if last is None:  # shared by hand, not found here: nothing to chain new blocks to
+            self._chains[req.req_id] = _Chain(len(req.block_ids), ROOT_HASH, None)
+        else:
+            self._chains[req.req_id] = _Chain(len(req.block_ids), last.block_hash, last.serial)
+
+    def end_chain(self, req: EngineRequest) -> None:
+        self._chains.pop(req.req_id, None)
+
+    def register(self, req: EngineRequest, num_full_blocks: int) -> None:
+        """Enters req's blocks [.., num_full_blocks), now full of computed KV, into the index.
+
+        Only full blocks whose every token is computed: nobody writes into them again (their
+        owner writes at positions past them), which is what makes sharing them safe.
+        """
+        chain = self._chains.get(req.req_id)
+        if chain is None:
+            if num_full_blocks == 0:
+                return
+            chain = self._chains[req.req_id] = _Chain(0, ROOT_HASH, ROOT_SERIAL)
+        if chain.num_blocks >= num_full_blocks:
+            return
+        if chain.last_serial not in self._live_serials:
+            # Broken, or its last entry was evicted since: new entries under it could never
+            # be found, and would only push out live ones.
+            chain.num_blocks, chain.last_serial = num_full_blocks, None
+            return
+        block_size = self.block_size
+        for i in range(chain.num_blocks, num_full_blocks):
+            token_ids = tuple(req.token_ids(i * block_size, (i + 1) * block_size))
+            block_hash = self._hash_fn((chain.last_hash, token_ids))
+            known_id = self._block_id_by_hash.get(block_hash)
+            if known_id is not None:
+                known = self._entries[known_id]
+                if known.parent_serial == chain.last_serial and known.token_ids == token_ids:
+                    # The same prefix computed twice (both requests admitted before either
+                    # was cached): keep the first copy; ours stays private and is freed plainly.
+                    chain.last_hash, chain.last_serial = block_hash, known.serial
+                    continue
+                # A collision, or an entry whose parent was evicted (unreachable now): the
+                # newest wins, so that a live prefix is not locked out by a stale one.
+                self._forget(known_id)
+            block_id = req.block_ids[i]
+            assert block_id not in self._entries, "a request's own new block is already cached"
+            entry = _Entry(block_hash, token_ids, next(self._serials), chain.last_serial)
+            self._entries[block_id] = entry
+            self._live_serials.add(entry.serial)
+            self._block_id_by_hash[block_hash] = block_id
+            chain.last_hash, chain.last_serial = block_hash, entry.serial
+        chain.num_blocks = num_full_blocks
+
+    # ---- free cached blocks ----------------------------------------------------------------------
+
+    def add_evictable(self, block_id: int) -> None:
+        """A cached block nobody holds any more: findable until evict_oldest() takes it."""
+        self._free_lru[block_id] = None
+
+    def remove_evictable(self, block_id: int) -> None:
+        """A free cached block shared again (a hit): off the LRU, keeps its entry."""
+        del self._free_lru[block_id]
+
+    def evict_oldest(self) -> int:
+        """The least recently freed evictable block, its entry forgotten, for new tokens."""
+        block_id, _ = self._free_lru.popitem(last=False)
+        self._forget(block_id)
+        return block_id
+
+    def _forget(self, block_id: int) -> None:
+        # A block forgotten while free stays on the LRU: still reusable, just not findable.
+        entry = self._entries.pop(block_id, None)
+        if entry is None:
+            return
+        self._live_serials.discard(entry.serial)
+        del self._block_id_by_hash[entry.block_hash]  # every entry is indexed: see register()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import queue
 
 from engine_proc.batch import Batch, TokenDelta
@@ -75,6 +76,8 @@ class EngineCore:
             num_finished=self.num_finished,
             num_prefix_queries_tokens=self.scheduler.num_prefix_queries_tokens,
             num_prefix_hit_tokens=self.scheduler.num_prefix_hit_tokens,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            kv_cache_bytes=self.runner.kv_cache.num_bytes,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:

@@ -90,6 +90,8 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     # Prefix cache: tokens of the requests admitted, and of those, tokens found cached.
     num_prefix_queries_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    peak_rss_bytes: int = 0  # the engine process's high-water mark of resident memory
+    kv_cache_bytes: int = 0  # the KV cache's fixed size, allocated once at start
 
 
 EngineOutput = StepOutputs | EngineStats

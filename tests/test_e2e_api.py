@@ -42,6 +42,15 @@ def test_models_list_and_retrieve(server, client):
         client.models.retrieve("no-such-model")
 
 
+def test_stats_report_memory(server):
+    """The KV cache is allocated once at its configured size (1 GiB by default) and held; peak RSS
+    is the engine's high-water mark, so it covers the cache and the weights."""
+    figures = httpx.get(f"{server.base_url}/stats").json()
+    assert figures["kv_cache_bytes"] <= 1 << 30
+    assert figures["kv_cache_bytes"] > 0.9 * (1 << 30)
+    assert figures["peak_rss_bytes"] > figures["kv_cache_bytes"]
+
+
 def test_health_and_ready(server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/ready").status_code == 200

@@ -8,7 +8,7 @@ import signal
 from asgi.chat import chat_completions
 from asgi.completions import completions
 from asgi.engine_client import EngineDead
-from asgi.errors import APIError, error_body
+from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.generate import GenerationFailed
 from asgi.http import ClientDisconnected, read_body, send_response
 from asgi.state import WorkerSettings, WorkerState, dumps
@@ -22,9 +22,9 @@ async def health(state, body, receive, send):
 
 async def ready(state, body, receive, send):
     if state.draining():
-        raise APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
+        raise shutting_down()
     if not state.client.alive:
-        raise APIError(503, "The inference engine is not available.", type="server_error", code="engine_unavailable")
+        raise engine_unavailable()
     await send_response(send, 200, b'{"status":"ready"}')
 
 
@@ -33,8 +33,7 @@ async def engine_stats(state, body, receive, send):
     try:
         stats = await state.client.stats()
     except (EngineDead, TimeoutError):
-        raise APIError(503, "The inference engine is not available.", type="server_error",
-                       code="engine_unavailable") from None
+        raise engine_unavailable() from None
     figures = {f: getattr(stats, f) for f in stats.__struct_fields__}
     await send_response(send, 200, dumps({**figures, "engine_pid": state.settings.engine_pid}))
 
@@ -104,7 +103,7 @@ class App:
         handler = ROUTES.get((method, path))
         try:
             if method in NEEDS_BODY and self.state.draining():
-                raise APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
+                raise shutting_down()
             if handler is None:
                 if path.startswith(MODEL_PREFIX) and method == "GET":
                     return await get_model(self.state, path[len(MODEL_PREFIX):], receive, send)

@@ -87,8 +87,7 @@ class EngineClient:
                 if route is None:  # aborted here already
                     continue
                 mailbox, index = route
-                mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens,
-                            delta.error)
+                mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens)
                 if delta.finish is not None:
                     del self._routes[delta.req_id]
 

@@ -46,5 +46,13 @@ def not_found(message: str, param: str | None = None) -> APIError:
     return APIError(404, message, param=param, code="model_not_found" if param == "model" else None)
 
 
+def engine_unavailable(message: str = "The inference engine is not available.") -> APIError:
+    return APIError(503, message, type="server_error", code="engine_unavailable")
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
+
+
 def unsupported(param: str) -> APIError:
     return APIError(400, f"`{param}` is not supported by this server yet.", param=param, code="unsupported_parameter")

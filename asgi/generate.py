@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from asgi.detokenizer import Detokenizer
 from asgi.engine_client import ENGINE_DEAD, EngineClient, EngineDead
-from asgi.errors import APIError
+from asgi.errors import engine_unavailable
 from asgi.mailbox import Mailbox
 from ipc.protocol import FinishReason, SamplingParams
 
@@ -72,7 +72,7 @@ class Generation:
             for index, prompt_ids in enumerate(self.prompts):
                 await self.client.submit(self.engine_ids[index], prompt_ids, self.params, self.mailbox, index)
         except EngineDead:
-            raise APIError(503, ENGINE_DEAD, type="server_error", code="engine_unavailable") from None
+            raise engine_unavailable(ENGINE_DEAD) from None
 
     def on_disconnect(self) -> None:
         self.disconnected = True
@@ -112,7 +112,7 @@ class Generation:
                 self._stopped_early.append(self.engine_ids[index])
         elif choice.finish is not None:
             if choice.finish not in FINISH_REASONS:
-                raise GenerationFailed(choice.error or "The engine failed to complete the request.")
+                raise GenerationFailed("The engine failed to complete the request.")
             text += detok.flush()
             finish = FINISH_REASONS[choice.finish]
         else:

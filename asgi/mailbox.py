@@ -20,7 +20,6 @@ class ChoiceOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
-    error: str = ""
 
 
 class Mailbox:
@@ -29,8 +28,7 @@ class Mailbox:
         self.error: str = ""  # set when the engine is gone: every choice fails
         self._ready = asyncio.Event()
 
-    def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int,
-            error: str = "") -> None:
+    def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int) -> None:
         choice = self.choices[index]
         choice.new_ids.extend(ids)
         choice.num_output_tokens += len(ids)
@@ -39,7 +37,6 @@ class Mailbox:
             choice.num_cached_tokens = num_cached
         if finish is not None:
             choice.finish = finish
-            choice.error = error
         self._ready.set()
 
     def wake(self) -> None:

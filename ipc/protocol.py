@@ -68,7 +68,6 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     finish: FinishReason | None = None
     num_prompt_tokens: int = 0  # set on a request's first delta
     num_cached_tokens: int = 0
-    error: str = ""
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):

@@ -116,7 +116,7 @@ async def fetch_models(session: aiohttp.ClientSession, base_url: str, headers: d
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
-                       out: RequestOutput) -> None:
+                       out: RequestOutput, *, require_done: bool = True) -> None:
     """POST one streaming request and fill `out`; never raises for the server's faults."""
     reads: list[tuple[float, bytes]] = []
     out.state = RequestState.FAILED  # until proven otherwise; a cancel overwrites it
@@ -132,15 +132,16 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, he
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         out.error = f"{type(exc).__name__}: {exc}" + (" (after part of the stream)" if reads else "")
         return
-    parse_stream(out, reads)
+    parse_stream(out, reads, require_done=require_done)
 
 
-def parse_stream(out: RequestOutput, reads: list[tuple[float, bytes]]) -> None:
+def parse_stream(out: RequestOutput, reads: list[tuple[float, bytes]], *, require_done: bool = True) -> None:
     """Turn (timestamp, bytes) reads into TTFT, ITLs, E2EL, text and usage, as vLLM defines them.
 
     A token-bearing chunk is one with a choice, except a chat role opener (role set, no content,
     no finish_reason): Rill sends that before any token exists, so counting it, as vLLM does,
-    would turn TTFT into the time to the HTTP headers.
+    would turn TTFT into the time to the HTTP headers. Without `require_done`, a stream that
+    closes without `data: [DONE]` (transformers serve ends its streams so) still completes.
     """
     parser = SSEParser()
     last_token_s = 0.0
@@ -189,7 +190,7 @@ def parse_stream(out: RequestOutput, reads: list[tuple[float, bytes]]) -> None:
     out.e2el_s = last_token_s - out.start_s if num_token_chunks else 0.0
     if not error and not num_token_chunks:
         error = "the stream carried no token-bearing chunk"
-    if not error and not saw_done:
+    if not error and not saw_done and require_done:
         error = f"the stream ended without data: [DONE] (after {num_token_chunks} token chunks)"
     out.error = error
     out.state = RequestState.FAILED if error else RequestState.COMPLETED

@@ -44,6 +44,7 @@ class BenchConfig:
     ignore_eos: bool = True  # force output_len tokens: ignore_eos + min_tokens
     temperature: float = 0.0
     extra_body: dict = field(default_factory=dict)
+    require_done: bool = True  # a stream must end with data: [DONE] to count as completed
     # The report.
     percentile_metrics: list[str] = field(default_factory=lambda: list(METRIC_NAMES))
     metric_percentiles: list[float] = field(default_factory=lambda: [90.0, 99.0])
@@ -119,6 +120,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                      help="force the output length: send ignore_eos and min_tokens = max_tokens")
     req.add_argument("--no-force-output-len", dest="ignore_eos", action="store_false",
                      help="same as --no-ignore-eos, for servers that reject ignore_eos")
+    req.add_argument("--no-require-done", dest="require_done", action="store_false",
+                     help="count a stream that closes without data: [DONE] as complete (transformers serve)")
     req.add_argument("--temperature", type=float, default=d.temperature)
     req.add_argument("--extra-body", type=json.loads, default=None,
                      help="a JSON object merged into every request body")
@@ -177,6 +180,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
         extra_body=args.extra_body or {},
+        require_done=args.require_done,
         percentile_metrics=metrics,
         metric_percentiles=_csv_floats(args.metric_percentiles),
         goodput=parse_goodput(args.goodput or []),

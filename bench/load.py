@@ -41,7 +41,8 @@ def arrival_offsets_s(num_requests: int, request_rate: float, burstiness: float,
 async def run_load(session: aiohttp.ClientSession, url: str, headers: dict[str, str], bodies: Sequence[bytes],
                    prompt_lens: Sequence[int], offsets_s: Sequence[float], *, max_concurrency: int | None = None,
                    max_duration_s: float | None = None, drain_timeout_s: float = 30.0,
-                   on_done: Callable[[RequestOutput], None] | None = None) -> tuple[list[RequestOutput], float]:
+                   on_done: Callable[[RequestOutput], None] | None = None,
+                   require_done: bool = True) -> tuple[list[RequestOutput], float]:
     """Send every body at its offset; returns the outputs (in body order) and the duration in s.
 
     As in vLLM, a request waiting for a concurrency slot is not yet sent: its clock starts when
@@ -61,7 +62,7 @@ async def run_load(session: aiohttp.ClientSession, url: str, headers: dict[str, 
             try:
                 if time.perf_counter() >= deadline_s:
                     return  # stays NOT_SENT
-                await send_request(session, url, bodies[i], headers, out)
+                await send_request(session, url, bodies[i], headers, out, require_done=require_done)
             finally:
                 if slots is not None:
                     slots.release()

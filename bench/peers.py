@@ -14,10 +14,13 @@
    is the bare forward and argmax.
 3. TTFT (target Rill <= 1.2x): 512-token prompts through Rill with max_tokens 1, one at a time
    (median), against transformers' forward over the same token ids with logits_to_keep=1 (median).
+4. Served throughput (target Rill >= 4x): the prompts of 1. through `transformers serve
+   --continuous-batching` (float32, CPU) driven by the same harness at concurrency 32, greedy, every
+   request run to 128 tokens (see bench/tf_serve.py for how), against Rill's figure from 1.
 
-The two never compute at once: each round runs Rill's three measurements, then transformers'
-(or the other way round: who goes first alternates by round); between them the idle server
-blocks on its input queue. Each round draws fresh prompts (another seed), the same for both, so a
+No two sides compute at once: each round runs Rill's three measurements, transformers' and
+transformers serve's one after another (who goes first rotates by round); between them the idle
+servers wait on their sockets. Each round draws fresh prompts (another seed), the same for both, so a
 prefix cache could never serve a later round. Both sides run the same number of torch threads:
 torch's default in this process (one per core), passed to the server as --num-threads.
 Rill's side includes the harness's own CPU use on the same machine, as any served benchmark does.
@@ -42,12 +45,14 @@ from bench.markdown import number, table
 from bench.provenance import provenance, save_results
 from bench.serve import BenchConfig, build_prompts, run_benchmark
 from bench.servers import rill_server
+from bench.tf_serve import serve_throughput, transformers_serve
 from engine_proc.bundled_model import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
 # (comparison, target): Rill / transformers must be >= or <= the target.
-TARGETS = {"throughput": (">=", 3.0), "itl": ("<=", 0.8), "ttft": ("<=", 1.2)}
+TARGETS = {"throughput": (">=", 3.0), "itl": ("<=", 0.8), "ttft": ("<=", 1.2), "serve_throughput": (">=", 4.0)}
+SIDES = ("rill", "transformers", "transformers_serve")
 
 
 @dataclass(frozen=True)
@@ -130,11 +135,12 @@ def hf_phase(model, work: Workload, sizes: Sizes) -> dict:
             "prefills_ms": prefill_ms(model, work.ttft_ids), "phase_s": time.perf_counter() - start_s}
 
 
-def warm_up(base_url: str, model, sizes: Sizes) -> None:
-    """Untimed: first requests through the server, and a first generate (lazy init, allocator)."""
+def warm_up(base_url: str, serve_url: str, model_id: str, model, sizes: Sizes) -> None:
+    """Untimed: first requests through both servers, and a first generate (lazy init, allocator)."""
     work = build_workload(dataclasses.replace(sizes, num_prompts=2, output_len=4, num_itl_requests=1,
                                               num_ttft_requests=1), round_index=99)
     rill_phase(base_url, work)
+    serve_throughput(serve_url, model_id, work.throughput)
     generate_throughput(model, work.throughput_ids, 4)
 
 
@@ -146,6 +152,7 @@ def verdict(name: str, ratio: float) -> bool:
 def summarize(rounds: list[dict]) -> dict:
     med = statistics.median
     rill, hf = [r["rill"] for r in rounds], [r["transformers"] for r in rounds]
+    served = [r["transformers_serve"] for r in rounds]
     pairs = {
         "throughput": (med([r["output_throughput"] for r in rill]), med([h["output_throughput"] for h in hf]),
                        "output tok/s", "aggregate output tokens/s, median over rounds"),
@@ -153,6 +160,9 @@ def summarize(rounds: list[dict]) -> dict:
                 "ms", "Rill median ITL at concurrency 1 / one transformers decode step at batch 1"),
         "ttft": (med([x for r in rill for x in r["ttfts_ms"]]), med([x for h in hf for x in h["prefills_ms"]]),
                  "ms", "Rill median TTFT / transformers prefill forward of the same prompt"),
+        "serve_throughput": (med([r["output_throughput"] for r in rill]),
+                             med([s["output_throughput"] for s in served]), "output tok/s",
+                             "aggregate output tokens/s at c=32 / transformers serve --continuous-batching"),
     }
     out = {}
     for name, (rill_value, hf_value, unit, what) in pairs.items():
@@ -161,6 +171,8 @@ def summarize(rounds: list[dict]) -> dict:
         out[name] = {"rill": rill_value, "transformers": hf_value, "unit": unit, "what": what, "ratio": ratio,
                      "target": f"{op} {target:g}", "pass": verdict(name, ratio)}
     out["throughput"]["ratio_per_round"] = [r["output_throughput"] / h["output_throughput"] for r, h in zip(rill, hf)]
+    out["serve_throughput"]["ratio_per_round"] = [r["output_throughput"] / s["output_throughput"]
+                                                  for r, s in zip(rill, served)]
     return out
 
 
@@ -171,7 +183,8 @@ def markdown(report: dict) -> str:
              res[name]["target"] + "x", "PASS" if res[name]["pass"] else "FAIL"] for name in TARGETS]
     med = statistics.median
     raw = [[r["round"] + 1, r["first"], number(r["rill"]["output_throughput"]),
-            number(r["transformers"]["output_throughput"]), number(r["rill"]["median_itl_ms_this_round"]),
+            number(r["transformers"]["output_throughput"]), number(r["transformers_serve"]["output_throughput"]),
+            number(r["rill"]["median_itl_ms_this_round"]),
             number(med(r["transformers"]["decode_steps_ms"])), number(med(r["rill"]["ttfts_ms"])),
             number(med(r["transformers"]["prefills_ms"]))] for r in report["rounds"]]
     s = p["sizes"]
@@ -191,7 +204,7 @@ def markdown(report: dict) -> str:
            f"run took {report['wall_s']:.0f} s", "",
            table(["target", "what", "Rill", "transformers", "Rill / transformers", "target", "verdict"], rows),
            "## Per round", "",
-           table(["round", "first", "Rill tok/s", "transformers tok/s", "Rill median ITL ms",
+           table(["round", "first", "Rill tok/s", "transformers tok/s", "transformers serve tok/s", "Rill median ITL ms",
                   "transformers decode ms", "Rill median TTFT ms", "transformers prefill ms"], raw),
            "## How it is measured", "", *__doc__.splitlines()[4:]]
     return "\n".join(out) + "\n"
@@ -221,21 +234,26 @@ def main(argv: list[str] | None = None) -> dict:
              "--max-model-len", str(MAX_MODEL_LEN), "--num-threads", str(num_threads)]
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch:
-        with rill_server(*flags, log_path=Path(scratch) / "rill.log") as server:
-            warm_up(server.base_url, model, sizes)
+        with rill_server(*flags, log_path=Path(scratch) / "rill.log") as server, \
+                transformers_serve(model_dir, Path(scratch), num_threads) as peer:
+            warm_up(server.base_url, peer.base_url, str(model_dir), model, sizes)
             for r in range(num_rounds):
                 work = build_workload(sizes, r)
-                order = ["rill", "transformers"] if r % 2 == 0 else ["transformers", "rill"]
+                order = [SIDES[(r + i) % len(SIDES)] for i in range(len(SIDES))]
+                phases = {"rill": lambda: rill_phase(server.base_url, work),
+                          "transformers": lambda: hf_phase(model, work, sizes),
+                          "transformers_serve": lambda: serve_throughput(peer.base_url, str(model_dir), work.throughput)}
                 row = {"round": r, "first": order[0]}
                 for side in order:
-                    row[side] = rill_phase(server.base_url, work) if side == "rill" else hf_phase(model, work, sizes)
+                    row[side] = phases[side]()
                 served = row["rill"]["server_input_tokens"]
                 if served is not None and served != row["transformers"]["input_tokens"]:
                     raise RuntimeError(f"Rill counted {served} prompt tokens, transformers got "
                                        f"{row['transformers']['input_tokens']}: not the same prompts")
                 rounds.append(row)
                 print(f"round {r + 1}/{num_rounds}: Rill {row['rill']['output_throughput']:.0f} tok/s, "
-                      f"transformers {row['transformers']['output_throughput']:.0f} tok/s", flush=True)
+                      f"transformers {row['transformers']['output_throughput']:.0f} tok/s, transformers serve "
+                      f"{row['transformers_serve']['output_throughput']:.0f} tok/s", flush=True)
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     report["params"] = {"model": str(model_dir), "dtype": "float32", "quick": args.quick, "rounds": num_rounds,
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,

@@ -106,7 +106,8 @@ async def run_benchmark(cfg: BenchConfig, prompts: list[SampleRequest] | None = 
         if warmups:
             log.info("Warming up with %d requests...", len(warmups))
             warm, _ = await run_load(session, url, headers, bodies(warmups), [w.prompt_len for w in warmups],
-                                     [0.0] * len(warmups), max_concurrency=cfg.max_concurrency)
+                                     [0.0] * len(warmups), max_concurrency=cfg.max_concurrency,
+                                     require_done=cfg.require_done)
             if not any(o.success for o in warm):
                 raise BenchError(f"every warm-up request to {url} failed: {warm[0].error}")
         offsets_s = arrival_offsets_s(len(prompts), cfg.request_rate, cfg.burstiness,
@@ -119,7 +120,8 @@ async def run_benchmark(cfg: BenchConfig, prompts: list[SampleRequest] | None = 
             outputs, duration_s = await run_load(
                 session, url, headers, request_bodies, [p.prompt_len for p in prompts], offsets_s,
                 max_concurrency=cfg.max_concurrency, max_duration_s=cfg.max_duration_s,
-                drain_timeout_s=cfg.drain_timeout_s, on_done=lambda _: pbar.update(1))
+                drain_timeout_s=cfg.drain_timeout_s, on_done=lambda _: pbar.update(1),
+                require_done=cfg.require_done)
     source = await asyncio.to_thread(_fill_output_lens, outputs, cfg.tokenizer)
     return _result(cfg, model, prompts, outputs, duration_s, source)
 

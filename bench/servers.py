@@ -22,16 +22,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`argv` must make the server listen on `port`; `/ready` answering 200 means ready."""
+    """`argv` must make the server listen on `port`; `ready_path` answering 200 means ready."""
 
-    def __init__(self, argv: list[str], port: int, log_path: Path):
+    def __init__(self, argv: list[str], port: int, log_path: Path, *, ready_path: str = "/ready",
+                 env: dict[str, str] | None = None):
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
+        self.ready_path = ready_path
         self._log = open(log_path, "wb")
         # A session of its own: a Ctrl-C meant for the caller does not reach the server.
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=None if env is None else {**os.environ, **env})
 
     def wait_ready(self, timeout_s: float = 300.0):
         deadline = time.monotonic() + timeout_s
@@ -39,7 +41,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/ready", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}{self.ready_path}", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -40,6 +40,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                        help="auto is float32 on CPU")
     model.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from the config, no weight files read")
+    model.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                       help="native: Rill's own Llama-family model (an error for other architectures); "
+                            "transformers: the generic transformers model, correct but slower; "
+                            "auto: native where supported, else transformers")
     model.add_argument("--cache-dir", default=None,
                        help="where the bundled model is converted once (default $RILL_CACHE or ~/.cache/rill)")
     engine = ap.add_argument_group("engine")

@@ -158,7 +158,7 @@ def serve(args) -> int:
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching, model_impl=args.model_impl,
     )
     proc = None
     watch = None

@@ -26,6 +26,7 @@ class EngineConfig(msgspec.Struct):
     run_dir: str
     dtype: str = "float32"
     load_format: str = "auto"
+    model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     block_size: int = 16
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 64
@@ -69,6 +70,32 @@ def _generation_config(model_dir: Path):
         return None
 
 
+MODEL_IMPLS = ("auto", "native", "transformers")
+
+
+def choose_runner(model_impl: str, hf_config):
+    """The runner class for this model, chosen once at start: native where it supports the
+    architecture, else (or when asked) the generic transformers runner."""
+    from engine_proc.hf_runner import TransformersRunner
+    from engine_proc.llama import check_supported
+    from engine_proc.model_runner import ModelRunner
+
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl {model_impl!r}: expected one of {MODEL_IMPLS}")
+    if model_impl == "transformers":
+        log.info("model_type %r: using the transformers runner (--model-impl transformers)", hf_config.model_type)
+        return TransformersRunner
+    try:
+        check_supported(hf_config)
+    except ValueError as exc:
+        if model_impl == "native":
+            raise ValueError(f"--model-impl native: {exc}; use --model-impl auto or transformers") from None
+        log.warning("model_type %r has no native implementation (%s): falling back to the transformers "
+                    "runner, which is correct but slower", hf_config.model_type, exc)
+        return TransformersRunner
+    return ModelRunner
+
+
 def run_engine(config: EngineConfig, ready_conn) -> None:
     """Entry point of the engine process. Sends EngineLimits (or an error string) on ready_conn."""
     die_with_parent()
@@ -100,10 +127,10 @@ def build_engine(config: EngineConfig):
 
     from engine_proc.block_manager import BlockManager
     from engine_proc.core import EngineCore
+    from engine_proc.hf_runner import TransformersRunner
     from engine_proc.io_threads import InputThread, OutputThread
     from engine_proc.kv_cache import num_blocks_for_memory
     from engine_proc.model_loader import load_config
-    from engine_proc.model_runner import ModelRunner
     from engine_proc.scheduler import Scheduler
 
     if config.num_threads:
@@ -111,13 +138,20 @@ def build_engine(config: EngineConfig):
     dtype = getattr(torch, config.dtype)
     model_dir = Path(config.model_dir)
     hf_config = load_config(model_dir)
+    runner_class = choose_runner(config.model_impl, hf_config)
+    enable_prefix_caching = config.enable_prefix_caching
+    if runner_class is TransformersRunner and enable_prefix_caching:
+        # Its per-request caches share nothing: a prefix "hit" would still be recomputed,
+        # reported as cached_tokens, and held twice in memory beyond the blocks counted.
+        log.info("prefix caching off: the transformers runner recomputes every prompt")
+        enable_prefix_caching = False
     eos_ids = eos_token_ids(model_dir, hf_config)
     num_blocks = num_blocks_for_memory(hf_config, dtype, config.block_size, config.kv_cache_memory_bytes)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_bytes} bytes holds no KV block of "
                          f"{config.block_size} tokens for this model; give it more memory")
     started = time.perf_counter()
-    runner = ModelRunner(
+    runner = runner_class(
         model_dir,
         dtype=dtype,
         num_kv_blocks=num_blocks,
@@ -126,14 +160,15 @@ def build_engine(config: EngineConfig):
         load_format=config.load_format,
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
-    blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d, "
-        "prefix caching %s",
+        "prefix caching %s, %s runner",
         time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
-        config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if config.enable_prefix_caching else "off",
+        config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
+        "transformers" if runner_class is TransformersRunner else "native",
     )
     scheduler = Scheduler(
         blocks,

@@ -17,6 +17,7 @@ import zmq.asyncio
 from asgi.mailbox import Mailbox
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket
+from ipc.logprobs import decode_logprobs
 
 log = logging.getLogger("rill.api")
 ENGINE_DEAD = "The inference engine stopped unexpectedly."
@@ -87,7 +88,9 @@ class EngineClient:
                 if route is None:  # aborted here already
                     continue
                 mailbox, index = route
-                mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens)
+                logprobs = None if delta.logprobs is None else decode_logprobs(delta.logprobs)
+                mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens,
+                            logprobs)
                 if delta.finish is not None:
                     del self._routes[delta.req_id]
 

@@ -13,6 +13,7 @@ from asgi.detokenizer import Detokenizer
 from asgi.engine_client import ENGINE_DEAD, EngineClient, EngineDead
 from asgi.errors import engine_unavailable
 from asgi.mailbox import Mailbox
+from ipc.logprobs import TokenLogprobs
 from ipc.protocol import FinishReason, SamplingParams
 
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
@@ -24,6 +25,9 @@ class ChoiceDelta:
     index: int
     text: str
     finish_reason: str | None = None
+    # Of every token since the choice's previous delta (text held back included); kept here
+    # for the responses, which do not show logprobs yet.
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Generation:
         self.engine_ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         self.disconnected = False
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
+        # Logprobs of tokens whose text the detokenizer still holds back, per choice.
+        self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in prompts]
 
     async def start(self) -> None:
         try:
@@ -104,7 +110,9 @@ class Generation:
     def _advance(self, index: int) -> ChoiceDelta | None:
         choice = self.mailbox.choices[index]
         detok = self.detokenizers[index]
-        ids = self.mailbox.take(index)
+        ids, logprobs = self.mailbox.take(index)
+        if logprobs is not None:
+            self._held_logprobs[index].append(logprobs)
         text = detok.push(ids) if ids else ""
         if detok.stop_matched is not None:
             finish = "stop"
@@ -119,7 +127,10 @@ class Generation:
             finish = None
         if finish is not None:
             self.finished[index] = True
-        return ChoiceDelta(index, text, finish) if text or finish else None
+        if not text and not finish:
+            return None
+        held, self._held_logprobs[index] = self._held_logprobs[index], []
+        return ChoiceDelta(index, text, finish, TokenLogprobs.concat(held) if held else None)
 
     def usage(self) -> Usage:
         usage = Usage()

@@ -1,13 +1,15 @@
 """A per-request slot for engine output: merges deltas while the client is slow.
 
-The engine client puts each step's new ids here; the request's own loop takes everything that
-accumulated since its last look. Memory stays bounded by the request's own max_tokens.
+The engine client puts each step's new ids here (with their logprobs when the request asked); the
+request's own loop takes everything that accumulated since its last look. Memory stays bounded
+by the request's own max_tokens.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
+from ipc.logprobs import TokenLogprobs
 from ipc.protocol import FinishReason
 
 
@@ -16,6 +18,7 @@ class ChoiceOutput:
     """What one choice (one engine request) has produced and not yet been taken."""
 
     new_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of new_ids, when asked for
     finish: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
@@ -28,9 +31,12 @@ class Mailbox:
         self.error: str = ""  # set when the engine is gone: every choice fails
         self._ready = asyncio.Event()
 
-    def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int) -> None:
+    def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int,
+            logprobs: TokenLogprobs | None = None) -> None:
         choice = self.choices[index]
         choice.new_ids.extend(ids)
+        if logprobs is not None:
+            choice.new_logprobs.append(logprobs)
         choice.num_output_tokens += len(ids)
         if num_prompt:
             choice.num_prompt_tokens = num_prompt
@@ -56,7 +62,11 @@ class Mailbox:
         self._ready.clear()
         return True
 
-    def take(self, index: int) -> list[int]:
+    def take(self, index: int) -> tuple[list[int], TokenLogprobs | None]:
+        """The ids that came since the last take, and their logprobs when the request asked."""
         choice = self.choices[index]
         ids, choice.new_ids = choice.new_ids, []
-        return ids
+        if not choice.new_logprobs:
+            return ids, None
+        parts, choice.new_logprobs = choice.new_logprobs, []
+        return ids, TokenLogprobs.concat(parts)

@@ -27,4 +27,8 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         stop_token_ids=req.stop_token_ids or [],
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
     )

@@ -47,6 +47,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # vLLM's extension
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # vLLM's extension; vLLM takes any value > 0, this server caps it at 2 (a deliberate divergence).
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
@@ -57,9 +62,6 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     user: str | None = None
     # Added by later issues; refused until then.
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
     logit_bias: dict[str, float] | None = None
     response_format: Any = None
     guided_json: Any = None
@@ -118,9 +120,6 @@ def reject_unsupported(req: SamplingFields) -> None:
     """400 for every parameter this server does not implement yet, naming it."""
     checks: list[tuple[str, bool]] = [
         ("n", req.n not in (None, 1)),
-        ("presence_penalty", req.presence_penalty not in (None, 0)),
-        ("frequency_penalty", req.frequency_penalty not in (None, 0)),
-        ("repetition_penalty", req.repetition_penalty not in (None, 1)),
         ("logit_bias", bool(req.logit_bias)),
         ("response_format", req.response_format not in (None, {"type": "text"})),
         ("guided_json", req.guided_json is not None),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine_proc.request import EngineRequest
+from ipc.logprobs import TokenLogprobs
 from ipc.protocol import FinishReason
 
 
@@ -50,3 +51,4 @@ class TokenDelta:
     req: EngineRequest
     new_ids: list[int]
     finish: FinishReason | None = None
+    logprobs: TokenLogprobs | None = None  # of new_ids, when the request asked

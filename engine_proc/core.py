@@ -9,6 +9,7 @@ from engine_proc.batch import Batch, TokenDelta
 from engine_proc.request import EngineRequest
 from engine_proc.scheduler import Scheduler
 from ipc import protocol as p
+from ipc.logprobs import encode_logprobs
 
 log = logging.getLogger("rill.engine")
 
@@ -38,7 +39,15 @@ class EngineCore:
         except Exception:  # a bug in the model path must not take every other request down
             log.exception("model step failed; ending the %d requests of this batch", len(batch.seqs))
             return [self._fail(seq.req) for seq in batch.seqs]
-        return self.scheduler.update(batch, sampled)
+        if sampled.logprobs is None:
+            return self.scheduler.update(batch, sampled)
+        # Read before update(): it appends the sampled ids, after which no seq needs a sample.
+        # One sampled seq per request per step; a request aborted meanwhile gets no delta.
+        logprobs_of = {id(s.req): lp for s, lp in zip(batch.sampled_seqs, sampled.logprobs)}
+        deltas = self.scheduler.update(batch, sampled)
+        for d in deltas:
+            d.logprobs = logprobs_of.get(id(d.req))
+        return deltas
 
     def _fail(self, req: EngineRequest) -> TokenDelta:
         self.scheduler.abort(req.req_id)
@@ -93,6 +102,7 @@ class EngineCore:
                 d.finish,
                 num_prompt_tokens=req.num_prompt_tokens if first or d.finish else 0,
                 num_cached_tokens=req.num_cached_tokens if first or d.finish else 0,
+                logprobs=None if d.logprobs is None else encode_logprobs(d.logprobs),
             )
             out.append((req.worker_id, delta, d.new_ids))
             if d.finish is not None:

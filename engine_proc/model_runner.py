@@ -9,7 +9,7 @@ import torch
 from engine_proc.batch import Batch
 from engine_proc.kv_cache import AttentionMetadata, KVCache, PrefillChunk, num_blocks_for_memory
 from engine_proc.model_loader import load_config, load_model
-from engine_proc.sampler import Sampler
+from engine_proc.sampler import Sampler, SamplerOutput
 
 log = logging.getLogger("rill.model")
 
@@ -51,10 +51,10 @@ class ModelRunner:
         """How many KV blocks fit in `memory_bytes` for this model (reads only its config)."""
         return num_blocks_for_memory(load_config(model_dir), dtype, block_size, memory_bytes)
 
-    def execute(self, batch: Batch) -> list[int]:
+    def execute(self, batch: Batch) -> SamplerOutput:
         """Run the step; one sampled token id per seq of `batch.sampled_seqs`, in that order."""
         if not batch:
-            return []
+            return SamplerOutput([])
         sampled_seqs = batch.sampled_seqs
         logits = self.compute_logits(batch)
         return self.sampler.sample(logits, sampled_seqs)

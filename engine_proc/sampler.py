@@ -1,9 +1,11 @@
-"""Picks one token per row of logits: greedy, or temperature/top-k/top-p by the exponential race."""
+"""Picks one token per row of logits (greedy, or by the exponential race), and its logprobs."""
 from __future__ import annotations
 
 import torch
 
 from engine_proc.batch import ScheduledSeq
+from engine_proc.penalties import penalize, uses_penalties
+from ipc.logprobs import TokenLogprobs
 
 _MASK_64 = (1 << 64) - 1
 
@@ -25,12 +27,22 @@ def sample_tokens(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
     exp_noise: torch.Tensor,
 ) -> torch.Tensor:
     """The torch twin of the sampling kernel: token ids [n] from logits [n, V] (float32).
 
     temperature [n] > 0; top_k [n] (0 = off) or None when no row uses it; top_p [n] in
-    (0, 1] or None when no row uses it; exp_noise [n, V] is Exp(1) noise indexed by token id.
+    (0, 1] or None when no row uses it; min_p [n] in [0, 1] (0 = off) or None when no row uses
+    it; exp_noise [n, V] is Exp(1) noise indexed by token id.
+
+    After temperature, the filters run in vLLM V0's order: top-k, then top-p over the
+    renormalised top-k, then min-p, which keeps a token when its probability is >= min_p times
+    the most likely token's. Min-p compares ratios of probabilities, which renormalising leaves
+    alone, and the most likely token survives every filter: so min-p drops the same tokens
+    whether it sees the distribution before or after top-k and top-p. What the order decides is
+    that top-p's mass is counted without min-p's cut (vLLM V1 runs min-p before top-p instead).
+
     The winner of argmax(probs / noise) is distributed as probs, with no host sync (unlike
     torch.multinomial). Filtered tokens keep probability 0; no renormalisation is needed
     because the race is scale-invariant.
@@ -47,6 +59,8 @@ def sample_tokens(
         # Drop a token when the tokens ranked above it already reach top_p (the first stays).
         mass_before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill(mass_before > top_p.unsqueeze(1), 0.0)
+        if min_p is not None:
+            probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs[:, :1], 0.0)
         choice = (probs / exp_noise.gather(1, sorted_ids)).argmax(dim=-1, keepdim=True)
         return sorted_ids.gather(1, choice).squeeze(1)
     if top_k is not None:
@@ -57,7 +71,21 @@ def sample_tokens(
         threshold = kth.gather(1, index).masked_fill((top_k <= 0).unsqueeze(1), float("-inf"))
         logits = logits.masked_fill(logits < threshold, float("-inf"))
     probs = logits.softmax(dim=-1)
+    if min_p is not None:
+        probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
     return (probs / exp_noise).argmax(dim=-1)
+
+
+class SamplerOutput(list[int]):
+    """The step's token ids, one per sampled seq in order, and the logprobs of rows that asked.
+
+    It is the plain list of ids to callers that want only those (the scheduler, tests, benches);
+    `logprobs` is None when no row asked, else one entry per row (None for rows that did not).
+    """
+
+    def __init__(self, token_ids: list[int], logprobs: list[TokenLogprobs | None] | None = None) -> None:
+        super().__init__(token_ids)
+        self.logprobs = logprobs
 
 
 class Sampler:
@@ -73,30 +101,59 @@ class Sampler:
             self._shared_generator.manual_seed(seed)
         self._seeded_generator = torch.Generator(device="cpu")
 
-    def sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> list[int]:
+    def sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> SamplerOutput:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
         if not seqs:
-            return []
+            return SamplerOutput([])
         logits = logits.float()
-        logits = self._block_stop_tokens(logits, seqs)
+        params = [s.req.params for s in seqs]
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        # vLLM's default (raw_logprobs): the model's own distribution, before min_tokens,
+        # penalties, temperature and filters.
+        raw_logprobs = logits[logprob_rows].log_softmax(dim=-1) if logprob_rows else None
+        logits = self._processed(logits, seqs)
+        token_ids = self._choose(logits, seqs)
+        if raw_logprobs is None:
+            return SamplerOutput(token_ids.tolist())
+        nums_top = [params[i].logprobs for i in logprob_rows]
+        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        for row, lp in zip(logprob_rows, gather_logprobs(raw_logprobs, token_ids[logprob_rows], nums_top)):
+            logprobs[row] = lp
+        return SamplerOutput(token_ids.tolist(), logprobs)
+
+    def _choose(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """Token ids [len(seqs)]: argmax for greedy rows (temperature 0), the race for the rest."""
         params = [s.req.params for s in seqs]
         sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0]
         if not sampled_rows:
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         if len(sampled_rows) == len(seqs):
-            return self._sample_rows(logits, seqs).tolist()
+            return self._sample_rows(logits, seqs)
         tokens = self._sample_rows(logits[sampled_rows], [seqs[i] for i in sampled_rows])
         greedy_rows = [i for i, p in enumerate(params) if p.temperature <= 0]
         out = torch.empty(len(seqs), dtype=torch.long)
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
         out[sampled_rows] = tokens
-        return out.tolist()
+        return out
 
-    def _block_stop_tokens(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """Before min_tokens, a request may not end: its stop ids (and eos) get -inf."""
+    def _processed(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """min_tokens' held-back ids, then penalties; on a copy, and only when a row needs them."""
+        rows, cols = self._stop_ids_to_block(seqs, logits.shape[1])
+        penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
+        if not rows and not penalised_rows:
+            return logits
+        logits = logits.clone()  # the caller's logits stay as they were
+        if rows:
+            logits[rows, cols] = float("-inf")
+        if penalised_rows:
+            reqs = [seqs[i].req for i in penalised_rows]
+            logits[penalised_rows] = penalize(logits[penalised_rows], reqs)
+        return logits
+
+    def _stop_ids_to_block(self, seqs: list[ScheduledSeq], vocab_size: int) -> tuple[list[int], list[int]]:
+        """Before min_tokens, a request may not end: (rows, cols) of its stop ids (and eos)."""
         rows: list[int] = []
         cols: list[int] = []
-        vocab_size = logits.shape[1]
         for i, s in enumerate(seqs):
             p = s.req.params
             if len(s.req.output_ids) >= p.min_tokens:
@@ -107,22 +164,21 @@ class Sampler:
                 if 0 <= token_id < vocab_size:
                     rows.append(i)
                     cols.append(token_id)
-        if not rows:
-            return logits
-        logits = logits.clone()  # the caller's logits stay as they were
-        logits[rows, cols] = float("-inf")
-        return logits
+        return rows, cols
 
     def _sample_rows(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """Sample rows whose temperature is > 0: logits [len(seqs), V]."""
         params = [s.req.params for s in seqs]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        top_k = top_p = None
+        top_k = top_p = min_p = None
         if any(p.top_k > 0 for p in params):
             top_k = torch.tensor([p.top_k for p in params], dtype=torch.long)
         if any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        return sample_tokens(logits, temperature, top_k, top_p, self._exp_noise(seqs, logits.shape[1]))
+        if any(p.min_p > 0.0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+        noise = self._exp_noise(seqs, logits.shape[1])
+        return sample_tokens(logits, temperature, top_k, top_p, min_p, noise)
 
     def _exp_noise(self, seqs: list[ScheduledSeq], vocab_size: int) -> torch.Tensor:
         noise = torch.empty(len(seqs), vocab_size, dtype=torch.float32)
@@ -143,3 +199,24 @@ class Sampler:
             noise[unseeded_rows] = fresh.exponential_(generator=self._shared_generator)
         # exponential_ can return 0 in float32; 0 / 0 would be a NaN that argmax picks.
         return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def gather_logprobs(
+    raw_logprobs: torch.Tensor, token_ids: torch.Tensor, nums_top: list[int]
+) -> list[TokenLogprobs]:
+    """Per row: the chosen token's logprob and rank, and the top `nums_top[i]` ids and logprobs.
+
+    raw_logprobs [n, V]; token_ids [n] the chosen ids. The rank is 1-based and counts every
+    token whose logprob is >= the chosen one's, so a tie ranks the chosen token last (as vLLM).
+    """
+    max_top = min(max(nums_top), raw_logprobs.shape[1])
+    top_logprobs, top_ids = raw_logprobs.topk(max_top, dim=-1)
+    chosen = token_ids.unsqueeze(1)
+    chosen_logprobs = raw_logprobs.gather(1, chosen)
+    ranks = (raw_logprobs >= chosen_logprobs).sum(dim=-1).to(torch.int32).numpy()
+    ids = torch.cat([chosen, top_ids], dim=1).to(torch.int32).numpy()
+    logprobs = torch.cat([chosen_logprobs, top_logprobs], dim=1).numpy()
+    return [
+        TokenLogprobs(ids[i : i + 1, : 1 + k], logprobs[i : i + 1, : 1 + k], ranks[i : i + 1])
+        for i, k in enumerate(min(k, max_top) for k in nums_top)
+    ]

@@ -5,6 +5,8 @@ import enum
 
 import msgspec
 
+from ipc.logprobs import LogprobsPayload
+
 
 class FinishReason(enum.IntEnum):
     """Why a request ended; the API maps these to OpenAI's `finish_reason` strings."""
@@ -26,6 +28,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] = []
+    min_p: float = 0.0  # 0 means off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 means off
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc_bench.py measured them against ids in a
@@ -68,6 +75,7 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     finish: FinishReason | None = None
     num_prompt_tokens: int = 0  # set on a request's first delta
     num_cached_tokens: int = 0
+    logprobs: LogprobsPayload | None = None  # of its new ids, when the request asked
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):

@@ -210,3 +210,34 @@ def test_concurrent_requests_share_the_batch(aclient_factory):
     eight = asyncio.run(run(8))
     print(f"1 request: {single:.2f} s, 8 concurrent: {eight:.2f} s, ratio {eight / single:.2f}")
     assert eight < 4 * single
+
+
+# ---- penalties --------------------------------------------------------------------------
+
+
+def test_penalties_break_a_greedy_repetition(client, tokenizer):
+    prompt = "1, 1, 1, 1, 1, 1, 1, 1, 1, 1,"
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    plain = client.completions.create(**kwargs).choices[0].text
+
+    def num_repeats(text: str) -> int:  # how often the completion's most common token occurs
+        ids = tokenizer.encode(text).ids
+        return max(ids.count(t) for t in set(ids))
+
+    assert num_repeats(plain) >= 5, plain  # greedy keeps counting ones
+    for penalty in ({"frequency_penalty": 2.0}, {"extra_body": {"repetition_penalty": 2.0}}):
+        text = client.completions.create(**kwargs, **penalty).choices[0].text
+        assert text != plain and num_repeats(text) < num_repeats(plain), (penalty, text)
+    # A penalty of 0 (and 1 for repetition) is no penalty: the same greedy tokens.
+    same = client.completions.create(**kwargs, frequency_penalty=0, presence_penalty=0,
+                                     extra_body={"repetition_penalty": 1.0, "min_p": 0.0})
+    assert same.choices[0].text == plain
+
+
+def test_penalty_out_of_range_names_the_parameter(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, presence_penalty=3)
+    assert err.value.status_code == 400 and err.value.body["param"] == "presence_penalty"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, extra_body={"min_p": 1.5})
+    assert err.value.body["param"] == "min_p"

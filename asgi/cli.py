@@ -54,6 +54,9 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV blocks of prompt prefixes that earlier requests computed")
+    engine.add_argument("--batch-invariant", action="store_true",
+                        help="a request's logits are bit for bit the same whatever else is in the step "
+                             "(same seed, same prompt, same output); costs decode speed, see README")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap

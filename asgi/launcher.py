@@ -159,6 +159,7 @@ def serve(args) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),
         enable_prefix_caching=args.enable_prefix_caching, model_impl=args.model_impl,
+        batch_invariant=args.batch_invariant,
     )
     proc = None
     watch = None

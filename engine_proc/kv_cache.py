@@ -108,6 +108,7 @@ class AttentionMetadata:
     decode_context_len: int = 0  # the longest decode context
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
     prefills: list[PrefillChunk] = field(default_factory=list)
+    batch_invariant: bool = False  # see engine_proc/invariant_attention.py
 
 
 def paged_attention(

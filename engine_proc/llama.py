@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from engine_proc.invariant_attention import invariant_paged_attention
 from engine_proc.kv_cache import (
     AttentionMetadata,
     KVCache,
@@ -124,7 +125,10 @@ class Attention(nn.Module):
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta)
+        if meta.batch_invariant:
+            o = invariant_paged_attention(q, k_cache, v_cache, meta)
+        else:
+            o = paged_attention(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

@@ -27,6 +27,7 @@ class EngineConfig(msgspec.Struct):
     dtype: str = "float32"
     load_format: str = "auto"
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
+    batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
     block_size: int = 16
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 64
@@ -158,6 +159,7 @@ def build_engine(config: EngineConfig):
         block_size=config.block_size,
         eos_token_ids=eos_ids,
         load_format=config.load_format,
+        batch_invariant=config.batch_invariant,
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
@@ -165,10 +167,11 @@ def build_engine(config: EngineConfig):
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d, "
-        "prefix caching %s, %s runner",
+        "prefix caching %s, %s runner%s",
         time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         "transformers" if runner_class is TransformersRunner else "native",
+        ", batch-invariant" if config.batch_invariant else "",
     )
     scheduler = Scheduler(
         blocks,

@@ -1,10 +1,18 @@
 """Shared fixtures: the bundled model, a real `rill serve`, and OpenAI SDK clients."""
 from __future__ import annotations
 
-import pytest
+import os
+import shutil
 
-from bench.servers import ServerProcess, rill_server
-from tests.server import leftovers
+# Without a GPU the Triton kernels run under Triton's interpreter. Set before anything imports
+# triton (transformers may, through its integrations), since triton reads it when it loads.
+if not shutil.which("nvidia-smi"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from bench.servers import ServerProcess, rill_server  # noqa: E402
+from tests.server import leftovers  # noqa: E402
 
 
 @pytest.fixture(scope="session")

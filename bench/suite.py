@@ -75,10 +75,13 @@ def ipc_headline(report: dict) -> list[str]:
 
 
 def engine_headline(report: dict) -> list[str]:
-    lines = ["| step | native ms | transformers ms | native / transformers |", "|---|---:|---:|---:|"]
+    lines = ["| step | native ms | transformers ms | native / transformers | --batch-invariant ms | invariant / native |",
+             "|---|---:|---:|---:|---:|---:|"]
     for case, result in report["results"].items():
         native, hf = result["native"]["ms_per_step"], result["transformers"]["ms_per_step"]
-        lines.append(f"| {case} | {native:.1f} | {hf:.1f} | {native / hf:.2f}x |")
+        invariant = result["invariant"]["ms_per_step"]
+        lines.append(f"| {case} | {native:.1f} | {hf:.1f} | {native / hf:.2f}x | {invariant:.1f} | "
+                     f"{invariant / native:.2f}x |")
     return lines
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 from asgi.chat import chat_completions
 from asgi.completions import completions
@@ -11,6 +12,7 @@ from asgi.engine_client import EngineDead
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.generate import GenerationFailed
 from asgi.http import ClientDisconnected, read_body, send_response
+from asgi.request_context import RequestContext, set_current
 from asgi.state import WorkerSettings, WorkerState, dumps
 
 log = logging.getLogger("rill.api")
@@ -99,6 +101,15 @@ class App:
                 return
 
     async def http(self, scope, receive, send):
+        ctx = RequestContext.from_scope(scope)
+        set_current(ctx)  # a fresh context per request: the handler and its Generation fill it in
+        try:
+            await self.route(scope, receive, _tracking(send, ctx))
+        finally:
+            ctx.end_s = time.perf_counter()
+            self.state.observe(ctx)
+
+    async def route(self, scope, receive, send):
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         handler = ROUTES.get((method, path))
         try:
@@ -123,6 +134,19 @@ class App:
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             await send_response(send, 500, error_body("Internal server error.", "server_error"))
+
+
+def _tracking(send, ctx: RequestContext):
+    """`send` that records the status and adds X-Request-Id to every response."""
+    request_id_header = (b"x-request-id", ctx.request_id.encode("latin-1"))
+
+    async def tracking_send(message):
+        if message["type"] == "http.response.start":
+            ctx.status = message["status"]
+            message = {**message, "headers": [*message.get("headers", ()), request_id_header]}
+        await send(message)
+
+    return tracking_send
 
 
 app = App()

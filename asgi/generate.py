@@ -13,6 +13,7 @@ from asgi.detokenizer import Detokenizer
 from asgi.engine_client import ENGINE_DEAD, EngineClient, EngineDead
 from asgi.errors import engine_unavailable
 from asgi.mailbox import Mailbox
+from asgi.request_context import current
 from ipc.logprobs import TokenLogprobs
 from ipc.protocol import FinishReason, SamplingParams
 
@@ -69,6 +70,8 @@ class Generation:
         self.finished = [False] * len(prompts)
         self.engine_ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         self.disconnected = False
+        self.finish_reasons: list[str | None] = [None] * len(prompts)
+        self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
         # Logprobs of tokens whose text the detokenizer still holds back, per choice.
         self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in prompts]
@@ -111,6 +114,8 @@ class Generation:
         choice = self.mailbox.choices[index]
         detok = self.detokenizers[index]
         ids, logprobs = self.mailbox.take(index)
+        if ids and self.ctx is not None:
+            self.ctx.token()
         if logprobs is not None:
             self._held_logprobs[index].append(logprobs)
         text = detok.push(ids) if ids else ""
@@ -127,10 +132,27 @@ class Generation:
             finish = None
         if finish is not None:
             self.finished[index] = True
+            self.finish_reasons[index] = finish
         if not text and not finish:
             return None
         held, self._held_logprobs[index] = self._held_logprobs[index], []
         return ChoiceDelta(index, text, finish, TokenLogprobs.concat(held) if held else None)
+
+    def record(self, failed: bool = False) -> None:
+        """Token counts and how the request ended, into the request's context."""
+        ctx = self.ctx
+        if ctx is None:
+            return
+        usage = self.usage()
+        ctx.prompt_tokens, ctx.output_tokens = usage.prompt_tokens, usage.completion_tokens
+        ctx.cached_tokens = usage.cached_tokens
+        ctx.disconnected = self.disconnected
+        if failed:
+            ctx.finish_reason = "error"
+        elif self.disconnected or not all(self.finished):
+            ctx.finish_reason = "abort"
+        else:  # one reason per request: length if any choice ran out, else stop
+            ctx.finish_reason = "length" if "length" in self.finish_reasons else "stop"
 
     def usage(self) -> Usage:
         usage = Usage()

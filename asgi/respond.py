@@ -27,17 +27,21 @@ class Formatter(Protocol):
 async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, send,
                   keepalive_s: float, include_usage: bool) -> None:
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
+    failed = True
     try:
         await gen.start()
         if stream:
-            await _stream(gen, fmt, send, keepalive_s, include_usage)
+            failed = await _stream(gen, fmt, send, keepalive_s, include_usage)
         else:
             await _aggregate(gen, fmt, send)
+            failed = False
     finally:
         watcher.stop()
+        gen.record(failed=failed)
 
 
-async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool) -> None:
+async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool) -> bool:
+    """Returns whether the engine failed the request after the headers went out."""
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
     for chunk in fmt.opening_chunks():
@@ -52,12 +56,13 @@ async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, inc
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
         await sse.data(error_body(str(exc), "server_error", code="engine_error"))
         await sse.done()
-        return
+        return True
     if gen.disconnected:
-        return
+        return False
     if include_usage:
         await sse.data(fmt.usage_chunk(gen.usage()))
     await sse.done()
+    return False
 
 
 async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:

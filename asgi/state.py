@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -11,11 +13,13 @@ from tokenizers import Tokenizer
 
 from asgi.detokenizer import Detokenizer
 from asgi.engine_client import EngineClient
+from asgi.request_context import RequestContext
 from asgi.templating import ChatTemplate
 from ipc.channels import RunPaths
 from ipc.protocol import EngineLimits
 
 SETTINGS_ENV = "RILL_WORKER_SETTINGS"
+log = logging.getLogger("rill.api")
 
 
 class WorkerSettings(msgspec.Struct):
@@ -45,6 +49,8 @@ class WorkerState:
     client: EngineClient
     tokenizer: Tokenizer
     template: ChatTemplate
+    # Called with every finished RequestContext (the access log, the metrics).
+    observers: list[Callable[[RequestContext], None]] = field(default_factory=list)
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -54,6 +60,13 @@ class WorkerState:
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         return cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+
+    def observe(self, ctx: RequestContext) -> None:
+        for observer in self.observers:
+            try:
+                observer(ctx)
+            except Exception:  # an observer's bug must not turn a served request into an error
+                log.exception("request observer %r failed", observer)
 
     def draining(self) -> bool:
         """The launcher got SIGTERM/SIGINT: finish what runs, take nothing new."""

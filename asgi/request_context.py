@@ -1,0 +1,72 @@
+"""What one HTTP request did, filled in as it goes: read by the access log and the metrics.
+
+`App.http` opens a RequestContext per request and sets it as `current()`; handlers and the
+Generation fill in what they learn (model, token counts, first-token time, finish reason)
+without threading it through every signature; when the response is done `App.http` hands the
+finished context to the observers (access log, metrics).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+REQUEST_ID_HEADER = b"x-request-id"
+MAX_REQUEST_ID_LEN = 128
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    method: str
+    path: str
+    start_s: float = field(default_factory=time.perf_counter)
+    status: int = 0  # the status sent (0: nothing was sent, the client left first)
+    model: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_s: float | None = None  # perf_counter time of the first output token
+    last_token_s: float | None = None
+    finish_reason: str | None = None  # stop, length, abort, error, or None (no generation)
+    disconnected: bool = False
+    end_s: float | None = None
+
+    @classmethod
+    def from_scope(cls, scope) -> RequestContext:
+        """The client's X-Request-Id when it sends a sane one, else a new id."""
+        request_id = None
+        for name, value in scope.get("headers", ()):
+            if name == REQUEST_ID_HEADER:
+                text = value.decode("latin-1").strip()
+                if 0 < len(text) <= MAX_REQUEST_ID_LEN and text.isprintable():
+                    request_id = text
+                break
+        return cls(request_id or uuid.uuid4().hex, scope["method"], scope["path"])
+
+    def token(self) -> None:
+        """One or more output tokens reached the client now."""
+        now = time.perf_counter()
+        if self.first_token_s is None:
+            self.first_token_s = now
+        self.last_token_s = now
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.start_s
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_s or time.perf_counter()) - self.start_s
+
+
+_current: ContextVar[RequestContext | None] = ContextVar("rill_request", default=None)
+
+
+def current() -> RequestContext | None:
+    return _current.get()
+
+
+def set_current(ctx: RequestContext) -> None:
+    _current.set(ctx)

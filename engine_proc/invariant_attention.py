@@ -7,7 +7,10 @@ Here every query, decode or prefill, attends over its sequence's cache gathered 
 padded to a multiple of `PAD_MULTIPLE` and masked past its own position, with plain matmul and
 softmax. Masked keys contribute exact zeros, and with the padding fixed to whole vector widths
 the real keys keep their places in every reduction, so a row's arithmetic is the same alone, in
-any batch, at any chunking of its prompt. bench/engine_step.py measures what this costs.
+any batch, at any chunking of its prompt. A prompt token is computed as a decode row of its own
+(its query heads against its padded context, one matmul each), so a recompute after preemption
+repeats the decode's arithmetic too. Operands are contiguous: on strided ones matmul's path
+depends on the batch size. bench/engine_step.py measures what this costs.
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import torch
 from engine_proc.kv_cache import AttentionMetadata, gather_blocks
 
 PAD_MULTIPLE = 64  # tokens; a multiple of every SIMD width and of the usual block sizes
-QUERY_TILE = 32  # prompt tokens computed at once, each as a decode row: bounds the K/V copies
 
 
 def invariant_paged_attention(
@@ -42,22 +44,26 @@ def invariant_paged_attention(
         o = _masked_attention(q_decode, k, v, meta.decode_mask, scale)  # [B, H_kv, group, D]
         out[:num_decodes] = o.reshape(num_decodes, num_heads, head_dim)
     for chunk in meta.prefills:
-        # Each prompt token is computed as a decode token would be (a batch row of its own with
-        # the same shapes), so a recompute after preemption repeats the decode's arithmetic.
+        # Each prompt token is computed as a decode token would be: its query heads against its
+        # own padded context, so a recompute after preemption repeats the decode's arithmetic.
         table = chunk.block_table.unsqueeze(0)
-        k = gather_blocks(k_cache, table)[0].transpose(0, 1)  # [H_kv, L, D]
-        v = gather_blocks(v_cache, table)[0].transpose(0, 1)
-        for start in range(chunk.token_start, chunk.token_end, QUERY_TILE):
-            end = min(start + QUERY_TILE, chunk.token_end)
-            rows = end - start
-            q_rows = q[start:end].view(rows, num_kv_heads, group, head_dim)
-            k_rows = k.expand(rows, *k.shape).contiguous()
-            v_rows = v.expand(rows, *v.shape).contiguous()
-            first = start - chunk.token_start
-            mask = chunk.causal_mask[first : first + rows].view(rows, 1, 1, -1)
-            o = _masked_attention(q_rows, k_rows, v_rows, mask, scale)
-            out[start:end] = o.reshape(rows, num_heads, head_dim)
+        k = gather_blocks(k_cache, table)[0].transpose(0, 1).contiguous()  # [H_kv, L, D]
+        v = gather_blocks(v_cache, table)[0].transpose(0, 1).contiguous()
+        for row, token in enumerate(range(chunk.token_start, chunk.token_end)):
+            context_len = _round_up(chunk.start_pos + row + 1, PAD_MULTIPLE)
+            o = _masked_attention(
+                q[token].view(1, num_kv_heads, group, head_dim),
+                k[:, :context_len].unsqueeze(0),
+                v[:, :context_len].unsqueeze(0),
+                chunk.causal_mask[row, :context_len].view(1, 1, 1, context_len),
+                scale,
+            )
+            out[token] = o.view(num_heads, head_dim)
     return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _masked_attention(

@@ -89,6 +89,7 @@ class PrefillChunk:
 
     token_start: int  # where its tokens lie in the step's flattened tokens
     token_end: int
+    start_pos: int = 0  # the position of its first token
     # None when the chunk starts at position 0: it attends to its own new K/V only.
     block_table: torch.Tensor | None = None  # [num_blocks] covering [0, context_len)
     context_len: int = 0

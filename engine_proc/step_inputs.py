@@ -63,7 +63,7 @@ def prepare_step(
         positions.append(chunk_positions)
         block_of_token = block_table[chunk_positions // block_size]
         slots.append(block_of_token * block_size + chunk_positions % block_size)
-        chunk = PrefillChunk(token_start=token_start, token_end=len(input_ids))
+        chunk = PrefillChunk(token_start=token_start, token_end=len(input_ids), start_pos=s.start_pos)
         if s.start_pos > 0 or context_pad is not None:
             # On top of cached tokens: query at position p sees keys 0..p, so the
             # causal diagonal is shifted right by start_pos.

@@ -37,7 +37,11 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--served-model-name", default=None, help="the model id clients use")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="auto is float32 on CPU")
+                       help="auto: float32 on the CPU (no fast bf16 here), bfloat16 on a GPU")
+    model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                       help="auto: cuda when torch sees a GPU, else cpu")
+    model.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                       help="auto: the Triton kernels on a GPU, torch (SDPA, oneDNN) on the CPU")
     model.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from the config, no weight files read")
     model.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],

@@ -154,7 +154,8 @@ def serve(args) -> int:
     paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = EngineConfig(
         model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
-        dtype="float32" if args.dtype == "auto" else args.dtype, load_format=args.load_format,
+        dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+        load_format=args.load_format,
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),

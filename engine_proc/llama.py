@@ -1,6 +1,7 @@
 """A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the paged KV cache."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -71,6 +72,15 @@ def rope_inv_freq(config: PretrainedConfig) -> torch.Tensor:
     raise ValueError(f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
 
 
+@functools.cache
+def triton_attention():
+    """The Triton kernel, imported only when chosen: importing triton needs its GPU driver (or
+    TRITON_INTERPRET=1 set beforehand), which the CPU path must not depend on."""
+    from engine_proc.triton_attention import paged_attention_triton
+
+    return paged_attention_triton
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE (the Hugging Face layout) on [T, heads, D] with cos/sin [T, 1, D/2]."""
     half = x.shape[-1] // 2
@@ -125,7 +135,10 @@ class Attention(nn.Module):
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.batch_invariant:
+        if meta.seq_of_token is not None:
+            o = triton_attention()(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token,
+                                   meta.context_lens, self.head_dim**-0.5)
+        elif meta.batch_invariant:
             o = invariant_paged_attention(q, k_cache, v_cache, meta)
         else:
             o = paged_attention(q, k, v, k_cache, v_cache, meta)

@@ -24,7 +24,9 @@ class EngineConfig(msgspec.Struct):
     model_id: str
     run_id: str
     run_dir: str
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: float32 on the CPU (no fast bf16 here), bfloat16 on a GPU
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
+    attention_backend: str = "auto"  # auto: triton on a GPU, torch on the CPU
     load_format: str = "auto"
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
@@ -136,7 +138,11 @@ def build_engine(config: EngineConfig):
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    dtype = getattr(torch, config.dtype)
+    device = torch.device(config.device if config.device != "auto" else
+                          "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, config.dtype) if config.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype_name = str(dtype).removeprefix("torch.")
     model_dir = Path(config.model_dir)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(config.model_impl, hf_config)
@@ -160,6 +166,8 @@ def build_engine(config: EngineConfig):
         eos_token_ids=eos_ids,
         load_format=config.load_format,
         batch_invariant=config.batch_invariant,
+        device=device,
+        **({} if runner_class is TransformersRunner else {"attention_backend": config.attention_backend}),
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
@@ -167,10 +175,10 @@ def build_engine(config: EngineConfig):
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d, "
-        "prefix caching %s, %s runner%s",
-        time.perf_counter() - started, config.model_id, config.dtype, num_blocks, config.block_size,
+        "prefix caching %s, %s runner on %s%s",
+        time.perf_counter() - started, config.model_id, dtype_name, num_blocks, config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
-        "transformers" if runner_class is TransformersRunner else "native",
+        "transformers" if runner_class is TransformersRunner else "native", device,
         ", batch-invariant" if config.batch_invariant else "",
     )
     scheduler = Scheduler(
@@ -198,6 +206,6 @@ def build_engine(config: EngineConfig):
         block_size=config.block_size,
         eos_token_ids=eos_ids,
         vocab_size=runner.vocab_size,
-        dtype=config.dtype,
+        dtype=dtype_name,
     )
     return core, (input_thread, output_thread), limits

@@ -12,7 +12,7 @@ from engine_proc.invariant_attention import PAD_MULTIPLE
 from engine_proc.kv_cache import KVCache, num_blocks_for_memory
 from engine_proc.model_loader import load_config, load_model
 from engine_proc.sampler import Sampler, SamplerOutput
-from engine_proc.step_inputs import prepare_step
+from engine_proc.step_inputs import prepare_flat_step, prepare_step
 
 log = logging.getLogger("rill.model")
 
@@ -31,11 +31,17 @@ class ModelRunner:
         load_format: str = "auto",
         device: torch.device | str = "cpu",
         batch_invariant: bool = False,
+        attention_backend: str = "auto",
     ) -> None:
         self.config = load_config(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)
         self.block_size = block_size
+        # Chosen once: the Triton kernels on a GPU, torch (SDPA, oneDNN) on the CPU. "triton"
+        # on the CPU runs them under Triton's interpreter (TRITON_INTERPRET=1): tests only.
+        self.attention_backend = resolve_attention_backend(attention_backend, self.device)
+        if batch_invariant and self.attention_backend == "triton":
+            raise ValueError("--batch-invariant is implemented for the torch attention path only")
         # The batch-invariant mode pads every context to whole vector widths and whole blocks.
         self.context_pad = math.lcm(PAD_MULTIPLE, block_size) if batch_invariant else None
         self.vocab_size: int = self.config.vocab_size
@@ -46,7 +52,8 @@ class ModelRunner:
         self.kv_cache = KVCache(
             self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
-        self.sampler = Sampler(eos_token_ids)
+        self.sampler = Sampler(eos_token_ids, device=self.device,
+                               use_triton=self.attention_backend == "triton")
         cache_mib = self.kv_cache.num_bytes / 2**20
         log.info("KV cache: %d blocks of %d tokens, %.0f MiB", num_kv_blocks, block_size, cache_mib)
 
@@ -68,7 +75,20 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled_seqs), vocab] of each sampled seq's last token (fills the cache)."""
-        input_ids, positions, meta, logits_indices = prepare_step(
-            batch, self.block_size, self.device, self.context_pad
-        )
+        if self.attention_backend == "triton":
+            step = prepare_flat_step(batch, self.block_size, self.device)
+        else:
+            step = prepare_step(batch, self.block_size, self.device, self.context_pad)
+        input_ids, positions, meta, logits_indices = step
         return self.model(input_ids, positions, meta, self.kv_cache, logits_indices)
+
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend {name!r}: expected one of {ATTENTION_BACKENDS}")
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name

@@ -60,13 +60,14 @@ def penalize(logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
             assert r.prompt_ids, "a repetition penalty needs a prompt: padding relies on it"
             seen_rows.append(r.output_ids + r.prompt_ids)
     params = [r.params for r in reqs]
+    device = logits.device
     return apply_penalties(
         logits,
-        _padded(seen_rows, pad=None),
-        _padded([r.output_ids for r in reqs], pad=logits.shape[1]),
-        torch.tensor([p.presence_penalty for p in params], dtype=torch.float32),
-        torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32),
-        torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32),
+        _padded(seen_rows, pad=None).to(device),
+        _padded([r.output_ids for r in reqs], pad=logits.shape[1]).to(device),
+        torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device),
+        torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device),
+        torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
     )
 
 

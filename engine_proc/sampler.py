@@ -91,15 +91,19 @@ class SamplerOutput(list[int]):
 class Sampler:
     """Turns the step's logits into token ids, one per sampled sequence, in order."""
 
-    def __init__(self, eos_token_ids: list[int], seed: int | None = None) -> None:
+    def __init__(self, eos_token_ids: list[int], seed: int | None = None, *,
+                 device: torch.device | str = "cpu", use_triton: bool = False) -> None:
         self.eos_token_ids = list(eos_token_ids)
+        self.device = torch.device(device)
+        # The Triton kernel on a GPU (imported only then), its torch twin otherwise.
+        self._sample_tokens = _triton_sample_tokens() if use_triton else sample_tokens
         # Rows without a seed share one generator: random from run to run unless `seed`.
-        self._shared_generator = torch.Generator(device="cpu")
+        self._shared_generator = torch.Generator(device=self.device)
         if seed is None:
             self._shared_generator.seed()
         else:
             self._shared_generator.manual_seed(seed)
-        self._seeded_generator = torch.Generator(device="cpu")
+        self._seeded_generator = torch.Generator(device=self.device)
 
     def sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> SamplerOutput:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
@@ -131,7 +135,7 @@ class Sampler:
             return self._sample_rows(logits, seqs)
         tokens = self._sample_rows(logits[sampled_rows], [seqs[i] for i in sampled_rows])
         greedy_rows = [i for i, p in enumerate(params) if p.temperature <= 0]
-        out = torch.empty(len(seqs), dtype=torch.long)
+        out = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
         out[sampled_rows] = tokens
         return out
@@ -169,19 +173,20 @@ class Sampler:
     def _sample_rows(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """Sample rows whose temperature is > 0: logits [len(seqs), V]."""
         params = [s.req.params for s in seqs]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_k = top_p = min_p = None
         if any(p.top_k > 0 for p in params):
-            top_k = torch.tensor([p.top_k for p in params], dtype=torch.long)
+            top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
         if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         if any(p.min_p > 0.0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
         noise = self._exp_noise(seqs, logits.shape[1])
-        return sample_tokens(logits, temperature, top_k, top_p, min_p, noise)
+        return self._sample_tokens(logits, temperature, top_k, top_p, min_p, noise)
 
     def _exp_noise(self, seqs: list[ScheduledSeq], vocab_size: int) -> torch.Tensor:
-        noise = torch.empty(len(seqs), vocab_size, dtype=torch.float32)
+        noise = torch.empty(len(seqs), vocab_size, dtype=torch.float32, device=self.device)
         unseeded_rows = []
         for i, s in enumerate(seqs):
             seed = s.req.params.seed
@@ -195,10 +200,16 @@ class Sampler:
         if len(unseeded_rows) == len(seqs):
             noise.exponential_(generator=self._shared_generator)
         elif unseeded_rows:
-            fresh = torch.empty(len(unseeded_rows), vocab_size)
+            fresh = torch.empty(len(unseeded_rows), vocab_size, device=self.device)
             noise[unseeded_rows] = fresh.exponential_(generator=self._shared_generator)
         # exponential_ can return 0 in float32; 0 / 0 would be a NaN that argmax picks.
         return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def _triton_sample_tokens():
+    from engine_proc.triton_sampler import sample_tokens_triton  # needs triton's driver
+
+    return sample_tokens_triton
 
 
 def gather_logprobs(
@@ -213,9 +224,9 @@ def gather_logprobs(
     top_logprobs, top_ids = raw_logprobs.topk(max_top, dim=-1)
     chosen = token_ids.unsqueeze(1)
     chosen_logprobs = raw_logprobs.gather(1, chosen)
-    ranks = (raw_logprobs >= chosen_logprobs).sum(dim=-1).to(torch.int32).numpy()
-    ids = torch.cat([chosen, top_ids], dim=1).to(torch.int32).numpy()
-    logprobs = torch.cat([chosen_logprobs, top_logprobs], dim=1).numpy()
+    ranks = (raw_logprobs >= chosen_logprobs).sum(dim=-1).to(torch.int32).cpu().numpy()
+    ids = torch.cat([chosen, top_ids], dim=1).to(torch.int32).cpu().numpy()
+    logprobs = torch.cat([chosen_logprobs, top_logprobs], dim=1).cpu().numpy()
     return [
         TokenLogprobs(ids[i : i + 1, : 1 + k], logprobs[i : i + 1, : 1 + k], ranks[i : i + 1])
         for i, k in enumerate(min(k, max_top) for k in nums_top)

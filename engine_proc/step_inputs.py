@@ -86,6 +86,43 @@ def prepare_step(
     )
 
 
+def prepare_flat_step(
+    batch: Batch, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """The same four for the Triton attention kernel: per token its sequence and context length.
+
+    Every token, decode or prefill, attends to positions [0, position] of its sequence, whose
+    blocks are row `seq_of_token[t]` of `block_tables`; no masks, no padding of the tokens.
+    """
+    input_ids: list[int] = []
+    positions: list[int] = []
+    seq_of_token: list[int] = []
+    slots: list[int] = []
+    tables: list[list[int]] = []
+    logits_indices: dict[int, int] = {}  # id(ScheduledSeq) -> its last token's row
+    for row, s in enumerate(batch.seqs):
+        end_pos = s.start_pos + s.num_new_tokens
+        block_ids = s.req.block_ids[: _round_up(end_pos, block_size) // block_size]
+        tables.append(block_ids)
+        for pos in range(s.start_pos, end_pos):
+            slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
+        positions.extend(range(s.start_pos, end_pos))
+        seq_of_token.extend([row] * s.num_new_tokens)
+        input_ids.extend(s.token_ids)
+        logits_indices[id(s)] = len(input_ids) - 1
+    width = max(map(len, tables))
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
+    positions_t = as_tensor(positions, torch.long)
+    meta = AttentionMetadata(
+        slot_mapping=as_tensor(slots, torch.long),
+        block_tables=as_tensor([_padded(t, len(t), width) for t in tables], torch.int32),
+        seq_of_token=as_tensor(seq_of_token, torch.int32),
+        context_lens=(positions_t + 1).to(torch.int32),
+    )
+    sampled = [logits_indices[id(s)] for s in batch.sampled_seqs]
+    return as_tensor(input_ids, torch.long), positions_t, meta, as_tensor(sampled, torch.long)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

@@ -28,7 +28,6 @@ Rill's side includes the harness's own CPU use on the same machine, as any serve
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import os
 import statistics
@@ -43,9 +42,9 @@ from bench.datasets import load_tokenizer
 from bench.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
 from bench.markdown import number, table
 from bench.provenance import provenance, save_results
-from bench.serve import BenchConfig, build_prompts, run_benchmark
+from bench.serve import BenchConfig, build_prompts
 from bench.servers import rill_server
-from bench.tf_serve import serve_throughput, transformers_serve
+from bench.tf_serve import run_forced, serve_throughput, transformers_serve
 from engine_proc.bundled_model import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
@@ -102,15 +101,7 @@ def build_workload(sizes: Sizes, round_index: int) -> Workload:
 
 
 def _run(base_url: str, prompts: list, concurrency: int) -> dict:
-    cfg = BenchConfig(base_url=base_url, max_concurrency=concurrency, num_warmups=0, ignore_eos=True,
-                      temperature=0.0, disable_tqdm=True, num_prompts=len(prompts))
-    result = asyncio.run(run_benchmark(cfg, prompts))
-    if result["completed"] != len(prompts):
-        raise RuntimeError(f"{result['failed']} of {len(prompts)} requests failed: {result['errors']}")
-    expected = sum(p.expected_output_len for p in prompts)
-    if result["total_output_tokens"] != expected:
-        raise RuntimeError(f"Rill sent {result['total_output_tokens']} output tokens, expected {expected}")
-    return result
+    return run_forced(base_url, prompts, concurrency, "Rill")
 
 
 def rill_phase(base_url: str, work: Workload) -> dict:

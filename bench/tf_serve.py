@@ -31,16 +31,23 @@ def transformers_serve(model_dir: Path, scratch: Path, num_threads: int) -> Serv
     return ServerProcess(argv, port, scratch / "transformers-serve.log", ready_path="/health", env=env)
 
 
-def serve_throughput(base_url: str, model_id: str, prompts: list) -> dict:
-    """Every prompt at once (concurrency = len(prompts)); aggregate output tokens/s."""
-    cfg = BenchConfig(base_url=base_url, model=model_id, max_concurrency=len(prompts), num_warmups=0,
-                      ignore_eos=False, require_done=False, extra_body=EXTRA_BODY, temperature=0.0,
-                      disable_tqdm=True, num_prompts=len(prompts))
+def run_forced(base_url: str, prompts: list, concurrency: int, name: str, **overrides) -> dict:
+    """The prompts through our harness, greedy; every request must complete with its full length."""
+    settings = dict(max_concurrency=concurrency, num_warmups=0, ignore_eos=True, temperature=0.0,
+                    disable_tqdm=True, num_prompts=len(prompts))
+    cfg = BenchConfig(base_url=base_url, **{**settings, **overrides})
     result = asyncio.run(run_benchmark(cfg, prompts))
     if result["completed"] != len(prompts):
-        raise RuntimeError(f"transformers serve: {result['failed']} of {len(prompts)} failed: {result['errors']}")
+        raise RuntimeError(f"{name}: {result['failed']} of {len(prompts)} requests failed: {result['errors']}")
     expected = sum(p.expected_output_len for p in prompts)
     if result["total_output_tokens"] != expected:
-        raise RuntimeError(f"transformers serve sent {result['total_output_tokens']} output tokens, not {expected}")
+        raise RuntimeError(f"{name} sent {result['total_output_tokens']} output tokens, expected {expected}")
+    return result
+
+
+def serve_throughput(base_url: str, model_id: str, prompts: list) -> dict:
+    """Every prompt at once (concurrency = len(prompts)); aggregate output tokens/s."""
+    result = run_forced(base_url, prompts, len(prompts), "transformers serve", model=model_id,
+                        ignore_eos=False, require_done=False, extra_body=EXTRA_BODY)
     return {"output_throughput": result["output_throughput"], "duration_s": result["duration"],
             "num_output_tokens": result["total_output_tokens"]}

@@ -12,6 +12,7 @@ from asgi.engine_client import EngineDead
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.generate import GenerationFailed
 from asgi.http import ClientDisconnected, read_body, send_response
+from asgi.metrics import METRICS_PATH, metrics_endpoint
 from asgi.request_context import RequestContext, set_current
 from asgi.state import WorkerSettings, WorkerState, dumps
 
@@ -54,6 +55,7 @@ ROUTES = {
     ("GET", "/health"): health,
     ("GET", "/ready"): ready,
     ("GET", "/stats"): engine_stats,
+    ("GET", METRICS_PATH): metrics_endpoint,  # Prometheus text; guarded only under --protect-metrics
     ("GET", "/v1/models"): list_models,
     ("POST", "/v1/chat/completions"): chat_completions,
     ("POST", "/v1/completions"): completions,

@@ -63,7 +63,22 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                              "(same seed, same prompt, same output); costs decode speed, see README")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_metrics_flags(ap)
     return ap
+
+
+def _metrics_prefix(text: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"not a metric name prefix: {text!r} (letters, digits, _)")
+    return text
+
+
+def add_metrics_flags(ap: argparse.ArgumentParser) -> None:
+    """GET /metrics (README: "Metrics")."""
+    metrics = ap.add_argument_group("metrics")
+    metrics.add_argument("--metrics-prefix", type=_metrics_prefix, default="rill",
+                         help="prefix of every /metrics name (rill:time_to_first_token_seconds); "
+                              "vllm: existing vLLM dashboards work unchanged")
 
 
 def main(argv: list[str] | None = None) -> None:

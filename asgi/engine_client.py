@@ -90,7 +90,7 @@ class EngineClient:
                 mailbox, index = route
                 logprobs = None if delta.logprobs is None else decode_logprobs(delta.logprobs)
                 mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens,
-                            logprobs)
+                            logprobs, delta.timings)
                 if delta.finish is not None:
                     del self._routes[delta.req_id]
 

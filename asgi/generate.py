@@ -115,7 +115,7 @@ class Generation:
         detok = self.detokenizers[index]
         ids, logprobs = self.mailbox.take(index)
         if ids and self.ctx is not None:
-            self.ctx.token()
+            self.ctx.token(len(ids), index)
         if logprobs is not None:
             self._held_logprobs[index].append(logprobs)
         text = detok.push(ids) if ids else ""
@@ -146,6 +146,7 @@ class Generation:
         usage = self.usage()
         ctx.prompt_tokens, ctx.output_tokens = usage.prompt_tokens, usage.completion_tokens
         ctx.cached_tokens = usage.cached_tokens
+        ctx.engine_timings = [c.timings for c in self.mailbox.choices if c.timings is not None]
         ctx.disconnected = self.disconnected
         if failed:
             ctx.finish_reason = "error"

@@ -175,7 +175,13 @@ def serve(args) -> int:
             limits=limits, sse_keepalive_s=args.sse_keepalive,
  max_body_bytes=args.max_request_body,
             chat_template=args.chat_template, created=int(time.time()),
+            metrics_prefix=args.metrics_prefix,
         ).to_env()
+        # GET /metrics: every worker counts into its own files here and any worker sums them all
+        # (prometheus_client's multiprocess mode); a fresh folder per run, removed with the run dir.
+        metrics_dir = paths.run_dir / "metrics"
+        metrics_dir.mkdir(mode=0o700, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         watch = EngineWatch(proc)
         watch.start()
         http_failed = run_granian(args, paths, proc.is_alive)

@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from ipc.logprobs import TokenLogprobs
-from ipc.protocol import FinishReason
+from ipc.protocol import FinishReason, RequestTimings
 
 
 @dataclass(eq=False)
@@ -23,6 +23,7 @@ class ChoiceOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    timings: RequestTimings | None = None  # the engine's queue, prefill and decode times, at the end
 
 
 class Mailbox:
@@ -32,7 +33,7 @@ class Mailbox:
         self._ready = asyncio.Event()
 
     def put(self, index: int, ids, finish: FinishReason | None, num_prompt: int, num_cached: int,
-            logprobs: TokenLogprobs | None = None) -> None:
+            logprobs: TokenLogprobs | None = None, timings: RequestTimings | None = None) -> None:
         choice = self.choices[index]
         choice.new_ids.extend(ids)
         if logprobs is not None:
@@ -43,6 +44,7 @@ class Mailbox:
             choice.num_cached_tokens = num_cached
         if finish is not None:
             choice.finish = finish
+            choice.timings = timings
         self._ready.set()
 
     def wake(self) -> None:

@@ -32,6 +32,15 @@ class RequestContext:
     finish_reason: str | None = None  # stop, length, abort, error, or None (no generation)
     disconnected: bool = False
     end_s: float | None = None
+    # Inter-token latency: one gap per output token after its choice's first, so a request of
+    # n tokens gives n - 1 (vLLM's ITL is per token). Ids that arrive together (steps merged in
+    # the mailbox while this worker was busy) share their gap since the previous arrival evenly.
+    itl_s: list[float] = field(default_factory=list)
+    # The engine's queue, prefill and decode times (ipc.protocol.RequestTimings), one per
+    # choice that finished in the engine (none for a choice aborted before its end).
+    engine_timings: list = field(default_factory=list)
+    # Per choice index: [first token time, last token time, number of tokens].
+    _spans: dict[int, list] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_scope(cls, scope) -> RequestContext:
@@ -45,12 +54,25 @@ class RequestContext:
                 break
         return cls(request_id or uuid.uuid4().hex, scope["method"], scope["path"])
 
-    def token(self) -> None:
-        """One or more output tokens reached the client now."""
+    def token(self, num_ids: int = 1, index: int = 0) -> None:
+        """`num_ids` output tokens of choice `index` reached the client now."""
         now = time.perf_counter()
         if self.first_token_s is None:
             self.first_token_s = now
         self.last_token_s = now
+        span = self._spans.get(index)
+        if span is None:
+            self._spans[index] = [now, now, num_ids]
+            self.itl_s.extend([0.0] * (num_ids - 1))
+        else:
+            self.itl_s.extend([(now - span[1]) / num_ids] * num_ids)
+            span[1] = now
+            span[2] += num_ids
+
+    @property
+    def tpot_s(self) -> list[float]:
+        """Time per output token after the first, one per choice of two tokens or more."""
+        return [(last - first) / (n - 1) for first, last, n in self._spans.values() if n > 1]
 
     @property
     def ttft_s(self) -> float | None:

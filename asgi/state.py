@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from asgi.detokenizer import Detokenizer
 from asgi.engine_client import EngineClient
+from asgi.metrics import Metrics
 from asgi.request_context import RequestContext
 from asgi.templating import ChatTemplate
 from ipc.channels import RunPaths
@@ -34,6 +35,8 @@ class WorkerSettings(msgspec.Struct):
     max_body_bytes: int = 32 << 20
     chat_template: str | None = None
     created: int = 0
+    # GET /metrics (asgi/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
+    metrics_prefix: str = "rill"
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -51,6 +54,7 @@ class WorkerState:
     template: ChatTemplate
     # Called with every finished RequestContext (the access log, the metrics).
     observers: list[Callable[[RequestContext], None]] = field(default_factory=list)
+    metrics: Metrics | None = None
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -59,7 +63,10 @@ class WorkerState:
         template = (ChatTemplate.from_file(settings.chat_template, model_dir=model_dir) if settings.chat_template
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+        state = cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+        state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
+        state.observers.append(state.metrics.observe)
+        return state
 
     def observe(self, ctx: RequestContext) -> None:
         for observer in self.observers:

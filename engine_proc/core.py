@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
-import resource
 import queue
+import resource
+import time
 
 from engine_proc.batch import Batch, TokenDelta
 from engine_proc.request import EngineRequest
@@ -15,11 +16,12 @@ log = logging.getLogger("rill.engine")
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish):
+    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic):
         self.scheduler = scheduler
         self.runner = runner
         self.inputs = inputs
         self.publish = publish  # callable taking one step's outputs (see OutputThread.publish)
+        self.clock = clock  # stamps each request's queue, prefill and decode times (the metrics)
         self.num_aborted = 0
         self.num_finished = 0
         self.running = True
@@ -34,6 +36,10 @@ class EngineCore:
             self.publish_deltas(deltas + self.scheduler.take_errored())
 
     def step(self, batch: Batch) -> list[TokenDelta]:
+        now = self.clock()
+        for seq in batch.seqs:
+            if not seq.req.scheduled_s:
+                seq.req.scheduled_s = now
         try:
             sampled = self.runner.execute(batch)
         except Exception:  # a bug in the model path must not take every other request down
@@ -64,6 +70,7 @@ class EngineCore:
 
     def handle(self, item) -> None:
         if isinstance(item, EngineRequest):
+            item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
             self.scheduler.add(item)
         elif isinstance(item, p.Abort):
             for req_id in item.req_ids:
@@ -87,15 +94,19 @@ class EngineCore:
             num_prefix_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             kv_cache_bytes=self.runner.kv_cache.num_bytes,
+            num_preemptions=self.scheduler.num_preemptions,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:
         if not deltas:
             return
         out = []
+        now = self.clock()
         for d in deltas:
             req = d.req
             first = len(req.output_ids) <= len(d.new_ids)
+            if d.new_ids and not req.first_token_s:
+                req.first_token_s = now
             delta = p.RequestDelta(
                 req.req_id,
                 len(d.new_ids),
@@ -103,6 +114,7 @@ class EngineCore:
                 num_prompt_tokens=req.num_prompt_tokens if first or d.finish else 0,
                 num_cached_tokens=req.num_cached_tokens if first or d.finish else 0,
                 logprobs=None if d.logprobs is None else encode_logprobs(d.logprobs),
+                timings=None if d.finish is None else req.timings(now),
             )
             out.append((req.worker_id, delta, d.new_ids))
             if d.finish is not None:

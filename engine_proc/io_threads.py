@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import defaultdict
 
 import zmq
@@ -31,7 +32,8 @@ class InputThread(threading.Thread):
         while True:
             msg = p.input_decoder.decode(self.sock.recv(copy=False).buffer)
             if isinstance(msg, p.Submit):
-                self.inputs.put(EngineRequest(msg.req_id, msg.worker_id, msg.prompt_ids, msg.params))
+                self.inputs.put(EngineRequest(msg.req_id, msg.worker_id, msg.prompt_ids, msg.params,
+                                              arrival_s=time.monotonic()))
             else:
                 self.inputs.put(msg)
                 if isinstance(msg, p.Shutdown):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ipc.protocol import FinishReason, SamplingParams
+from ipc.protocol import FinishReason, RequestTimings, SamplingParams
 
 
 class RequestState(enum.IntEnum):
@@ -28,6 +28,10 @@ class EngineRequest:
     state: RequestState = RequestState.WAITING
     finish: FinishReason | None = None
     num_preemptions: int = 0
+    # Engine clock (time.monotonic) stamps for the metrics, set outside the scheduler: 0 is unset.
+    arrival_s: float = 0.0  # the input thread received it
+    scheduled_s: float = 0.0  # first scheduled (a preemption keeps it)
+    first_token_s: float = 0.0  # its first token was sampled
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -45,3 +49,10 @@ class EngineRequest:
         if start >= num_prompt:
             return self.output_ids[start - num_prompt : end - num_prompt]
         return self.prompt_ids[start:] + self.output_ids[: end - num_prompt]
+
+    def timings(self, now_s: float) -> RequestTimings | None:
+        """Queue, prefill and decode time of a request ending now; None if it never made a token."""
+        if not self.first_token_s:
+            return None
+        return RequestTimings(self.scheduled_s - self.arrival_s, self.first_token_s - self.scheduled_s,
+                              now_s - self.first_token_s)

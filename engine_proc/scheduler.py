@@ -59,6 +59,7 @@ class Scheduler:
         # Prefix cache figures, over admissions (re-admissions after preemption included).
         self.num_prefix_queries_tokens = 0  # tokens of the requests looked up
         self.num_prefix_hit_tokens = 0  # of those, found in the cache
+        self.num_preemptions = 0  # requests sent back to waiting for lack of blocks
 
     # ---- figures --------------------------------------------------------------------------
 
@@ -201,6 +202,7 @@ class Scheduler:
         self.block_manager.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.num_preemptions += 1
         req.state = RequestState.WAITING
         self._waiting[req.req_id] = req
         self._waiting.move_to_end(req.req_id, last=False)

@@ -67,6 +67,18 @@ EngineInput = Submit | Abort | Shutdown | StatsQuery
 # ---- engine -> worker (a PUSH per worker on the engine, a PULL bound by each worker) -----
 
 
+class RequestTimings(msgspec.Struct, array_like=True, gc=False):
+    """Where a finished request spent its time in the engine, as vLLM splits it (seconds).
+
+    queue: arrival to first scheduled; prefill: first scheduled to first token; decode: first
+    token to last token. A preempted request keeps its first times: its recompute counts as decode.
+    """
+
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+
+
 class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens of one request in one step. Its ids are `num_new` ids of the step's array."""
 
@@ -76,6 +88,7 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     num_prompt_tokens: int = 0  # set on a request's first delta
     num_cached_tokens: int = 0
     logprobs: LogprobsPayload | None = None  # of its new ids, when the request asked
+    timings: RequestTimings | None = None  # on the final delta of a request that made a token
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
@@ -99,6 +112,7 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_prefix_hit_tokens: int = 0
     peak_rss_bytes: int = 0  # the engine process's high-water mark of resident memory
     kv_cache_bytes: int = 0  # the KV cache's fixed size, allocated once at start
+    num_preemptions: int = 0  # requests sent back to waiting for lack of KV blocks, since start
 
 
 EngineOutput = StepOutputs | EngineStats

@@ -6,6 +6,7 @@ import logging
 import signal
 import time
 
+from asgi.access_log import tag_records_with_request_id
 from asgi.chat import chat_completions
 from asgi.completions import completions
 from asgi.engine_client import EngineDead
@@ -90,6 +91,7 @@ class App:
                 try:
                     ignore_sigint()
                     self.state = WorkerState.load(WorkerSettings.from_env())
+                    tag_records_with_request_id()
                     self.state.client.start()
                 except Exception as exc:
                     log.exception("worker failed to start")
@@ -106,7 +108,7 @@ class App:
         ctx = RequestContext.from_scope(scope)
         set_current(ctx)  # a fresh context per request: the handler and its Generation fill it in
         try:
-            await self.route(scope, receive, _tracking(send, ctx))
+            await self.route(scope, receive, _tracking(send, ctx, self.state.cors.response_headers(scope["headers"])))
         finally:
             ctx.end_s = time.perf_counter()
             self.state.observe(ctx)
@@ -115,6 +117,9 @@ class App:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         handler = ROUTES.get((method, path))
         try:
+            if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
+                return await self.state.cors.answer_preflight(scope["headers"], send)
+            self.state.auth.check(path, scope["headers"])
             if method in NEEDS_BODY and self.state.draining():
                 raise shutting_down()
             if handler is None:
@@ -128,7 +133,7 @@ class App:
             body = await read_body(receive, self.state.settings.max_body_bytes) if method in NEEDS_BODY else b""
             await handler(self.state, body, receive, send)
         except APIError as exc:
-            await send_response(send, exc.status, exc.body())
+            await send_response(send, exc.status, exc.body(), headers=exc.headers)
         except ClientDisconnected:
             pass
         except GenerationFailed as exc:
@@ -138,14 +143,14 @@ class App:
             await send_response(send, 500, error_body("Internal server error.", "server_error"))
 
 
-def _tracking(send, ctx: RequestContext):
-    """`send` that records the status and adds X-Request-Id to every response."""
-    request_id_header = (b"x-request-id", ctx.request_id.encode("latin-1"))
+def _tracking(send, ctx: RequestContext, extra_headers=()):
+    """`send` that records the status and adds X-Request-Id (and the CORS headers) to every response."""
+    added = [(b"x-request-id", ctx.request_id.encode("latin-1")), *extra_headers]
 
     async def tracking_send(message):
         if message["type"] == "http.response.start":
             ctx.status = message["status"]
-            message = {**message, "headers": [*message.get("headers", ()), request_id_header]}
+            message = {**message, "headers": [*message.get("headers", ()), *added]}
         await send(message)
 
     return tracking_send

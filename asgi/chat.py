@@ -5,8 +5,10 @@ import time
 
 import msgspec
 
+from asgi.access_log import log_request_content
 from asgi.errors import APIError
 from asgi.generate import ChoiceDelta, Generation, Usage, new_request_id
+from asgi.request_context import current
 from asgi.respond import respond
 from asgi.sampling import sampling_params
 from asgi.schemas import ChatCompletionRequest, chat_decoder, decode_request, stop_strings
@@ -75,6 +77,9 @@ class ChatFormatter:
 
 async def chat_completions(state: WorkerState, body: bytes, receive, send) -> None:
     req = decode_request(chat_decoder, body, state.model_id)
+    if (ctx := current()) is not None:
+        ctx.model = state.model_id
+    log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     prompt_ids = render_messages(state, req)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

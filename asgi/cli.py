@@ -63,6 +63,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                              "(same seed, same prompt, same output); costs decode speed, see README")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_auth_proxy_log_flags(ap)
     add_metrics_flags(ap)
     return ap
 
@@ -79,6 +80,46 @@ def add_metrics_flags(ap: argparse.ArgumentParser) -> None:
     metrics.add_argument("--metrics-prefix", type=_metrics_prefix, default="rill",
                          help="prefix of every /metrics name (rill:time_to_first_token_seconds); "
                               "vllm: existing vLLM dashboards work unchanged")
+
+
+def _str_list(text: str) -> list[str]:
+    from asgi.cors import parse_list
+
+    try:
+        return parse_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
+    """API keys, CORS and connections, logs (README: "API keys", "Browsers, proxies", "Logs")."""
+    auth = ap.add_argument_group("API keys")
+    auth.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                      help="a key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable; "
+                           "also $RILL_API_KEY; prefer that or --api-key-file: argv is visible to `ps`)")
+    auth.add_argument("--api-key-file", action="append", default=None, metavar="PATH",
+                      help="a file of keys, one a line, # comments and blank lines skipped (repeatable)")
+    auth.add_argument("--protect-metrics", action="store_true",
+                      help="/metrics and /stats need a key too (/health and /ready stay open)")
+    proxies = ap.add_argument_group("browsers and proxies")
+    proxies.add_argument("--allowed-origins", type=_str_list, default=[], metavar="ORIGINS",
+                         help="CORS origins, comma-separated or a JSON list ('*' for any); none: CORS off")
+    proxies.add_argument("--allowed-methods", type=_str_list, default=["GET", "POST"], metavar="METHODS",
+                         help="CORS methods")
+    proxies.add_argument("--allowed-headers", type=_str_list, default=["*"], metavar="HEADERS",
+                         help="CORS request headers ('*': whatever the browser asks for)")
+    proxies.add_argument("--timeout-keep-alive", type=float, default=125.0, metavar="SECONDS",
+                         help="seconds an idle HTTP/1 connection stays open (and a client has to send its "
+                              "headers); above a proxy's idle timeout (60-120 s), so the proxy closes first; "
+                              "0: no keep-alive")
+    logs = ap.add_argument_group("logs")
+    logs.add_argument("--log-format", default="text", choices=["text", "json"],
+                      help="json: every line of every process is one JSON object")
+    logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                      help="one line per request on the rill.access logger (at info level)")
+    logs.add_argument("--log-requests", action="store_true",
+                      help="also log each request's prompt or messages (a debug line on rill.requests, "
+                           "shown whatever --log-level); without it no prompt text is ever logged")
 
 
 def main(argv: list[str] | None = None) -> None:

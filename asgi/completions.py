@@ -5,8 +5,10 @@ import time
 
 import msgspec
 
+from asgi.access_log import log_request_content
 from asgi.errors import APIError
 from asgi.generate import ChoiceDelta, Generation, Usage, new_request_id
+from asgi.request_context import current
 from asgi.respond import respond
 from asgi.sampling import sampling_params
 from asgi.schemas import completion_decoder, prompt_batch, decode_request, stop_strings
@@ -57,6 +59,9 @@ def tokenize_prompts(state: WorkerState, prompts: list[str] | list[list[int]]) -
 
 async def completions(state: WorkerState, body: bytes, receive, send) -> None:
     req = decode_request(completion_decoder, body, state.model_id)
+    if (ctx := current()) is not None:
+        ctx.model = state.model_id
+    log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     prompts = tokenize_prompts(state, prompt_batch(req.prompt))
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS

@@ -10,13 +10,15 @@ class APIError(Exception):
     """A request's fault (4xx) or the server's state (503); becomes `{"error": {...}}`."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # extra response headers, e.g. WWW-Authenticate on a 401
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.param, self.code)

@@ -16,10 +16,12 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from asgi.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
+from ipc.logs import configure_logging
 
 log = logging.getLogger("rill")
 BUNDLED_MODEL_ID = "smollm2-135m-instruct"
@@ -147,7 +149,12 @@ class EngineWatch(threading.Thread):
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(args.log_level, args.log_format, args.log_requests)
+    try:
+        edge = edge_settings(args)  # before the engine starts: a bad key file fails fast
+    except KeyFileError as exc:
+        log.error("%s", exc)
+        return 2
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.for_run(str(os.getpid()))
@@ -159,6 +166,7 @@ def serve(args) -> int:
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),
+        log_format=args.log_format,
         enable_prefix_caching=args.enable_prefix_caching, model_impl=args.model_impl,
         batch_invariant=args.batch_invariant,
     )
@@ -174,7 +182,7 @@ def serve(args) -> int:
             served_model_name=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pid=proc.pid,
             limits=limits, sse_keepalive_s=args.sse_keepalive,
  max_body_bytes=args.max_request_body,
-            chat_template=args.chat_template, created=int(time.time()),
+            chat_template=args.chat_template, created=int(time.time()), **edge,
             metrics_prefix=args.metrics_prefix,
         ).to_env()
         # GET /metrics: every worker counts into its own files here and any worker sums them all
@@ -184,7 +192,7 @@ def serve(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         watch = EngineWatch(proc)
         watch.start()
-        http_failed = run_granian(args, paths, proc.is_alive)
+        http_failed = run_granian(args, paths, proc.is_alive, log_config)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
@@ -197,7 +205,30 @@ def serve(args) -> int:
     return 1 if http_failed or (watch is not None and watch.engine_died) else 0
 
 
-def run_granian(args, paths: RunPaths, engine_alive) -> bool:
+def edge_settings(args) -> dict:
+    """The WorkerSettings of API keys (digests only), CORS and the access log."""
+    keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
+    if keys:
+        log.info("API keys: %d configured; /v1/* needs one%s", len(keys),
+                 ", and /metrics and /stats" if args.protect_metrics else "")
+    elif args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no API key (--api-key, $%s): anyone who reaches %s:%d can use this server",
+                    API_KEY_ENV, args.host, args.port)
+    return dict(api_key_digests=[digest(k) for k in keys], protect_metrics=args.protect_metrics,
+                allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+                allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests)
+
+
+def http1_settings(timeout_keep_alive_s: float):
+    """Granian's HTTP/1 header read timeout is also how long an idle keep-alive connection lives."""
+    from granian.http import HTTP1Settings
+
+    if timeout_keep_alive_s <= 0:
+        return HTTP1Settings(keep_alive=False)
+    return HTTP1Settings(header_read_timeout=max(1, round(timeout_keep_alive_s * 1000)))
+
+
+def run_granian(args, paths: RunPaths, engine_alive, log_config: dict | None = None) -> bool:
     """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
     from granian.constants import Interfaces, Loops
 
@@ -212,6 +243,8 @@ def run_granian(args, paths: RunPaths, engine_alive) -> bool:
         workers=args.workers,
         loop=Loops.uvloop,
         log_level=args.log_level,
+        log_dictconfig=log_config,  # the run's format in Granian's own lines and in every worker
+        http1_settings=http1_settings(args.timeout_keep_alive),
         workers_kill_timeout=5,  # requests were drained before the workers are told to stop
         backlog=2048,
     )

@@ -11,6 +11,9 @@ from pathlib import Path
 import msgspec
 from tokenizers import Tokenizer
 
+from asgi.access_log import log_access
+from asgi.auth import ApiKeyGuard
+from asgi.cors import DEFAULT_HEADERS, DEFAULT_METHODS, CorsPolicy
 from asgi.detokenizer import Detokenizer
 from asgi.engine_client import EngineClient
 from asgi.metrics import Metrics
@@ -35,6 +38,15 @@ class WorkerSettings(msgspec.Struct):
     max_body_bytes: int = 32 << 20
     chat_template: str | None = None
     created: int = 0
+    # API keys, CORS, logs (asgi/auth.py, asgi/cors.py, asgi/access_log.py). Digests of the
+    # keys only: the keys themselves never leave the launcher.
+    api_key_digests: list[str] = []
+    protect_metrics: bool = False
+    allowed_origins: list[str] = []
+    allowed_methods: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_METHODS))
+    allowed_headers: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_HEADERS))
+    access_log: bool = True
+    log_requests: bool = False
     # GET /metrics (asgi/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
     metrics_prefix: str = "rill"
 
@@ -54,6 +66,8 @@ class WorkerState:
     template: ChatTemplate
     # Called with every finished RequestContext (the access log, the metrics).
     observers: list[Callable[[RequestContext], None]] = field(default_factory=list)
+    auth: ApiKeyGuard = field(default_factory=ApiKeyGuard)
+    cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
 
     @classmethod
@@ -64,8 +78,12 @@ class WorkerState:
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         state = cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+        state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
+        state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
+        if settings.access_log:
+            state.observers.append(log_access)
         return state
 
     def observe(self, ctx: RequestContext) -> None:

@@ -70,9 +70,10 @@ class ServerProcess:
         self.stop()
 
 
-def rill_server(*flags: str, log_path: Path) -> ServerProcess:
+def rill_server(*flags: str, log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
     port = free_port()
-    return ServerProcess([str(RILL), "serve", "--port", str(port), "--log-level", "warning", *flags], port, log_path)
+    return ServerProcess([str(RILL), "serve", "--port", str(port), "--log-level", "warning", *flags], port, log_path,
+                         env=env)
 
 
 def baseline_server(log_path: Path) -> ServerProcess:

@@ -15,6 +15,7 @@ import zmq
 
 from ipc import protocol as p
 from ipc.channels import RunPaths
+from ipc.logs import configure_logging
 
 log = logging.getLogger("rill.engine")
 
@@ -38,6 +39,7 @@ class EngineConfig(msgspec.Struct):
     num_threads: int | None = None
     enable_prefix_caching: bool = True
     log_level: str = "INFO"
+    log_format: str = "text"  # text | json (ipc/logs.py)
 
 
 def die_with_parent() -> None:
@@ -106,7 +108,7 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
     # reaches the whole process group must not kill in-flight requests.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format, with_transformers=True)
     try:
         core, threads, limits = build_engine(config)
     except Exception as exc:

@@ -29,9 +29,9 @@ def tokenizer(model_dir):
     return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
-def start_server(tmp_path_factory, *flags: str) -> ServerProcess:
+def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
     log_path = tmp_path_factory.mktemp("rill") / "serve.log"
-    return rill_server(*flags, log_path=log_path).wait_ready()
+    return rill_server(*flags, log_path=log_path, env=env).wait_ready()
 
 
 def stop_server(server: ServerProcess) -> None:

@@ -1,0 +1,92 @@
+"""API keys: where they come from (flags, RILL_API_KEY, key files) and the Bearer check on /v1/*.
+
+The workers never hold a key: the launcher hands them SHA-256 digests, and a presented key is
+hashed and compared with `hmac.compare_digest` against every configured digest, with no early
+exit, so neither the timing nor the logs tell which key matched or how much of one did.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+
+from asgi.errors import APIError
+
+API_KEY_ENV = "RILL_API_KEY"
+PROTECTED_PREFIX = "/v1/"
+# Open to anyone even with keys (probes); these two only open without --protect-metrics.
+METRICS_PATHS = frozenset({"/metrics", "/stats"})
+_CHALLENGE = [(b"www-authenticate", b"Bearer")]
+
+
+class KeyFileError(ValueError):
+    pass
+
+
+def read_key_file(path: str) -> list[str]:
+    """One key per line; blank lines and lines starting with # are skipped."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise KeyFileError(f"--api-key-file {path}: {exc.strerror or exc}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:  # an empty file must not silently leave the server open
+        raise KeyFileError(f"--api-key-file {path}: no keys in it")
+    return keys
+
+
+def collect_api_keys(flag_keys: list[str] | None, key_files: list[str] | None, environ) -> list[str]:
+    """Every configured key: --api-key (repeatable), $RILL_API_KEY, and each --api-key-file."""
+    keys = [k.strip() for k in flag_keys or ()]
+    if env_key := environ.get(API_KEY_ENV, "").strip():
+        keys.append(env_key)
+    for path in key_files or ():
+        keys.extend(read_key_file(path))
+    if any(not k for k in keys):
+        raise KeyFileError("--api-key: an empty key")
+    return list(dict.fromkeys(keys))
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def unauthorized(message: str) -> APIError:
+    return APIError(401, message, code="invalid_api_key", headers=_CHALLENGE)
+
+
+class ApiKeyGuard:
+    """Checks `Authorization: Bearer <key>` on the paths it guards; no digests: everything open."""
+
+    def __init__(self, key_digests: list[str] = (), protect_metrics: bool = False):
+        self.digests = [d.encode() for d in key_digests]
+        self.protect_metrics = protect_metrics
+
+    def guards(self, path: str) -> bool:
+        if not self.digests:
+            return False
+        return path.startswith(PROTECTED_PREFIX) or path == "/v1" or (
+            self.protect_metrics and path in METRICS_PATHS)
+
+    def check(self, path: str, headers) -> None:
+        """Raises the 401 when `path` is guarded and the request has no valid key."""
+        if not self.guards(path):
+            return
+        token = bearer_token(headers)
+        if token is None:
+            raise unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
+        presented = digest(token).encode()
+        matched = False
+        for known in self.digests:  # every digest, always: no early exit
+            matched |= hmac.compare_digest(presented, known)
+        if not matched:
+            raise unauthorized("Incorrect API key provided.")
+
+
+def bearer_token(headers) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("utf-8", "replace").strip().partition(" ")
+            token = token.strip()
+            return token if scheme.lower() == "bearer" and token else None
+    return None

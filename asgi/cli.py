@@ -5,6 +5,8 @@ import argparse
 import re
 import sys
 
+from asgi.systemd_unit import add_systemd_unit_parser, print_unit
+
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
           "G": 1e9, "GB": 1e9, "GIB": 2**30, "T": 1e12, "TB": 1e12, "TIB": 2**40}
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rill", description="Rill: an OpenAI-compatible LLM inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
+    add_systemd_unit_parser(sub)
     # The bench parsers import aiohttp and numpy: build them only for `rill bench`.
     sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
                            add_help=False)
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         from asgi.launcher import serve
 
         sys.exit(serve(args))
+    if args.command == "systemd-unit":
+        sys.exit(print_unit(args, serve_parser))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from ipc.protocol import FinishReason, SamplingParams
 
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 KEEPALIVE = object()
+SHUTDOWN_ABORT = "The server is shutting down and the request did not finish within its shutdown timeout."
 
 
 @dataclass
@@ -47,10 +48,11 @@ class Usage:
 
 
 class GenerationFailed(Exception):
-    """The engine could not finish the request (it died, or a step failed)."""
+    """The engine could not finish the request (it died, a step failed, or the drain timed out)."""
 
-    def __init__(self, message: str, status: int = 500):
+    def __init__(self, message: str, status: int = 500, code: str = "engine_error"):
         super().__init__(message)
+        self.code = code
         self.status = status
 
 
@@ -124,6 +126,8 @@ class Generation:
             if choice.finish is None:
                 self._stopped_early.append(self.engine_ids[index])
         elif choice.finish is not None:
+            if choice.finish is FinishReason.ABORT:  # only the engine's AbortAll reaches us
+                raise GenerationFailed(SHUTDOWN_ABORT, status=503, code="shutting_down")
             if choice.finish not in FINISH_REASONS:
                 raise GenerationFailed("The engine failed to complete the request.")
             text += detok.flush()

@@ -17,6 +17,8 @@ import msgspec
 import zmq
 
 from asgi.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
+from asgi.engine_monitor import EngineMonitor
+from asgi.sdnotify import Notifier, ServiceReporter
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
@@ -24,6 +26,7 @@ from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from ipc.logs import configure_logging
 
 log = logging.getLogger("rill")
+ABORT_WAIT_S = 5.0  # after the drain timed out: for the engine to end what is left
 BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
 
@@ -81,10 +84,12 @@ def make_draining_granian():
     from granian import Granian
 
     class DrainingGranian(Granian):
-        def __init__(self, paths: RunPaths, timeout_s: float, engine_alive, *args, **kwargs):
+        def __init__(self, paths: RunPaths, timeout_s: float, monitor: EngineMonitor, reporter: ServiceReporter,
+                     *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.paths = paths
-            self.engine_alive = engine_alive
+            self.monitor = monitor
+            self.reporter = reporter
             self.drain_timeout_s = timeout_s
             self.drain_thread: threading.Thread | None = None
 
@@ -97,38 +102,18 @@ def make_draining_granian():
 
         def _drain_then_stop(self) -> None:
             self.paths.draining_flag.touch()
+            self.reporter.stopping()
             log.info("draining: waiting up to %.0f s for in-flight requests", self.drain_timeout_s)
-            if not wait_engine_idle(self.paths, self.drain_timeout_s, self.engine_alive):
-                log.warning("requests still running after %.0f s; stopping anyway", self.drain_timeout_s)
+            if not self.monitor.wait_idle(self.drain_timeout_s) and self.monitor.engine_alive():
+                # The engine ends each with an ABORT delta; its worker sends an error event and [DONE].
+                stats = self.monitor.latest
+                log.warning("%d requests still running after %.0f s; ending them with an error",
+                            stats.num_running + stats.num_waiting if stats else -1, self.drain_timeout_s)
+                self.monitor.abort_all()
+                self.monitor.wait_idle(ABORT_WAIT_S)
             super().signal_handler_interrupt()
 
     return DrainingGranian
-
-
-def wait_engine_idle(paths: RunPaths, timeout_s: float, engine_alive, poll_s: float = 0.1) -> bool:
-    """True once the engine has nothing running or waiting (and the last bytes went out)."""
-    ctx = zmq.Context()
-    out = make_socket(ctx, zmq.PUSH, paths.engine_input, bind=False)
-    inbox = make_socket(ctx, zmq.PULL, paths.worker_output("launcher"), bind=True)
-    deadline = time.monotonic() + timeout_s
-    idle = False
-    try:
-        while time.monotonic() < deadline:
-            out.send(p.input_encoder.encode(p.StatsQuery("launcher")))
-            if inbox.poll(1000):
-                stats = p.output_decoder.decode(inbox.recv())
-                if stats.num_running == 0 and stats.num_waiting == 0:
-                    idle = True
-                    time.sleep(0.3)  # the workers write the last chunks and [DONE]
-                    break
-            if not engine_alive():  # nothing left to wait for
-                break
-            time.sleep(poll_s)
-    finally:
-        out.close()
-        inbox.close()
-        ctx.term()
-    return idle
 
 
 class EngineWatch(threading.Thread):
@@ -155,6 +140,8 @@ def serve(args) -> int:
     except KeyFileError as exc:
         log.error("%s", exc)
         return 2
+    notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
+    notifier.send("STATUS=loading the model")
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.for_run(str(os.getpid()))
@@ -172,6 +159,7 @@ def serve(args) -> int:
     )
     proc = None
     watch = None
+    monitor = reporter = None
     http_failed = False
     try:
         log.info("starting the engine for %s (%s)", model_id, model_dir)
@@ -192,15 +180,26 @@ def serve(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         watch = EngineWatch(proc)
         watch.start()
-        http_failed = run_granian(args, paths, proc.is_alive, log_config)
+        # systemd (asgi/sdnotify.py) and the drain both watch the engine loop through the monitor.
+        monitor = EngineMonitor(paths, proc.is_alive, poll_s=min(0.5, notifier.watchdog_s / 8 or 0.5))
+        monitor.start()
+        reporter = ServiceReporter(notifier, monitor, model_id, args.host, args.port)
+        reporter.start()
+        http_failed = run_granian(args, paths, monitor, reporter, log_config)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
     finally:
         if watch is not None:
             watch.stopping = True
+        for thread in (reporter, monitor):
+            if thread is not None:
+                thread.stop()
         if proc is not None:
             stop_engine(proc, paths)
+        if monitor is not None:
+            monitor.join(2)
+        notifier.close()
         paths.remove_run_dir()
     return 1 if http_failed or (watch is not None and watch.engine_died) else 0
 
@@ -228,14 +227,16 @@ def http1_settings(timeout_keep_alive_s: float):
     return HTTP1Settings(header_read_timeout=max(1, round(timeout_keep_alive_s * 1000)))
 
 
-def run_granian(args, paths: RunPaths, engine_alive, log_config: dict | None = None) -> bool:
+def run_granian(args, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
+                log_config: dict | None = None) -> bool:
     """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
     from granian.constants import Interfaces, Loops
 
     server = make_draining_granian()(
         paths,
         args.shutdown_timeout,
-        engine_alive,
+        monitor,
+        reporter,
         "asgi.app:app",
         address=args.host,
         port=args.port,

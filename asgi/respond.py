@@ -54,7 +54,7 @@ async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, inc
                 await sse.data(fmt.chunk(item))
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
-        await sse.data(error_body(str(exc), "server_error", code="engine_error"))
+        await sse.data(error_body(str(exc), "server_error", code=exc.code))
         await sse.done()
         return True
     if gen.disconnected:
@@ -74,7 +74,7 @@ async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:
                 texts[delta.index].append(delta.text)
                 finish_reasons[delta.index] = delta.finish_reason or finish_reasons[delta.index]
     except GenerationFailed as exc:
-        raise APIError(exc.status, str(exc), type="server_error", code="engine_error") from None
+        raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
     if gen.disconnected:
         return
     body = fmt.body(["".join(t) for t in texts], finish_reasons, gen.usage())

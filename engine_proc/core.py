@@ -24,6 +24,7 @@ class EngineCore:
         self.clock = clock  # stamps each request's queue, prefill and decode times (the metrics)
         self.num_aborted = 0
         self.num_finished = 0
+        self.num_generated_tokens = 0
         self.running = True
 
     def run_busy_loop(self) -> None:
@@ -80,6 +81,14 @@ class EngineCore:
             self.publish((item.worker_id, self.stats()))
         elif isinstance(item, p.Shutdown):
             self.running = False
+        elif isinstance(item, p.AbortAll):
+            self.abort_all()
+
+    def abort_all(self) -> None:
+        """Ends every request with an ABORT delta, which its worker turns into an error event."""
+        reqs = [r for req_id in self.scheduler.live_req_ids() if (r := self.scheduler.abort(req_id))]
+        self.num_aborted += len(reqs)
+        self.publish_deltas([TokenDelta(req, [], p.FinishReason.ABORT) for req in reqs])
 
     def stats(self) -> p.EngineStats:
         blocks = self.scheduler.block_manager
@@ -95,6 +104,7 @@ class EngineCore:
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             kv_cache_bytes=self.runner.kv_cache.num_bytes,
             num_preemptions=self.scheduler.num_preemptions,
+            num_generated_tokens=self.num_generated_tokens,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:
@@ -117,6 +127,7 @@ class EngineCore:
                 timings=None if d.finish is None else req.timings(now),
             )
             out.append((req.worker_id, delta, d.new_ids))
-            if d.finish is not None:
+            self.num_generated_tokens += len(d.new_ids)
+            if d.finish is not None and d.finish is not p.FinishReason.ABORT:  # aborts: num_aborted
                 self.num_finished += 1
         self.publish(out)

@@ -75,6 +75,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._running or self._waiting or self._errored_deltas)
 
+    def live_req_ids(self) -> list[str]:
+        """Every request not finished yet: running, then waiting."""
+        return [*self._running, *self._waiting]
+
     # ---- requests in and out ----------------------------------------------------------------
 
     def add(self, req: EngineRequest) -> None:

@@ -13,7 +13,7 @@ class FinishReason(enum.IntEnum):
 
     STOP = 1  # eos, a stop token id, or (decided in the worker) a stop string
     LENGTH = 2  # max_tokens or the model's context
-    ABORT = 3  # the client went away or the worker aborted it
+    ABORT = 3  # the client went away, the worker aborted it, or the drain timed out (AbortAll)
     ERROR = 4  # the engine could not serve it (for example: context full)
 
 
@@ -61,7 +61,11 @@ class StatsQuery(msgspec.Struct, tag=True, array_like=True, gc=False):
     worker_id: str
 
 
-EngineInput = Submit | Abort | Shutdown | StatsQuery
+class AbortAll(msgspec.Struct, tag=True, array_like=True, gc=False):
+    """The launcher's drain ran out of time: end every request now, each with an ABORT delta."""
+
+
+EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll
 
 
 # ---- engine -> worker (a PUSH per worker on the engine, a PULL bound by each worker) -----
@@ -113,6 +117,7 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     peak_rss_bytes: int = 0  # the engine process's high-water mark of resident memory
     kv_cache_bytes: int = 0  # the KV cache's fixed size, allocated once at start
     num_preemptions: int = 0  # requests sent back to waiting for lack of KV blocks, since start
+    num_generated_tokens: int = 0  # tokens sampled since start (the launcher derives tokens/s)
 
 
 EngineOutput = StepOutputs | EngineStats

@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -112,27 +113,115 @@ def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     assert leftovers(busy_server.proc.pid) == []
 
 
-@pytest.mark.parametrize("how", ["sigterm-to-launcher", "sigint-to-group"])
-def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how):
+class Stream(threading.Thread):
+    """One streamed completion, read on a thread of its own: its `data:` events, or how it broke."""
+
+    def __init__(self, url: str, body: dict):
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.started = threading.Event()  # set at its first event
+        self.events: list[str] = []
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        self.events.append(line)
+                        self.started.set()
+        except httpx.HTTPError as exc:  # a cut connection: what a drain must never do
+            self.error = exc
+        finally:
+            self.started.set()
+
+
+def session_pids(session_id: int) -> list[int]:
+    """The launcher, engine and workers of a server started in a session of its own."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session_id:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def shm_files_of(pids: list[int]) -> set[str]:
+    """Every /dev/shm file these processes have mapped or open."""
+    found = set()
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    found.add(line.split(None, 5)[-1].removesuffix(" (deleted)"))
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                if (target := os.readlink(fd)).startswith("/dev/shm/"):
+                    found.add(target.removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("how, num_streams", [("sigterm-to-launcher", 16), ("sigint-to-group", 2)])
+def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how, num_streams):
     """SIGTERM as a supervisor sends it, SIGINT as Ctrl-C does (to every process of the group).
 
     Also serves a local model directory under another name (--model, --served-model-name)."""
-    srv = start_server(tmp_path_factory, "--shutdown-timeout", "60", "--model", str(model_dir),
+    srv = start_server(tmp_path_factory, "--shutdown-timeout", "300", "--model", str(model_dir),
                        "--served-model-name", "my-model")
     assert [m["id"] for m in httpx.get(f"{srv.base_url}/v1/models").json()["data"]] == ["my-model"]
-    body = {**LONG, "model": "my-model", "max_tokens": 80, "stream": True}
-    with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=120) as r:
-        lines = r.iter_lines()
-        next(lines)
-        if how == "sigterm-to-launcher":
-            srv.proc.send_signal(signal.SIGTERM)
-        else:
-            os.killpg(srv.proc.pid, signal.SIGINT)
-        time.sleep(0.5)
-        assert httpx.get(f"{srv.base_url}/ready").status_code == 503
-        rest = [line for line in lines if line.startswith("data:")]
-    assert rest[-1] == "data: [DONE]"
-    assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
+    body = {**LONG, "model": "my-model", "max_tokens": 32, "stream": True}
+    streams = [Stream(f"{srv.base_url}/v1/completions", body) for _ in range(num_streams)]
+    for stream in streams:
+        stream.start()
+    for stream in streams:
+        assert stream.started.wait(120)
+    assert stats(srv)["num_running"] == num_streams  # all in flight when the signal comes
+    shm_files = shm_files_of(session_pids(srv.proc.pid))
+    if how == "sigterm-to-launcher":
+        srv.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(srv.proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert httpx.get(f"{srv.base_url}/ready").status_code == 503
+    late = httpx.post(f"{srv.base_url}/v1/completions", json={**body, "stream": False}, timeout=10)
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    for stream in streams:
+        stream.join(300)
+        assert stream.error is None and stream.events[-1] == "data: [DONE]"
+        last = json.loads(stream.events[-2][len("data: "):])
+        assert "choices" in last and last["choices"][0]["finish_reason"] == "length", (last, srv.log())
+    assert srv.proc.wait(60) == 0
+    assert leftovers(srv.proc.pid) == []
+    assert [f for f in shm_files if Path(f).exists()] == []
+
+
+def test_shutdown_timeout_ends_the_rest_with_an_error_event(model_dir, tmp_path_factory):
+    """What still runs when --shutdown-timeout expires ends with an error event and [DONE], not a
+    cut connection; a queued non-streaming request gets a 503 error body; the exit is still 0."""
+    srv = start_server(tmp_path_factory, "--shutdown-timeout", "2", "--max-num-seqs", "2")
+    url = f"{srv.base_url}/v1/completions"
+    streams = [Stream(url, {**LONG, "stream": True}) for _ in range(2)]
+    for stream in streams:
+        stream.start()
+    for stream in streams:
+        assert stream.started.wait(120)
+    queued: list[httpx.Response] = []
+    waiter = threading.Thread(target=lambda: queued.append(httpx.post(url, json=LONG, timeout=120)))
+    waiter.start()
+    wait_for(lambda: stats(srv)["num_waiting"] == 1)
+    srv.proc.send_signal(signal.SIGTERM)
+    for stream in streams:
+        stream.join(60)
+        assert stream.error is None and stream.events[-1] == "data: [DONE]"
+        assert len(stream.events) > 3  # it streamed tokens first
+        error = json.loads(stream.events[-2][len("data: "):])["error"]
+        assert error["code"] == "shutting_down" and error["message"]
+    waiter.join(60)
+    assert queued[0].status_code == 503 and queued[0].json()["error"]["code"] == "shutting_down"
     assert srv.proc.wait(60) == 0
     assert leftovers(srv.proc.pid) == []
 

@@ -1,0 +1,103 @@
+"""The launcher's view of the engine loop: a StatsQuery every poll, answered by the busy loop itself.
+
+The busy loop answers a StatsQuery between two steps (engine_proc/core.py), so a fresh answer
+proves the loop is alive, not just the process: the systemd watchdog pings on it, STATUS= shows
+its figures, and the drain waits on it until the engine is idle.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from ipc import protocol as p
+from ipc.channels import RunPaths, make_socket
+
+log = logging.getLogger("rill")
+LAUNCHER_ID = "launcher"  # the launcher's worker id: the engine answers it on its own socket
+FLUSH_S = 0.3  # after the engine's last delta, time for the workers to write the last chunks
+
+
+class EngineMonitor(threading.Thread):
+    """Keeps at most one StatsQuery in flight; a new one goes out `poll_s` after the last."""
+
+    def __init__(self, paths: RunPaths, engine_alive: Callable[[], bool], poll_s: float = 0.5,
+                 resend_s: float = 10.0):
+        super().__init__(name="engine-monitor", daemon=True)
+        self.paths = paths
+        self.engine_alive = engine_alive
+        self.poll_s = poll_s
+        self.resend_s = resend_s  # a query unanswered this long is sent again (a lost message)
+        self.latest: p.EngineStats | None = None
+        self.answered_at = float("-inf")  # time.monotonic() of the latest answer
+        self.asked_at = float("-inf")  # and of the query it answers
+        self._query_now = False
+        self._cond = threading.Condition()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # other messages for the engine
+        self._stopped = threading.Event()
+
+    # ---- read by other threads ------------------------------------------------------------
+
+    def answered_within(self, seconds: float) -> bool:
+        """Did the busy loop answer in the last `seconds`?"""
+        return time.monotonic() - self.answered_at <= seconds
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once an answer to a query sent after this call shows nothing running or waiting.
+
+        False when `timeout_s` runs out, or the engine process is gone (nothing to wait for)."""
+        self.poll_s = min(self.poll_s, 0.1)  # draining: look often
+        start = time.monotonic()
+        self._query_now = True
+        deadline = start + timeout_s
+        with self._cond:
+            while not (self.asked_at >= start and self.latest.num_running == 0 and self.latest.num_waiting == 0):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.engine_alive():
+                    return False
+                self._cond.wait(min(remaining, 0.2))
+        time.sleep(FLUSH_S)
+        return True
+
+    def abort_all(self) -> None:
+        """Have the engine end every request now (see p.AbortAll)."""
+        self._outbox.put(p.AbortAll())
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    # ---- the thread -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        ctx = zmq.Context()
+        out = make_socket(ctx, zmq.PUSH, self.paths.engine_input, bind=False)
+        inbox = make_socket(ctx, zmq.PULL, self.paths.worker_output(LAUNCHER_ID), bind=True)
+        sent_at: float | None = None  # when the query in flight went out
+        next_query = 0.0
+        try:
+            while not self._stopped.is_set():
+                while not self._outbox.empty():
+                    out.send(p.input_encoder.encode(self._outbox.get_nowait()))
+                now = time.monotonic()
+                due = self._query_now or now >= next_query
+                if (sent_at is None and due) or (sent_at is not None and now - sent_at > self.resend_s):
+                    self._query_now = False
+                    out.send(p.input_encoder.encode(p.StatsQuery(LAUNCHER_ID)))
+                    sent_at, next_query = now, now + self.poll_s
+                if inbox.poll(50):
+                    stats = p.output_decoder.decode(inbox.recv())
+                    with self._cond:
+                        self.latest, self.answered_at = stats, time.monotonic()
+                        self.asked_at = self.asked_at if sent_at is None else sent_at  # None: a resend's twin
+                        self._cond.notify_all()
+                    sent_at = None
+        except Exception:
+            log.exception("the engine monitor stopped")
+        finally:
+            out.close()
+            inbox.close()
+            ctx.term()

@@ -110,6 +110,14 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str
         req = decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise from_validation_error(exc) from None
+    # msgspec raises these two outside DecodeError: bad UTF-8 inside a string, and nesting past
+    # its recursion limit (unknown fields are skipped recursively too).
+    except UnicodeDecodeError:
+        raise APIError(400, "The request body is not valid JSON: a string is not valid UTF-8.",
+                       code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
+                       code="invalid_json") from None
     reject_unsupported(req)
     if req.model != served_model:
         raise not_found(f"The model `{req.model}` does not exist.", param="model")

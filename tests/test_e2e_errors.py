@@ -69,6 +69,12 @@ def test_malformed_json(server):
     err = check_error(chat(server, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}), 400)
     assert "JSON" in err["message"]
     check_error(chat(server, content=b"\xff\xfe not json"), 400)
+    # msgspec raises UnicodeDecodeError and RecursionError for these, outside its DecodeError
+    for raw in (b'{"model": "x", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+                b'{"model": "x", "user": "\xc3"}',
+                b'{"a": ' * 10_000 + b"1" + b"}" * 10_000,
+                b'{"model": "x", "tools": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"):
+        check_error(chat(server, content=raw, headers={"content-type": "application/json"}), 400, code="invalid_json")
 
 
 def test_unknown_model_is_404(server, client):

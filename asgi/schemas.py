@@ -17,6 +17,9 @@ PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(gt=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
+# Integers that travel to the engine are bounded to int64: msgpack cannot carry more, and the
+# engine builds int64 tensors of them (a larger top_k would fail the whole batch's step).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class StreamOptions(msgspec.Struct):
@@ -46,17 +49,17 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # vLLM's extension
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     # vLLM's extension; vLLM takes any value > 0, this server caps it at 2 (a deliberate divergence).
     repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0, le=INT64_MAX)]] | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None

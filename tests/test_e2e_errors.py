@@ -1,6 +1,8 @@
 """Bad input gets an OpenAI error body with the right status and param; the server stays up."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -44,6 +46,18 @@ def chat(server, body=None, **kw):
 ])
 def test_bad_parameters_name_the_param(server, body, param):
     check_error(chat(server, body), 400, param)
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("seed", 2**64, "seed"), ("seed", -(2**63) - 1, "seed"), ("seed", 10**400, "seed"),
+    ("top_k", 2**63, "top_k"), ("top_k", 2**64 - 1, "top_k"), ("min_tokens", 10**20, "min_tokens"),
+    ("stop_token_ids", [2**64], "stop_token_ids[0]"),
+], ids=["seed-2**64", "seed-below-int64", "seed-10**400", "top_k-2**63", "top_k-2**64-1", "min_tokens-10**20",
+        "stop_token_ids-2**64"])
+def test_integers_past_int64_are_400(server, field, value, param):
+    """Past int64 a value cannot reach the engine (msgpack, int64 tensors): a 400, not a 500."""
+    body = {"model": MODEL, "messages": MSGS, "max_tokens": 2, field: value}
+    check_error(chat(server, content=json.dumps(body), headers={"content-type": "application/json"}), 400, param)
 
 
 @pytest.mark.parametrize("extra,param", [

@@ -12,7 +12,7 @@ from asgi.completions import completions
 from asgi.engine_client import EngineDead
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.generate import GenerationFailed
-from asgi.http import ClientDisconnected, read_body, send_response
+from asgi.http import ClientDisconnected, read_body, require_json, send_response
 from asgi.metrics import METRICS_PATH, metrics_endpoint
 from asgi.request_context import RequestContext, set_current
 from asgi.state import WorkerSettings, WorkerState, dumps
@@ -130,7 +130,10 @@ class App:
                     raise APIError(405, f"Method {method} is not allowed for {path}; use {allowed}.",
                                    code="method_not_allowed")
                 raise APIError(404, f"Unknown path: {path}", code="not_found")
-            body = await read_body(receive, self.state.settings.max_body_bytes) if method in NEEDS_BODY else b""
+            body = b""
+            if method in NEEDS_BODY:
+                require_json(scope["headers"])
+                body = await read_body(receive, self.state.settings.max_body_bytes)
             await handler(self.state, body, receive, send)
         except APIError as exc:
             await send_response(send, exc.status, exc.body(), headers=exc.headers)

@@ -1,4 +1,4 @@
-"""The ASGI primitives: read a body with a limit, answer JSON, and watch for a disconnect.
+"""The ASGI primitives: read a JSON body with a limit, answer JSON, and watch for a disconnect.
 
 Granian does not raise on `send()` after the client left, so a request that streams or waits
 on the engine runs a DisconnectWatcher: it owns `receive()` once the body is read, and its
@@ -13,6 +13,22 @@ from asgi.errors import APIError
 
 class ClientDisconnected(Exception):
     pass
+
+
+def require_json(headers: list[tuple[bytes, bytes]]) -> None:
+    """415 for a body declared as anything but JSON (application/json or a +json type).
+
+    No Content-Type at all is read as JSON, as FastAPI does. A declared text/plain or form body
+    is refused: those are what a browser may send cross-origin without a CORS preflight.
+    """
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            media_type = value.split(b";", 1)[0].strip().lower()
+            if media_type != b"application/json" and not media_type.endswith(b"+json"):
+                shown = media_type.decode("latin-1")[:100]
+                raise APIError(415, f"Content-Type must be application/json, not `{shown}`.",
+                               code="unsupported_media_type")
+            return
 
 
 async def read_body(receive, limit_bytes: int) -> bytes:

@@ -119,6 +119,16 @@ def test_wrong_method_and_unknown_path(server):
     check_error(httpx.get(f"{server.base_url}/v1/nothing-here"), 404)
 
 
+def test_body_declared_as_something_else_than_json_is_415(server):
+    body = json.dumps({"model": MODEL, "messages": MSGS, "max_tokens": 1})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        check_error(chat(server, content=body, headers={"content-type": content_type}), 415,
+                    code="unsupported_media_type")
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json", None):
+        headers = {"content-type": content_type} if content_type else {}
+        assert chat(server, content=body, headers=headers).status_code == 200, content_type
+
+
 def test_server_still_serves_after_bad_input(client):
     resp = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=3)
     assert resp.choices[0].message.content is not None

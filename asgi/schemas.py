@@ -110,15 +110,17 @@ completion_decoder = msgspec.json.Decoder(CompletionRequest)
 def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str):
     """Decode and check a request body: 400 naming the parameter, 404 for another model."""
     try:
+        # JSON is UTF-8 (RFC 8259). msgspec checks it only in the strings it decodes: in an
+        # object key it does not, so `"max_t\xffokens": 4` was an unknown key, silently skipped.
+        body.decode()
+    except UnicodeDecodeError:
+        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.",
+                       code="invalid_json") from None
+    try:
         req = decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise from_validation_error(exc) from None
-    # msgspec raises these two outside DecodeError: bad UTF-8 inside a string, and nesting past
-    # its recursion limit (unknown fields are skipped recursively too).
-    except UnicodeDecodeError:
-        raise APIError(400, "The request body is not valid JSON: a string is not valid UTF-8.",
-                       code="invalid_json") from None
-    except RecursionError:
+    except RecursionError:  # raised outside DecodeError; unknown fields are skipped recursively too
         raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
                        code="invalid_json") from None
     reject_unsupported(req)

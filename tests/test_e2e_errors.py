@@ -83,8 +83,11 @@ def test_malformed_json(server):
     err = check_error(chat(server, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}), 400)
     assert "JSON" in err["message"]
     check_error(chat(server, content=b"\xff\xfe not json"), 400)
-    # msgspec raises UnicodeDecodeError and RecursionError for these, outside its DecodeError
+    # msgspec raises UnicodeDecodeError and RecursionError for these, outside its DecodeError,
+    # and skips a key with bad UTF-8 as an unknown field (the request was served without it)
     for raw in (b'{"model": "x", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+                b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_t\xffokens": 4}'
+                % MODEL.encode(),
                 b'{"model": "x", "user": "\xc3"}',
                 b'{"a": ' * 10_000 + b"1" + b"}" * 10_000,
                 b'{"model": "x", "tools": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"):

@@ -44,7 +44,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     """What chat and completions share."""
 
     model: str
-    stream: bool = False
+    # OpenAI's spec makes `stream` (and completions' `echo`) nullable: null is the default, false.
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
@@ -98,7 +99,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    echo: bool = False
+    echo: bool | None = False
     best_of: PositiveInt | None = None
     suffix: str | None = None
 

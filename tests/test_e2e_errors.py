@@ -132,6 +132,15 @@ def test_body_declared_as_something_else_than_json_is_415(server):
         assert chat(server, content=body, headers=headers).status_code == 200, content_type
 
 
+def test_nulls_the_spec_allows_are_not_errors(server):
+    """OpenAI's spec makes stream and echo nullable (the SDK sends `stream=None` as null)."""
+    ok = chat(server, {"model": MODEL, "messages": MSGS, "max_tokens": 2, "stream": None})
+    assert ok.status_code == 200 and ok.json()["object"] == "chat.completion"
+    ok = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
+                    json={"model": MODEL, "prompt": "a", "max_tokens": 2, "stream": None, "echo": None})
+    assert ok.status_code == 200 and ok.json()["object"] == "text_completion"
+
+
 def test_server_still_serves_after_bad_input(client):
     resp = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=3)
     assert resp.choices[0].message.content is not None

@@ -14,6 +14,8 @@ import pytest  # noqa: E402
 from bench.servers import ServerProcess, rill_server  # noqa: E402
 from tests.server import leftovers  # noqa: E402
 
+TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+
 
 @pytest.fixture(scope="session")
 def model_dir():
@@ -44,6 +46,21 @@ def stop_server(server: ServerProcess) -> None:
 def server(model_dir, tmp_path_factory):
     """One shared server for the read-only end-to-end tests."""
     srv = start_server(tmp_path_factory, "--max-model-len", "2048")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(model_dir, tmp_path_factory):
+    """The hardening suite's server: bench's tiny random-weight model (each step costs almost
+    nothing, so what is under test is the serving stack) behind two API workers, with a 12 MiB
+    body limit (a 10 MB string fits, 13 MB does not) and a 64 MiB KV cache."""
+    from bench.tiny_model import write_tiny_model
+
+    tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",
+                       TINY_MODEL, "--max-model-len", "256", "--workers", "2", "--kv-cache-memory", "64MiB",
+                       "--max-request-body", "12MiB")
     yield srv
     stop_server(srv)
 

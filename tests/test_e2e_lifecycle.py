@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import start_server
+from tests.openapi import validate
 from tests.server import leftovers, stats
 
 MODEL = "smollm2-135m-instruct"
@@ -92,18 +93,32 @@ def test_two_workers_route_outputs_to_their_owner(busy_server):
 
 
 def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
-    """Last in this module: kills the engine under a live stream."""
+    """Last in this module: kills the engine under a live stream, with two more requests queued
+    behind it (one seat): every waiting client gets an error, none hangs."""
     engine_pid = stats(busy_server)["engine_pid"]
+    url = f"{busy_server.base_url}/v1/completions"
     events = []
-    with httpx.stream("POST", f"{busy_server.base_url}/v1/completions", json={**LONG, "stream": True},
-                      timeout=60) as r:
+    with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=60) as r:
         lines = r.iter_lines()
         events.append(next(lines))
+        queued_stream = Stream(url, {**LONG, "stream": True})
+        queued_stream.start()
+        queued: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: queued.append(httpx.post(url, json=LONG, timeout=60)))
+        waiter.start()
+        wait_for(lambda: stats(busy_server)["num_waiting"] == 2)
         os.kill(engine_pid, signal.SIGKILL)
         events.extend(line for line in lines if line.startswith("data:"))
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2][len("data: "):])
     assert "error" in error and error["error"]["message"]
+    queued_stream.join(30)
+    waiter.join(30)
+    assert not queued_stream.is_alive() and not waiter.is_alive(), "a queued client hangs"
+    assert queued_stream.error is None and queued_stream.events[-1] == "data: [DONE]"
+    assert json.loads(queued_stream.events[-2][len("data: "):])["error"]["message"]
+    assert queued[0].status_code == 503
+    validate("ErrorResponse", queued[0].json())
     try:  # until the server is gone, new work is refused with 503, never served or hung
         late = httpx.post(f"{busy_server.base_url}/v1/completions", json={**LONG, "max_tokens": 2}, timeout=10)
         assert late.status_code == 503

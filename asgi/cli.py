@@ -65,9 +65,37 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                              "(same seed, same prompt, same output); costs decode speed, see README")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_admission_flags(ap)
     add_auth_proxy_log_flags(ap)
     add_metrics_flags(ap)
     return ap
+
+
+def _non_negative(convert):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = -1
+        if not value >= 0:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def add_admission_flags(ap: argparse.ArgumentParser) -> None:
+    """Bounds on the engine's waiting queue and on a request's time (README: "Admission control")."""
+    admission = ap.add_argument_group("admission control")
+    admission.add_argument("--max-queued-requests", type=_non_negative(int), default=0, metavar="N",
+                           help="most requests waiting for a seat in the running batch (--max-num-seqs); "
+                                "past it a request gets 429 with Retry-After at once; 0: no limit")
+    admission.add_argument("--max-queued-tokens", type=_non_negative(int), default=0, metavar="N",
+                           help="most prompt tokens of the waiting requests; past it 429 likewise; 0: no limit")
+    admission.add_argument("--request-timeout", type=_non_negative(float), default=0.0, metavar="SECONDS",
+                           help="end a request this long after it reached the engine: an error event "
+                                "`request_timeout` ends a stream, else 504; 0: no timeout")
 
 
 def _metrics_prefix(text: str) -> str:

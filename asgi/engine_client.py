@@ -1,7 +1,9 @@
 """The API worker's link to the engine: submit, abort, and route step outputs to mailboxes.
 
 One per worker process. Submits go to the engine's PULL socket; each step's StepOutputs
-arrives on this worker's own PULL socket (only this worker's requests are in it).
+arrives on this worker's own PULL socket (only this worker's requests are in it). Under
+admission control (a queue bound set) the engine answers each Submit with an Admission on the
+same socket, ahead of the request's deltas, and `submit()` waits for it.
 A watchdog notices the engine's death and fails every waiting request at once.
 """
 from __future__ import annotations
@@ -33,9 +35,11 @@ def process_alive(pid: int) -> bool:
 
 
 class EngineClient:
-    def __init__(self, paths: RunPaths, engine_pid: int):
+    def __init__(self, paths: RunPaths, engine_pid: int, admission_control: bool = False):
         self.paths = paths
         self.engine_pid = engine_pid
+        self.admission_control = admission_control
+        self._admissions: dict[str, asyncio.Future] = {}  # by a Submit's first req_id
         self.worker_id = str(os.getpid())
         self.alive = True
         self._routes: dict[str, tuple[Mailbox, int]] = {}
@@ -49,12 +53,31 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_outputs()), loop.create_task(self._watch_engine())]
 
-    async def submit(self, req_id: str, prompt_ids: list[int], params: p.SamplingParams,
-                     mailbox: Mailbox, index: int) -> None:
+    async def submit(self, req_ids: list[str], prompts: list[list[int]], params: p.SamplingParams,
+                     mailbox: Mailbox, first_index: int = 0) -> p.Admission | None:
+        """Sends one API request's engine requests (choice i to mailbox index first_index + i).
+
+        Under admission control, returns the engine's Admission once it came (a refused request
+        is forgotten here); else None at once: everything is admitted.
+        """
         if not self.alive:
             raise EngineDead
-        self._routes[req_id] = (mailbox, index)
-        await self._out.send(p.input_encoder.encode(p.Submit(req_id, self.worker_id, params, prompt_ids)))
+        for i, req_id in enumerate(req_ids):
+            self._routes[req_id] = (mailbox, first_index + i)
+        answer = None
+        if self.admission_control:
+            answer = self._admissions[req_ids[0]] = asyncio.get_running_loop().create_future()
+        try:
+            await self._out.send(p.input_encoder.encode(p.Submit(req_ids, self.worker_id, params, prompts)))
+            if answer is None:
+                return None
+            admission = await answer
+        finally:
+            self._admissions.pop(req_ids[0], None)
+        if admission.verdict is not p.Verdict.ADMITTED:
+            for req_id in req_ids:
+                self._routes.pop(req_id, None)
+        return admission
 
     async def abort(self, req_ids: list[str]) -> None:
         live = [r for r in req_ids if self._routes.pop(r, None) is not None]
@@ -73,6 +96,11 @@ class EngineClient:
         while True:
             frame = await self._in.recv(copy=False)
             msg = p.output_decoder.decode(frame.buffer)
+            if isinstance(msg, p.Admission):
+                answer = self._admissions.get(msg.req_id)
+                if answer is not None and not answer.done():
+                    answer.set_result(msg)
+                continue
             if isinstance(msg, p.EngineStats):
                 waiters, self._stats_waiters = self._stats_waiters, []
                 for fut in waiters:
@@ -102,7 +130,7 @@ class EngineClient:
         for mailbox, _ in list(self._routes.values()):
             mailbox.fail(ENGINE_DEAD)
         self._routes.clear()
-        for fut in self._stats_waiters:
+        for fut in [*self._stats_waiters, *self._admissions.values()]:
             if not fut.done():
                 fut.set_exception(EngineDead())
 

@@ -58,3 +58,11 @@ def shutting_down() -> APIError:
 
 def unsupported(param: str) -> APIError:
     return APIError(400, f"`{param}` is not supported by this server yet.", param=param, code="unsupported_parameter")
+
+
+def queue_full(tokens: bool, retry_after_s: int) -> APIError:
+    """429 from admission control, shaped as OpenAI's rate limits: type `requests` or `tokens`."""
+    what = "prompt tokens" if tokens else "requests"
+    return APIError(429, f"The server is at capacity: its queue of waiting {what} is full. "
+                         f"Retry after {retry_after_s} s.", type="tokens" if tokens else "requests",
+                    code="rate_limit_exceeded", headers=[(b"retry-after", str(retry_after_s).encode())])

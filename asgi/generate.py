@@ -5,21 +5,23 @@ The loop wakes on engine output, on the client's disconnect, or when a keep-aliv
 """
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from asgi.detokenizer import Detokenizer
 from asgi.engine_client import ENGINE_DEAD, EngineClient, EngineDead
-from asgi.errors import engine_unavailable
+from asgi.errors import engine_unavailable, queue_full
 from asgi.mailbox import Mailbox
 from asgi.request_context import current
 from ipc.logprobs import TokenLogprobs
-from ipc.protocol import FinishReason, SamplingParams
+from ipc.protocol import FinishReason, SamplingParams, Verdict
 
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 KEEPALIVE = object()
 SHUTDOWN_ABORT = "The server is shutting down and the request did not finish within its shutdown timeout."
+REQUEST_TIMEOUT = "The request did not finish within the server's request timeout and was ended."
 
 
 @dataclass
@@ -75,15 +77,24 @@ class Generation:
         self.finish_reasons: list[str | None] = [None] * len(prompts)
         self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
+        self.rejected = False  # refused by admission control (a 429): never ran, nothing to record
+        self.failure_reason = "error"  # how a failed request is counted: error, or timeout
         # Logprobs of tokens whose text the detokenizer still holds back, per choice.
         self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in prompts]
 
     async def start(self) -> None:
+        """Submits every choice at once; raises the 429 when admission control refuses them."""
         try:
-            for index, prompt_ids in enumerate(self.prompts):
-                await self.client.submit(self.engine_ids[index], prompt_ids, self.params, self.mailbox, index)
+            admission = await self.client.submit(self.engine_ids, self.prompts, self.params, self.mailbox)
         except EngineDead:
             raise engine_unavailable(ENGINE_DEAD) from None
+        except asyncio.CancelledError:  # the engine may admit them after all: it must not run them
+            await self.client.abort(self.engine_ids)
+            raise
+        if admission is not None and admission.verdict is not Verdict.ADMITTED:
+            self.rejected = True
+            self.finished = [True] * len(self.prompts)
+            raise queue_full(admission.verdict is Verdict.QUEUE_TOKENS_FULL, admission.retry_after_s)
 
     def on_disconnect(self) -> None:
         self.disconnected = True
@@ -128,6 +139,9 @@ class Generation:
         elif choice.finish is not None:
             if choice.finish is FinishReason.ABORT:  # only the engine's AbortAll reaches us
                 raise GenerationFailed(SHUTDOWN_ABORT, status=503, code="shutting_down")
+            if choice.finish is FinishReason.TIMEOUT:  # the engine freed it: nothing to abort
+                self.failure_reason = "timeout"
+                raise GenerationFailed(REQUEST_TIMEOUT, status=504, code="request_timeout")
             if choice.finish not in FINISH_REASONS:
                 raise GenerationFailed("The engine failed to complete the request.")
             text += detok.flush()
@@ -145,7 +159,7 @@ class Generation:
     def record(self, failed: bool = False) -> None:
         """Token counts and how the request ended, into the request's context."""
         ctx = self.ctx
-        if ctx is None:
+        if ctx is None or self.rejected:
             return
         usage = self.usage()
         ctx.prompt_tokens, ctx.output_tokens = usage.prompt_tokens, usage.completion_tokens
@@ -153,7 +167,7 @@ class Generation:
         ctx.engine_timings = [c.timings for c in self.mailbox.choices if c.timings is not None]
         ctx.disconnected = self.disconnected
         if failed:
-            ctx.finish_reason = "error"
+            ctx.finish_reason = self.failure_reason
         elif self.disconnected or not all(self.finished):
             ctx.finish_reason = "abort"
         else:  # one reason per request: length if any choice ran out, else stop

@@ -77,7 +77,9 @@ class WorkerState:
         template = (ChatTemplate.from_file(settings.chat_template, model_dir=model_dir) if settings.chat_template
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        state = cls(settings, EngineClient(paths, settings.engine_pid), tokenizer, template)
+        limits = settings.limits  # with a queue bound the engine answers each Submit (admission control)
+        client = EngineClient(paths, settings.engine_pid, bool(limits.max_queued_requests or limits.max_queued_tokens))
+        state = cls(settings, client, tokenizer, template)
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)

@@ -4,7 +4,7 @@
 message pays the whole path: build, encode, send, recv, decode, ids out as Python lists, and
 for a step the per-request slicing `asgi/engine_client.py` does. How the ids travel:
 
-- zmq_list: inline msgpack lists, the protocol's `Submit.prompt_ids` / `StepOutputs.ids`: what
+- zmq_list: inline msgpack lists, the protocol's `Submit.prompts` / `StepOutputs.ids`: what
   the serving path sends
 - shm_ring: bench/shm_ring.py's ring (sizes in bench/ipc_variants.py), a ShmSlice in the message
 - zmq_bytes: raw int32 (float32) bytes in a msgpack bin field, one frame

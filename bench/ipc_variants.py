@@ -119,7 +119,7 @@ def send(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload, i: int
     src, deltas, req_id = payload.source[i % NUM_VERSIONS], payload.deltas, f"cmpl-{i:032x}-0"
     lps = payload.logprobs[i % NUM_VERSIONS]
     if variant == "zmq_list" and payload.is_prompt:
-        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, src))]
+        frames = [p.input_encoder.encode(p.Submit([req_id], "1234", PARAMS, [src]))]
     elif variant == "zmq_list" and payload.has_logprobs:
         frames = [encode(StepLogprobs(deltas, inline_ids=src.tolist(), inline_logprobs=lps.tolist()))]
     elif variant == "zmq_list":
@@ -137,7 +137,7 @@ def send(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload, i: int
         frames = [encode(StepBytes(deltas, np.asarray(src, np.int32).tobytes(),
                                     lps.tobytes() if payload.has_logprobs else b""))]
     elif payload.is_prompt:
-        frames = [p.input_encoder.encode(p.Submit(req_id, "1234", PARAMS, [])), np.array(src, np.int32)]
+        frames = [p.input_encoder.encode(p.Submit([req_id], "1234", PARAMS, [[]])), np.array(src, np.int32)]
     else:
         arrays = [src, lps] if payload.has_logprobs else [np.array(src, np.int32)]
         frames = [p.output_encoder.encode(p.StepOutputs(deltas, [])), *arrays]
@@ -167,7 +167,7 @@ def receive(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload):
         ids = ring.read(msg.prompt).tolist()
     elif payload.is_prompt:  # as engine_proc/io_threads.py
         msg = p.input_decoder.decode(sock.recv(copy=False).buffer)
-        ids = msg.prompt_ids
+        ids = msg.prompts[0]
     elif payload.has_logprobs:
         msg = _decoders[StepLogprobs](sock.recv(copy=False).buffer)
         ids = ring.read(msg.ids).tolist() if msg.ids is not None else msg.inline_ids

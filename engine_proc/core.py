@@ -1,4 +1,4 @@
-"""The engine's busy loop: drain inputs, schedule, run the model, publish the step's deltas."""
+"""The engine's busy loop: drain inputs, end overdue requests, schedule, run the model, publish."""
 from __future__ import annotations
 
 import logging
@@ -6,17 +6,21 @@ import queue
 import resource
 import time
 
+from engine_proc.admission import AdmissionControl
 from engine_proc.batch import Batch, TokenDelta
+from engine_proc.deadlines import Deadlines
 from engine_proc.request import EngineRequest
 from engine_proc.scheduler import Scheduler
 from ipc import protocol as p
 from ipc.logprobs import encode_logprobs
 
 log = logging.getLogger("rill.engine")
+_NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT)  # counted apart from num_finished
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic):
+    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
+                 admission: AdmissionControl | None = None, deadlines: Deadlines | None = None):
         self.scheduler = scheduler
         self.runner = runner
         self.inputs = inputs
@@ -25,6 +29,11 @@ class EngineCore:
         self.num_aborted = 0
         self.num_finished = 0
         self.num_generated_tokens = 0
+        self.num_timed_out = 0
+        # The input thread admits against the queue figures we report after each schedule().
+        self.admission = AdmissionControl() if admission is None else admission
+        self.deadlines = Deadlines() if deadlines is None else deadlines  # --request-timeout
+        self._num_taken = self._num_taken_tokens = 0  # requests taken in since the last report
         self.running = True
 
     def run_busy_loop(self) -> None:
@@ -32,7 +41,9 @@ class EngineCore:
             self.drain_inputs(block=not self.scheduler.has_work)
             if not self.running:
                 return
+            self.publish_deltas(self.end_overdue())
             batch = self.scheduler.schedule()
+            self.report_queue()
             deltas = self.step(batch) if batch else []
             self.publish_deltas(deltas + self.scheduler.take_errored())
 
@@ -56,6 +67,27 @@ class EngineCore:
             d.logprobs = logprobs_of.get(id(d.req))
         return deltas
 
+    def end_overdue(self) -> list[TokenDelta]:
+        """Requests past --request-timeout end now, with a TIMEOUT delta; their blocks are freed."""
+        deltas = []
+        for req_id in self.deadlines.expired(self.clock()):
+            if (req := self.scheduler.abort(req_id)) is not None:
+                req.finish = p.FinishReason.TIMEOUT
+                deltas.append(TokenDelta(req, [], p.FinishReason.TIMEOUT))
+        self.num_timed_out += len(deltas)
+        return deltas
+
+    def report_queue(self) -> None:
+        """Hands the waiting queue as schedule() left it to admission control (the input thread)."""
+        scheduler = self.scheduler
+        num_waiting = scheduler.num_waiting
+        # Seats free while nothing waits take newcomers next step; with requests waiting they
+        # are held back by KV blocks or the token budget, and a newcomer would wait too.
+        num_free_seats = 0 if num_waiting else scheduler.max_num_seqs - scheduler.num_running
+        self.admission.update(self._num_taken, self._num_taken_tokens, num_waiting, scheduler.num_waiting_tokens,
+                              num_free_seats)
+        self._num_taken = self._num_taken_tokens = 0
+
     def _fail(self, req: EngineRequest) -> TokenDelta:
         self.scheduler.abort(req.req_id)
         return TokenDelta(req, [], p.FinishReason.ERROR)
@@ -72,9 +104,14 @@ class EngineCore:
     def handle(self, item) -> None:
         if isinstance(item, EngineRequest):
             item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
+            self._num_taken += 1
+            self._num_taken_tokens += item.num_tokens
             self.scheduler.add(item)
+            if item.finish is None:  # not errored out in add()
+                self.deadlines.add(item.req_id, item.arrival_s)
         elif isinstance(item, p.Abort):
             for req_id in item.req_ids:
+                self.deadlines.discard(req_id)
                 if self.scheduler.abort(req_id) is not None:
                     self.num_aborted += 1
         elif isinstance(item, p.StatsQuery):
@@ -105,6 +142,9 @@ class EngineCore:
             kv_cache_bytes=self.runner.kv_cache.num_bytes,
             num_preemptions=self.scheduler.num_preemptions,
             num_generated_tokens=self.num_generated_tokens,
+            num_waiting_tokens=self.scheduler.num_waiting_tokens,
+            num_rejected=self.admission.num_rejected,
+            num_timed_out=self.num_timed_out,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:
@@ -128,6 +168,8 @@ class EngineCore:
             )
             out.append((req.worker_id, delta, d.new_ids))
             self.num_generated_tokens += len(d.new_ids)
-            if d.finish is not None and d.finish is not p.FinishReason.ABORT:  # aborts: num_aborted
-                self.num_finished += 1
+            if d.finish is not None:
+                self.deadlines.discard(req.req_id)
+                if d.finish not in _NOT_FINISHED:  # num_aborted, num_timed_out
+                    self.num_finished += 1
         self.publish(out)

@@ -1,7 +1,9 @@
 """The engine's socket threads: decode inputs into a queue, encode each step's outputs out.
 
 Socket I/O stays off the busy loop: the input thread turns Submit messages into
-EngineRequests, and the output thread fans a step's deltas out to the workers that own them.
+EngineRequests (admitting or refusing each at once under admission control, see
+engine_proc/admission.py), and the output thread fans a step's deltas out to the workers that
+own them.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections import defaultdict
 
 import zmq
 
+from engine_proc.admission import AdmissionControl
 from engine_proc.request import EngineRequest
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket
@@ -21,23 +24,41 @@ log = logging.getLogger("rill.engine")
 
 
 class InputThread(threading.Thread):
-    """PULL socket -> queue of EngineRequest | Abort | StatsQuery | Shutdown."""
+    """PULL socket -> queue of EngineRequest | Abort | StatsQuery | Shutdown.
 
-    def __init__(self, ctx: zmq.Context, paths: RunPaths, inputs: queue.SimpleQueue):
+    Under admission control each Submit gets its Admission from here, through the output
+    thread's queue (`publish`): ahead of any delta of its requests, and never behind a step.
+    """
+
+    def __init__(self, ctx: zmq.Context, paths: RunPaths, inputs: queue.SimpleQueue,
+                 admission: AdmissionControl | None = None, publish=None):
         super().__init__(name="engine-input", daemon=True)
         self.inputs = inputs
+        self.admission = AdmissionControl() if admission is None else admission
+        self.publish = publish  # OutputThread.publish; needed only when admission is enabled
         self.sock = make_socket(ctx, zmq.PULL, paths.engine_input, bind=True)
 
     def run(self) -> None:
         while True:
             msg = p.input_decoder.decode(self.sock.recv(copy=False).buffer)
             if isinstance(msg, p.Submit):
-                self.inputs.put(EngineRequest(msg.req_id, msg.worker_id, msg.prompt_ids, msg.params,
-                                              arrival_s=time.monotonic()))
+                self.submit(msg)
             else:
                 self.inputs.put(msg)
                 if isinstance(msg, p.Shutdown):
                     return
+
+    def submit(self, msg: p.Submit) -> None:
+        admission = self.admission
+        verdict = admission.admit(len(msg.req_ids), sum(len(ids) for ids in msg.prompts))
+        if admission.enabled:
+            retry_after_s = 0 if verdict is p.Verdict.ADMITTED else admission.retry_after_s()
+            self.publish((msg.worker_id, p.Admission(msg.req_ids[0], verdict, retry_after_s)))
+        if verdict is not p.Verdict.ADMITTED:
+            return
+        arrival_s = time.monotonic()
+        for req_id, prompt_ids in zip(msg.req_ids, msg.prompts):
+            self.inputs.put(EngineRequest(req_id, msg.worker_id, prompt_ids, msg.params, arrival_s=arrival_s))
 
     def close(self) -> None:
         self.sock.close()
@@ -53,7 +74,8 @@ class OutputThread(threading.Thread):
         self.outputs: queue.SimpleQueue = queue.SimpleQueue()
         self.socks: dict[str, zmq.Socket] = {}
 
-    def publish(self, item: list[tuple[str, p.RequestDelta, list[int]]] | tuple[str, p.EngineStats] | None) -> None:
+    def publish(self, item: list[tuple[str, p.RequestDelta, list[int]]] | tuple[str, p.EngineStats | p.Admission]
+                | None) -> None:
         self.outputs.put(item)
 
     def run(self) -> None:

@@ -19,6 +19,14 @@ from ipc.logs import configure_logging
 
 log = logging.getLogger("rill.engine")
 
+# Under the packed linears (model_loader.PackedLinear) oneDNN keeps a primitive per input shape in
+# two LRU caches, its own and ideep's, of 1,024 entries each by default. A step's number of rows
+# changes from step to step, so the engine's RSS grew by hundreds of MiB over a few thousand
+# requests until both were full (tests/test_hardening_soak.py). 64 entries keep the shapes of the
+# last ten or so steps: RSS stays flat, for about 2% more CPU on the tiny model, where making a
+# primitive weighs most against the step. Read by oneDNN when it first runs; a user's value wins.
+ONEDNN_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
 
 class EngineConfig(msgspec.Struct):
     model_dir: str
@@ -38,6 +46,10 @@ class EngineConfig(msgspec.Struct):
     max_model_len: int | None = None
     num_threads: int | None = None
     enable_prefix_caching: bool = True
+    # Admission control and --request-timeout (engine_proc/admission.py, deadlines.py); 0: none.
+    max_queued_requests: int = 0
+    max_queued_tokens: int = 0
+    request_timeout_s: float = 0.0
     log_level: str = "INFO"
     log_format: str = "text"  # text | json (ipc/logs.py)
 
@@ -109,6 +121,8 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format, with_transformers=True)
+    for name, value in ONEDNN_CACHE_CAPACITY.items():
+        os.environ.setdefault(name, value)
     try:
         core, threads, limits = build_engine(config)
     except Exception as exc:
@@ -130,8 +144,10 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
 def build_engine(config: EngineConfig):
     import torch
 
+    from engine_proc.admission import AdmissionControl
     from engine_proc.block_manager import BlockManager
     from engine_proc.core import EngineCore
+    from engine_proc.deadlines import Deadlines
     from engine_proc.hf_runner import TransformersRunner
     from engine_proc.io_threads import InputThread, OutputThread
     from engine_proc.kv_cache import num_blocks_for_memory
@@ -193,11 +209,14 @@ def build_engine(config: EngineConfig):
     paths = RunPaths(config.run_id, Path(config.run_dir))
     ctx = zmq.Context()
     inputs: queue.SimpleQueue = queue.SimpleQueue()
-    input_thread = InputThread(ctx, paths, inputs)
+    admission = AdmissionControl(config.max_queued_requests, config.max_queued_tokens,
+                                 max_num_seqs=config.max_num_seqs)
     output_thread = OutputThread(ctx, paths)
+    input_thread = InputThread(ctx, paths, inputs, admission, output_thread.publish)
     input_thread.start()
     output_thread.start()
-    core = EngineCore(scheduler, runner, inputs, output_thread.publish)
+    core = EngineCore(scheduler, runner, inputs, output_thread.publish, admission=admission,
+                      deadlines=Deadlines(config.request_timeout_s))
     limits = p.EngineLimits(
         model_id=config.model_id,
         model_dir=str(model_dir),
@@ -209,5 +228,8 @@ def build_engine(config: EngineConfig):
         eos_token_ids=eos_ids,
         vocab_size=runner.vocab_size,
         dtype=dtype_name,
+        max_queued_requests=config.max_queued_requests,
+        max_queued_tokens=config.max_queued_tokens,
+        request_timeout_s=config.request_timeout_s,
     )
     return core, (input_thread, output_thread), limits

@@ -54,6 +54,7 @@ class Scheduler:
         # last one is the most recently admitted, the first to preempt.
         self._waiting: OrderedDict[str, EngineRequest] = OrderedDict()
         self._running: dict[str, EngineRequest] = {}
+        self._num_waiting_tokens = 0  # num_tokens of the waiting requests (fixed while they wait)
         # Requests errored out in add(), until take_errored() hands them out.
         self._errored_deltas: list[TokenDelta] = []
         # Prefix cache figures, over admissions (re-admissions after preemption included).
@@ -70,6 +71,11 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Tokens the waiting requests have to compute: prompts, and outputs of preempted ones."""
+        return self._num_waiting_tokens
 
     @property
     def has_work(self) -> bool:
@@ -94,6 +100,7 @@ class Scheduler:
             self._errored_deltas.append(TokenDelta(req, [], FinishReason.ERROR))
             return
         self._waiting[req.req_id] = req
+        self._num_waiting_tokens += num_tokens
 
     def take_errored(self) -> list[TokenDelta]:
         """The ERROR deltas of requests that add() found the engine can never serve."""
@@ -110,6 +117,7 @@ class Scheduler:
             req = self._waiting.pop(req_id, None)
             if req is None:
                 return None
+            self._num_waiting_tokens -= req.num_tokens
         self.block_manager.free(req)
         req.state = RequestState.FINISHED
         req.finish = FinishReason.ABORT
@@ -185,6 +193,7 @@ class Scheduler:
             if not block_manager.can_allocate(num_new_blocks + num_reserved_blocks):
                 break  # FCFS: a smaller request behind it does not jump the queue
             waiting.popitem(last=False)
+            self._num_waiting_tokens -= req.num_tokens
             if cached_ids:
                 block_manager.share(req, cached_ids)  # before allocate(), which may evict
             block_manager.allocate(req, end_pos)
@@ -210,6 +219,7 @@ class Scheduler:
         req.state = RequestState.WAITING
         self._waiting[req.req_id] = req
         self._waiting.move_to_end(req.req_id, last=False)
+        self._num_waiting_tokens += req.num_tokens
 
     def update(self, batch: Batch, sampled: list[int]) -> list[TokenDelta]:
         """Takes the step's sampled ids (one per `batch.sampled_seqs`, in order); returns deltas."""

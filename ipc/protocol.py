@@ -15,6 +15,7 @@ class FinishReason(enum.IntEnum):
     LENGTH = 2  # max_tokens or the model's context
     ABORT = 3  # the client went away, the worker aborted it, or the drain timed out (AbortAll)
     ERROR = 4  # the engine could not serve it (for example: context full)
+    TIMEOUT = 5  # it ran past --request-timeout (engine arrival to now); its blocks are freed
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -43,10 +44,12 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
-    req_id: str
+    """One API request: its engine requests (one per prompt of a list), admitted or refused together."""
+
+    req_ids: list[str]
     worker_id: str
     params: SamplingParams
-    prompt_ids: list[int]
+    prompts: list[list[int]]  # prompt token ids, one list per req_id
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True, gc=False):
@@ -118,9 +121,29 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     kv_cache_bytes: int = 0  # the KV cache's fixed size, allocated once at start
     num_preemptions: int = 0  # requests sent back to waiting for lack of KV blocks, since start
     num_generated_tokens: int = 0  # tokens sampled since start (the launcher derives tokens/s)
+    num_waiting_tokens: int = 0  # tokens the waiting requests have to prefill (prompt, + output if preempted)
+    num_rejected: int = 0  # engine requests refused by admission control (a 429), since start
+    num_timed_out: int = 0  # engine requests ended by --request-timeout, since start
 
 
-EngineOutput = StepOutputs | EngineStats
+class Verdict(enum.IntEnum):
+    """The input thread's answer to a Submit under admission control (engine_proc/admission.py)."""
+
+    ADMITTED = 0
+    QUEUE_FULL = 1  # --max-queued-requests: the waiting queue has no room for its requests
+    QUEUE_TOKENS_FULL = 2  # --max-queued-tokens: nor for its prompt tokens
+
+
+class Admission(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
+    """Sent at once for each Submit, only while a queue bound is set: the worker waits for it
+    before its response starts, so a refusal is a 429 and never a broken stream."""
+
+    req_id: str  # the Submit's first req_id
+    verdict: Verdict = Verdict.ADMITTED
+    retry_after_s: int = 0  # whole seconds, at least 1 on a refusal
+
+
+EngineOutput = StepOutputs | EngineStats | Admission
 
 
 class EngineLimits(msgspec.Struct):
@@ -136,6 +159,11 @@ class EngineLimits(msgspec.Struct):
     eos_token_ids: list[int]
     vocab_size: int
     dtype: str
+    # Admission control (engine_proc/admission.py); 0 is no limit. With either bound set the
+    # engine answers every Submit with an Admission, which the workers wait for.
+    max_queued_requests: int = 0
+    max_queued_tokens: int = 0
+    request_timeout_s: float = 0.0
 
 
 input_encoder = msgspec.msgpack.Encoder()

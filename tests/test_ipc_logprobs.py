@@ -104,7 +104,7 @@ def test_logprobs_travel_from_the_sampler_to_the_mailbox(tmp_path):
         try:
             for index, logprobs in enumerate((4, None)):
                 params = p.SamplingParams(max_tokens=2, temperature=0.0, logprobs=logprobs, ignore_eos=True)
-                await client.submit(f"r{index}", [5, 6, 7], params, mailbox, index)
+                await client.submit([f"r{index}"], [[5, 6, 7]], params, mailbox, index)
             while scheduler.num_waiting < 2:
                 await asyncio.to_thread(core.drain_inputs, block=True)
             taken: list[list] = [[], []]

@@ -25,7 +25,9 @@ MAX_GROWTH_KIB = 3 * 1024
 # server's 8,191 blocks) and oneDNN's per-shape caches (engine_proc/main.py caps them: at their
 # default sizes the engine grew by 92 MiB over these 3,000 requests). Measured now: 10-14 MiB.
 MAX_ENGINE_GROWTH_KIB = 24 * 1024
-MAX_FD_GROWTH = 4
+# Keep-alive connections of the load's client may still be open in either worker when the fds are
+# counted (one per seat); a leaked fd per request would be hundreds.
+MAX_FD_GROWTH = CONCURRENCY
 
 
 def rss_kib(pid: int) -> int:

@@ -23,7 +23,7 @@ MAX_GROWTH_KIB = 3 * 1024
 # The engine also holds, by design, memory that grows with new content up to a fixed size: the
 # prefix cache's index (at most one entry of about 1 KiB per KV block: 8 MiB for the tiny
 # server's 8,191 blocks) and oneDNN's per-shape caches (engine_proc/main.py caps them: at their
-# default sizes the engine grew by 92 MiB over these 3,000 requests). Measured now: 10-14 MiB.
+# default sizes the engine grew by 92 MiB over these 3,000 requests). Measured now: 3-14 MiB.
 MAX_ENGINE_GROWTH_KIB = 24 * 1024
 # Keep-alive connections of the load's client may still be open in either worker when the fds are
 # counted (one per seat); a leaked fd per request would be hundreds.

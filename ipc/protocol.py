@@ -18,6 +18,23 @@ class FinishReason(enum.IntEnum):
     TIMEOUT = 5  # it ran past --request-timeout (engine arrival to now); its blocks are freed
 
 
+class StructuredKind(enum.IntEnum):
+    """What a StructuredSpec's text is; the engine compiles it into a token-mask grammar."""
+
+    JSON_SCHEMA = 1  # value: a JSON schema, as JSON text
+    JSON_OBJECT = 2  # value: "" (any JSON object)
+    REGEX = 3  # value: the regular expression
+    CHOICE = 4  # value: a JSON list of the allowed strings
+    GRAMMAR = 5  # value: an EBNF grammar (GBNF)
+
+
+class StructuredSpec(msgspec.Struct, array_like=True, gc=False):
+    """A constraint on a request's output, enforced by a token bitmask in the sampler."""
+
+    kind: StructuredKind
+    value: str
+
+
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What the engine needs to generate for one request; validated in the API worker."""
 
@@ -34,6 +51,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # 1 means off
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit before sampling
+    structured: StructuredSpec | None = None  # structured outputs (and forced tool calls)
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc_bench.py measured them against ids in a

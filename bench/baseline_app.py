@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from asgi.chat import ChatFormatter
+from asgi.chat_format import ChatFormatter
 from asgi.completions import DEFAULT_MAX_TOKENS, CompletionFormatter
 from asgi.generate import ChoiceDelta, Usage
 from asgi.errors import APIError

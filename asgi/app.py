@@ -16,6 +16,7 @@ from asgi.http import ClientDisconnected, read_body, require_json, send_response
 from asgi.metrics import METRICS_PATH, metrics_endpoint
 from asgi.request_context import RequestContext, set_current
 from asgi.state import WorkerSettings, WorkerState, dumps
+from asgi.tokenize_routes import detokenize, get_version, tokenize
 
 log = logging.getLogger("rill.api")
 
@@ -60,10 +61,15 @@ ROUTES = {
     ("GET", "/v1/models"): list_models,
     ("POST", "/v1/chat/completions"): chat_completions,
     ("POST", "/v1/completions"): completions,
+    ("POST", "/tokenize"): tokenize,  # vLLM's utility routes
+    ("POST", "/detokenize"): detokenize,
+    ("GET", "/version"): get_version,
 }
 PATHS = {path: [m for m, p in ROUTES if p == path] for _, path in ROUTES}
 NEEDS_BODY = {"POST"}
 MODEL_PREFIX = "/v1/models/"
+# OpenVINO Model Server serves the OpenAI API under /v3/; it is an alias of /v1/ here.
+ALIAS_PREFIX = "/v3/"
 
 
 def ignore_sigint() -> None:
@@ -115,6 +121,8 @@ class App:
 
     async def route(self, scope, receive, send):
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        if path.startswith(ALIAS_PREFIX):
+            path = "/v1/" + path[len(ALIAS_PREFIX):]
         handler = ROUTES.get((method, path))
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key

@@ -16,6 +16,8 @@ API_KEY_ENV = "RILL_API_KEY"
 PROTECTED_PREFIX = "/v1/"
 # Open to anyone even with keys (probes); these two only open without --protect-metrics.
 METRICS_PATHS = frozenset({"/metrics", "/stats"})
+# vLLM leaves its utility routes open; they run the tokenizer on any input, so a key guards them too.
+UTILITY_PATHS = frozenset({"/tokenize", "/detokenize"})
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
 
 
@@ -65,7 +67,7 @@ class ApiKeyGuard:
     def guards(self, path: str) -> bool:
         if not self.digests:
             return False
-        return path.startswith(PROTECTED_PREFIX) or path == "/v1" or (
+        return path.startswith(PROTECTED_PREFIX) or path == "/v1" or path in UTILITY_PATHS or (
             self.protect_metrics and path in METRICS_PATHS)
 
     def check(self, path: str, headers) -> None:

@@ -66,6 +66,9 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/v1/chat/completions", {"model": MODEL, "messages": MSGS, "max_tokens": 2}),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
     ("GET", "/v1/no-such-route", None),  # no key: whether a route exists is not told either
+    ("POST", "/v3/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),  # /v1's alias
+    ("POST", "/tokenize", {"prompt": "Hi"}),  # vLLM leaves these open; they run the tokenizer
+    ("POST", "/detokenize", {"tokens": [1, 2]}),
 ])
 def test_v1_needs_a_valid_key(srv, method, path, body):
     url = f"{srv.base_url}{path}"
@@ -91,6 +94,7 @@ def test_sdk_works_with_either_key(srv):
 def test_probes_stay_open_and_metrics_are_protected(srv):
     assert httpx.get(f"{srv.base_url}/health").status_code == 200
     assert httpx.get(f"{srv.base_url}/ready").status_code == 200
+    assert httpx.get(f"{srv.base_url}/version").status_code == 200
     for path in ("/stats", "/metrics"):
         check_401(httpx.get(f"{srv.base_url}{path}"))
         check_401(httpx.get(f"{srv.base_url}{path}", headers=bearer("sk-wrong")))

@@ -54,8 +54,9 @@ class EngineClient:
         self._tasks = [loop.create_task(self._read_outputs()), loop.create_task(self._watch_engine())]
 
     async def submit(self, req_ids: list[str], prompts: list[list[int]], params: p.SamplingParams,
-                     mailbox: Mailbox, first_index: int = 0) -> p.Admission | None:
-        """Sends one API request's engine requests (choice i to mailbox index first_index + i).
+                     mailbox: Mailbox, first_index: int = 0, n: int = 1) -> p.Admission | None:
+        """Sends one API request's engine requests (choice i to mailbox index first_index + i);
+        `n` choices per prompt: req_ids[i * n + j] is prompt i's choice j.
 
         Under admission control, returns the engine's Admission once it came (a refused request
         is forgotten here); else None at once: everything is admitted.
@@ -68,7 +69,7 @@ class EngineClient:
         if self.admission_control:
             answer = self._admissions[req_ids[0]] = asyncio.get_running_loop().create_future()
         try:
-            await self._out.send(p.input_encoder.encode(p.Submit(req_ids, self.worker_id, params, prompts)))
+            await self._out.send(p.input_encoder.encode(p.Submit(req_ids, self.worker_id, params, prompts, n)))
             if answer is None:
                 return None
             admission = await answer

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import defaultdict
 
+import msgspec
 import zmq
 
 from engine_proc.admission import AdmissionControl
@@ -50,18 +51,27 @@ class InputThread(threading.Thread):
 
     def submit(self, msg: p.Submit) -> None:
         admission = self.admission
-        verdict = admission.admit(len(msg.req_ids), sum(len(ids) for ids in msg.prompts))
+        verdict = admission.admit(len(msg.req_ids), msg.n * sum(len(ids) for ids in msg.prompts))
         if admission.enabled:
             retry_after_s = 0 if verdict is p.Verdict.ADMITTED else admission.retry_after_s()
             self.publish((msg.worker_id, p.Admission(msg.req_ids[0], verdict, retry_after_s)))
         if verdict is not p.Verdict.ADMITTED:
             return
         arrival_s = time.monotonic()
-        for req_id, prompt_ids in zip(msg.req_ids, msg.prompts):
-            self.inputs.put(EngineRequest(req_id, msg.worker_id, prompt_ids, msg.params, arrival_s=arrival_s))
+        for i, req_id in enumerate(msg.req_ids):
+            prompt_ids = msg.prompts[i // msg.n]  # shared by a prompt's choices: never mutated
+            self.inputs.put(EngineRequest(req_id, msg.worker_id, prompt_ids, choice_params(msg.params, i % msg.n),
+                                          arrival_s=arrival_s))
 
     def close(self) -> None:
         self.sock.close()
+
+
+def choice_params(params: p.SamplingParams, choice: int) -> p.SamplingParams:
+    """A prompt's choice j is seeded seed + j (vLLM's parallel sampling); unseeded ones share params."""
+    if choice == 0 or params.seed is None:
+        return params
+    return msgspec.structs.replace(params, seed=params.seed + choice)
 
 
 class OutputThread(threading.Thread):

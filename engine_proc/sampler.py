@@ -5,6 +5,7 @@ import torch
 
 from engine_proc.batch import ScheduledSeq
 from engine_proc.penalties import penalize, uses_penalties
+from engine_proc.logit_bias import add_logit_bias, uses_logit_bias
 from ipc.logprobs import TokenLogprobs
 
 _MASK_64 = (1 << 64) - 1
@@ -141,12 +142,15 @@ class Sampler:
         return out
 
     def _processed(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """min_tokens' held-back ids, then penalties; on a copy, and only when a row needs them."""
+        """logit_bias, min_tokens' held-back ids, then penalties; on a copy, only when a row needs them."""
         rows, cols = self._stop_ids_to_block(seqs, logits.shape[1])
         penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
-        if not rows and not penalised_rows:
+        biased = uses_logit_bias(seqs)
+        if not rows and not penalised_rows and not biased:
             return logits
         logits = logits.clone()  # the caller's logits stay as they were
+        if biased:
+            add_logit_bias(logits, seqs)
         if rows:
             logits[rows, cols] = float("-inf")
         if penalised_rows:

@@ -63,12 +63,15 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
-    """One API request: its engine requests (one per prompt of a list), admitted or refused together."""
+    """One API request: its engine requests (`n` per prompt of a list), admitted or refused together."""
 
     req_ids: list[str]
     worker_id: str
     params: SamplingParams
-    prompts: list[list[int]]  # prompt token ids, one list per req_id
+    prompts: list[list[int]]  # prompt token ids, sent once per prompt
+    # Choices per prompt: req_ids[i * n + j] is prompt i's choice j. With a seed, choice j is
+    # seeded seed + j (vLLM's parallel sampling), so choices differ and are reproducible.
+    n: int = 1
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True, gc=False):

@@ -5,6 +5,7 @@ import argparse
 import re
 import sys
 
+from asgi.chat_flags import add_chat_flags, check_chat_flags
 from asgi.systemd_unit import add_systemd_unit_parser, print_unit
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -68,6 +69,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     add_admission_flags(ap)
     add_auth_proxy_log_flags(ap)
     add_metrics_flags(ap)
+    add_chat_flags(ap)
     return ap
 
 
@@ -155,7 +157,7 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rill", description="Rill: an OpenAI-compatible LLM inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser(sub)
+    serve = serve_parser(sub)
     add_systemd_unit_parser(sub)
     # The bench parsers import aiohttp and numpy: build them only for `rill bench`.
     sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
@@ -167,9 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(bench_main(argv[1:], prog="rill bench"))
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from asgi.launcher import serve
+        from asgi.launcher import serve as run_serve
 
-        sys.exit(serve(args))
+        check_chat_flags(args, serve)
+        sys.exit(run_serve(args))
     if args.command == "systemd-unit":
         sys.exit(print_unit(args, serve_parser))
 

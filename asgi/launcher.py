@@ -19,6 +19,7 @@ import zmq
 from asgi.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.engine_monitor import EngineMonitor
 from asgi.sdnotify import Notifier, ServiceReporter
+from asgi.chat_flags import chat_settings
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
@@ -171,7 +172,7 @@ def serve(args) -> int:
             served_model_name=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pid=proc.pid,
             limits=limits, sse_keepalive_s=args.sse_keepalive,
  max_body_bytes=args.max_request_body,
-            chat_template=args.chat_template, created=int(time.time()), **edge,
+            chat_template=args.chat_template, created=int(time.time()), **edge, **chat_settings(args),
             metrics_prefix=args.metrics_prefix,
         ).to_env()
         # GET /metrics: every worker counts into its own files here and any worker sums them all

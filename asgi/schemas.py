@@ -32,12 +32,45 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    # A JSON string in OpenAI's API; an object is taken too (as vLLM does).
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: Any = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class FunctionName(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    type: str
+    function: FunctionName
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
@@ -78,12 +111,12 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None  # None: true, unless continue_final_message
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
@@ -146,12 +179,8 @@ def reject_unsupported(req: SamplingFields) -> None:
         checks += [
             ("logprobs", bool(req.logprobs)),
             ("top_logprobs", req.top_logprobs is not None),
-            ("tools", bool(req.tools)),
-            ("tool_choice", req.tool_choice not in (None, "none")),
             ("functions", bool(req.functions)),
             ("function_call", req.function_call not in (None, "none")),
-            ("continue_final_message", req.continue_final_message),
-            ("chat_template", req.chat_template is not None),
             ("reasoning_effort", req.reasoning_effort is not None),
             ("audio", req.audio is not None),
             ("modalities", req.modalities not in (None, ["text"])),

@@ -18,7 +18,7 @@ from asgi.detokenizer import Detokenizer
 from asgi.engine_client import EngineClient
 from asgi.metrics import Metrics
 from asgi.request_context import RequestContext
-from asgi.templating import ChatTemplate
+from asgi.templating import ChatTemplate, load_template_arg
 from ipc.channels import RunPaths
 from ipc.protocol import EngineLimits
 
@@ -36,7 +36,12 @@ class WorkerSettings(msgspec.Struct):
     limits: EngineLimits
     sse_keepalive_s: float = 15.0
     max_body_bytes: int = 32 << 20
-    chat_template: str | None = None
+    chat_template: str | None = None  # --chat-template: a file, a bundled name, or the template itself
+    # Chat templates, tools, reasoning (asgi/chat_messages.py, asgi/tool_choice.py, asgi/chat_parsing.py).
+    trust_request_chat_template: bool = False
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
     created: int = 0
     # API keys, CORS, logs (asgi/auth.py, asgi/cors.py, asgi/access_log.py). Digests of the
     # keys only: the keys themselves never leave the launcher.
@@ -74,7 +79,7 @@ class WorkerState:
     def load(cls, settings: WorkerSettings) -> WorkerState:
         model_dir = Path(settings.limits.model_dir)
         paths = RunPaths(settings.run_id, Path(settings.run_dir))
-        template = (ChatTemplate.from_file(settings.chat_template, model_dir=model_dir) if settings.chat_template
+        template = (load_template_arg(settings.chat_template, model_dir) if settings.chat_template
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         limits = settings.limits  # with a queue bound the engine answers each Submit (admission control)

@@ -176,8 +176,16 @@ class ChatTemplate:
         self.renders_bos_token = self._probe_renders_bos()
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               **kwargs: Any) -> str:
-        """The prompt text for messages; extra kwargs (chat_template_kwargs) reach the template."""
+               continue_final_message: bool = False, **kwargs: Any) -> str:
+        """The prompt text for messages; extra kwargs (chat_template_kwargs) reach the template.
+
+        continue_final_message: the prompt ends with the final message's text, without the
+        end-of-turn the template writes after it, so the model continues that message.
+        """
+        text = self._render(messages, add_generation_prompt, kwargs)
+        return _cut_after_final_message(text, messages) if continue_final_message else text
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
         # HF passes tools/documents as None when absent; some templates test `is not none`.
         context = {"tools": None, "documents": None,
                    "bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs,
@@ -202,6 +210,58 @@ class ChatTemplate:
             # Some templates insist on a system message or other shapes: judge by the source.
             return "bos_token" in self.source
         return prompt.startswith(self.bos_token)
+
+
+def _cut_after_final_message(text: str, messages: list[dict[str, Any]]) -> str:
+    """HF's continue_final_message: cut the rendered text after the final message's text (the
+    template may have stripped its surrounding whitespace)."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip():
+        raise TemplateError("continue_final_message needs a final message with text to continue")
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise TemplateError("continue_final_message: the final message's text does not appear in the "
+                            "rendered chat; this template changes it")
+    if text[at:at + len(final.lstrip())] == final.lstrip():
+        return text[:at + len(final.lstrip())]
+    return text[:at + len(final.strip())]
+
+
+_REQUEST_TEMPLATES: dict[tuple[str, str, str], ChatTemplate] = {}
+_NUM_REQUEST_TEMPLATES = 16
+
+
+def request_template(source: str, served: ChatTemplate) -> ChatTemplate:
+    """A request's own `chat_template`, compiled once per worker (the last few kept), with the
+    served model's special tokens; rendered in the same sandbox as every template."""
+    key = (source, served.bos_token, served.eos_token)
+    template = _REQUEST_TEMPLATES.get(key)
+    if template is None:
+        template = ChatTemplate.from_string(source, bos_token=served.bos_token, eos_token=served.eos_token,
+                                            origin="the request's chat_template")
+        if len(_REQUEST_TEMPLATES) >= _NUM_REQUEST_TEMPLATES:
+            del _REQUEST_TEMPLATES[next(iter(_REQUEST_TEMPLATES))]
+        _REQUEST_TEMPLATES[key] = template
+    return template
+
+
+def load_template_arg(arg: str, model_dir: str | Path | None = None) -> ChatTemplate:
+    """`--chat-template ARG`, as vLLM reads it: a file, else a bundled template's name (chatml,
+    llama3, plain), else (when it holds jinja's braces or a newline) the template itself.
+    Raises TemplateError with the reason when none of these works or the template is broken."""
+    path = Path(arg)
+    if path.is_file():
+        try:
+            return ChatTemplate.from_file(path, model_dir=model_dir)
+        except (OSError, UnicodeDecodeError) as e:
+            raise TemplateError(f"chat template file {arg}: {e}") from e
+    if (BUNDLED_TEMPLATES_DIR / f"{arg}.jinja").is_file():
+        return ChatTemplate.bundled(arg, model_dir=model_dir)
+    if not any(c in arg for c in "{}\n"):
+        known = ", ".join(sorted(p.stem for p in BUNDLED_TEMPLATES_DIR.glob("*.jinja")))
+        raise TemplateError(f"chat template {arg!r}: no such file (nor a bundled template: {known})")
+    bos, eos = _special_tokens(Path(model_dir)) if model_dir is not None else ("", "")
+    return ChatTemplate.from_string(arg, bos_token=bos, eos_token=eos, origin="--chat-template")
 
 
 def _bundled_source(name: str) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from asgi.errors import APIError
 from asgi.schemas import ChatCompletionRequest, NamedToolChoice
+from ipc.protocol import StructuredSpec
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -100,7 +101,8 @@ def required_schema(tools: list[dict[str, Any]], parallel_tool_calls: bool | Non
     for tool in tools:
         function = tool["function"]
         parameters = dict(function.get("parameters") or EMPTY_PARAMETERS)
-        for name, schema in parameters.pop("$defs", {}).items():
+        tool_defs = parameters.pop("$defs", None) if isinstance(parameters.get("$defs"), dict) else {}
+        for name, schema in tool_defs.items():
             if defs.get(name, schema) != schema:
                 raise APIError(400, f"Two tools define `$defs.{name}` differently; `tool_choice: required` "
                                     "needs one definition.", param="tools")
@@ -115,3 +117,16 @@ def required_schema(tools: list[dict[str, Any]], parallel_tool_calls: bool | Non
     if defs:
         schema["$defs"] = defs
     return schema
+
+
+def forced_spec(plan: ToolPlan, existing: StructuredSpec | None) -> StructuredSpec | None:
+    """The grammar that forces `required` or a named function (None for none and auto); a
+    request may not force a tool call and another structured output at once."""
+    if plan.schema is None:
+        return existing
+    if existing is not None:
+        raise APIError(400, f"`tool_choice` {plan.mode.value} forces a tool call's JSON; it cannot be combined "
+                            "with response_format or another structured output.", param="tool_choice")
+    from asgi.structured import json_schema_spec
+
+    return json_schema_spec(plan.schema, param="tools")

@@ -203,3 +203,15 @@ def test_tool_choice_refusals():
     assert decode_param(messages=[{"role": "user", "content": "x"}],
                         tools=[{"type": "function", "function": {"description": "no name"}}]) == "tools[0].function.name"
     assert decode_param(messages=[{"role": "user", "content": "x"}], tool_choice=3) == "tool_choice"
+
+
+def test_required_lifts_defs():
+    with_defs = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}}
+    schema = plan(tools=[with_defs, TOOLS[1]], tool_choice="required").schema
+    assert schema["$defs"] == {"P": {"type": "integer"}}
+    assert "$defs" not in schema["items"]["anyOf"][0]["properties"]["parameters"]
+    clash = {"type": "function", "function": {"name": "g", "parameters": {"$defs": {"P": {"type": "string"}}}}}
+    rejected(lambda: plan(tools=[with_defs, clash], tool_choice="required"), "tools")
+    odd = {"type": "function", "function": {"name": "h", "parameters": {"$defs": 3}}}
+    assert "$defs" not in plan(tools=[odd], tool_choice="required").schema

@@ -1,40 +1,86 @@
-"""The chat completion's wire shapes: chunks of a stream, and the one body of a plain request."""
+"""The chat completion's wire shapes: chunks of a stream, and the one body of a plain request.
+
+Each choice's text goes through its own OutputParser (asgi/chat_output.py); what it returns is
+the choice's streamed `delta`, and the non-streamed `message` is the same deltas merged.
+"""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import msgspec
 
+from asgi.chat_delta import merge_delta, message
+from asgi.chat_output import OutputParser, PlainText
 from asgi.generate import ChoiceDelta, Usage
+from asgi.logprobs_format import ChatLogprobs
 
 _encode = msgspec.json.encode
 
 
 class ChatFormatter:
-    def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool):
+    def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *,
+                 make_parser: Callable[[], OutputParser] = PlainText, logprobs: ChatLogprobs | None = None):
         self.head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                      "model": model}
         self.num_choices = num_choices
         self.include_usage = include_usage
+        self.logprobs = logprobs  # None: the request did not ask for logprobs
+        self.parsers = [make_parser() for _ in range(num_choices)]
+        # The non-streamed answer, built by add(): merged delta fields, logprobs, finish per choice.
+        self._merged: list[dict] = [{} for _ in range(num_choices)]
+        self._logprobs: list[list[dict]] = [[] for _ in range(num_choices)]
+        self._finish_reasons: list[str | None] = [None] * num_choices
 
-    def _chunk(self, choices: list[dict]) -> bytes:
+    def _chunk(self, choices: list[dict], usage: Usage | None) -> bytes:
         body = {**self.head, "choices": choices}
-        if self.include_usage:
+        if usage is not None:  # stream_options.continuous_usage_stats: the usage so far
+            body["usage"] = usage.as_dict()
+        elif self.include_usage:
             body["usage"] = None
         return _encode(body)
 
-    def opening_chunks(self) -> list[bytes]:
+    def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}]) for i in range(self.num_choices)]
+                              "finish_reason": None}], usage) for i in range(self.num_choices)]
 
-    def chunk(self, deltas: list[ChoiceDelta]) -> bytes:
-        return self._chunk([{"index": d.index, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
-                             "finish_reason": d.finish_reason} for d in deltas])
+    def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None = None) -> list[bytes]:
+        """One chunk per choice, as OpenAI and vLLM stream n > 1; none for a choice whose parser
+        held its text back when there is nothing else to send."""
+        return [self._chunk([choice], usage) for choice in self._choices(deltas)]
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        """For the non-streamed body: the same choice pieces a stream would send, merged."""
+        for choice in self._choices(deltas):
+            i = choice["index"]
+            merge_delta(self._merged[i], choice["delta"])
+            if choice["logprobs"] is not None:
+                self._logprobs[i].extend(choice["logprobs"]["content"])
+            self._finish_reasons[i] = choice["finish_reason"] or self._finish_reasons[i]
+
+    def _choices(self, deltas: list[ChoiceDelta]) -> list[dict]:
+        out = []
+        for d in deltas:
+            parser = self.parsers[d.index]
+            fields = parser.push(d.text) if d.text else {}
+            finish = d.finish_reason
+            if finish is not None:
+                fields = merge_delta(merge_delta({}, fields), parser.finish())
+                if finish == "stop" and parser.called_tools:
+                    finish = "tool_calls"
+            logprobs = None if self.logprobs is None else self.logprobs.content(d.logprobs)
+            if not fields and not logprobs and finish is None:
+                continue
+            out.append({"index": d.index, "delta": fields,
+                        "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+                        "finish_reason": finish})
+        return out
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return _encode({**self.head, "choices": [], "usage": usage.as_dict()})
 
-    def body(self, texts: list[str], finish_reasons: list[str | None], usage: Usage) -> bytes:
-        choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": None, "finish_reason": finish_reasons[i]} for i, text in enumerate(texts)]
+    def body(self, usage: Usage) -> bytes:
+        choices = [{"index": i, "message": message(self._merged[i]),
+                    "logprobs": None if self.logprobs is None else {"content": self._logprobs[i], "refusal": None},
+                    "finish_reason": self._finish_reasons[i]} for i in range(self.num_choices)]
         return _encode({**self.head, "object": "chat.completion", "choices": choices, "usage": usage.as_dict()})

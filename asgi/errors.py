@@ -28,7 +28,8 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-_PATH = re.compile(r"at `\$((?:\.[A-Za-z_][\w-]*|\[\d+\])*)`")
+# `[...]` is msgspec's name for any value of a dict (logit_bias[...]): the param is the dict.
+_PATH = re.compile(r"at `\$((?:\.[A-Za-z_][\w-]*|\[\d+\]|\[\.\.\.\])*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -37,7 +38,7 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         match = _PATH.search(text)
-        param = match.group(1).lstrip(".") if match and match.group(1) else None
+        param = match.group(1).lstrip(".").replace("[...]", "") if match and match.group(1) else None
         if missing := _MISSING.search(text):
             param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         return APIError(400, text, param=param, code="invalid_value" if param else None)

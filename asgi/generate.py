@@ -29,8 +29,7 @@ class ChoiceDelta:
     index: int
     text: str
     finish_reason: str | None = None
-    # Of every token since the choice's previous delta (text held back included); kept here
-    # for the responses, which do not show logprobs yet.
+    # Of every token since the choice's previous delta (text held back included).
     logprobs: TokenLogprobs | None = None
 
 
@@ -63,29 +62,33 @@ def new_request_id(prefix: str) -> str:
 
 
 class Generation:
+    """`n` choices per prompt, each its own engine request: choice index = prompt index * n + j."""
+
     def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
-                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer]):
+                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer], n: int = 1):
         self.client = client
         self.request_id = request_id
         self.prompts = prompts
         self.params = params
-        self.mailbox = Mailbox(len(prompts))
-        self.detokenizers = [make_detokenizer() for _ in prompts]
-        self.finished = [False] * len(prompts)
-        self.engine_ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        self.n = n
+        self.num_choices = num_choices = len(prompts) * n
+        self.mailbox = Mailbox(num_choices)
+        self.detokenizers = [make_detokenizer() for _ in range(num_choices)]
+        self.finished = [False] * num_choices
+        self.engine_ids = [f"{request_id}-{i}" for i in range(num_choices)]
         self.disconnected = False
-        self.finish_reasons: list[str | None] = [None] * len(prompts)
+        self.finish_reasons: list[str | None] = [None] * num_choices
         self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
         self.rejected = False  # refused by admission control (a 429): never ran, nothing to record
         self.failure_reason = "error"  # how a failed request is counted: error, or timeout
         # Logprobs of tokens whose text the detokenizer still holds back, per choice.
-        self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in prompts]
+        self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in range(num_choices)]
 
     async def start(self) -> None:
         """Submits every choice at once; raises the 429 when admission control refuses them."""
         try:
-            admission = await self.client.submit(self.engine_ids, self.prompts, self.params, self.mailbox)
+            admission = await self.client.submit(self.engine_ids, self.prompts, self.params, self.mailbox, n=self.n)
         except EngineDead:
             raise engine_unavailable(ENGINE_DEAD) from None
         except asyncio.CancelledError:  # the engine may admit them after all: it must not run them
@@ -93,7 +96,7 @@ class Generation:
             raise
         if admission is not None and admission.verdict is not Verdict.ADMITTED:
             self.rejected = True
-            self.finished = [True] * len(self.prompts)
+            self.finished = [True] * self.num_choices
             raise queue_full(admission.verdict is Verdict.QUEUE_TOKENS_FULL, admission.retry_after_s)
 
     def on_disconnect(self) -> None:
@@ -112,7 +115,7 @@ class Generation:
                     return
                 if self.mailbox.error:
                     raise GenerationFailed(self.mailbox.error, status=503)
-                out = [d for i in range(len(self.prompts)) if not self.finished[i] and (d := self._advance(i))]
+                out = [d for i in range(self.num_choices) if not self.finished[i] and (d := self._advance(i))]
                 if self._stopped_early:
                     await self.client.abort(self._stopped_early)
                     self._stopped_early = []
@@ -174,9 +177,12 @@ class Generation:
             ctx.finish_reason = "length" if "length" in self.finish_reasons else "stop"
 
     def usage(self) -> Usage:
+        """So far. A prompt counts once however many choices it has (as OpenAI and vLLM count)."""
         usage = Usage()
-        for choice in self.mailbox.choices:
-            usage.prompt_tokens += choice.num_prompt_tokens
-            usage.completion_tokens += choice.num_output_tokens
-            usage.cached_tokens += choice.num_cached_tokens
+        choices = self.mailbox.choices
+        for i, prompt in enumerate(self.prompts):
+            group = choices[i * self.n : (i + 1) * self.n]
+            usage.prompt_tokens += len(prompt)  # what the engine reports, known from the start
+            usage.cached_tokens += next((c.num_cached_tokens for c in group if c.num_prompt_tokens), 0)
+            usage.completion_tokens += sum(c.num_output_tokens for c in group)
         return usage

@@ -18,20 +18,23 @@ log = logging.getLogger("rill.api")
 
 
 class Formatter(Protocol):
-    def opening_chunks(self) -> list[bytes]: ...
-    def chunk(self, deltas: list[ChoiceDelta]) -> bytes: ...
+    """`usage` on chunks: the usage so far, with stream_options.continuous_usage_stats; else None."""
+
+    def opening_chunks(self, usage: Usage | None) -> list[bytes]: ...
+    def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None) -> list[bytes]: ...
+    def add(self, deltas: list[ChoiceDelta]) -> None: ...  # the non-streamed answer accumulates
     def usage_chunk(self, usage: Usage) -> bytes: ...
-    def body(self, texts: list[str], finish_reasons: list[str | None], usage: Usage) -> bytes: ...
+    def body(self, usage: Usage) -> bytes: ...
 
 
 async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, send,
-                  keepalive_s: float, include_usage: bool) -> None:
+                  keepalive_s: float, include_usage: bool, continuous_usage: bool = False) -> None:
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
     failed = True
     try:
         await gen.start()
         if stream:
-            failed = await _stream(gen, fmt, send, keepalive_s, include_usage)
+            failed = await _stream(gen, fmt, send, keepalive_s, include_usage, continuous_usage)
         else:
             await _aggregate(gen, fmt, send)
             failed = False
@@ -40,18 +43,20 @@ async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, sen
         gen.record(failed=failed)
 
 
-async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool) -> bool:
+async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool,
+                  continuous_usage: bool) -> bool:
     """Returns whether the engine failed the request after the headers went out."""
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
-    for chunk in fmt.opening_chunks():
+    for chunk in fmt.opening_chunks(gen.usage() if continuous_usage else None):
         await sse.data(chunk)
     try:
         async for item in gen.deltas(sse.keepalive_due_in):
             if item is KEEPALIVE:
                 await sse.keepalive()
             else:
-                await sse.data(fmt.chunk(item))
+                for chunk in fmt.chunks(item, gen.usage() if continuous_usage else None):
+                    await sse.data(chunk)
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
         await sse.data(error_body(str(exc), "server_error", code=exc.code))
@@ -66,16 +71,11 @@ async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, inc
 
 
 async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:
-    texts = [[] for _ in gen.prompts]
-    finish_reasons: list[str | None] = [None] * len(gen.prompts)
     try:
         async for item in gen.deltas():
-            for delta in item:
-                texts[delta.index].append(delta.text)
-                finish_reasons[delta.index] = delta.finish_reason or finish_reasons[delta.index]
+            fmt.add(item)
     except GenerationFailed as exc:
         raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
     if gen.disconnected:
         return
-    body = fmt.body(["".join(t) for t in texts], finish_reasons, gen.usage())
-    await send_response(send, 200, body)
+    await send_response(send, 200, fmt.body(gen.usage()))

@@ -7,7 +7,9 @@ from ipc.protocol import SamplingParams
 
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
-                    max_model_len: int, prompt_param: str) -> SamplingParams:
+                    max_model_len: int, prompt_param: str, vocab_size: int,
+                    logprobs: int | None = None) -> SamplingParams:
+    """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs)."""
     room = max_model_len - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f"{prompt_len} tokens in the prompt" + (f" and {max_tokens} to generate" if max_tokens else "")
@@ -31,4 +33,20 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logprobs=logprobs,
+        logit_bias=logit_bias(req.logit_bias, vocab_size),
     )
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """OpenAI's string keys as token ids of this vocabulary; values are range-checked by msgspec."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.lstrip("-").isdigit()):  # int() would also take " 5" and "1_0"
+            raise APIError(400, f"`logit_bias` keys must be token ids; got {key[:50]!r}.", param="logit_bias")
+        token_id = int(key)
+        if not 0 <= token_id < vocab_size:
+            raise APIError(400, f"`logit_bias` token id {token_id} is outside the vocabulary "
+                                f"(0 to {vocab_size - 1}).", param="logit_bias")
+        out[token_id] = value
+    return out

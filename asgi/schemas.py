@@ -97,9 +97,10 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
-    # Added by later issues; refused until then.
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
-    logit_bias: dict[str, float] | None = None
+    # Token id (as a string, JSON keys being strings) -> added to its logit; ids checked in sampling.py.
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    # Added by later issues; refused until then.
     response_format: Any = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -166,8 +167,6 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str
 def reject_unsupported(req: SamplingFields) -> None:
     """400 for every parameter this server does not implement yet, naming it."""
     checks: list[tuple[str, bool]] = [
-        ("n", req.n not in (None, 1)),
-        ("logit_bias", bool(req.logit_bias)),
         ("response_format", req.response_format not in (None, {"type": "text"})),
         ("guided_json", req.guided_json is not None),
         ("guided_regex", req.guided_regex is not None),
@@ -177,8 +176,6 @@ def reject_unsupported(req: SamplingFields) -> None:
     ]
     if isinstance(req, ChatCompletionRequest):
         checks += [
-            ("logprobs", bool(req.logprobs)),
-            ("top_logprobs", req.top_logprobs is not None),
             ("functions", bool(req.functions)),
             ("function_call", req.function_call not in (None, "none")),
             ("reasoning_effort", req.reasoning_effort is not None),
@@ -189,16 +186,27 @@ def reject_unsupported(req: SamplingFields) -> None:
         ]
     else:
         checks += [
-            ("logprobs", req.logprobs is not None),
-            ("echo", req.echo),
             ("best_of", req.best_of not in (None, 1)),
             ("suffix", bool(req.suffix)),
         ]
     for param, used in checks:
         if used:
             raise unsupported(param)
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "`top_logprobs` needs `logprobs` set to true.", param="top_logprobs")
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        # Logprobs of the prompt's tokens are not computed by the engine (a deliberate gap).
+        raise APIError(400, "`echo` together with `logprobs` is not supported by this server: "
+                            "it would need the prompt tokens' logprobs.", param="echo", code="unsupported_parameter")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "`stream_options` is only allowed when `stream` is true.", param="stream_options")
+
+
+def stream_usage(req: SamplingFields) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats): vLLM's continuous stats need include_usage too."""
+    opts = req.stream_options
+    include = bool(req.stream and opts and opts.include_usage)
+    return include, include and opts.continuous_usage_stats
 
 
 def stop_strings(req: SamplingFields) -> list[str]:

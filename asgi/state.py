@@ -1,6 +1,7 @@
 """What each API worker holds for its lifetime: settings from the launcher, tokenizer, engine link."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 import logging
@@ -19,6 +20,7 @@ from asgi.engine_client import EngineClient
 from asgi.metrics import Metrics
 from asgi.request_context import RequestContext
 from asgi.templating import ChatTemplate, load_template_arg
+from asgi.token_text import TokenTexts
 from ipc.channels import RunPaths
 from ipc.protocol import EngineLimits
 
@@ -107,6 +109,11 @@ class WorkerState:
     @property
     def model_id(self) -> str:
         return self.settings.served_model_name
+
+    @functools.cached_property
+    def token_texts(self) -> TokenTexts:
+        """Token text and bytes for logprobs, cached over the worker's lifetime."""
+        return TokenTexts(self.tokenizer)
 
     def detokenizer(self, *, stop: list[str], skip_special_tokens: bool, include_stop: bool):
         return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,

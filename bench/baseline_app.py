@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 
 from asgi.chat_format import ChatFormatter
-from asgi.completions import DEFAULT_MAX_TOKENS, CompletionFormatter
+from asgi.completion_format import CompletionFormatter
+from asgi.completions import DEFAULT_MAX_TOKENS
 from asgi.generate import ChoiceDelta, Usage
 from asgi.errors import APIError
 from asgi.http import ClientDisconnected, read_body, send_response
@@ -69,10 +70,11 @@ async def generate(req: LooseRequest, chat: bool, send) -> None:
     if chat:
         fmt = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", req.model, 1, include_usage)
     else:
-        fmt = CompletionFormatter(f"cmpl-{uuid.uuid4().hex}", req.model, include_usage)
+        fmt = CompletionFormatter(f"cmpl-{uuid.uuid4().hex}", req.model, 1, include_usage)
     usage = Usage(prompt_tokens=approx_prompt_tokens(req), completion_tokens=max_tokens)
     if not req.stream:
-        await send_response(send, 200, fmt.body([TOKEN_TEXT * max_tokens], ["length"], usage))
+        fmt.add([ChoiceDelta(0, TOKEN_TEXT * max_tokens, "length")])
+        await send_response(send, 200, fmt.body(usage))
         return
     sse = SSEWriter(send, keepalive_s=15.0)
     await sse.start()
@@ -80,7 +82,8 @@ async def generate(req: LooseRequest, chat: bool, send) -> None:
         await sse.data(chunk)
     for i in range(max_tokens):
         finish = "length" if i == max_tokens - 1 else None
-        await sse.data(fmt.chunk([ChoiceDelta(0, TOKEN_TEXT, finish)]))
+        for chunk in fmt.chunks([ChoiceDelta(0, TOKEN_TEXT, finish)]):
+            await sse.data(chunk)
     if include_usage:
         await sse.data(fmt.usage_chunk(usage))
     await sse.done()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from asgi.errors import APIError
 from asgi.schemas import SamplingFields
+from asgi.structured import structured_spec
 from ipc.protocol import SamplingParams
 
 
@@ -20,7 +21,7 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
             param=prompt_param if max_tokens is None or prompt_len >= max_model_len else "max_tokens",
             code="context_length_exceeded",
         )
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else room,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -35,7 +36,9 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logprobs=logprobs,
         logit_bias=logit_bias(req.logit_bias, vocab_size),
+        structured=structured_spec(req),
     )
+    return req.nvext.apply(params) if req.nvext is not None else params
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:

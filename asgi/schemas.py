@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from asgi.nvext import NvExt
 from asgi.errors import APIError, from_validation_error, not_found, unsupported
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -100,13 +101,14 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
     # Token id (as a string, JSON keys being strings) -> added to its logit; ids checked in sampling.py.
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
-    # Added by later issues; refused until then.
+    # Structured outputs, checked and turned into one StructuredSpec by asgi/structured.py.
     response_format: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
+    guided_grammar: Any = None
     structured_outputs: Any = None
-    nvext: Any = None
+    nvext: NvExt | None = None  # NVIDIA Dynamo's extension (asgi/nvext.py)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -159,6 +161,8 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str
         raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
                        code="invalid_json") from None
     reject_unsupported(req)
+    if req.nvext is not None:
+        req.nvext.check(chat=isinstance(req, ChatCompletionRequest))
     if req.model != served_model:
         raise not_found(f"The model `{req.model}` does not exist.", param="model")
     return req
@@ -166,14 +170,7 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str
 
 def reject_unsupported(req: SamplingFields) -> None:
     """400 for every parameter this server does not implement yet, naming it."""
-    checks: list[tuple[str, bool]] = [
-        ("response_format", req.response_format not in (None, {"type": "text"})),
-        ("guided_json", req.guided_json is not None),
-        ("guided_regex", req.guided_regex is not None),
-        ("guided_choice", req.guided_choice is not None),
-        ("structured_outputs", req.structured_outputs is not None),
-        ("nvext", req.nvext is not None),
-    ]
+    checks: list[tuple[str, bool]] = []
     if isinstance(req, ChatCompletionRequest):
         checks += [
             ("functions", bool(req.functions)),

@@ -9,6 +9,8 @@ import time
 from engine_proc.admission import AdmissionControl
 from engine_proc.batch import Batch, TokenDelta
 from engine_proc.deadlines import Deadlines
+from engine_proc.grammar_compiler import GrammarCompiled
+from engine_proc.grammar_gate import GrammarGate
 from engine_proc.request import EngineRequest
 from engine_proc.scheduler import Scheduler
 from ipc import protocol as p
@@ -20,7 +22,8 @@ _NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT)  # counted apart 
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
-                 admission: AdmissionControl | None = None, deadlines: Deadlines | None = None):
+                 admission: AdmissionControl | None = None, deadlines: Deadlines | None = None,
+                 grammar_gate: GrammarGate | None = None):
         self.scheduler = scheduler
         self.runner = runner
         self.inputs = inputs
@@ -33,6 +36,7 @@ class EngineCore:
         # The input thread admits against the queue figures we report after each schedule().
         self.admission = AdmissionControl() if admission is None else admission
         self.deadlines = Deadlines() if deadlines is None else deadlines  # --request-timeout
+        self.grammar_gate = grammar_gate  # structured outputs; None: such requests end with ERROR
         self._num_taken = self._num_taken_tokens = 0  # requests taken in since the last report
         self.running = True
 
@@ -106,6 +110,9 @@ class EngineCore:
             item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
             self._num_taken += 1
             self._num_taken_tokens += item.num_tokens
+            if item.params.structured is not None and (failed := self._attach_grammar(item)) is not None:
+                self.publish_deltas([failed])
+                return
             self.scheduler.add(item)
             if item.finish is None:  # not errored out in add()
                 self.deadlines.add(item.req_id, item.arrival_s)
@@ -114,12 +121,21 @@ class EngineCore:
                 self.deadlines.discard(req_id)
                 if self.scheduler.abort(req_id) is not None:
                     self.num_aborted += 1
+        elif isinstance(item, GrammarCompiled):
+            self.publish_deltas(self.grammar_gate.compiled(item, self.scheduler))
         elif isinstance(item, p.StatsQuery):
             self.publish((item.worker_id, self.stats()))
         elif isinstance(item, p.Shutdown):
             self.running = False
         elif isinstance(item, p.AbortAll):
             self.abort_all()
+
+    def _attach_grammar(self, req: EngineRequest) -> TokenDelta | None:
+        """Its grammar, or WAITING_FOR_GRAMMAR while it compiles; an ERROR delta if it cannot have one."""
+        if self.grammar_gate is None:
+            req.finish = p.FinishReason.ERROR
+            return TokenDelta(req, [], p.FinishReason.ERROR)
+        return self.grammar_gate.admit(req)
 
     def abort_all(self) -> None:
         """Ends every request with an ABORT delta, which its worker turns into an error event."""

@@ -148,6 +148,8 @@ def build_engine(config: EngineConfig):
     from engine_proc.block_manager import BlockManager
     from engine_proc.core import EngineCore
     from engine_proc.deadlines import Deadlines
+    from engine_proc.grammar_compiler import GrammarCompiler
+    from engine_proc.grammar_gate import GrammarGate
     from engine_proc.hf_runner import TransformersRunner
     from engine_proc.io_threads import InputThread, OutputThread
     from engine_proc.kv_cache import num_blocks_for_memory
@@ -215,8 +217,10 @@ def build_engine(config: EngineConfig):
     input_thread = InputThread(ctx, paths, inputs, admission, output_thread.publish)
     input_thread.start()
     output_thread.start()
+    # Structured outputs: bitmasks as wide as the model's logits, compiled off the busy loop.
+    grammars = GrammarCompiler(model_dir, vocab_size=runner.vocab_size, stop_token_ids=eos_ids, notify=inputs.put)
     core = EngineCore(scheduler, runner, inputs, output_thread.publish, admission=admission,
-                      deadlines=Deadlines(config.request_timeout_s))
+                      deadlines=Deadlines(config.request_timeout_s), grammar_gate=GrammarGate(grammars))
     limits = p.EngineLimits(
         model_id=config.model_id,
         model_dir=str(model_dir),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from ipc.protocol import FinishReason, RequestTimings, SamplingParams
 
@@ -11,6 +12,9 @@ class RequestState(enum.IntEnum):
     WAITING = 0  # queued, or preempted and waiting to be recomputed
     RUNNING = 1
     FINISHED = 2
+    # Queued, but its structured-output grammar is still compiling: the scheduler admits it only
+    # once the engine attached the grammar (state WAITING), and meanwhile admits those behind it.
+    WAITING_FOR_GRAMMAR = 3
 
 
 @dataclass(eq=False)
@@ -28,6 +32,9 @@ class EngineRequest:
     state: RequestState = RequestState.WAITING
     finish: FinishReason | None = None
     num_preemptions: int = 0
+    # With params.structured: its engine_proc.grammar_matcher.RequestGrammar once compiled. The
+    # scheduler reads only its `finish` (FinishReason | None), so it stays free of xgrammar.
+    grammar: Any = None
     # Engine clock (time.monotonic) stamps for the metrics, set outside the scheduler: 0 is unset.
     arrival_s: float = 0.0  # the input thread received it
     scheduled_s: float = 0.0  # first scheduled (a preemption keeps it)

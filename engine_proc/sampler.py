@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine_proc.batch import ScheduledSeq
+from engine_proc.grammar_bitmask import GrammarMasker
 from engine_proc.penalties import penalize, uses_penalties
 from engine_proc.logit_bias import add_logit_bias, uses_logit_bias
 from ipc.logprobs import TokenLogprobs
@@ -105,6 +106,7 @@ class Sampler:
         else:
             self._shared_generator.manual_seed(seed)
         self._seeded_generator = torch.Generator(device=self.device)
+        self._grammar_masker = GrammarMasker(self.device)
 
     def sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> SamplerOutput:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
@@ -116,8 +118,15 @@ class Sampler:
         # vLLM's default (raw_logprobs): the model's own distribution, before min_tokens,
         # penalties, temperature and filters.
         raw_logprobs = logits[logprob_rows].log_softmax(dim=-1) if logprob_rows else None
+        # Structured outputs: each grammar's bitmask first, so that everything after it (and
+        # greedy argmax) chooses among the tokens the grammar allows. Nothing for other batches.
+        grammar_rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]
+        if grammar_rows:
+            logits = self._grammar_masker.masked(logits, seqs, grammar_rows)
         logits = self._processed(logits, seqs)
         token_ids = self._choose(logits, seqs)
+        if grammar_rows:
+            self._grammar_masker.accept(token_ids.tolist(), seqs, grammar_rows)
         if raw_logprobs is None:
             return SamplerOutput(token_ids.tolist())
         nums_top = [params[i].logprobs for i in logprob_rows]
@@ -164,7 +173,8 @@ class Sampler:
         cols: list[int] = []
         for i, s in enumerate(seqs):
             p = s.req.params
-            if len(s.req.output_ids) >= p.min_tokens:
+            # A grammar decides where its request may end (its mask allows eos only there).
+            if len(s.req.output_ids) >= p.min_tokens or s.req.grammar is not None:
                 continue
             # With ignore_eos, eos is an ordinary token and is not held back (as in vLLM).
             stop_ids = p.stop_token_ids if p.ignore_eos else [*self.eos_token_ids, *p.stop_token_ids]

@@ -10,6 +10,7 @@ from engine_proc.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason
 
 _RUNNING = RequestState.RUNNING
+_WAITING_FOR_GRAMMAR = RequestState.WAITING_FOR_GRAMMAR
 
 
 class Scheduler:
@@ -23,6 +24,11 @@ class Scheduler:
 
     With the block manager's prefix cache on, admission starts a request after its longest
     cached prefix of full blocks, and `update()` enters the blocks each step fills.
+
+    Structured outputs: a request added in state WAITING_FOR_GRAMMAR keeps its place in the
+    queue but is passed over until `grammar_ready(req)`; it does not count as work, so the busy
+    loop sleeps while only such requests wait. A request with a grammar finishes as soon as its
+    grammar says (`req.grammar.finish`), whatever min_tokens and ignore_eos say.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class Scheduler:
         self._waiting: OrderedDict[str, EngineRequest] = OrderedDict()
         self._running: dict[str, EngineRequest] = {}
         self._num_waiting_tokens = 0  # num_tokens of the waiting requests (fixed while they wait)
+        self._num_waiting_for_grammar = 0  # of the waiting requests, those in WAITING_FOR_GRAMMAR
         # Requests errored out in add(), until take_errored() hands them out.
         self._errored_deltas: list[TokenDelta] = []
         # Prefix cache figures, over admissions (re-admissions after preemption included).
@@ -79,7 +86,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting or self._errored_deltas)
+        return bool(self._running or len(self._waiting) > self._num_waiting_for_grammar or self._errored_deltas)
 
     def live_req_ids(self) -> list[str]:
         """Every request not finished yet: running, then waiting."""
@@ -90,7 +97,7 @@ class Scheduler:
     def add(self, req: EngineRequest) -> None:
         """Queues `req` behind every waiting request, or errors it out if it can never run."""
         assert req.req_id not in self._waiting and req.req_id not in self._running, req.req_id
-        assert req.state is RequestState.WAITING and not req.block_ids
+        assert req.state in (RequestState.WAITING, _WAITING_FOR_GRAMMAR) and not req.block_ids
         num_tokens = req.num_tokens
         # Checked once here: a request that fits now always fits later, since update()
         # finishes a request before it grows past the cache or max_model_len.
@@ -101,6 +108,14 @@ class Scheduler:
             return
         self._waiting[req.req_id] = req
         self._num_waiting_tokens += num_tokens
+        if req.state is _WAITING_FOR_GRAMMAR:
+            self._num_waiting_for_grammar += 1
+
+    def grammar_ready(self, req: EngineRequest) -> None:
+        """A request added in WAITING_FOR_GRAMMAR has its grammar now: it may be admitted."""
+        assert req.state is _WAITING_FOR_GRAMMAR and req.req_id in self._waiting, req.req_id
+        req.state = RequestState.WAITING
+        self._num_waiting_for_grammar -= 1
 
     def take_errored(self) -> list[TokenDelta]:
         """The ERROR deltas of requests that add() found the engine can never serve."""
@@ -118,6 +133,8 @@ class Scheduler:
             if req is None:
                 return None
             self._num_waiting_tokens -= req.num_tokens
+            if req.state is _WAITING_FOR_GRAMMAR:
+                self._num_waiting_for_grammar -= 1
         self.block_manager.free(req)
         req.state = RequestState.FINISHED
         req.finish = FinishReason.ABORT
@@ -172,8 +189,10 @@ class Scheduler:
         block_size = block_manager.block_size
         waiting = self._waiting
         running = self._running
-        while waiting and budget > 0 and len(running) < self.max_num_seqs:
-            req = next(iter(waiting.values()))
+        while budget > 0 and len(running) < self.max_num_seqs:
+            req = self._next_waiting()
+            if req is None:
+                break
             # A preempted request recomputes prompt + output; its output_ids are kept, so it
             # samples only once it reaches its end, and nothing is lost or repeated. Cached
             # blocks stop strictly before the block of its last token: that token is always
@@ -192,7 +211,7 @@ class Scheduler:
             num_reserved_blocks = self.watermark_blocks if running else 0
             if not block_manager.can_allocate(num_new_blocks + num_reserved_blocks):
                 break  # FCFS: a smaller request behind it does not jump the queue
-            waiting.popitem(last=False)
+            del waiting[req.req_id]
             self._num_waiting_tokens -= req.num_tokens
             if cached_ids:
                 block_manager.share(req, cached_ids)  # before allocate(), which may evict
@@ -209,6 +228,12 @@ class Scheduler:
             running[req.req_id] = req
             seqs.append(ScheduledSeq(req, num_cached_tokens, num_new_tokens))
             budget -= num_new_tokens
+
+    def _next_waiting(self) -> EngineRequest | None:
+        """The first waiting request that can be admitted: FCFS, passing over grammars still compiling."""
+        if not self._num_waiting_for_grammar:
+            return next(iter(self._waiting.values()), None)
+        return next((r for r in self._waiting.values() if r.state is not _WAITING_FOR_GRAMMAR), None)
 
     def _preempt(self, req: EngineRequest) -> None:
         del self._running[req.req_id]
@@ -252,6 +277,10 @@ class Scheduler:
 
     def _check_finish(self, req: EngineRequest, token_id: int) -> FinishReason | None:
         params = req.params
+        # A complete grammar ends the request (its bitmask then allows only a stop token, which
+        # min_tokens or ignore_eos would otherwise turn into text outside the grammar).
+        if req.grammar is not None and req.grammar.finish is not None:
+            return req.grammar.finish
         num_output_ids = len(req.output_ids)
         if num_output_ids >= params.min_tokens and (
             (token_id in self.eos_token_ids and not params.ignore_eos)

@@ -1,0 +1,60 @@
+"""What a StructuredSpec means: the xgrammar Grammar of each kind, shared by the API check and the engine.
+
+xgrammar is imported on first use: it imports torch and transformers (about 2 s), which an API
+worker pays only once it serves a structured request.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ipc.protocol import StructuredKind, StructuredSpec
+
+# OpenAI's json_object promises an object; xgrammar's builtin JSON grammar also admits arrays.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+# xgrammar's errors start with its C++ log prefix: "[05:35:31] /project/cpp/x.cc:83: ".
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+_MAX_ERROR_LEN = 500  # some messages quote the whole schema
+
+
+class GrammarError(ValueError):
+    """xgrammar could not build the grammar of a spec; the message says why, for the client."""
+
+
+def spec_key(spec: StructuredSpec) -> tuple[int, str]:
+    """A hashable key of a spec (the msgspec struct itself is not hashable): (kind, value)."""
+    return int(spec.kind), spec.value
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar whose only sentences are `choices`; JSON escapes are EBNF escapes too."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def to_grammar(spec: StructuredSpec):
+    """The xgrammar.Grammar of `spec` (no tokenizer needed); GrammarError if it is not valid."""
+    import xgrammar as xgr
+
+    kind, value = spec.kind, spec.value
+    try:
+        if kind is StructuredKind.JSON_SCHEMA:
+            # strict_mode: no property or item the schema does not name (vLLM's default too).
+            return xgr.Grammar.from_json_schema(value, any_whitespace=True, strict_mode=True)
+        if kind is StructuredKind.JSON_OBJECT:
+            return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=True)
+        if kind is StructuredKind.REGEX:
+            return xgr.Grammar.from_regex(value)
+        if kind is StructuredKind.CHOICE:
+            return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(value)))
+        if kind is StructuredKind.GRAMMAR:
+            return xgr.Grammar.from_ebnf(value)
+    except (RuntimeError, ValueError) as exc:  # xgrammar raises RuntimeError for every parse error
+        raise GrammarError(error_text(exc)) from None
+    raise GrammarError(f"unknown structured output kind {kind!r}")
+
+
+def error_text(exc: BaseException) -> str:
+    """xgrammar's message without its log prefix and trailing blank lines."""
+    text = _LOG_PREFIX.sub("", str(exc).strip())
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= _MAX_ERROR_LEN else line[: _MAX_ERROR_LEN - 3] + "..."

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from asgi.chat_delta import merge_delta
 from asgi.chat_output import OutputParser, PlainText
 from asgi.reasoning import REASONING_PARSERS
 from asgi.tool_choice import ToolMode, ToolPlan
 from asgi.tool_parsers import TOOL_PARSERS
-from asgi.tool_parsers.deltas import merge_delta
 from asgi.tool_parsers.forced import NamedCall, RequiredCalls
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
-from asgi.tool_parsers.deltas import merge_message
 
 
 def run(make_parser: Callable[..., object], text: str, cuts: Iterable[int] = ()) -> tuple[dict, bool, list[dict]]:
@@ -44,3 +43,25 @@ def check_every_split(make_parser, text: str) -> dict:
     for call in whole["tool_calls"] or []:
         assert call["id"].startswith("call_") and len(call["id"]) > 10
     return whole
+
+
+def merge_message(deltas: list[dict]) -> dict:
+    """The whole message that a choice's deltas add up to: content, reasoning_content and
+    tool_calls (by index: id, type, name, and the arguments pieces joined)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        content.append(delta.get("content") or "")
+        reasoning.append(delta.get("reasoning_content") or "")
+        for piece in delta.get("tool_calls", ()):
+            call = calls.setdefault(piece["index"], {"id": None, "type": "function",
+                                                     "function": {"name": None, "arguments": ""}})
+            call["id"] = piece.get("id", call["id"])
+            function = piece.get("function", {})
+            if "name" in function:
+                call["function"]["name"] = function["name"]
+            call["function"]["arguments"] += function.get("arguments", "")
+    message: dict = {"content": "".join(content) or None, "reasoning_content": "".join(reasoning) or None}
+    message["tool_calls"] = [calls[i] for i in sorted(calls)] or None
+    return message

@@ -1,4 +1,4 @@
-"""Building and merging the chat `delta` dicts that OutputParsers return (asgi/chat_output.py)."""
+"""Building the chat `delta` dicts that OutputParsers return (asgi/chat_output.py); merging them is asgi/chat_delta.py."""
 from __future__ import annotations
 
 import uuid
@@ -58,39 +58,3 @@ class DeltaBuilder:
         if self.calls:
             delta["tool_calls"] = self.calls
         return delta
-
-
-def merge_delta(into: dict, more: dict) -> dict:
-    """`more` appended to `into` (both delta dicts), as if one push had returned both."""
-    for key in ("reasoning_content", "content"):
-        if more.get(key):
-            into[key] = into.get(key, "") + more[key]
-    for call in more.get("tool_calls", ()):
-        calls = into.setdefault("tool_calls", [])
-        if calls and calls[-1]["index"] == call["index"] and "id" not in call:
-            calls[-1]["function"]["arguments"] += call["function"].get("arguments", "")
-        else:
-            calls.append({**call, "function": dict(call["function"])})
-    return into
-
-
-def merge_message(deltas: list[dict]) -> dict:
-    """The whole message that a choice's deltas add up to: content, reasoning_content and
-    tool_calls (by index: id, type, name, and the arguments pieces joined)."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, dict] = {}
-    for delta in deltas:
-        content.append(delta.get("content") or "")
-        reasoning.append(delta.get("reasoning_content") or "")
-        for piece in delta.get("tool_calls", ()):
-            call = calls.setdefault(piece["index"], {"id": None, "type": "function",
-                                                     "function": {"name": None, "arguments": ""}})
-            call["id"] = piece.get("id", call["id"])
-            function = piece.get("function", {})
-            if "name" in function:
-                call["function"]["name"] = function["name"]
-            call["function"]["arguments"] += function.get("arguments", "")
-    message: dict = {"content": "".join(content) or None, "reasoning_content": "".join(reasoning) or None}
-    message["tool_calls"] = [calls[i] for i in sorted(calls)] or None
-    return message

@@ -23,7 +23,6 @@ class CallScanner:
         self.args_keys = args_keys
         self.require_args = require_args
         self.pieces: list[tuple[str, str]] = []
-        self.raw: list[str] = []  # every character consumed, for a non-call shown as content
         self.started = False
         self.closed = False
         self.not_json = False  # something other than an object began
@@ -46,7 +45,6 @@ class CallScanner:
         for i, c in enumerate(text):
             if self.closed or self.not_json:
                 return i
-            self.raw.append(c)
             self._step(c)
         if self.named:
             self._flush_args()

@@ -115,8 +115,8 @@ class Sampler:
         logits = logits.float()
         params = [s.req.params for s in seqs]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-        # vLLM's default (raw_logprobs): the model's own distribution, before min_tokens,
-        # penalties, temperature and filters.
+        # vLLM's default (raw_logprobs): the model's own distribution, before a grammar's mask,
+        # min_tokens, penalties, temperature and filters.
         raw_logprobs = logits[logprob_rows].log_softmax(dim=-1) if logprob_rows else None
         # Structured outputs: each grammar's bitmask first, so that everything after it (and
         # greedy argmax) chooses among the tokens the grammar allows. Nothing for other batches.

@@ -136,6 +136,18 @@ def test_torch_twin_matches_xgrammars_kernel(vocab_size):
     assert (twin[1:, token] == float("-inf")).tolist() == [not (int(w) >> 5) & 1 for w in bitmask[1:, 1]]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_on_the_gpu_matches_the_twin():
+    gen = torch.Generator().manual_seed(1)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (7, 1537), dtype=torch.int32, generator=gen).cuda()
+    logits = torch.randn(7, 49180, generator=gen).cuda()
+    twin, kernel = logits.clone(), logits.clone()
+    apply_token_bitmask(twin, bitmask)
+    apply_token_bitmask_kernel(kernel, bitmask)
+    assert torch.equal(twin, kernel)
+
+
 # ---- the sampler ---------------------------------------------------------------------------
 
 

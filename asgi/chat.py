@@ -7,6 +7,7 @@ from asgi.chat_messages import render_messages
 from asgi.chat_parsing import parser_factory
 from asgi.generate import Generation, new_request_id
 from asgi.logprobs_format import ChatLogprobs
+from asgi.nvext import NvExtReply
 from asgi.request_context import current
 from asgi.respond import respond
 from asgi.sampling import sampling_params
@@ -41,4 +42,5 @@ async def chat_completions(state: WorkerState, body: bytes, receive, send) -> No
     fmt = ChatFormatter(request_id, state.model_id, n, include_usage, make_parser=make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top))
     await respond(gen, fmt, stream=req.stream, receive=receive, send=send, keepalive_s=state.settings.sse_keepalive_s,
-                  include_usage=include_usage, continuous_usage=continuous_usage)
+                  include_usage=include_usage, continuous_usage=continuous_usage,
+                  nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from asgi.access_log import log_request_content
 from asgi.completion_format import CompletionFormatter
 from asgi.errors import APIError
+from asgi.nvext import NvExtReply
 from asgi.generate import Generation, new_request_id
 from asgi.logprobs_format import CompletionLogprobs
 from asgi.request_context import current
@@ -57,4 +58,5 @@ async def completions(state: WorkerState, body: bytes, receive, send) -> None:
                               make_logprobs=None if num_top is None else
                               (lambda: CompletionLogprobs(state.token_texts, num_top)))
     await respond(gen, fmt, stream=req.stream, receive=receive, send=send, keepalive_s=state.settings.sse_keepalive_s,
-                  include_usage=include_usage, continuous_usage=continuous_usage)
+                  include_usage=include_usage, continuous_usage=continuous_usage,
+                  nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))

@@ -7,12 +7,17 @@ error event when the engine fails after the headers went out.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
 
 from asgi.errors import APIError, error_body
 from asgi.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
 from asgi.http import DisconnectWatcher, send_response
 from asgi.sse import SSEWriter
+
+if TYPE_CHECKING:
+    from asgi.nvext import NvExtReply
 
 log = logging.getLogger("rill.api")
 
@@ -20,6 +25,7 @@ log = logging.getLogger("rill.api")
 class Formatter(Protocol):
     """`usage` on chunks: the usage so far, with stream_options.continuous_usage_stats; else None."""
 
+    head: dict  # id, object, created, model: what every chunk starts with
     def opening_chunks(self, usage: Usage | None) -> list[bytes]: ...
     def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None) -> list[bytes]: ...
     def add(self, deltas: list[ChoiceDelta]) -> None: ...  # the non-streamed answer accumulates
@@ -28,15 +34,17 @@ class Formatter(Protocol):
 
 
 async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, send,
-                  keepalive_s: float, include_usage: bool, continuous_usage: bool = False) -> None:
+                  keepalive_s: float, include_usage: bool, continuous_usage: bool = False,
+                  nvext: NvExtReply | None = None) -> None:
+    """`nvext`: what the request's nvext asks to be sent back (annotations, response fields)."""
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
     failed = True
     try:
         await gen.start()
         if stream:
-            failed = await _stream(gen, fmt, send, keepalive_s, include_usage, continuous_usage)
+            failed = await _stream(gen, fmt, send, keepalive_s, include_usage, continuous_usage, nvext)
         else:
-            await _aggregate(gen, fmt, send)
+            await _aggregate(gen, fmt, send, nvext)
             failed = False
     finally:
         watcher.stop()
@@ -44,10 +52,12 @@ async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, sen
 
 
 async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool,
-                  continuous_usage: bool) -> bool:
+                  continuous_usage: bool, nvext: NvExtReply | None) -> bool:
     """Returns whether the engine failed the request after the headers went out."""
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
+    for event in nvext.start_events() if nvext else ():
+        await sse.event(event)
     for chunk in fmt.opening_chunks(gen.usage() if continuous_usage else None):
         await sse.data(chunk)
     try:
@@ -64,13 +74,18 @@ async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, inc
         return True
     if gen.disconnected:
         return False
+    if nvext:
+        for event in nvext.end_events(gen):
+            await sse.event(event)
+        if fields := nvext.fields(gen):
+            await sse.data(msgspec.json.encode({**fmt.head, "choices": [], "nvext": fields}))
     if include_usage:
         await sse.data(fmt.usage_chunk(gen.usage()))
     await sse.done()
     return False
 
 
-async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:
+async def _aggregate(gen: Generation, fmt: Formatter, send, nvext: NvExtReply | None) -> None:
     try:
         async for item in gen.deltas():
             fmt.add(item)
@@ -78,4 +93,7 @@ async def _aggregate(gen: Generation, fmt: Formatter, send) -> None:
         raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
     if gen.disconnected:
         return
-    await send_response(send, 200, fmt.body(gen.usage()))
+    body = fmt.body(gen.usage())
+    if nvext and (fields := nvext.body_fields(gen)):
+        body = msgspec.json.encode({**msgspec.json.decode(body), "nvext": fields})
+    await send_response(send, 200, body)

@@ -38,6 +38,10 @@ class SSEWriter:
     async def data(self, payload: bytes) -> None:
         await self._write(frame(payload))
 
+    async def event(self, raw: bytes) -> None:
+        """A whole event framed by the caller (a named event, as nvext's annotations)."""
+        await self._write(raw)
+
     async def keepalive(self) -> None:
         await self._write(KEEPALIVE)
 

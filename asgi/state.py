@@ -119,6 +119,10 @@ class WorkerState:
         return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,
                                    include_stop_str_in_output=include_stop)
 
+    def decode_prompt(self, ids: list[int]) -> str:
+        """A prompt's ids as text, special tokens included (what the model sees)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
     def model_card(self) -> dict:
         return {
             "id": self.model_id,

@@ -13,6 +13,7 @@ from typing import Any
 
 from asgi.errors import APIError
 from asgi.schemas import ChatCompletionRequest, NamedToolChoice
+from asgi.structured import json_schema_spec
 from ipc.protocol import StructuredSpec
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -127,9 +128,4 @@ def forced_spec(plan: ToolPlan, existing: StructuredSpec | None) -> StructuredSp
     if existing is not None:
         raise APIError(400, f"`tool_choice` {plan.mode.value} forces a tool call's JSON; it cannot be combined "
                             "with response_format or another structured output.", param="tool_choice")
-    try:
-        from asgi.structured import json_schema_spec
-    except ImportError:  # a checkout without the grammar engine (issue 6 item 3)
-        raise APIError(400, f"`tool_choice` {plan.mode.value} needs structured outputs, which this server "
-                            "does not have yet.", param="tool_choice", code="unsupported_parameter") from None
     return json_schema_spec(plan.schema, param="tools")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import httpx
 import openai
@@ -21,9 +20,6 @@ from tests.openapi import validate
 from tests.test_chat_messages import CONVERSATION, TOOL_TEMPLATE, TOOLS
 
 MODEL = "smollm2-135m-instruct"
-HAS_GRAMMAR = (Path(__file__).resolve().parents[1] / "asgi" / "structured.py").is_file()
-needs_grammar = pytest.mark.skipif(not HAS_GRAMMAR, reason="forcing the output needs the grammar engine "
-                                                           "(asgi/structured.py, issue 6 item 3)")
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
@@ -148,7 +144,6 @@ def test_bad_requests_name_the_param(tool_server, body, param):
     validate("ErrorResponse", r.json())
 
 
-@needs_grammar
 def test_auto_tool_call_after_reasoning(sdk, tool_server):
     # The grammar writes what a thinking, tool-calling model would; the parsers take it apart.
     regex = (r'<think>[a-z ]{1,24}</think>\n<tool_call>\n\{"name": "get_weather", "arguments": '
@@ -170,7 +165,6 @@ def test_auto_tool_call_after_reasoning(sdk, tool_server):
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
 
 
-@needs_grammar
 def test_named_tool_choice_forces_the_arguments(sdk, tool_server):
     body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=60,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -185,7 +179,6 @@ def test_named_tool_choice_forces_the_arguments(sdk, tool_server):
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
 
 
-@needs_grammar
 def test_required_tool_choice_forces_calls(sdk):
     body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=120, tool_choice="required")
     choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]

@@ -97,10 +97,13 @@ class GrammarCompiler:
 
     def _new_compiler(self):
         import xgrammar as xgr
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        except (OSError, ValueError):  # no tokenizer_config.json: the tokenizer.json the API workers read
+            tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(self.model_dir / "tokenizer.json"))
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self.stop_token_ids or None)
         log.info("structured outputs: tokenizer loaded for grammars in %.1f s", time.perf_counter() - started)

@@ -21,6 +21,10 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
             param=prompt_param if max_tokens is None or prompt_len >= max_model_len else "max_tokens",
             code="context_length_exceeded",
         )
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        # vLLM refuses this too: the request could never be honoured.
+        raise APIError(400, f"`min_tokens` ({req.min_tokens}) must not exceed `max_tokens` ({max_tokens}).",
+                       param="min_tokens")
     params = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else room,
         temperature=1.0 if req.temperature is None else req.temperature,

@@ -41,6 +41,7 @@ def chat(server, body=None, **kw):
     ({"model": MODEL, "messages": MSGS, "stream": "yes"}, "stream"),
     ({"model": MODEL, "messages": MSGS, "stop": [""]}, "stop"),
     ({"model": MODEL, "messages": MSGS, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": MODEL, "messages": MSGS, "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0].type"),
 ])

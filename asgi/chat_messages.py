@@ -74,6 +74,8 @@ def template_messages(messages: list[ChatMessage], *, has_developer_role: bool =
             message["tool_call_id"] = m.tool_call_id
         if m.role == "assistant" and m.tool_calls:
             message["tool_calls"] = [_tool_call(call, i, j) for j, call in enumerate(m.tool_calls)]
+        if m.role == "assistant" and (reasoning := m.reasoning if m.reasoning is not None else m.reasoning_content):
+            message["reasoning"] = message["reasoning_content"] = reasoning  # both names, as vLLM
         out.append(message)
     return out
 

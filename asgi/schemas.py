@@ -51,6 +51,9 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's earlier thinking, for templates that show it (vLLM takes both names).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDefinition(msgspec.Struct):

@@ -114,6 +114,10 @@ def test_bundled_chatml_developer_role_and_null_arguments(model_dir):
     args = state_with(ChatTemplate.from_string(
         "{% for tc in messages[0].tool_calls %}{{ tc.function.arguments | tojson }};{% endfor %}"))
     assert render(args, messages=odd) == "{};{};"
+    thinking = state_with(ChatTemplate.from_string("{% for m in messages %}{{ m.reasoning_content }}|"
+                                                   "{{ m.reasoning }};{% endfor %}"))
+    assert render(thinking, messages=[{"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+                                      {"role": "assistant", "content": "5", "reasoning": "2+3"}]) == "2+2|2+2;2+3|2+3;"
 
 
 def test_bad_messages_name_the_field(model_dir):

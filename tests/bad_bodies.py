@@ -50,7 +50,7 @@ SHARED_FIELDS: dict[str, set[str]] = {
 }
 CHAT_FIELDS = {**SHARED_FIELDS, "messages": set(), "max_completion_tokens": set(), "add_generation_prompt": {"bool"},
                "tools": {"obj", "list"}, "chat_template_kwargs": {"obj"}, "logprobs": {"bool"}}
-COMPLETION_FIELDS = {**SHARED_FIELDS, "prompt": {"str"}, "echo": set(), "logprobs": set(), "best_of": set()}
+COMPLETION_FIELDS = {**SHARED_FIELDS, "prompt": {"str"}, "echo": {"bool"}, "logprobs": set(), "best_of": set()}
 # Inside the first chat message: (key, accepted kinds).
 MESSAGE_FIELDS = {"role": {"str"}, "content": {"str", "list"}, "name": {"str"}}
 

@@ -165,6 +165,30 @@ def test_logit_bias_forces_and_bans_tokens(client, tokenizer):
     assert banned.choices[0].text not in ("", greedy.choices[0].text)
 
 
+# ---- options that existed before: stop_token_ids, include_stop_str_in_output, skip_special_tokens --
+
+
+def test_stop_token_ids_and_include_stop_str_in_output(client, tokenizer):
+    kwargs = dict(model=MODEL, prompt="The sea is", max_tokens=6, temperature=0)
+    text = client.completions.create(**kwargs).choices[0].text
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    cut = client.completions.create(**kwargs, extra_body={"stop_token_ids": [ids[2]]}).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == tokenizer.decode(ids[:2])
+    stop = tokenizer.decode(ids[1:3]).strip()
+    without = client.completions.create(**kwargs, stop=[stop]).choices[0].text
+    kept = client.completions.create(**kwargs, stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert not without.endswith(stop) and kept.choices[0].text == without + stop
+
+
+def test_skip_special_tokens(client, tokenizer):
+    special = "<jupyter_text>"
+    kwargs = dict(model=MODEL, prompt="The sea is", max_tokens=2, temperature=0,
+                  logit_bias={str(tokenizer.token_to_id(special)): 100})
+    assert client.completions.create(**kwargs).choices[0].text == ""
+    shown = client.completions.create(**kwargs, extra_body={"skip_special_tokens": False})
+    assert shown.choices[0].text == special * 2
+
+
 # ---- continuous usage stats ---------------------------------------------------------------
 
 

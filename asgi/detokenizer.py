@@ -42,7 +42,7 @@ class Detokenizer:
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         # An empty stop string would match at once and cut all output: ignore it.
         self._stops = tuple(dict.fromkeys(s for s in stop if s))
-        self._include_stop = include_stop_str_in_output
+        self.include_stop = include_stop_str_in_output
         # Characters held back so that no prefix of a stop string reaches the client early.
         self._num_held_chars = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
@@ -146,7 +146,7 @@ class Detokenizer:
             self.stop_matched = stop
             self._done = True
             self._held = ""
-            return window[: start + len(stop)] if self._include_stop else window[:start]
+            return window[: start + len(stop)] if self.include_stop else window[:start]
         if final:
             self._held = ""
             return window

@@ -134,7 +134,11 @@ class Generation:
             self.ctx.token(len(ids), index)
         if logprobs is not None:
             self._held_logprobs[index].append(logprobs)
-        text = detok.push(ids) if ids else ""
+        if choice.finish is FinishReason.STOP and len(ids) and not detok.include_stop:
+            # The engine's stop is the last id (eos or a stop_token_ids id, also what ends a
+            # grammar): as vLLM, its text is not output unless include_stop_str_in_output.
+            ids = ids[:-1]
+        text = detok.push(ids) if len(ids) else ""
         if detok.stop_matched is not None:
             finish = "stop"
             if choice.finish is None:

@@ -241,3 +241,16 @@ def test_penalty_out_of_range_names_the_parameter(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, extra_body={"min_p": 1.5})
     assert err.value.body["param"] == "min_p"
+
+
+def test_the_stop_token_text_is_left_out_as_vllm_does(client):
+    """The eos that ends a choice is not text, even with skip_special_tokens false, unless
+    include_stop_str_in_output (vLLM's rule for eos and stop_token_ids alike)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=64, temperature=0)
+    plain = client.chat.completions.create(**kwargs).choices[0]
+    assert plain.finish_reason == "stop"  # ended by eos <|im_end|>
+    shown = client.chat.completions.create(**kwargs, extra_body={"skip_special_tokens": False}).choices[0]
+    assert shown.message.content == plain.message.content and "<|im_end|>" not in shown.message.content
+    kept = client.chat.completions.create(**kwargs, extra_body={"skip_special_tokens": False,
+                                                                "include_stop_str_in_output": True})
+    assert kept.choices[0].message.content == plain.message.content + "<|im_end|>"

@@ -61,17 +61,17 @@ def checked(spec: StructuredSpec, param: str) -> StructuredSpec:
 
 
 def _grammar_error(kind: StructuredKind, value: str) -> str | None:
-    """Why xgrammar cannot build the grammar (no tokenizer needed: about a millisecond), or None."""
+    """Why xgrammar cannot build the grammar, or why it admits no output (about a millisecond), or None."""
     if len(value) > _MAX_CACHED_LEN:
         return _build_error(kind, value)
     return _cached_build_error(kind, value)
 
 
 def _build_error(kind: StructuredKind, value: str) -> str | None:
-    from engine_proc.grammar_spec import GrammarError, to_grammar  # imports xgrammar on first use
+    from engine_proc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
 
     try:
-        to_grammar(StructuredSpec(kind, value))
+        check_spec(StructuredSpec(kind, value))
     except GrammarError as exc:
         return str(exc)
     return None

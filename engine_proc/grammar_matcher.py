@@ -40,6 +40,10 @@ class RequestGrammar:
         except RuntimeError:
             log.exception("the grammar matcher failed; ending the request")
             self.finish = FinishReason.ERROR
+            return
+        if not bitmask[row].any():  # a dead end (say, a property whose schema no value meets)
+            log.warning("the grammar allows no next token; ending the request")
+            self.finish = FinishReason.ERROR
 
     def accept(self, token_id: int) -> None:
         if self.finish is not None:

@@ -5,6 +5,7 @@ worker pays only once it serves a structured request.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -51,6 +52,37 @@ def to_grammar(spec: StructuredSpec):
     except (RuntimeError, ValueError) as exc:  # xgrammar raises RuntimeError for every parse error
         raise GrammarError(error_text(exc)) from None
     raise GrammarError(f"unknown structured output kind {kind!r}")
+
+
+def check_spec(spec: StructuredSpec) -> None:
+    """GrammarError unless the spec builds a grammar that admits some output (the API's check).
+
+    A grammar can parse and still admit nothing (`root ::= root "a"`, a regex of no character):
+    in the engine its first bitmask would allow no token. Compiled here against a vocabulary of
+    the 256 bytes and one stop token, which takes about a millisecond and needs no tokenizer.
+    """
+    import xgrammar as xgr
+
+    grammar = to_grammar(spec)
+    bitmask = xgr.allocate_token_bitmask(1, _NUM_BYTE_TOKENS)
+    try:
+        xgr.GrammarMatcher(_byte_compiler().compile_grammar(grammar)).fill_next_token_bitmask(bitmask, 0)
+    except RuntimeError as exc:
+        raise GrammarError(error_text(exc)) from None
+    if not bitmask.any():
+        raise GrammarError("it admits no output at all")
+
+
+_NUM_BYTE_TOKENS = 257  # bytes 0..255, then the stop token
+
+
+@functools.cache
+def _byte_compiler():
+    import xgrammar as xgr
+
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[_NUM_BYTE_TOKENS - 1])
+    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
 
 def error_text(exc: BaseException) -> str:

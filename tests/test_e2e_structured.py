@@ -136,6 +136,7 @@ def test_grammar_on_completions(results):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_grammar": 'root ::= root "a"'}, "guided_grammar"),  # admits no output: nothing to sample
     ({"guided_choice": []}, "guided_choice"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
 ])

@@ -185,6 +185,17 @@ def test_the_mask_forces_the_choice(compiler, tokenizer_ids, use_kernel, tempera
     assert forced.req.grammar.finish is FinishReason.STOP
 
 
+def test_a_dead_end_ends_the_request_with_an_error(compiler, tokenizer_ids):
+    """A rule that admits nothing behind a first token: after `a` the grammar allows no token at all."""
+    spec = StructuredSpec(StructuredKind.GRAMMAR, 'root ::= "a" never | "b"\nnever ::= never "c"')
+    grammar = RequestGrammar(compiled(compiler, spec))
+    for token_id in tokenizer_ids("a"):
+        grammar.accept(token_id)
+    assert grammar.finish is None
+    logits = GrammarMasker(torch.device("cpu")).masked(torch.zeros(1, VOCAB), [seq_with(grammar)], [0])
+    assert torch.isinf(logits).all() and grammar.finish is FinishReason.ERROR
+
+
 def test_batches_without_grammars_skip_the_mask(monkeypatch):
     sampler = Sampler([EOS_ID], seed=0)
     monkeypatch.setattr(GrammarMasker, "masked", lambda *a: pytest.fail("masked a batch without grammars"))

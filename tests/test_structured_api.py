@@ -80,6 +80,8 @@ def test_completions_take_them_too():
     ({"guided_regex": "[a-"}, "guided_regex"),
     ({"guided_regex": ""}, "guided_regex"),
     ({"guided_grammar": "root ::= undefined"}, "guided_grammar"),
+    ({"guided_grammar": 'root ::= root "a"'}, "guided_grammar"),  # parses, but admits no output
+    ({"guided_regex": "[^\\x00-\\U0010FFFF]"}, "guided_regex"),
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_choice": ["a", 1]}, "guided_choice"),
     ({"structured_outputs": {}}, "structured_outputs"),
@@ -90,6 +92,11 @@ def test_completions_take_them_too():
 ])
 def test_bad_constraints_are_400_naming_the_parameter(fields, param):
     assert error_of(**fields).param == param
+
+
+def test_a_grammar_without_any_output_is_400():
+    assert "admits no output" in error_of(guided_grammar='root ::= root "a"').message
+    assert structured_spec(chat(guided_grammar='root ::= ""')) is not None  # the empty output is one
 
 
 @pytest.mark.parametrize("fields,second", [

@@ -40,11 +40,14 @@ class GrammarCompiler:
     """
 
     def __init__(self, model_dir: str | Path, *, vocab_size: int, stop_token_ids: list[int],
-                 notify: Callable[[GrammarCompiled], None], max_cached: int = 256, max_threads: int = 2) -> None:
+                 notify: Callable[[GrammarCompiled], None], max_cached: int = 256,
+                 max_cached_chars: int = 64 << 20, max_threads: int = 2) -> None:
         self.model_dir = Path(model_dir)
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self.max_cached = max_cached
+        self.max_cached_chars = max_cached_chars  # the specs' text held as keys (a schema can be megabytes)
+        self._cached_chars = 0
         self.max_threads = max_threads
         self._notify = notify
         self._lock = threading.Lock()
@@ -86,8 +89,12 @@ class GrammarCompiler:
             with self._lock:
                 self._in_flight.discard(key)
                 self._results[key] = result
-                while len(self._results) > self.max_cached:
-                    self._results.popitem(last=False)
+                self._cached_chars += len(key[1])
+                # The newest stays, even alone over the bound: its requests are waiting for it.
+                while len(self._results) > 1 and (len(self._results) > self.max_cached
+                                                  or self._cached_chars > self.max_cached_chars):
+                    old_key, _ = self._results.popitem(last=False)
+                    self._cached_chars -= len(old_key[1])
             self._notify(GrammarCompiled(key))
 
     def _compile(self, spec: StructuredSpec):

@@ -103,6 +103,14 @@ def test_cache_compiles_once_and_reports_failures(model_dir):
         comp.lookup(StructuredSpec(StructuredKind.REGEX, value))
         events.get(timeout=60)
     assert comp.lookup(a) is None
+    events.get(timeout=60)
+    big = GrammarCompiler(model_dir, vocab_size=VOCAB, stop_token_ids=[EOS_ID], notify=events.put,
+                          max_cached_chars=10)
+    for value in ("x{1,100}", "y{1,100}"):  # 8 characters each: the second evicts the first
+        big.lookup(StructuredSpec(StructuredKind.REGEX, value))
+        events.get(timeout=120)
+    assert big.lookup(StructuredSpec(StructuredKind.REGEX, "y{1,100}")) is not None
+    assert big.lookup(StructuredSpec(StructuredKind.REGEX, "x{1,100}")) is None
 
 
 def test_bitmask_is_as_wide_as_the_logits_not_the_tokenizer(model_dir):

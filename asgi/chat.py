@@ -24,7 +24,7 @@ async def chat_completions(state: WorkerState, body: bytes, receive, send) -> No
     stop = stop_strings(req)
     settings = state.settings
     tool_plan = plan_tools(req, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
-    prompt_ids = render_messages(state, req)
+    prompt_ids = await render_messages(state, req)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=limit, prompt_len=len(prompt_ids),

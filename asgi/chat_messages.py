@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgi.encoding import encode_texts
 from asgi.errors import APIError
 from asgi.schemas import ChatCompletionRequest, ChatMessage
 from asgi.state import WorkerState
@@ -20,7 +21,14 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"}
 
 
-def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
+async def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
+    """The prompt's token ids (a large prompt is encoded off the event loop)."""
+    (ids,) = await encode_texts(state.tokenizer, [render_prompt(state, req)], add_special_tokens=False)
+    return ids
+
+
+def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
+    """The chat template's text for the request's messages; 400s for what the template refuses."""
     template = _template(state, req)
     messages = template_messages(req.messages, has_developer_role="developer" in template.source)
     extra = req.chat_template_kwargs or {}
@@ -39,7 +47,7 @@ def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]
     except TemplateError as exc:
         param = "chat_template" if req.chat_template is not None else "messages"
         raise APIError(400, f"The chat template could not render these messages: {exc}", param=param) from None
-    return state.tokenizer.encode(text, add_special_tokens=False).ids
+    return text
 
 
 def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from asgi.access_log import log_request_content
 from asgi.completion_format import CompletionFormatter
+from asgi.encoding import encode_texts
 from asgi.errors import APIError
 from asgi.nvext import NvExtReply
 from asgi.generate import Generation, new_request_id
@@ -16,9 +17,9 @@ from asgi.state import WorkerState
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
-def tokenize_prompts(state: WorkerState, prompts: list[str] | list[list[int]]) -> list[list[int]]:
+async def tokenize_prompts(state: WorkerState, prompts: list[str] | list[list[int]]) -> list[list[int]]:
     if isinstance(prompts[0], str):
-        prompts = [e.ids for e in state.tokenizer.encode_batch(prompts, add_special_tokens=True)]
+        prompts = await encode_texts(state.tokenizer, prompts, add_special_tokens=True)
         if not all(prompts):
             raise APIError(400, "`prompt` must not be empty.", param="prompt")
         return prompts
@@ -36,7 +37,7 @@ async def completions(state: WorkerState, body: bytes, receive, send) -> None:
     log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
-    prompts = tokenize_prompts(state, batch)
+    prompts = await tokenize_prompts(state, batch)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
     max_model_len = state.settings.limits.max_model_len
     longest = max(len(ids) for ids in prompts)  # one check covers the batch

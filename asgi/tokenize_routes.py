@@ -8,6 +8,7 @@ import msgspec
 from msgspec import Meta
 
 from asgi.chat_messages import render_messages
+from asgi.encoding import encode_texts
 from asgi.errors import APIError, from_validation_error, not_found
 from asgi.http import send_response
 from asgi.schemas import INT64_MAX, ChatCompletionRequest
@@ -69,10 +70,10 @@ async def tokenize(state: WorkerState, body: bytes, receive, send) -> None:
             # top would not be the prompt chat completions sends.
             raise APIError(400, "`add_special_tokens` must be false with `messages`: the chat template "
                                 "decides the special tokens.", param="add_special_tokens")
-        ids = render_messages(state, req)
+        ids = await render_messages(state, req)
     else:
         req = _decode(_prompt_decoder, body, state)
-        ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+        (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)
     answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": ids,
               "token_strs": [state.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None}
     await send_json(send, answer)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from asgi.chat_messages import render_messages
+from asgi.chat_messages import render_prompt
 from asgi.errors import APIError, from_validation_error
 from asgi.schemas import chat_decoder
 from asgi.templating import ChatTemplate
@@ -48,16 +48,8 @@ CONVERSATION = [
 ]
 
 
-class TextTokenizer:
-    """Returns the rendered text as the "ids", so that tests read the prompt itself."""
-
-    def encode(self, text, add_special_tokens):
-        assert add_special_tokens is False
-        return SimpleNamespace(ids=text)
-
-
 def state_with(template: ChatTemplate, trust: bool = False):
-    return SimpleNamespace(template=template, tokenizer=TextTokenizer(),
+    return SimpleNamespace(template=template,
                            settings=SimpleNamespace(trust_request_chat_template=trust))
 
 
@@ -73,7 +65,7 @@ def decode_param(**fields) -> str | None:
 
 
 def render(state, **fields) -> str:
-    return render_messages(state, request(**fields))
+    return render_prompt(state, request(**fields))
 
 
 def rejected(call, param: str) -> APIError:

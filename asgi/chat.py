@@ -13,6 +13,7 @@ from asgi.respond import respond
 from asgi.sampling import sampling_params
 from asgi.schemas import chat_decoder, decode_request, stop_strings, stream_usage
 from asgi.state import WorkerState
+from asgi.structured import load_checker
 from asgi.tool_choice import forced_spec, plan_tools
 
 
@@ -25,6 +26,7 @@ async def chat_completions(state: WorkerState, body: bytes, receive, send) -> No
     settings = state.settings
     tool_plan = plan_tools(req, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
     prompt_ids = await render_messages(state, req)
+    await load_checker(req)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=limit, prompt_len=len(prompt_ids),

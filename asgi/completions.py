@@ -13,6 +13,7 @@ from asgi.respond import respond
 from asgi.sampling import sampling_params
 from asgi.schemas import completion_decoder, prompt_batch, decode_request, stop_strings, stream_usage
 from asgi.state import WorkerState
+from asgi.structured import load_checker
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
@@ -38,6 +39,7 @@ async def completions(state: WorkerState, body: bytes, receive, send) -> None:
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
     prompts = await tokenize_prompts(state, batch)
+    await load_checker(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
     max_model_len = state.settings.limits.max_model_len
     longest = max(len(ids) for ids in prompts)  # one check covers the batch

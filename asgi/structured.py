@@ -8,7 +8,9 @@ logits with it (engine_proc/grammar_*.py).
 """
 from __future__ import annotations
 
+import asyncio
 import functools
+import importlib
 import json
 from typing import Any
 
@@ -25,6 +27,23 @@ _STRUCTURED_OUTPUTS = {"json": StructuredKind.JSON_SCHEMA, "regex": StructuredKi
                        "choice": StructuredKind.CHOICE, "grammar": StructuredKind.GRAMMAR,
                        "json_object": StructuredKind.JSON_OBJECT, "structural_tag": None}
 _RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param, _ in _GUIDED))
+_checker_loaded = False
+
+
+async def load_checker(req: SamplingFields) -> None:
+    """Imports xgrammar the first time a request may need it, on a thread: it imports torch (about
+    2 s here), which on the event loop would stall every stream of this worker."""
+    global _checker_loaded
+    if _checker_loaded:
+        return
+    constrained = any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
+        getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
+    if constrained:
+        await asyncio.to_thread(importlib.import_module, "engine_proc.grammar_spec")
+        _checker_loaded = True
 
 
 def structured_spec(req: SamplingFields) -> StructuredSpec | None:

@@ -118,3 +118,26 @@ def test_json_schema_spec_for_tool_calls():
     with pytest.raises(APIError) as info:
         json_schema_spec({"type": "bogus"}, param="tools[0].function.parameters")
     assert info.value.param == "tools[0].function.parameters"
+
+
+def test_the_grammar_checker_loads_off_the_event_loop(monkeypatch):
+    """xgrammar imports torch (seconds): the first constrained request imports it on a thread,
+    plain requests never do."""
+    import asyncio
+    import importlib
+    import threading
+
+    import asgi.structured as structured
+
+    imported = []
+    monkeypatch.setattr(structured, "_checker_loaded", False)
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name: imported.append((name, threading.current_thread() is threading.main_thread())))
+    asyncio.run(structured.load_checker(chat()))
+    asyncio.run(structured.load_checker(chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                             tool_choice="auto")))
+    assert imported == []
+    asyncio.run(structured.load_checker(chat(tool_choice="required")))
+    assert imported == [("engine_proc.grammar_spec", False)]
+    asyncio.run(structured.load_checker(chat(response_format={"type": "json_object"})))
+    assert len(imported) == 1  # once per process

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -127,7 +128,10 @@ class EngineWatch(threading.Thread):
         self.engine_died = False
 
     def run(self) -> None:
-        self.proc.join()
+        # Wait on the sentinel, never join: stop_engine joins, and two threads reaping one child
+        # race (the loser's waitpid gets ECHILD, reads "still alive", and stop_engine warned
+        # "did not stop" and sent SIGKILL to a reaped pid).
+        multiprocessing.connection.wait([self.proc.sentinel])
         if not self.stopping:
             self.engine_died = True
             log.error("the engine process died (exit code %s); shutting down", self.proc.exitcode)

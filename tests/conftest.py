@@ -39,6 +39,7 @@ def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = Non
 def stop_server(server: ServerProcess) -> None:
     code = server.stop()
     assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
+    assert "did not stop" not in server.log(), "the engine had to be killed"
     assert leftovers(server.proc.pid) == [], "shared memory or socket files left behind"
 
 

@@ -27,6 +27,23 @@ class OutputParser(Protocol):
         ...
 
 
+class BufferedParser:
+    """An OutputParser that gathers text in `pending` and turns what it can of it into delta
+    fields in `_drain` (everything, when `final`)."""
+
+    pending: str
+
+    def push(self, text: str) -> dict:
+        self.pending += text
+        return self._drain(final=False)
+
+    def finish(self) -> dict:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> dict:
+        raise NotImplementedError
+
+
 class PlainText:
     """No parsing: all text is content."""
 

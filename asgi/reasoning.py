@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from asgi.tool_parsers.deltas import DeltaBuilder, held_tail
+from asgi.chat_output import BufferedParser
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
-class ThinkParser:
+class ThinkParser(BufferedParser):
     """Text up to `</think>` is reasoning, the rest content. An opening `<think>` is recognised
     only at the start of the output (leading whitespace dropped with it).
 
@@ -22,13 +23,6 @@ class ThinkParser:
         self.opening_optional = opening_optional
         self.state = "start"  # start, reasoning, content
         self.pending = ""
-
-    def push(self, text: str) -> dict:
-        self.pending += text
-        return self._drain(final=False)
-
-    def finish(self) -> dict:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()

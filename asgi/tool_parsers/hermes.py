@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from asgi.tool_parsers.deltas import DeltaBuilder, held_tail, new_call_id
 from asgi.tool_parsers.json_call import CallScanner
+from asgi.chat_output import BufferedParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -53,7 +54,7 @@ class ContentAroundCalls:
         self.held = ""
 
 
-class HermesParser:
+class HermesParser(BufferedParser):
     def __init__(self, make_id: Callable[[], str] = new_call_id):
         self.calls = CallCounter(make_id)
         self.content = ContentAroundCalls()
@@ -64,13 +65,6 @@ class HermesParser:
     @property
     def called_tools(self) -> bool:
         return self.calls.called_tools
-
-    def push(self, text: str) -> dict:
-        self.pending += text
-        return self._drain(final=False)
-
-    def finish(self) -> dict:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()

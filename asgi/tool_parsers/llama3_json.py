@@ -11,12 +11,13 @@ from collections.abc import Callable
 from asgi.tool_parsers.deltas import DeltaBuilder, new_call_id
 from asgi.tool_parsers.hermes import CallCounter
 from asgi.tool_parsers.json_call import CallScanner
+from asgi.chat_output import BufferedParser
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"
 
 
-class Llama3JsonParser:
+class Llama3JsonParser(BufferedParser):
     def __init__(self, make_id: Callable[[], str] = new_call_id):
         self.calls = CallCounter(make_id)
         self.mode = "start"  # start: undecided; calls; content: everything left is content
@@ -27,13 +28,6 @@ class Llama3JsonParser:
     @property
     def called_tools(self) -> bool:
         return self.calls.called_tools
-
-    def push(self, text: str) -> dict:
-        self.pending += text
-        return self._drain(final=False)
-
-    def finish(self) -> dict:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()

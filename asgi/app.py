@@ -15,6 +15,8 @@ from asgi.generate import GenerationFailed
 from asgi.http import ClientDisconnected, read_body, require_json, send_response
 from asgi.metrics import METRICS_PATH, metrics_endpoint
 from asgi.request_context import RequestContext, set_current
+from asgi.responses import count_input_tokens, create_response
+from asgi.responses_routes import responses_route
 from asgi.state import WorkerSettings, WorkerState, dumps
 from asgi.tokenize_routes import detokenize, get_version, tokenize
 
@@ -61,6 +63,8 @@ ROUTES = {
     ("GET", "/v1/models"): list_models,
     ("POST", "/v1/chat/completions"): chat_completions,
     ("POST", "/v1/completions"): completions,
+    ("POST", "/v1/responses"): create_response,
+    ("POST", "/v1/responses/input_tokens"): count_input_tokens,
     ("POST", "/tokenize"): tokenize,  # vLLM's utility routes
     ("POST", "/detokenize"): detokenize,
     ("GET", "/version"): get_version,
@@ -123,7 +127,9 @@ class App:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if path.startswith(ALIAS_PREFIX):
             path = "/v1/" + path[len(ALIAS_PREFIX):]
-        handler = ROUTES.get((method, path))
+        elif path == "/responses" or path.startswith("/responses/"):  # as vLLM, also without /v1
+            path = "/v1" + path
+        handler = ROUTES.get((method, path)) or responses_route(method, path, scope.get("query_string", b""))
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
                 return await self.state.cors.answer_preflight(scope["headers"], send)

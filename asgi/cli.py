@@ -34,6 +34,11 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     net.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
     net.add_argument("--max-request-body", type=byte_size, default="32MiB", help="larger bodies get 413")
+    net.add_argument("--responses-store-max-entries", type=int, default=1000,
+                     help="responses kept per API worker for GET /v1/responses/{id} and previous_response_id "
+                          "(0 disables the store)")
+    net.add_argument("--responses-store-ttl", type=float, default=3600.0,
+                     help="seconds a stored response is kept (0 disables the store)")
     model = ap.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="a local Hugging Face model directory (default: the bundled SmolLM2-135M-Instruct)")

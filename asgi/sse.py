@@ -51,6 +51,10 @@ class SSEWriter:
     async def done(self) -> None:
         await self._send({"type": "http.response.body", "body": DONE, "more_body": False})
 
+    async def close(self) -> None:
+        """Ends a stream that has no [DONE] (the Responses API's typed events)."""
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
     async def _write(self, body: bytes) -> None:
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
         self.last_send = time.monotonic()

@@ -19,6 +19,7 @@ from asgi.detokenizer import Detokenizer
 from asgi.engine_client import EngineClient
 from asgi.metrics import Metrics
 from asgi.request_context import RequestContext
+from asgi.responses_store import ResponseStore
 from asgi.templating import ChatTemplate, load_template_arg
 from asgi.token_text import TokenTexts
 from ipc.channels import RunPaths
@@ -56,6 +57,9 @@ class WorkerSettings(msgspec.Struct):
     log_requests: bool = False
     # GET /metrics (asgi/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
     metrics_prefix: str = "rill"
+    # The Responses API's store (asgi/responses_store.py), one per worker process; 0 disables it.
+    responses_store_max_entries: int = 1000
+    responses_store_ttl_s: float = 3600.0
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -76,6 +80,7 @@ class WorkerState:
     auth: ApiKeyGuard = field(default_factory=ApiKeyGuard)
     cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
+    responses_store: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -89,6 +94,7 @@ class WorkerState:
         state = cls(settings, client, tokenizer, template)
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
+        state.responses_store = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
         if settings.access_log:

@@ -96,8 +96,10 @@ async def create_response(state: WorkerState, body: bytes, receive, send) -> Non
                                  max_model_len=settings.limits.max_model_len, prompt_param="input",
                                  vocab_size=settings.limits.vocab_size, logprobs=num_top)
     except APIError as exc:
-        if exc.param == "response_format":
-            exc.param = "text.format"
+        if exc.param and exc.param.startswith("response_format"):  # the chat name of text.format
+            param = "text.format" + exc.param[len("response_format"):].replace(".json_schema", "", 1)
+            exc.message = exc.message.replace(exc.param, param)
+            exc.param = param
         elif exc.param == "max_tokens":
             exc.param = "max_output_tokens"
         raise

@@ -58,7 +58,9 @@ def items_to_messages(items: list[dict[str, Any]], param: str = "input") -> list
         where = f"{param}[{i}]"
         kind = item["type"]
         if kind == "reasoning":
-            reasoning += [p.get("text", "") for p in (item.get("content") or item.get("summary") or [])]
+            parts_field = "content" if item.get("content") else "summary"
+            if text := _text(item.get(parts_field), f"{where}.{parts_field}"):
+                reasoning.append(text)
         elif kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -97,7 +99,9 @@ def _text(content: Any, where: str) -> str:
         raise APIError(400, "Content must be a string or a list of parts.", param=where)
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if isinstance(part, dict) and part.get("type") in TEXT_PARTS and not isinstance(part.get("text"), str):
+            raise APIError(400, f"A `{part['type']}` part needs `text` (a string).", param=f"{where}[{j}].text")
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise APIError(400, f"Content parts of type `{kind}` are not supported; only input_text and "
                                 "output_text.", param=f"{where}[{j}].type", code="unsupported_parameter")
@@ -136,7 +140,9 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, str):
         return choice
-    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+    if choice.get("type") == "function" and not isinstance(choice.get("name"), str):
+        raise APIError(400, "A function `tool_choice` needs `name`.", param="tool_choice.name")
+    if choice.get("type") != "function":
         raise APIError(400, f"`tool_choice` of type `{choice.get('type')}` is not supported; only "
                             'none, auto, required or {"type": "function", "name": ...}.', param="tool_choice")
     return {"type": "function", "function": {"name": choice["name"]}}

@@ -195,6 +195,12 @@ def test_cancel(server, client):
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function"}, "tools": [WEATHER_TOOL]}, "tool_choice.name"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}}}, "text.format.schema"),
+    ({"input": [{"type": "reasoning", "summary": ["x"]}, {"role": "user", "content": "hi"}]}, "input[0].summary[0].type"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
+    ({"input": []}, "input"),
 ])
 def test_bad_requests_name_param(server, extra, param):
     r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra})

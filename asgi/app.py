@@ -9,6 +9,7 @@ import time
 from asgi.access_log import tag_records_with_request_id
 from asgi.chat import chat_completions
 from asgi.completions import completions
+from asgi.conversations import conversations_route, create_conversation
 from asgi.engine_client import EngineDead
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.generate import GenerationFailed
@@ -65,6 +66,7 @@ ROUTES = {
     ("POST", "/v1/completions"): completions,
     ("POST", "/v1/responses"): create_response,
     ("POST", "/v1/responses/input_tokens"): count_input_tokens,
+    ("POST", "/v1/conversations"): create_conversation,
     ("POST", "/tokenize"): tokenize,  # vLLM's utility routes
     ("POST", "/detokenize"): detokenize,
     ("GET", "/version"): get_version,
@@ -127,9 +129,11 @@ class App:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if path.startswith(ALIAS_PREFIX):
             path = "/v1/" + path[len(ALIAS_PREFIX):]
-        elif path == "/responses" or path.startswith("/responses/"):  # as vLLM, also without /v1
+        elif path.startswith(("/responses", "/conversations")):  # as vLLM, also without /v1
             path = "/v1" + path
-        handler = ROUTES.get((method, path)) or responses_route(method, path, scope.get("query_string", b""))
+        query = scope.get("query_string", b"")
+        handler = ROUTES.get((method, path)) or responses_route(method, path, query) \
+            or conversations_route(method, path, query)
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
                 return await self.state.cors.answer_preflight(scope["headers"], send)

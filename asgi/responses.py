@@ -1,11 +1,13 @@
 """POST /v1/responses (OpenAI's Responses API) through the chat path, streamed as typed events or one body."""
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
 import msgspec
 
+from asgi.conversations import append_items, conversation_id_of, conversation_or_404
 from asgi.errors import APIError, from_validation_error, not_found
 from asgi.chat_messages import render_messages
 from asgi.chat_parsing import parser_factory
@@ -56,6 +58,8 @@ async def prepare(state: WorkerState, req: ResponsesRequest):
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = stored_or_404(state, req.previous_response_id, "previous_response_id").messages
+    if (conversation_id := conversation_id_of(req.conversation)) is not None:
+        history = items_to_messages(conversation_or_404(state, conversation_id, "conversation").items, "conversation")
     items = input_items(req)
     messages = [*history, *items_to_messages(items)]
     chat = chat_request(req, messages)
@@ -76,7 +80,8 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -
             "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": tools,
             "truncation": "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",
-            "conversation": None, "moderation": None,
+            "conversation": {"id": cid} if (cid := conversation_id_of(req.conversation)) else None,
+            "moderation": None,
             # Required by the spec, whose only ttl value is 30m; this server's prefix cache is implicit.
             "prompt_cache_options": {"ttl": "30m", "mode": "implicit"},
             **{k: v for k, v in (("user", req.user), ("safety_identifier", req.safety_identifier)) if v is not None}}
@@ -130,6 +135,8 @@ async def create_response(state: WorkerState, body: bytes, receive, send) -> Non
         gen.record(failed=failed)
         if entry is not None:
             _finish_entry(state, response_id, entry, builder, failed)
+        if (conversation_id := conversation_id_of(req.conversation)) and builder.status in ("completed", "incomplete"):
+            append_items(state, conversation_id, copy.deepcopy([*items, *builder.output]))
 
 
 def _cancel(gen: Generation, builder: ResponseBuilder) -> None:

@@ -31,12 +31,17 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(req.input, str):
         return [{"id": new_item_id("message"), "type": "message", "role": "user", "status": "completed",
                  "content": [{"type": "input_text", "text": req.input}]}]
+    return typed_items(req.input, "input")
+
+
+def typed_items(raw_items: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
+    """Items as stored and listed: each with its type, an id, a status, and parts for a string content."""
     items = []
-    for i, raw in enumerate(req.input):
+    for i, raw in enumerate(raw_items):
         kind = raw.get("type", "message" if "role" in raw else None)
         if kind not in ID_PREFIX:
             raise APIError(400, f"Input items of type `{kind}` are not supported; only message, function_call, "
-                                "function_call_output and reasoning.", param=f"input[{i}].type",
+                                "function_call_output and reasoning.", param=f"{param}[{i}].type",
                            code="unsupported_parameter")
         item = {**raw, "type": kind}
         if kind == "message" and isinstance(item.get("content"), str):

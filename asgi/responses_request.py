@@ -66,17 +66,16 @@ def check_request(req: ResponsesRequest) -> None:
     if req.background:
         raise APIError(400, "`background` responses are not supported by this server.", param="background",
                        code="unsupported_parameter")
-    if req.conversation is not None:
-        raise APIError(400, "`conversation` is not supported yet; chain responses with `previous_response_id`.",
-                       param="conversation", code="unsupported_parameter")
+    if req.conversation is not None and req.previous_response_id is not None:
+        raise APIError(400, "`conversation` and `previous_response_id` cannot both be set.", param="conversation")
     if req.prompt is not None:
         raise unsupported("prompt")
     if req.truncation not in (None, "disabled"):
         raise APIError(400, "Only `truncation: disabled` is supported: a prompt longer than the context "
                             "gets a 400.", param="truncation", code="unsupported_parameter")
-    if req.input is None and req.previous_response_id is None:
+    if req.input is None and req.previous_response_id is None and req.conversation is None:
         raise APIError(400, "`input` is required.", param="input")
-    _check_metadata(req.metadata)
+    check_metadata(req.metadata)
     for i, tool in enumerate(req.tools or []):
         if tool.type != "function":
             raise APIError(400, f"Tools of type `{tool.type}` are not supported; only `function`.",
@@ -89,7 +88,7 @@ def check_request(req: ResponsesRequest) -> None:
                            param=f"include[{i}]", code="unsupported_parameter")
 
 
-def _check_metadata(metadata: dict[str, str] | None) -> None:
+def check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return
     if len(metadata) > MAX_METADATA_ENTRIES:

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qs
-
 import msgspec
 
+from asgi.conversations import list_page
 from asgi.errors import APIError
 from asgi.http import send_response
 from asgi.responses import stored_or_404
@@ -61,23 +60,4 @@ async def cancel(state: WorkerState, response_id: str, query: bytes, send) -> No
 async def list_input_items(state: WorkerState, response_id: str, query: bytes, send) -> None:
     """OpenAI's page: `limit` (1 to 100, default 20), `order` (desc by default), `after` an item id."""
     entry = stored_or_404(state, response_id)
-    args = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
-    try:
-        limit = int(args.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise APIError(400, "`limit` must be an integer from 1 to 100.", param="limit")
-    order = args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise APIError(400, "`order` must be asc or desc.", param="order")
-    items = entry.input_items if order == "asc" else entry.input_items[::-1]
-    if (after := args.get("after")) is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise APIError(400, f"`after` names no input item of `{response_id}`.", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    await send_response(send, 200, msgspec.json.encode({
-        "object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}))
+    await send_response(send, 200, msgspec.json.encode(list_page(entry.input_items, query, response_id)))

@@ -24,13 +24,14 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """`max_entries` 0 or `ttl_s` 0 disables the store: nothing is kept."""
+    """`max_entries` 0 or `ttl_s` 0 disables the store: nothing is kept. Entries are anything with
+    a `stored_at` (responses, and conversations in their own store)."""
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self.clock = clock
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._entries: OrderedDict[str, Any] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -40,7 +41,7 @@ class ResponseStore:
         self._expire()
         return len(self._entries)
 
-    def put(self, response_id: str, entry: StoredResponse) -> None:
+    def put(self, response_id: str, entry: Any) -> None:
         if not self.enabled:
             return
         entry.stored_at = self.clock()
@@ -50,7 +51,7 @@ class ResponseStore:
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str) -> Any:
         self._expire()
         return self._entries.get(response_id)
 

@@ -81,6 +81,7 @@ class WorkerState:
     cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
     responses_store: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))
+    conversations: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))  # same bounds, own entries
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -95,6 +96,7 @@ class WorkerState:
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
         state.responses_store = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
+        state.conversations = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
         if settings.access_log:

@@ -92,11 +92,12 @@ def test_json_schema_text_format(client):
 
 
 def test_logprobs_included(client):
-    resp = client.responses.create(model=MODEL, input="Hi", max_output_tokens=3, top_logprobs=2,
+    resp = client.responses.create(model=MODEL, input="Hi", max_output_tokens=3, top_logprobs=2, temperature=0,
                                    include=["message.output_text.logprobs"])
     logprobs = resp.output[0].content[0].logprobs
     assert len(logprobs) == 3 and all(len(lp.top_logprobs) == 2 for lp in logprobs)
-    assert "".join(lp.token for lp in logprobs) == resp.output_text
+    # a token's text may be a piece of a UTF-8 character (shown as U+FFFD); its bytes join into the text
+    assert bytes(b for lp in logprobs for b in lp.bytes).decode() == resp.output_text
 
 
 def test_stream_events(server, client):
@@ -186,7 +187,8 @@ def test_cancel(server, client):
     ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+    ({"conversation": 5}, "conversation"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"include": ["file_search_call.results"]}, "include[0]"),
@@ -214,3 +216,33 @@ def test_unknown_ids_404(server):
     assert httpx.delete(f"{server.base_url}/v1/responses/resp_nope").status_code == 404
     assert httpx.get(f"{server.base_url}/v1/responses/resp_nope/input_items").status_code == 404
     assert post(server, "/v1/responses", {"model": "other", "input": "hi"}).status_code == 404
+
+
+def test_conversations(client, server):
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Ada."}],
+                                       metadata={"topic": "names"})
+    validate("ConversationResource", httpx.get(f"{server.base_url}/v1/conversations/{conv.id}").json())
+    assert conv.metadata == {"topic": "names"}
+    resp = client.responses.create(model=MODEL, input="What is my name?", conversation=conv.id, max_output_tokens=3)
+    assert resp.conversation.id == conv.id
+    alone = post(server, "/v1/responses/input_tokens", {"model": MODEL, "input": "What is my name?"}).json()
+    assert resp.usage.input_tokens > alone["input_tokens"]
+    items = client.conversations.items.list(conv.id, order="asc")
+    assert [i.type for i in items.data] == ["message", "message", "message"]
+    assert [i.role for i in items.data] == ["user", "user", "assistant"]
+    raw = httpx.get(f"{server.base_url}/v1/conversations/{conv.id}/items").json()
+    validate("ConversationItemList", raw)
+    assert raw["data"][0]["id"] == resp.output[0].id  # newest first
+    again = client.responses.create(model=MODEL, input="And again?", conversation={"id": conv.id}, max_output_tokens=2)
+    assert again.usage.input_tokens > resp.usage.input_tokens + resp.usage.output_tokens
+    added = client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "Hi"}])
+    assert client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id).id == added.data[0].id
+    client.conversations.items.delete(added.data[0].id, conversation_id=conv.id)
+    assert len(client.conversations.items.list(conv.id, limit=100).data) == 5
+    assert client.conversations.update(conv.id, metadata={"topic": "x"}).metadata == {"topic": "x"}
+    assert client.conversations.delete(conv.id).deleted
+    with pytest.raises(openai.NotFoundError, match=conv.id):
+        client.conversations.retrieve(conv.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model=MODEL, input="x", conversation=conv.id)
+    assert info.value.body["param"] == "conversation"

@@ -7,10 +7,11 @@ from typing import Any
 
 import msgspec
 
-from asgi.conversations import append_items, conversation_id_of, conversation_or_404
-from asgi.errors import APIError, from_validation_error, not_found
+from asgi.access_log import log_request_content
 from asgi.chat_messages import render_messages
 from asgi.chat_parsing import parser_factory
+from asgi.conversations import append_items, conversation_id_of, conversation_or_404
+from asgi.errors import APIError, from_validation_error, not_found
 from asgi.generate import KEEPALIVE, Generation, GenerationFailed, Usage, new_request_id
 from asgi.http import DisconnectWatcher, send_response
 from asgi.logprobs_format import ChatLogprobs
@@ -91,6 +92,7 @@ async def create_response(state: WorkerState, body: bytes, receive, send) -> Non
     req = decode(body, state.model_id)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
+    log_request_content(state.settings.log_requests, req)
     settings = state.settings
     items, messages, chat, prompt_ids = await prepare(state, req)
     tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
@@ -148,6 +150,8 @@ def _finish_entry(state, response_id, entry: StoredResponse, builder: ResponseBu
     entry.cancel = None
     if builder.status == "in_progress":
         builder.status = "failed" if failed else "cancelled"  # an error, or the client left
+        if failed and builder.error is None:
+            builder.error = {"code": "server_error", "message": "The response failed before it finished."}
     entry.response = builder.response()
     entry.messages = [*entry.messages, *items_to_messages(builder.output, "output")]
     if state.responses_store.get(response_id) is entry:

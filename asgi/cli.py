@@ -39,6 +39,11 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                           "(0 disables the store)")
     net.add_argument("--responses-store-ttl", type=float, default=3600.0,
                      help="seconds a stored response is kept (0 disables the store)")
+    net.add_argument("--conversations-store-max-entries", type=int, default=1000,
+                     help="conversations kept per API worker for /v1/conversations and `conversation` "
+                          "(0 disables the store)")
+    net.add_argument("--conversations-store-ttl", type=float, default=3600.0,
+                     help="seconds a conversation is kept, counted from its creation (0 disables the store)")
     model = ap.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="a local Hugging Face model directory (default: the bundled SmolLM2-135M-Instruct)")

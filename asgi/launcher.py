@@ -180,6 +180,8 @@ def serve(args) -> int:
             metrics_prefix=args.metrics_prefix,
             responses_store_max_entries=max(args.responses_store_max_entries, 0),
             responses_store_ttl_s=max(args.responses_store_ttl, 0.0),
+            conversations_store_max_entries=max(args.conversations_store_max_entries, 0),
+            conversations_store_ttl_s=max(args.conversations_store_ttl, 0.0),
         ).to_env()
         # GET /metrics: every worker counts into its own files here and any worker sums them all
         # (prometheus_client's multiprocess mode); a fresh folder per run, removed with the run dir.

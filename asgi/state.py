@@ -60,6 +60,8 @@ class WorkerSettings(msgspec.Struct):
     # The Responses API's store (asgi/responses_store.py), one per worker process; 0 disables it.
     responses_store_max_entries: int = 1000
     responses_store_ttl_s: float = 3600.0
+    conversations_store_max_entries: int = 1000  # the same for /v1/conversations
+    conversations_store_ttl_s: float = 3600.0
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -96,7 +98,8 @@ class WorkerState:
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
         state.responses_store = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
-        state.conversations = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
+        state.conversations = ResponseStore(settings.conversations_store_max_entries,
+                                            settings.conversations_store_ttl_s)
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
         if settings.access_log:

@@ -15,7 +15,8 @@ def flagged(model_dir, tmp_path_factory):
     # deepseek_r1 takes text up to `</think>` as reasoning, and all of it when no tag comes: this
     # model never writes one, so every output is reasoning. A 10 ms keep-alive fires between tokens.
     srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--responses-store-max-entries", "2",
-                       "--sse-keepalive", "0.01", "--reasoning-parser", "deepseek_r1")
+                       "--conversations-store-max-entries", "1", "--sse-keepalive", "0.01",
+                       "--reasoning-parser", "deepseek_r1")
     yield srv
     stop_server(srv)
 
@@ -32,6 +33,15 @@ def test_store_keeps_the_newest_two(flagged):
     assert all(httpx.get(f"{flagged.base_url}/v1/responses/{i}").status_code == 200 for i in ids[1:])
     chained = create(flagged, input="again", previous_response_id=ids[0])
     assert chained.status_code == 404 and chained.json()["error"]["param"] == "previous_response_id"
+
+
+def test_conversations_have_their_own_bound(flagged):
+    url = f"{flagged.base_url}/v1/conversations"
+    first, second = (httpx.post(url, json={}, timeout=30).json()["id"] for _ in range(2))
+    assert httpx.get(f"{url}/{first}").status_code == 404  # a store of one: the newest stays
+    assert httpx.get(f"{url}/{second}").status_code == 200
+    ids = [create(flagged, input=f"hi {i}").json()["id"] for i in range(2)]  # responses keep two
+    assert all(httpx.get(f"{flagged.base_url}/v1/responses/{i}").status_code == 200 for i in ids)
 
 
 def test_reasoning_items_and_keepalives(flagged):

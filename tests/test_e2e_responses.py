@@ -164,14 +164,19 @@ def test_cancel(server, client):
     finished = client.responses.create(model=MODEL, input="x", max_output_tokens=1)
     refused = httpx.post(f"{server.base_url}/v1/responses/{finished.id}/cancel")
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_id"
-    answers = []
+    answers, threads = [], []
 
     def cancel(response_id):
         answers.append(httpx.post(f"{server.base_url}/v1/responses/{response_id}/cancel", timeout=30))
 
+    def start_cancel(response_id):
+        threads.append(threading.Thread(target=cancel, args=(response_id,)))
+        threads[-1].start()
+
     events = stream_events(server, {"model": MODEL, "input": "Count to a thousand.", "max_output_tokens": 1500,
-                                    "temperature": 0}, on_created=lambda rid: threading.Thread(
-                                        target=cancel, args=(rid,)).start())
+                                    "temperature": 0}, on_created=start_cancel)
+    for thread in threads:  # the stream can end before the cancel's own answer is read
+        thread.join()
     response = check_stream(events)
     assert answers[0].status_code == 200 and answers[0].json()["status"] == "cancelled"
     assert response["status"] == "cancelled" and events[-1][0] == "response.failed"

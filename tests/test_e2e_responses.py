@@ -53,7 +53,8 @@ def test_create_string_input(client, server):
 
 
 def test_max_output_tokens_gives_incomplete(client):
-    resp = client.responses.create(model=MODEL, input="Write a long story about the sea.", max_output_tokens=3)
+    resp = client.responses.create(model=MODEL, input="Write a long story about the sea.", max_output_tokens=3,
+                                   temperature=0)
     assert resp.status == "incomplete"
     assert resp.incomplete_details.reason == "max_output_tokens"
     assert resp.usage.output_tokens == 3
@@ -102,7 +103,7 @@ def test_logprobs_included(client):
 
 def test_stream_events(server, client):
     response = check_stream(stream_events(server, {"model": MODEL, "input": "Tell me about the moon.",
-                                                   "max_output_tokens": 8}))
+                                                   "max_output_tokens": 8, "temperature": 0}))
     assert response["status"] == "incomplete" and response["usage"]["output_tokens"] == 8
     # the SDK parses the same stream strictly
     events = list(client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=5, stream=True))

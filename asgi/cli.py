@@ -51,6 +51,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: float32 on the CPU (no fast bf16 here), bfloat16 on a GPU")
+    model.add_argument("--quantization", "-q", default="none", choices=["none", "int8"],
+                       help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
+                            "head, through torch's int8 kernel; a quarter of float32's weight bytes; CPU only "
+                            "(see README: Quantization)")
     model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                        help="auto: cuda when torch sees a GPU, else cpu")
     model.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],

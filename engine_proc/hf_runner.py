@@ -59,9 +59,14 @@ class TransformersRunner(ModelRunner):
         load_format: str = "auto",
         device: torch.device | str = "cpu",
         batch_invariant: bool = False,  # already so: each seq runs alone, whatever else is batched
+        quantization: str = "none",
     ) -> None:
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
+        if quantization != "none":
+            raise ValueError(f"--quantization {quantization} is implemented for the native model only, "
+                             "not the transformers runner (--model-impl transformers or an architecture "
+                             "without a native implementation); use --quantization none")
         self.config = load_config(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)

@@ -37,6 +37,7 @@ class EngineConfig(msgspec.Struct):
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
     attention_backend: str = "auto"  # auto: triton on a GPU, torch on the CPU
     load_format: str = "auto"
+    quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
     block_size: int = 16
@@ -187,6 +188,7 @@ def build_engine(config: EngineConfig):
         load_format=config.load_format,
         batch_invariant=config.batch_invariant,
         device=device,
+        quantization=config.quantization,
         **({} if runner_class is TransformersRunner else {"attention_backend": config.attention_backend}),
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
@@ -194,9 +196,10 @@ def build_engine(config: EngineConfig):
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
-        "model loaded in %.1f s: %s, %s, KV cache %d blocks x %d tokens (%.0f MiB), max_model_len %d, "
-        "prefix caching %s, %s runner on %s%s",
-        time.perf_counter() - started, config.model_id, dtype_name, num_blocks, config.block_size,
+        "model loaded in %.1f s: %s, %s, quantization %s, KV cache %d blocks x %d tokens (%.0f MiB), "
+        "max_model_len %d, prefix caching %s, %s runner on %s%s",
+        time.perf_counter() - started, config.model_id, dtype_name, config.quantization, num_blocks,
+        config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         "transformers" if runner_class is TransformersRunner else "native", device,
         ", batch-invariant" if config.batch_invariant else "",

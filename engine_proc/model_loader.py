@@ -13,6 +13,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from engine_proc.llama import LlamaForCausalLM
+from engine_proc.quantization import check_quantization, quantize_linears
 
 log = logging.getLogger("rill.model")
 
@@ -54,10 +55,15 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     load_format: str = "auto",
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
-    """The native model with its weights: from safetensors, or random ("dummy") for a config."""
+    """The native model with its weights: from safetensors, or random ("dummy") for a config.
+
+    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/quantization.py).
+    """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
+    check_quantization(quantization, torch.device(device))
     start_s = time.monotonic()
     # Built on the meta device, then given real storage once: no time spent on an
     # initialisation that the checkpoint overwrites anyway.
@@ -70,9 +76,13 @@ def load_model(
     else:
         model.load_weights(iter_safetensors(safetensors_files(model_dir)))
     model.eval().requires_grad_(False)
-    if torch.device(device).type == "cpu":
+    if quantization == "int8":
+        num_quantized = quantize_linears(model)
+        log.info("int8 weights (per-channel scales) for %d linear layers, the head included", num_quantized)
+    elif torch.device(device).type == "cpu":
         pack_linears_for_cpu(model)
-    log.info("loaded %s (%s, %s) in %.1f s", model_dir, load_format, dtype, time.monotonic() - start_s)
+    log.info("loaded %s (%s, %s, quantization %s) in %.1f s", model_dir, load_format, dtype, quantization,
+             time.monotonic() - start_s)
     return model
 
 

@@ -32,6 +32,7 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         batch_invariant: bool = False,
         attention_backend: str = "auto",
+        quantization: str = "none",
     ) -> None:
         self.config = load_config(model_dir)
         self.dtype = dtype
@@ -47,7 +48,8 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
-            model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format
+            model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format,
+            quantization=quantization,
         )
         self.kv_cache = KVCache(
             self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device

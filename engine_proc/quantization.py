@@ -1,0 +1,168 @@
+"""Weight-only int8 quantization (`--quantization int8`): the linear layers and the LM head.
+
+The scheme: each weight [N, K] is stored as int8 with one scale per output channel (symmetric,
+scale = max |w[n, :]| / 127; a quarter of float32's bytes, half of bfloat16's). Activations stay
+in floating point (W8A16). The head is quantized too: it is the largest single matrix of a small
+model (SmolLM2-135M: 49,152 x 576, a fifth of the weights read per decode step). A tied head
+gets a quantized copy; the embedding lookup keeps the float matrix, exact as before.
+
+The kernel is torch's own `torch.ops.aten._weight_int8pack_mm(x, w_int8[N, K], scales[N])`.
+What it does on x86 (torch 2.13: read in aten/src/ATen/native/cpu/int8mm_kernel.cpp, measured by
+bench/quant_linears.py; figures from bench/results/quant_linears-cpu.md, a Sapphire Rapids, 2 threads):
+
+- It is vectorized (AVX-512 or AVX2) for bfloat16 activations only; float32 and float16 take a
+  scalar loop (the head at 1 row: 10.5 ms, against 4.5 ms for a float32 linear). So activations
+  enter it as bfloat16 whatever `--dtype` is and leave it in the model's dtype: under `--dtype
+  float32` an int8 linear at decode also rounds its input to bfloat16 (bench/quant_quality.py
+  measures the whole). The scales are bfloat16 as the kernel wants them; each weight row is
+  quantized against its bfloat16 scale, so the scale's rounding costs nothing beyond the int8's.
+- It assumes K a multiple of 16 (8 on AVX2) and a row-contiguous, 32-byte-aligned input; other
+  inputs read garbage or crash (a narrow K gave NaNs; an input offset by one element, a segfault).
+  So weights are zero-padded to K % 16 == 0 and the input is made contiguous and aligned here.
+- It computes 4 x 4 output tiles and converts each weight tile from int8 again for every 4 rows:
+  a decode kernel. At 1 row it beats both float paths (the 49,152 x 576 head: 1.0 ms against
+  4.5 ms float32 and 1.4 ms bfloat16; the MLP's gate/up: 0.06 ms against 0.17 and 0.06); its time
+  grows with the rows (the head: 4.2 ms at 8 rows, 15 ms at 32, 113 ms at 256).
+
+Hence the hybrid, no float copy kept: up to `KERNEL_MAX_ROWS` rows (decode steps) the int8 kernel;
+above (prefill), the int8 weight converted to the model's dtype a slice at a time, oneDNN's GEMM,
+and the scales applied to the output, which amortizes the conversion over the rows (the head at
+256 rows: 26 ms, against 113 ms in the kernel and 10 ms for bfloat16 weights). The crossover is
+at 13-16 rows against bfloat16's AMX GEMM and 22-55 rows against float32's. Where bfloat16 has
+native matmul (AMX, AVX512-BF16) bfloat16 weights stay faster than int8 from about 4 rows up: int8
+is for memory and for decode at low concurrency, and costs prefill time.
+
+Per-group scales are not offered: the kernel takes one scale per output channel, and per-channel
+int8 already keeps the perplexity within 0.1% of the float model's (bench/results/
+quant_quality-cpu.md); groups would put every layer on the slower converting path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANTIZATION_METHODS = ("none", "int8")
+
+# Rows up to which the int8 kernel beats the converted weight's GEMM, by activation dtype (measured
+# by bench/quant_linears.py for every shape of the bundled model, 1 and 2 threads on a Sapphire
+# Rapids: the crossover is at 12-17 rows against bfloat16's AMX GEMM, 22-55 against float32's).
+KERNEL_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 16}
+_DEFAULT_KERNEL_MAX_ROWS = 16
+# A large weight (the head) is converted in slices of about this many elements: a whole float
+# copy of the head is a fresh allocation above malloc's mmap threshold, so every call paid its
+# page faults (measured: 2-3x the conversion itself); slices stay in reused heap memory.
+DEQUANT_CHUNK_ELEMS = 1 << 21
+# The kernel's dtype: its only vectorized one on x86.
+KERNEL_DTYPE = torch.bfloat16
+_K_MULTIPLE = 16
+_ALIGN_BYTES = 64
+
+
+def check_quantization(method: str, device: torch.device) -> None:
+    """A known method, on a device that runs it: said at start rather than in the first step."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization {method!r}: expected one of {QUANTIZATION_METHODS}")
+    if method == "int8" and device.type != "cpu":
+        raise ValueError(
+            f"--quantization int8 is CPU-only for now (device {device.type}): its kernel, torch's "
+            "_weight_int8pack_mm, is not wired up for GPUs in Rill; use --quantization none"
+        )
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], bfloat16 scales [N]) with weight ~= int8 * scale[:, None], |int8| <= 127."""
+    w = weight.detach().to(torch.float32)
+    max_abs = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    scale_f32 = max_abs / 127.0
+    scale = scale_f32.to(KERNEL_DTYPE)
+    # Round the bf16 scale up where it rounded down, so that the largest weight stays in range.
+    rounded_down = scale.to(torch.float32) < scale_f32
+    scale = torch.where(rounded_down, torch.nextafter(scale, torch.full_like(scale, float("inf"))), scale)
+    q = torch.round(w / scale.to(torch.float32).unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (w_int8 * scale).T + bias, from a float weight [N, K] (and an optional bias)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scale = quantize_per_channel(weight)
+        pad = -self.in_features % _K_MULTIPLE
+        if pad:  # zero columns add nothing to the dot products
+            q = F.pad(q, (0, pad))
+        self.register_buffer("weight_int8", q.contiguous())
+        self.register_buffer("scale", scale)
+        self.bias = None if bias is None else bias.detach().clone()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead_shape = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS):
+            y = self.kernel_forward(x2d)
+        else:
+            y = self.dequantized_forward(x2d)
+        return y.view(*lead_shape, self.out_features)
+
+    def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 kernel on bfloat16 activations [M, K] (the decode path); output in x's dtype."""
+        a = x.to(KERNEL_DTYPE)
+        pad = self.weight_int8.shape[1] - self.in_features
+        if pad:
+            a = F.pad(a, (0, pad))
+        if not a.is_contiguous() or a.data_ptr() % _ALIGN_BYTES:
+            a = a.clone(memory_format=torch.contiguous_format)  # fresh storage is 64-byte aligned
+        y = torch.ops.aten._weight_int8pack_mm(a, self.weight_int8, self.scale).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [N, K] the int8 one stands for."""
+        return (self.weight_int8[:, : self.in_features].float() * self.scale.float().unsqueeze(1)).to(dtype)
+
+    def dequantized_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The prefill path: oneDNN's GEMM on the int8 weight converted to x's dtype, a slice of
+        rows at a time, then the scales on the output columns (y[:, n] = s[n] * (x @ q[n])).
+        The conversion is exact (|q| <= 127 fits bfloat16's 8-bit significand); scaling the
+        output instead of the weight saves a pass over the weight (measured: up to 1.8x faster)."""
+        q = self.weight_int8[:, : self.in_features]
+        rows_per_chunk = max(1, DEQUANT_CHUNK_ELEMS // self.in_features)
+        if self.out_features <= rows_per_chunk:
+            y = F.linear(x, q.to(x.dtype))
+        else:
+            y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            for start in range(0, self.out_features, rows_per_chunk):
+                end = min(start + rows_per_chunk, self.out_features)
+                y[:, start:end] = F.linear(x, q[start:end].to(x.dtype))
+        y.mul_(self.scale.to(x.dtype))
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y
+
+
+def quantize_linears(model: nn.Module) -> int:
+    """Swap every nn.Linear for an Int8Linear and give a tied head a quantized copy.
+
+    Returns how many layers became int8. The float weights of the swapped layers are dropped
+    with them; the embedding of a tied model stays float for its lookup.
+    """
+    replacements = [
+        (parent, child_name, child)
+        for parent in model.modules()
+        for child_name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    for parent, child_name, child in replacements:
+        setattr(parent, child_name, Int8Linear(child.weight, child.bias))
+    num_quantized = len(replacements)
+    if getattr(model, "lm_head", 0) is None:  # Rill's Llama: None means tied to embed_tokens
+        model.lm_head = Int8Linear(model.embed_tokens.weight)
+        num_quantized += 1
+    return num_quantized
+

@@ -113,8 +113,8 @@ def markdown(report: dict) -> str:
         f"({' '.join(machine.get('cpu_flags', []))}), {report['params']['torch_threads']} torch threads, "
         f"torch {machine.get('torch')}.", "",
         "fp32 / bf16: Rill's unquantized linears (oneDNN-packed). int8 kernel: `_weight_int8pack_mm` on bf16 "
-        "activations (`fp32 in` adds the casts from and back to fp32). int8 dequant: the weight dequantized per "
-        "call, then F.linear. fp32 scalar: the op fed fp32 as is (torch's scalar loop). Rill's int8 layer uses "
+        "activations (`fp32 in` adds the casts from and back to fp32). int8 dequant: the int8 weight converted to the "
+        "activations' dtype per call, F.linear, then the scales on the output. fp32 scalar: the op fed fp32 as is (torch's scalar loop). Rill's int8 layer uses "
         "the kernel up to " + ", ".join(f"{rows} rows in {dtype}" for dtype, rows in
                                         report["params"]["kernel_max_rows"].items()) + " and the dequant path above.", "",
     ]

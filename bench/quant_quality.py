@@ -8,7 +8,8 @@ four times: float32 and bfloat16, each with quantization none and int8. For each
   tokens, so every scored token has at least window - stride tokens of context. Measured twice,
   as the two int8 paths serve them: `prefill` runs each window as one prompt with logits at
   every scored position (int8: the dequantized path), `decode` prefills the context and then
-  feeds the scored tokens one step at a time, 8 windows a step (int8: the int8 kernel);
+  feeds the scored tokens one step at a time, 8 windows a step (int8: the int8 kernel); and at
+  each scored position whether the most likely next token is the unquantized model's (top-1);
 - greedy agreement with the unquantized model of the same dtype over `--num-prompts` prompts
   (the chat prompts of bench/data/conversations.jsonl through the chat template, then excerpts
   of the text past the perplexity part), `--new-tokens` greedy tokens each, 8 prompts a batch:
@@ -64,9 +65,10 @@ def blocks_per_seq(num_tokens: int) -> int:
 
 
 @torch.inference_mode()
-def nll_prefill(runner: ModelRunner, windows: list[list[int]], stride: int) -> tuple[float, int]:
-    """Summed negative log-likelihood of each window's last `stride` tokens, one prompt per window."""
-    total = 0.0
+def nll_prefill(runner: ModelRunner, windows: list[list[int]], stride: int) -> tuple[float, list[int]]:
+    """Summed negative log-likelihood of each window's last `stride` tokens, one prompt per window,
+    and the model's top-1 prediction at each of them."""
+    total, top1 = 0.0, []
     for ids in windows:
         req = new_request("w", ids, 1, len(ids))
         input_ids, positions, meta, _ = prepare_step(Batch([ScheduledSeq(req, 0, len(ids))]), BLOCK_SIZE, runner.device)
@@ -74,13 +76,14 @@ def nll_prefill(runner: ModelRunner, windows: list[list[int]], stride: int) -> t
         logits = runner.model(input_ids, positions, meta, runner.kv_cache, rows).float()
         targets = torch.tensor(ids[len(ids) - stride:])
         total -= logits.log_softmax(-1).gather(1, targets.unsqueeze(1)).sum().item()
-    return total, len(windows) * stride
+        top1 += logits.argmax(-1).tolist()
+    return total, top1
 
 
 @torch.inference_mode()
-def nll_decode(runner: ModelRunner, windows: list[list[int]], stride: int) -> tuple[float, int]:
+def nll_decode(runner: ModelRunner, windows: list[list[int]], stride: int) -> tuple[float, list[int]]:
     """The same scores, fed as served: the context as a prompt, then one token per step, BATCH windows a step."""
-    total = 0.0
+    total, top1 = 0.0, [0] * (len(windows) * stride)
     for start in range(0, len(windows), BATCH):
         group = windows[start:start + BATCH]
         reqs = [new_request(f"w{i}", ids[:-stride], 1 + i * blocks_per_seq(len(ids)), len(ids))
@@ -90,11 +93,13 @@ def nll_decode(runner: ModelRunner, windows: list[list[int]], stride: int) -> tu
             logits = runner.compute_logits(Batch(seqs)).float()
             targets = torch.tensor([ids[len(ids) - stride + step] for ids in group])
             total -= logits.log_softmax(-1).gather(1, targets.unsqueeze(1)).sum().item()
+            for i, token_id in enumerate(logits.argmax(-1).tolist()):
+                top1[(start + i) * stride + step] = token_id  # in nll_prefill's order
             for seq, target in zip(seqs, targets.tolist()):
                 seq.req.num_computed_tokens = seq.start_pos + seq.num_new_tokens
                 seq.req.output_ids.append(target)
             seqs = [ScheduledSeq(r, r.num_computed_tokens, 1) for r in reqs]
-    return total, len(windows) * stride
+    return total, top1
 
 
 @torch.inference_mode()
@@ -115,6 +120,10 @@ def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int) -> li
             seqs = [ScheduledSeq(r, r.num_computed_tokens, 1) for r in reqs]
         outputs += [r.output_ids for r in reqs]
     return outputs
+
+
+def top1_agreement(reference: list[int], other: list[int]) -> float:
+    return sum(a == b for a, b in zip(reference, other)) / len(reference)
 
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
@@ -187,25 +196,32 @@ def run(dtypes: list[str], sizes: dict) -> dict:
     prompts = load_prompts(tokenizer, text_ids, sizes["num_prompts"], sizes["ppl_tokens"])
     timed_len = sizes["prefill_tokens"] + sizes["timed_steps"] + 1
     num_blocks = 1 + BATCH * blocks_per_seq(max(window, max(map(len, prompts)) + sizes["new_tokens"], timed_len))
-    runners, rows, outputs = {}, [], {}
+    runners, rows, outputs, top1 = {}, [], {}, {}
     for dtype in dtypes:
         for quantization in ("none", "int8"):
             name = f"{dtype}/{quantization}"
             started = time.perf_counter()
             runner = ModelRunner(model_dir, dtype=getattr(torch, dtype), num_kv_blocks=num_blocks,
                                  block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], quantization=quantization)
-            nll_p, n = nll_prefill(runner, windows, stride)
-            nll_d, _ = nll_decode(runner, windows, stride)
+            nll_p, top1[f"{name}/prefill"] = nll_prefill(runner, windows, stride)
+            nll_d, top1[f"{name}/decode"] = nll_decode(runner, windows, stride)
+            n = len(windows) * stride
             outputs[name] = greedy(runner, prompts, sizes["new_tokens"])
             row = {"dtype": dtype, "quantization": quantization, "weight_bytes": weight_bytes(runner.model),
                    "ppl_prefill": math.exp(nll_p / n), "ppl_decode": math.exp(nll_d / n), "scored_tokens": n,
                    "quality_s": time.perf_counter() - started}
             if quantization == "int8":
                 row["greedy_vs_none"] = agreement(outputs[f"{dtype}/none"], outputs[name])
+                row["top1_vs_none"] = {path: top1_agreement(top1[f"{dtype}/none/{path}"], top1[f"{name}/{path}"])
+                                       for path in ("prefill", "decode")}
             rows.append(row)
             runners[name] = runner
             print(json.dumps(row), flush=True)
-    yardstick = agreement(outputs["float32/none"], outputs["bfloat16/none"]) if len(dtypes) == 2 else None
+    yardstick = None
+    if len(dtypes) == 2:
+        yardstick = {**agreement(outputs["float32/none"], outputs["bfloat16/none"]),
+                     "top1": {path: top1_agreement(top1[f"float32/none/{path}"], top1[f"bfloat16/none/{path}"])
+                              for path in ("prefill", "decode")}}
     timings = time_steps(runners, text_ids[: sizes["prefill_tokens"]], sizes["rounds"], sizes["timed_steps"])
     for row in rows:
         row.update(timings[f"{row['dtype']}/{row['quantization']}"])
@@ -218,9 +234,11 @@ def markdown(report: dict) -> str:
     quality, speed = [], []
     for r in res["rows"]:
         none = next(x for x in res["rows"] if x["dtype"] == r["dtype"] and x["quantization"] == "none")
-        g = r.get("greedy_vs_none")
+        g, t = r.get("greedy_vs_none"), r.get("top1_vs_none")
         quality.append([r["dtype"], r["quantization"], f"{r['weight_bytes'] / 2**20:.0f}", f"{r['ppl_prefill']:.3f}",
                         f"{r['ppl_decode']:.3f}", f"{r['ppl_prefill'] / none['ppl_prefill']:.4f}x",
+                        f"{r['ppl_decode'] / none['ppl_decode']:.4f}x",
+                        f"{t['prefill']:.1%} / {t['decode']:.1%}" if t else "–",
                         f"{g['identical']:.0%}" if g else "–", f"{g['mean_prefix_share']:.0%}" if g else "–"])
         speed.append([r["dtype"], r["quantization"], f"{r['prefill_ms']:.0f}", f"{r['decode_b1_ms']:.1f}",
                       f"{r[f'decode_b{BATCH}_ms']:.1f}", f"{r['prefill_ms'] / none['prefill_ms']:.2f}x",
@@ -236,11 +254,14 @@ def markdown(report: dict) -> str:
         f"dequantized weights), `decode` feeds the scored tokens one step at a time, {BATCH} windows a step (int8: "
         f"the int8 kernel). Greedy: {res['num_prompts']} prompts x {p['new_tokens']} tokens against the same dtype "
         "unquantized; `identical`: prompts whose tokens all match; `prefix`: mean share of tokens before the first "
-        "divergence.", "",
-        table(["dtype", "quantization", "weights MiB", "ppl prefill", "ppl decode", "ppl / none", "greedy identical",
-               "greedy prefix"], quality), "",
-        (f"Yardstick: bfloat16 against float32, both unquantized: {y['identical']:.0%} identical, "
-         f"{y['mean_prefix_share']:.0%} prefix." if y else ""), "",
+        "divergence. top-1: the share of scored text positions where the model's most likely next token is the "
+        "unquantized model's (teacher-forced, so one flip does not carry over).", "",
+        table(["dtype", "quantization", "weights MiB", "ppl prefill", "ppl decode", "ppl prefill / none",
+               "ppl decode / none", "top-1 = none's (prefill / decode)", "greedy identical", "greedy prefix"],
+              quality), "",
+        (f"Yardstick, bfloat16 against float32 (both unquantized): top-1 {y['top1']['prefill']:.1%} / "
+         f"{y['top1']['decode']:.1%}, greedy {y['identical']:.0%} identical, {y['mean_prefix_share']:.0%} prefix."
+         if y else ""), "",
         f"## Speed (ms, medians of {p['rounds']} interleaved rounds)", "",
         table(["dtype", "quantization", f"prefill {p['prefill_tokens']} tokens", "decode step, batch 1",
                f"decode step, batch {BATCH}", "prefill / none", "decode b1 / none", f"decode b{BATCH} / none"], speed),

@@ -44,6 +44,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 QUANTIZATION_METHODS = ("none", "int8")
 
@@ -106,7 +107,8 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
-        if x2d.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS):
+        # Under torch.compile the row count may be unknown when tracing: decode graphs take the kernel.
+        if guard_or_true(x2d.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS)):
             y = self.kernel_forward(x2d)
         else:
             y = self.dequantized_forward(x2d)
@@ -118,9 +120,10 @@ class Int8Linear(nn.Module):
         pad = self.weight_int8.shape[1] - self.in_features
         if pad:
             a = F.pad(a, (0, pad))
-        if not a.is_contiguous() or a.data_ptr() % _ALIGN_BYTES:
-            a = a.clone(memory_format=torch.contiguous_format)  # fresh storage is 64-byte aligned
-        y = torch.ops.aten._weight_int8pack_mm(a, self.weight_int8, self.scale).to(x.dtype)
+        # Under torch.compile (engine_proc/decode_graphs.py) the call is an opaque op: the check of
+        # the input's address needs a real tensor, which tracing does not have.
+        mm = int8_weight_mm if torch.compiler.is_compiling() else _int8_weight_mm
+        y = mm(a, self.weight_int8, self.scale).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -147,6 +150,24 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y
+
+
+def _int8_weight_mm(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """torch's int8 kernel, given the contiguous, aligned input it assumes."""
+    if not a.is_contiguous() or a.data_ptr() % _ALIGN_BYTES:
+        a = a.clone(memory_format=torch.contiguous_format)  # fresh storage is 64-byte aligned
+    return torch.ops.aten._weight_int8pack_mm(a, weight_int8, scale)
+
+
+@torch.library.custom_op("rill::int8_weight_mm", mutates_args=())
+def int8_weight_mm(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """a [M, K] bfloat16 @ (weight_int8 [N, K] * scale [N]).T, as one op for torch.compile."""
+    return _int8_weight_mm(a, weight_int8, scale)
+
+
+@int8_weight_mm.register_fake
+def _(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], weight_int8.shape[0])
 
 
 def quantize_linears(model: nn.Module) -> int:

@@ -70,6 +70,20 @@ def test_the_kernel_and_dequant_paths_agree():
     torch.testing.assert_close(layer.dequantized_forward(x), x @ layer.dequantized_weight().T, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_linear_traces_whole_under_torch_compile(dtype):
+    """Compiled decode steps (engine_proc/decode_graphs.py) trace the model with fullgraph=True, their
+    row count unknown while tracing: the layer must trace without a break and take the kernel."""
+    gen = torch.Generator().manual_seed(2)
+    layer = Int8Linear((torch.randn(64, 48, generator=gen) * 0.05).to(dtype), torch.randn(64, generator=gen).to(dtype))
+    for num_rows in (3, KERNEL_MAX_ROWS[torch.float32] + 8):
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")
+        x = torch.randn(num_rows, 48, generator=gen).to(dtype)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        assert torch.equal(compiled(x), layer.kernel_forward(x))
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_quantize_linears_replaces_every_linear_and_the_head(tied):
     config = LlamaConfig(**TINY, tie_word_embeddings=tied)

@@ -43,7 +43,10 @@ async def engine_stats(state, body, receive, send):
     except (EngineDead, TimeoutError):
         raise engine_unavailable() from None
     figures = {f: getattr(stats, f) for f in stats.__struct_fields__}
-    await send_response(send, 200, dumps({**figures, "engine_pid": state.settings.engine_pid}))
+    limits = state.settings.limits
+    chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "cpu": limits.cpu,
+              "compiled_decode": limits.compiled_decode}
+    await send_response(send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
 
 
 async def list_models(state, body, receive, send):

@@ -50,7 +50,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--served-model-name", default=None, help="the model id clients use")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="auto: float32 on the CPU (no fast bf16 here), bfloat16 on a GPU")
+                       help="auto: bfloat16 on a GPU, and on a CPU with AMX-BF16 or AVX512-BF16; float32 on other "
+                            "CPUs (the start-up log and /stats say which and why)")
     model.add_argument("--quantization", "-q", default="none", choices=["none", "int8"],
                        help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
                             "head, through torch's int8 kernel; a quarter of float32's weight bytes; CPU only "
@@ -78,6 +79,9 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine.add_argument("--batch-invariant", action="store_true",
                         help="a request's logits are bit for bit the same whatever else is in the step "
                              "(same seed, same prompt, same output); costs decode speed, see README")
+    engine.add_argument("--enforce-eager", action="store_true",
+                        help="run every step eagerly: no torch.compile of decode steps at start (which takes "
+                             "about a minute the first time, seconds from the disk cache after)")
     engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_admission_flags(ap)

@@ -160,7 +160,7 @@ def serve(args) -> int:
         num_threads=args.num_threads, log_level=args.log_level.upper(),
         log_format=args.log_format,
         enable_prefix_caching=args.enable_prefix_caching, model_impl=args.model_impl,
-        batch_invariant=args.batch_invariant, max_queued_requests=args.max_queued_requests,
+        batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens, request_timeout_s=args.request_timeout,
     )
     proc = None

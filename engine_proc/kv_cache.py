@@ -110,6 +110,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
     prefills: list[PrefillChunk] = field(default_factory=list)
     batch_invariant: bool = False  # see engine_proc/invariant_attention.py
+    graph_decode: bool = False  # a padded decode batch of a compiled graph (engine_proc/decode_graphs.py)
     # The Triton kernel's view (engine_proc/step_inputs.py prepare_flat_step); None on the torch path.
     block_tables: torch.Tensor | None = None  # [num_seqs, max_num_blocks] int32
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables

@@ -99,8 +99,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, layer_index: int) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
@@ -134,6 +135,10 @@ class Attention(nn.Module):
             # Without per-head norms q and k rotate together in one pass.
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
+            o = torch.ops.rill.paged_decode_attention(
+                q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_mask, self.layer_index)
+            return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.seq_of_token is not None:
             o = triton_attention()(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token,
@@ -159,10 +164,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, layer_index: int) -> None:
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, layer_index)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -177,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         check_supported(config)
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # None when tied: the embedding matrix serves as the head (a packed copy may replace it).

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from engine_proc.cpu_features import auto_cpu_dtype, cpu_info
 from ipc import protocol as p
 from ipc.channels import RunPaths
 from ipc.logs import configure_logging
@@ -33,13 +34,14 @@ class EngineConfig(msgspec.Struct):
     model_id: str
     run_id: str
     run_dir: str
-    dtype: str = "auto"  # auto: float32 on the CPU (no fast bf16 here), bfloat16 on a GPU
+    dtype: str = "auto"  # auto: bfloat16 on a GPU and on a CPU that multiplies it natively (choose_dtype)
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
     attention_backend: str = "auto"  # auto: triton on a GPU, torch on the CPU
     load_format: str = "auto"
     quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
+    enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/decode_graphs.py)
     block_size: int = 16
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 64
@@ -86,6 +88,15 @@ def _generation_config(model_dir: Path):
         return GenerationConfig.from_pretrained(model_dir)
     except OSError:
         return None
+
+
+def choose_dtype(requested: str, device) -> tuple[str, str]:
+    """(dtype name, why): the user's choice, or what `auto` picks for this device and CPU."""
+    if requested != "auto":
+        return requested, "asked for with --dtype"
+    if device.type == "cuda":
+        return "bfloat16", "--dtype auto on a GPU"
+    return auto_cpu_dtype()
 
 
 MODEL_IMPLS = ("auto", "native", "transformers")
@@ -161,9 +172,9 @@ def build_engine(config: EngineConfig):
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device if config.device != "auto" else
                           "cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, config.dtype) if config.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name, dtype_reason = choose_dtype(config.dtype, device)
+    dtype = getattr(torch, dtype_name)
+    log.info("dtype %s: %s; CPU %s", dtype_name, dtype_reason, cpu_info().summary())
     model_dir = Path(config.model_dir)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(config.model_impl, hf_config)
@@ -189,7 +200,9 @@ def build_engine(config: EngineConfig):
         batch_invariant=config.batch_invariant,
         device=device,
         quantization=config.quantization,
-        **({} if runner_class is TransformersRunner else {"attention_backend": config.attention_backend}),
+        **({} if runner_class is TransformersRunner else {
+            "attention_backend": config.attention_backend, "max_num_seqs": config.max_num_seqs,
+            "compile_decode": not config.enforce_eager}),
     )
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
@@ -197,12 +210,13 @@ def build_engine(config: EngineConfig):
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, quantization %s, KV cache %d blocks x %d tokens (%.0f MiB), "
-        "max_model_len %d, prefix caching %s, %s runner on %s%s",
+        "max_model_len %d, prefix caching %s, %s runner on %s%s%s",
         time.perf_counter() - started, config.model_id, dtype_name, config.quantization, num_blocks,
         config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         "transformers" if runner_class is TransformersRunner else "native", device,
         ", batch-invariant" if config.batch_invariant else "",
+        ", decode steps compiled" if getattr(runner, "decode_graphs", None) is not None else ", eager",
     )
     scheduler = Scheduler(
         blocks,
@@ -235,6 +249,9 @@ def build_engine(config: EngineConfig):
         eos_token_ids=eos_ids,
         vocab_size=runner.vocab_size,
         dtype=dtype_name,
+        dtype_reason=dtype_reason,
+        cpu=cpu_info().summary(),
+        compiled_decode=getattr(runner, "decode_graphs", None) is not None,
         max_queued_requests=config.max_queued_requests,
         max_queued_tokens=config.max_queued_tokens,
         request_timeout_s=config.request_timeout_s,

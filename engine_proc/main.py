@@ -250,6 +250,7 @@ def build_engine(config: EngineConfig):
         vocab_size=runner.vocab_size,
         dtype=dtype_name,
         dtype_reason=dtype_reason,
+        quantization=config.quantization,
         cpu=cpu_info().summary(),
         compiled_decode=getattr(runner, "decode_graphs", None) is not None,
         max_queued_requests=config.max_queued_requests,

@@ -136,15 +136,18 @@ class Sampler:
         return SamplerOutput(token_ids.tolist(), logprobs)
 
     def _choose(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """Token ids [len(seqs)]: argmax for greedy rows (temperature 0), the race for the rest."""
+        """Token ids [len(seqs)]: argmax for greedy rows (temperature 0, or top_k 1), the race for the rest.
+
+        top_k 1 is greedy outright: the race would keep every token tied at the top, and in
+        bfloat16 logits ties are common, so it could pick another than argmax's first."""
         params = [s.req.params for s in seqs]
-        sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0]
+        sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_k != 1]
         if not sampled_rows:
             return logits.argmax(dim=-1)
         if len(sampled_rows) == len(seqs):
             return self._sample_rows(logits, seqs)
         tokens = self._sample_rows(logits[sampled_rows], [seqs[i] for i in sampled_rows])
-        greedy_rows = [i for i, p in enumerate(params) if p.temperature <= 0]
+        greedy_rows = [i for i, p in enumerate(params) if p.temperature <= 0 or p.top_k == 1]
         out = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
         out[sampled_rows] = tokens

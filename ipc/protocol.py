@@ -186,6 +186,7 @@ class EngineLimits(msgspec.Struct):
     max_queued_requests: int = 0
     max_queued_tokens: int = 0
     request_timeout_s: float = 0.0
+    quantization: str = "none"  # --quantization: none | int8
     dtype_reason: str = ""  # why --dtype auto chose `dtype` (engine_proc/cpu_features.py)
     cpu: str = ""  # the CPU model and the flags that decide fast paths
     compiled_decode: bool = False  # decode steps run through torch.compile (engine_proc/decode_graphs.py)

@@ -57,7 +57,7 @@ def test_stats_say_which_dtype_auto_chose_and_why(server):
 
     figures = httpx.get(f"{server.base_url}/stats").json()
     assert (figures["dtype"], figures["dtype_reason"]) == auto_cpu_dtype()
-    assert figures["cpu"] == cpu_info().summary()
+    assert figures["cpu"] == cpu_info().summary() and figures["quantization"] == "none"
     assert figures["compiled_decode"] is True, "torch.compile failed at start: decode steps run eagerly"
 
 
@@ -114,6 +114,10 @@ def test_seed_reproduces_sampling(client):
 
 
 def test_top_k_one_is_greedy(client):
+    """Both requests alone in their steps with the same prefix-cache hit: in bfloat16 (--dtype auto
+    on a CPU with native bf16) a prompt computed from cached blocks rounds differently from a cold
+    one, which can flip a near-tie, so the cold first request is not the one compared."""
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, temperature=0)  # caches the prompt
     greedy = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20, temperature=0)
     top1 = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20, temperature=1.5,
                                           extra_body={"top_k": 1})

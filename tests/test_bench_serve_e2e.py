@@ -76,4 +76,6 @@ def test_api_chat_run_with_shared_prompts(bench_server):
     assert result["total_output_tokens"] == 12 and result["output_token_source"] == "usage"
     assert result["input_lens"] == [16, 16, 16]  # content tokens; the server adds its template
     assert result["server_total_input_tokens"] > result["total_input_tokens"]
-    assert 0 < result["mean_ttft_ms"] < result["mean_e2el_ms"]
+    # Equal when a request's 4 tokens arrive in one chunk: the tiny model steps faster than the
+    # client reads, and the worker's mailbox merges what the client has not read yet.
+    assert 0 < result["mean_ttft_ms"] <= result["mean_e2el_ms"]

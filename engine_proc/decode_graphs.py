@@ -17,10 +17,9 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 
 from engine_proc.batch import Batch
-from engine_proc.kv_cache import AttentionMetadata, gather_blocks, write_kv
+from engine_proc.kv_cache import AttentionMetadata, decode_attention, write_kv
 
 log = logging.getLogger("rill.model")
 
@@ -51,13 +50,7 @@ def paged_decode_attention(
     in the model's dtype (0 or -inf: SDPA's CPU kernel takes it about 15% faster than a bool mask)."""
     k_cache, v_cache = _kv_caches[layer]
     write_kv(k_cache, v_cache, k, v, slot_mapping)
-    num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    k_ctx = gather_blocks(k_cache, block_table).transpose(1, 2)
-    v_ctx = gather_blocks(v_cache, block_table).transpose(1, 2)
-    q_grouped = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=mask)
-    return o.reshape(num_seqs, num_heads, head_dim)
+    return decode_attention(q, k_cache, v_cache, block_table, mask)
 
 
 @paged_decode_attention.register_fake
@@ -87,7 +80,6 @@ class DecodeGraphs:
                  max_num_seqs: int) -> None:
         default_cache_dir_env()
         _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
-        self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device

@@ -126,15 +126,15 @@ def paged_attention(
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """Attention of the step's queries [T, H, D] over cached and new K/V (already written)."""
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
+    num_tokens = q.shape[0]
     num_decodes = meta.num_decode_tokens
+    decode_args = (meta.decode_block_table, meta.decode_mask, meta.decode_context_len)
     if num_decodes == num_tokens:
-        return _decode_attention(q, k_cache, v_cache, meta, num_kv_heads)
+        return decode_attention(q, k_cache, v_cache, *decode_args)
     out = torch.empty_like(q)
     if num_decodes:
         q_decode = q[:num_decodes]
-        out[:num_decodes] = _decode_attention(q_decode, k_cache, v_cache, meta, num_kv_heads)
+        out[:num_decodes] = decode_attention(q_decode, k_cache, v_cache, *decode_args)
     for chunk in meta.prefills:
         q_chunk = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
         if chunk.block_table is None:
@@ -156,20 +156,23 @@ def paged_attention(
     return out
 
 
-def _decode_attention(
+def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    num_kv_heads: int,
+    block_table: torch.Tensor,
+    mask: torch.Tensor | None,
+    context_len: int | None = None,
 ) -> torch.Tensor:
+    """One query token per row [B, H, D] against the blocks of `block_table` [B, num_blocks]
+    (the first `context_len` keys, all when None), keys past each row's length masked by `mask`."""
     num_decodes, num_heads, head_dim = q.shape
-    context_len = meta.decode_context_len
-    k_ctx = gather_blocks(k_cache, meta.decode_block_table)[:, :context_len].transpose(1, 2)
-    v_ctx = gather_blocks(v_cache, meta.decode_block_table)[:, :context_len].transpose(1, 2)
+    num_kv_heads = k_cache.shape[2]
+    k_ctx = gather_blocks(k_cache, block_table)[:, :context_len].transpose(1, 2)
+    v_ctx = gather_blocks(v_cache, block_table)[:, :context_len].transpose(1, 2)
     # One query per sequence: fold the query heads that share a KV head into the query
     # axis ([B, H_kv, group, D]) so SDPA needs neither enable_gqa nor a repeated K/V,
     # both of which take a much slower path on CPU with a mask.
     q_grouped = q.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=meta.decode_mask)
+    o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=mask)
     return o.reshape(num_decodes, num_heads, head_dim)

@@ -204,6 +204,7 @@ def build_engine(config: EngineConfig):
             "attention_backend": config.attention_backend, "max_num_seqs": config.max_num_seqs,
             "compile_decode": not config.enforce_eager}),
     )
+    compiled_decode = getattr(runner, "decode_graphs", None) is not None  # the transformers runner has none
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
@@ -216,7 +217,7 @@ def build_engine(config: EngineConfig):
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         "transformers" if runner_class is TransformersRunner else "native", device,
         ", batch-invariant" if config.batch_invariant else "",
-        ", decode steps compiled" if getattr(runner, "decode_graphs", None) is not None else ", eager",
+        ", decode steps compiled" if compiled_decode else ", eager",
     )
     scheduler = Scheduler(
         blocks,
@@ -252,7 +253,7 @@ def build_engine(config: EngineConfig):
         dtype_reason=dtype_reason,
         quantization=config.quantization,
         cpu=cpu_info().summary(),
-        compiled_decode=getattr(runner, "decode_graphs", None) is not None,
+        compiled_decode=compiled_decode,
         max_queued_requests=config.max_queued_requests,
         max_queued_tokens=config.max_queued_tokens,
         request_timeout_s=config.request_timeout_s,

@@ -45,8 +45,8 @@ async def engine_stats(state, body, receive, send):
     figures = {f: getattr(stats, f) for f in stats.__struct_fields__}
     limits = state.settings.limits
     chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
-              "cpu": limits.cpu,
-              "compiled_decode": limits.compiled_decode}
+              "cpu": limits.cpu, "compiled_decode": limits.compiled_decode,
+              "attention_backend": limits.attention_backend}
     await send_response(send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
 
 

@@ -58,8 +58,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                             "(see README: Quantization)")
     model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                        help="auto: cuda when torch sees a GPU, else cpu")
-    model.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
-                       help="auto: the Triton kernels on a GPU, torch (SDPA, oneDNN) on the CPU")
+    model.add_argument("--attention-backend", default="auto", choices=["auto", "cpu", "torch", "triton"],
+                       help="auto: the Triton kernels on a GPU; on the CPU, cpu (Rill's C++ paged decode "
+                            "kernel, built at first start, and SDPA for prefill) where a C++ compiler is found, "
+                            "else torch (SDPA over gathered blocks)")
     model.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from the config, no weight files read")
     model.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],

@@ -19,7 +19,8 @@ import time
 import torch
 
 from engine_proc.batch import Batch
-from engine_proc.kv_cache import AttentionMetadata, decode_attention, write_kv
+from engine_proc import cpu_attention
+from engine_proc.kv_cache import AttentionMetadata, additive_mask, decode_attention, write_kv
 
 log = logging.getLogger("rill.model")
 
@@ -32,6 +33,7 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # declared mutated is functionalized by torch.compile, which copied the whole cache every step.
 # The op's writes are its own layer's slots, which nothing else in the graph reads.
 _kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+_use_cpu_kernel = [False]  # the "cpu" attention backend: engine_proc/cpu_attention.py
 
 
 @torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
@@ -41,20 +43,24 @@ def paged_decode_attention(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
     block_table: torch.Tensor,
-    mask: torch.Tensor,
+    context_lens: torch.Tensor,
     layer: int,
 ) -> torch.Tensor:
     """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
-    row [B, H, D] against its sequence's cached context: the blocks of `block_table`
-    [B, num_blocks], keys past each row's length masked out by `mask` [B, 1, 1, L], additive
-    in the model's dtype (0 or -inf: SDPA's CPU kernel takes it about 15% faster than a bool mask)."""
+    row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
+    blocks of `block_table` [B, num_blocks]. The CPU kernel (engine_proc/cpu_attention.py) when
+    is the attention backend, else the torch path with an additive mask."""
     k_cache, v_cache = _kv_caches[layer]
+    if _use_cpu_kernel[0]:
+        out = cpu_attention.paged_decode(q, k_cache, v_cache, block_table, context_lens, k, v, slot_mapping)
+        if out is not None:
+            return out
     write_kv(k_cache, v_cache, k, v, slot_mapping)
-    return decode_attention(q, k_cache, v_cache, block_table, mask)
+    return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
 
 
 @paged_decode_attention.register_fake
-def _(q, k, v, slot_mapping, block_table, mask, layer):
+def _(q, k, v, slot_mapping, block_table, context_lens, layer):
     return torch.empty_like(q)
 
 
@@ -77,9 +83,10 @@ class DecodeGraphs:
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
-                 max_num_seqs: int) -> None:
+                 max_num_seqs: int, cpu_kernel: bool = False) -> None:
         default_cache_dir_env()
         _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
+        _use_cpu_kernel[0] = cpu_kernel
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -117,22 +124,20 @@ class DecodeGraphs:
         slots = [s.req.block_ids[p // bs] * bs + p % bs for s, p in zip(batch.seqs, positions)] + [0] * pad
         table = [s.req.block_ids[: p // bs + 1] for s, p in zip(batch.seqs, positions)]
         table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
-        lens = torch.tensor(positions, dtype=torch.long) + 1
-        keep = torch.arange(num_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)
-        mask = torch.zeros(keep.shape, dtype=self.kv_cache.k_caches[0].dtype).masked_fill_(~keep, float("-inf"))
-        logits = self._forward(torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+        positions_t = torch.tensor(positions, dtype=torch.long)
+        logits = self._forward(torch.tensor(input_ids, dtype=torch.long), positions_t,
                                torch.tensor(slots, dtype=torch.long), torch.tensor(table, dtype=torch.long),
-                               mask.view(size, 1, 1, -1))
+                               positions_t + 1)
         sampled_rows = [row for row, s in enumerate(batch.seqs) if s.needs_sample]
         if len(sampled_rows) == num_seqs:
             return logits[:num_seqs]
         # A one-token chunk in the middle of a prompt is computed but not sampled.
         return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
 
-    def _forward(self, input_ids, positions, slot_mapping, block_table, mask) -> torch.Tensor:
+    def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens) -> torch.Tensor:
         to = lambda t: t.to(self.device)  # noqa: E731
         meta = AttentionMetadata(slot_mapping=to(slot_mapping), num_decode_tokens=input_ids.shape[0],
-                                 decode_block_table=to(block_table), decode_mask=to(mask), graph_decode=True)
+                                 decode_block_table=to(block_table), decode_lens=to(context_lens), graph_decode=True)
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
         # The context dimension varies step to step inside one graph; on the CPU the batch too.
@@ -140,9 +145,8 @@ class DecodeGraphs:
         # dynamic dimension gets.
         mark = torch._dynamo.decorators.mark_unbacked
         mark(meta.decode_block_table, 1)
-        mark(meta.decode_mask, 3)
         if self.sizes is None:
-            for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_mask, logits_indices):
+            for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_lens, logits_indices):
                 mark(t, 0)
         return self.compiled(*args)
 
@@ -152,11 +156,9 @@ class DecodeGraphs:
         started = time.perf_counter()
         for size in self.sizes or (1, 3):
             for num_blocks in (1, 3):  # two context lengths: that dimension is dynamic
-                mask = torch.full((size, 1, 1, num_blocks * self.block_size), float("-inf"),
-                                  dtype=self.kv_cache.k_caches[0].dtype)
-                mask[..., 0] = 0.0
                 zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
-                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long), mask)
+                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
+                              torch.ones(size, dtype=torch.long))
         elapsed = time.perf_counter() - started
         log.info("decode graphs compiled in %.1f s (%s)", elapsed,
                  "one for every batch size" if self.sizes is None else f"batch sizes {list(self.sizes)}")

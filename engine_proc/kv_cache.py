@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
+from engine_proc import cpu_attention
+
 
 def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -108,6 +110,7 @@ class AttentionMetadata:
     decode_block_table: torch.Tensor | None = None  # [num_decodes, max_num_blocks]
     decode_context_len: int = 0  # the longest decode context
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
+    decode_lens: torch.Tensor | None = None  # [num_decodes] int64: each row's context length (position + 1)
     prefills: list[PrefillChunk] = field(default_factory=list)
     batch_invariant: bool = False  # see engine_proc/invariant_attention.py
     graph_decode: bool = False  # a padded decode batch of a compiled graph (engine_proc/decode_graphs.py)
@@ -128,7 +131,7 @@ def paged_attention(
     """Attention of the step's queries [T, H, D] over cached and new K/V (already written)."""
     num_tokens = q.shape[0]
     num_decodes = meta.num_decode_tokens
-    decode_args = (meta.decode_block_table, meta.decode_mask, meta.decode_context_len)
+    decode_args = (meta.decode_block_table, meta.decode_mask, meta.decode_context_len, meta.decode_lens)
     if num_decodes == num_tokens:
         return decode_attention(q, k_cache, v_cache, *decode_args)
     out = torch.empty_like(q)
@@ -163,9 +166,15 @@ def decode_attention(
     block_table: torch.Tensor,
     mask: torch.Tensor | None,
     context_len: int | None = None,
+    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per row [B, H, D] against the blocks of `block_table` [B, num_blocks]
-    (the first `context_len` keys, all when None), keys past each row's length masked by `mask`."""
+    (the first `context_len` keys, all when None), keys past each row's length masked by `mask`.
+    With the rows' lengths `lens` the CPU kernel runs instead where it can (no gather, no mask)."""
+    if lens is not None:
+        out = cpu_attention.paged_decode(q, k_cache, v_cache, block_table, lens)
+        if out is not None:
+            return out
     num_decodes, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     k_ctx = gather_blocks(k_cache, block_table)[:, :context_len].transpose(1, 2)
@@ -176,3 +185,12 @@ def decode_attention(
     q_grouped = q.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(q_grouped, k_ctx, v_ctx, attn_mask=mask)
     return o.reshape(num_decodes, num_heads, head_dim)
+
+
+def additive_mask(context_lens: torch.Tensor, block_table: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1, width * block_size] in the cache's dtype: 0 for keys below each row's length, -inf past
+    it (SDPA's CPU kernel takes an additive mask about 15% faster than a bool one)."""
+    width = block_table.shape[1] * cache.shape[1]
+    keep = torch.arange(width, device=context_lens.device) < context_lens.unsqueeze(1)
+    mask = torch.zeros(keep.shape, dtype=cache.dtype, device=cache.device).masked_fill_(~keep, float("-inf"))
+    return mask.view(-1, 1, 1, width)

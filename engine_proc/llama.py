@@ -137,7 +137,7 @@ class Attention(nn.Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
             o = torch.ops.rill.paged_decode_attention(
-                q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_mask, self.layer_index)
+                q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
             return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.seq_of_token is not None:

@@ -36,7 +36,7 @@ class EngineConfig(msgspec.Struct):
     run_dir: str
     dtype: str = "auto"  # auto: bfloat16 on a GPU and on a CPU that multiplies it natively (choose_dtype)
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
-    attention_backend: str = "auto"  # auto: triton on a GPU, torch on the CPU
+    attention_backend: str = "auto"  # auto: triton on a GPU; cpu (C++ decode kernel) or torch on the CPU
     load_format: str = "auto"
     quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
@@ -211,13 +211,14 @@ def build_engine(config: EngineConfig):
     max_model_len = min(max_model_len, blocks.num_total_blocks() * config.block_size)
     log.info(
         "model loaded in %.1f s: %s, %s, quantization %s, KV cache %d blocks x %d tokens (%.0f MiB), "
-        "max_model_len %d, prefix caching %s, %s runner on %s%s%s",
+        "max_model_len %d, prefix caching %s, %s runner on %s%s%s%s",
         time.perf_counter() - started, config.model_id, dtype_name, config.quantization, num_blocks,
         config.block_size,
         config.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         "transformers" if runner_class is TransformersRunner else "native", device,
         ", batch-invariant" if config.batch_invariant else "",
         ", decode steps compiled" if compiled_decode else ", eager",
+        f", {runner.attention_backend} attention" if hasattr(runner, "attention_backend") else "",
     )
     scheduler = Scheduler(
         blocks,
@@ -254,6 +255,7 @@ def build_engine(config: EngineConfig):
         quantization=config.quantization,
         cpu=cpu_info().summary(),
         compiled_decode=compiled_decode,
+        attention_backend=getattr(runner, "attention_backend", ""),
         max_queued_requests=config.max_queued_requests,
         max_queued_tokens=config.max_queued_tokens,
         request_timeout_s=config.request_timeout_s,

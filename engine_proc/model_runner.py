@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine_proc import cpu_attention
 from engine_proc.batch import Batch
 from engine_proc.decode_graphs import DecodeGraphs
 from engine_proc.invariant_attention import PAD_MULTIPLE
@@ -42,8 +43,9 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         self.block_size = block_size
-        # Chosen once: the Triton kernels on a GPU, torch (SDPA, oneDNN) on the CPU. "triton"
-        # on the CPU runs them under Triton's interpreter (TRITON_INTERPRET=1): tests only.
+        # Chosen once: the Triton kernels on a GPU; on the CPU Rill's C++ decode kernel beside SDPA
+        # for prefill ("cpu"), or torch alone (SDPA over gathered blocks). "triton" on the CPU runs
+        # the Triton kernels under Triton's interpreter (TRITON_INTERPRET=1): tests only.
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         if batch_invariant and self.attention_backend == "triton":
             raise ValueError("--batch-invariant is implemented for the torch attention path only")
@@ -70,10 +72,11 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens, %.0f MiB", num_kv_blocks, block_size, cache_mib)
 
     def _compiled_decode(self, batch_invariant: bool, max_num_seqs: int) -> DecodeGraphs | None:
-        if batch_invariant or (self.device.type == "cpu" and self.attention_backend != "torch"):
+        if batch_invariant or (self.device.type == "cpu" and self.attention_backend == "triton"):
             return None  # the invariant mode has its own attention; Triton on the CPU is for tests
         try:
-            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs)
+            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs,
+                                  cpu_kernel=self.attention_backend == "cpu")
             graphs.warm_up()
         except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
             log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
@@ -103,17 +106,26 @@ class ModelRunner:
         if self.attention_backend == "triton":
             step = prepare_flat_step(batch, self.block_size, self.device)
         else:
-            step = prepare_step(batch, self.block_size, self.device, self.context_pad)
+            step = prepare_step(batch, self.block_size, self.device, self.context_pad,
+                                decode_lens=self.attention_backend == "cpu")
         input_ids, positions, meta, logits_indices = step
         return self.model(input_ids, positions, meta, self.kv_cache, logits_indices)
 
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend {name!r}: expected one of {ATTENTION_BACKENDS}")
     if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        return "cpu" if cpu_attention.available() else "torch"
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention backend 'cpu' runs on the CPU, not on {device.type}")
+        if not cpu_attention.available():
+            raise ValueError("attention backend 'cpu' needs its C++ kernel, which could not be built here "
+                             "(see the warning above); use --attention-backend torch")
     return name

@@ -143,13 +143,13 @@ class Sampler:
         params = [s.req.params for s in seqs]
         sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_k != 1]
         if not sampled_rows:
-            return logits.argmax(dim=-1)
+            return logits.max(dim=-1).indices  # the first maximum, as argmax; several times faster on CPU
         if len(sampled_rows) == len(seqs):
             return self._sample_rows(logits, seqs)
         tokens = self._sample_rows(logits[sampled_rows], [seqs[i] for i in sampled_rows])
         greedy_rows = [i for i, p in enumerate(params) if p.temperature <= 0 or p.top_k == 1]
         out = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
-        out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
+        out[greedy_rows] = logits[greedy_rows].max(dim=-1).indices
         out[sampled_rows] = tokens
         return out
 

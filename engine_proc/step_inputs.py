@@ -8,9 +8,13 @@ from engine_proc.kv_cache import AttentionMetadata, PrefillChunk
 
 
 def prepare_step(
-    batch: Batch, block_size: int, device: torch.device, context_pad: int | None = None
+    batch: Batch, block_size: int, device: torch.device, context_pad: int | None = None,
+    decode_lens: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
     """input_ids, positions, attention metadata and the rows whose logits are sampled.
+
+    `decode_lens`: give the decode rows' context lengths, for the CPU decode kernel
+    (engine_proc/cpu_attention.py), which then reads the cache in place.
 
     `context_pad` (the batch-invariant mode, see engine_proc/invariant_attention.py): every
     query reads its context from the cache, padded to a multiple of `context_pad` tokens and
@@ -46,6 +50,8 @@ def prepare_step(
         meta.num_decode_tokens = len(decodes)
         meta.decode_block_table = torch.tensor(table_rows, dtype=torch.long, device=device)
         meta.decode_context_len = max(context_lens) if context_pad is None else padded_len
+        if decode_lens and context_pad is None:  # the batch-invariant mode keeps its own attention
+            meta.decode_lens = torch.tensor(context_lens, dtype=torch.long, device=device)
         if context_pad is not None or min(context_lens) < meta.decode_context_len:
             lens = torch.tensor(context_lens, dtype=torch.long, device=device)
             key_pos = torch.arange(meta.decode_context_len, device=device)

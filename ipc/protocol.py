@@ -190,6 +190,7 @@ class EngineLimits(msgspec.Struct):
     dtype_reason: str = ""  # why --dtype auto chose `dtype` (engine_proc/cpu_features.py)
     cpu: str = ""  # the CPU model and the flags that decide fast paths
     compiled_decode: bool = False  # decode steps run through torch.compile (engine_proc/decode_graphs.py)
+    attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
 
 
 input_encoder = msgspec.msgpack.Encoder()

@@ -86,7 +86,10 @@ def test_the_default_mode_moves_in_the_last_bits_but_agrees(runners, prompts, al
     dtype = runners[False].dtype
     tokens_alone, logits_alone = first_request_logits(runners[False], prompts[:1])
     tokens, logits = first_request_logits(runners[False], prompts[:4])
-    assert any(not torch.equal(a, b) for a, b in zip(logits, logits_alone))
+    if dtype == torch.float32:
+        assert any(not torch.equal(a, b) for a, b in zip(logits, logits_alone))
+    # In bfloat16 they may not move: the CPU decode kernel computes each row alone, and where
+    # oneDNN's bf16 matmul kernels do too (AMX), the default mode can already be invariant.
     # bfloat16 keeps 8 bits of mantissa: one unit in the last place of a logit of 20 is 0.125,
     # and the 30 layers' roundings add up to a few of those.
     atol = 1e-3 if dtype == torch.float32 else 1.0

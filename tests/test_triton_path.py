@@ -59,9 +59,11 @@ def step_logits(runner: ModelRunner, prompts: list[list[int]], *, chunk_len: int
     return out, [r.output_ids for r in reqs]
 
 
-def test_auto_picks_triton_on_a_gpu_and_torch_on_the_cpu():
+def test_auto_picks_triton_on_a_gpu_and_a_cpu_path_on_the_cpu():
     assert resolve_attention_backend("auto", torch.device("cuda")) == "triton"
-    assert resolve_attention_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_attention_backend("auto", torch.device("cpu")) in ("cpu", "torch")  # cpu: see test_cpu_attention
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        resolve_attention_backend("cpu", torch.device("cuda"))
     with pytest.raises(ValueError, match="flash"):
         resolve_attention_backend("flash", torch.device("cpu"))
 

@@ -1,0 +1,220 @@
+// Paged decode attention on the CPU: one query token per sequence against its K/V blocks,
+// read where they lie in the cache (no gather into a contiguous copy, no mask).
+//
+// Built at first use by engine_proc/cpu_attention.py for the CPU it runs on (-march=native),
+// loaded with ctypes. Plain C ABI, no torch headers, so it compiles in about a second.
+// OpenMP: the library links libgomp.so.1, which resolves to the copy torch has loaded, so it
+// shares torch's thread pool and thread count.
+//
+// Layouts (the last dimension contiguous everywhere):
+//   q      [B, Hq, D]     strides q_tok, q_head
+//   k_new  [B, Hkv, D]    strides kn_tok, kn_head (may be null: nothing to write)
+//   k_cache [num_blocks, block_size, Hkv, D] contiguous; v the same
+//   block_table [B, table_width] int64, row stride table_stride
+//   context_lens [B] int64: keys 0..len-1 of row b (its new token included)
+//   out    [B, Hq, D] contiguous
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) {  // bfloat16 bits
+    uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline void store(float* p, float x) { *p = x; }
+inline void store(uint16_t* p, float x) {  // round to nearest even, as torch does
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        *p = 0x7fc0;  // NaN
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    *p = static_cast<uint16_t>(u >> 16);
+}
+
+// e^x for x <= 0 (softmax after subtracting the max): Cephes' exp2f polynomial on a rounded
+// exponent, branch-free so the loops around it vectorize; about 2 ulp.
+inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f;
+    float n = std::nearbyint(t);
+    float f = t - n;  // [-0.5, 0.5]
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+// Per-thread scratch: queries, scores and accumulators as floats.
+struct Scratch {
+    std::vector<float> q, scores, acc, row;
+};
+
+// Rows of K/V heads [h0, h1) of one sequence: with all heads, each block of the cache is read as
+// one contiguous run (block_size x Hkv x D), which the hardware prefetcher streams well.
+template <typename T>
+void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cache, const int64_t* table,
+            int64_t len, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t D,
+            int64_t block_size, float scale, Scratch& w) {
+    const int64_t nh = h1 - h0, nq = nh * group;  // query heads handled here
+    w.q.resize(nq * D);
+    w.acc.assign(nq * D, 0.0f);
+    w.scores.resize(nq * len);
+    w.row.resize(nh * D);
+    float* qf = w.q.data();
+    float* s = w.scores.data();
+    float* kf = w.row.data();
+    for (int64_t j = 0; j < nq; ++j)
+        for (int64_t d = 0; d < D; ++d) qf[j * D + d] = to_float(q[j * q_head + d]) * scale;
+    const int64_t token_stride = num_kv_heads * D;
+    const int64_t run = nh * D * static_cast<int64_t>(sizeof(T));  // bytes of one token's heads
+    const int64_t num_blocks = (len + block_size - 1) / block_size;
+    auto prefetch = [&](const T* cache, int64_t blk) {
+        if (blk >= num_blocks) return;
+        const char* p = reinterpret_cast<const char*>(cache + (table[blk] * block_size * num_kv_heads + h0) * D);
+        for (int64_t i = 0; i < block_size; ++i)
+            for (int64_t b = 0; b < run; b += 64) __builtin_prefetch(p + i * token_stride * sizeof(T) + b);
+    };
+    // Scores: each key row is converted once and dotted with every query head of its group.
+    for (int64_t blk = 0, t0 = 0; blk < num_blocks; ++blk, t0 += block_size) {
+        prefetch(k_cache, blk + 1);
+        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+        const T* kb = k_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
+        for (int64_t i = 0; i < n; ++i) {
+            const T* kr = kb + i * token_stride;
+#pragma omp simd
+            for (int64_t d = 0; d < nh * D; ++d) kf[d] = to_float(kr[d]);
+            for (int64_t j = 0; j < nq; ++j) {
+                const float* qj = qf + j * D;
+                const float* kh = kf + (j / group) * D;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t d = 0; d < D; ++d) dot += qj[d] * kh[d];
+                s[j * len + t0 + i] = dot;
+            }
+        }
+    }
+    // Softmax per query head, normalised at the end.
+    std::vector<float> inv_sum(nq);
+    for (int64_t j = 0; j < nq; ++j) {
+        float* sj = s + j * len;
+        float m = sj[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            float e = exp_nonpositive(sj[t] - m);
+            sj[t] = e;
+            sum += e;
+        }
+        inv_sum[j] = 1.0f / sum;
+    }
+    float* acc = w.acc.data();
+    for (int64_t blk = 0, t0 = 0; blk < num_blocks; ++blk, t0 += block_size) {
+        prefetch(v_cache, blk + 1);
+        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+        const T* vb = v_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
+        for (int64_t i = 0; i < n; ++i) {
+            const T* vr = vb + i * token_stride;
+#pragma omp simd
+            for (int64_t d = 0; d < nh * D; ++d) kf[d] = to_float(vr[d]);
+            for (int64_t j = 0; j < nq; ++j) {
+                const float p = s[j * len + t0 + i];
+                const float* vh = kf + (j / group) * D;
+                float* aj = acc + j * D;
+#pragma omp simd
+                for (int64_t d = 0; d < D; ++d) aj[d] += p * vh[d];
+            }
+        }
+    }
+    for (int64_t j = 0; j < nq; ++j)
+        for (int64_t d = 0; d < D; ++d) store(out + j * D + d, acc[j * D + d] * inv_sum[j]);
+}
+
+template <typename T>
+int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64_t kn_tok, int64_t kn_head,
+        const T* v_new, int64_t vn_tok, int64_t vn_head, T* k_cache, T* v_cache, const int64_t* slots,
+        const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq,
+        int64_t Hkv, int64_t D, int64_t block_size, float scale) {
+    if (Hkv <= 0 || Hq % Hkv != 0) return 1;
+    const int64_t group = Hq / Hkv;
+    if (k_new != nullptr) {
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hkv; ++h) {
+                std::memcpy(k_cache + (slots[b] * Hkv + h) * D, k_new + b * kn_tok + h * kn_head, D * sizeof(T));
+                std::memcpy(v_cache + (slots[b] * Hkv + h) * D, v_new + b * vn_tok + h * vn_head, D * sizeof(T));
+            }
+    }
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    // Enough sequences to share among the threads: one task per sequence, all its heads (whole
+    // blocks read contiguously). Few sequences: one task per (sequence, KV head).
+    const int64_t heads_per_item = B >= 2 * threads ? Hkv : 1;
+    const int64_t items_per_seq = Hkv / heads_per_item;
+    const int64_t num_items = B * items_per_seq;
+#pragma omp parallel
+    {
+        Scratch w;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_items; ++item) {
+            const int64_t b = item / items_per_seq, h0 = (item % items_per_seq) * heads_per_item;
+            attend<T>(out + (b * Hq + h0 * group) * D, q + b * q_tok + h0 * group * q_head, q_head, k_cache,
+                      v_cache, table + b * table_stride, lens[b], h0, h0 + heads_per_item, Hkv, group, D,
+                      block_size, scale, w);
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16. Returns 0, or 1 for a shape it does not handle.
+int rill_paged_decode(int dtype, void* out, const void* q, int64_t q_tok, int64_t q_head, const void* k_new,
+                      int64_t kn_tok, int64_t kn_head, const void* v_new, int64_t vn_tok, int64_t vn_head,
+                      void* k_cache, void* v_cache, const int64_t* slots, const int64_t* table,
+                      int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                      int64_t block_size, float scale) {
+    if (dtype == 0)
+        return run<float>(static_cast<float*>(out), static_cast<const float*>(q), q_tok, q_head,
+                          static_cast<const float*>(k_new), kn_tok, kn_head, static_cast<const float*>(v_new), vn_tok,
+                          vn_head, static_cast<float*>(k_cache), static_cast<float*>(v_cache), slots, table,
+                          table_stride, lens, B, Hq, Hkv, D, block_size, scale);
+    if (dtype == 1)
+        return run<uint16_t>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(q), q_tok, q_head,
+                             static_cast<const uint16_t*>(k_new), kn_tok, kn_head,
+                             static_cast<const uint16_t*>(v_new), vn_tok, vn_head, static_cast<uint16_t*>(k_cache),
+                             static_cast<uint16_t*>(v_cache), slots, table, table_stride, lens, B, Hq, Hkv, D,
+                             block_size, scale);
+    return 1;
+}
+
+int rill_omp_max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+}

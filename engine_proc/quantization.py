@@ -44,7 +44,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 QUANTIZATION_METHODS = ("none", "int8")
 
@@ -107,67 +106,74 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
-        # Under torch.compile the row count may be unknown when tracing: decode graphs take the kernel.
-        if guard_or_true(x2d.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS)):
-            y = self.kernel_forward(x2d)
-        else:
-            y = self.dequantized_forward(x2d)
-        return y.view(*lead_shape, self.out_features)
+        # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
+        # path by the real count at run time (engine_proc/decode_graphs.py).
+        matmul = int8_linear if torch.compiler.is_compiling() else int8_matmul
+        return self._biased(matmul(x2d, self.weight_int8, self.scale, self.in_features)).view(
+            *lead_shape, self.out_features)
 
     def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 kernel on bfloat16 activations [M, K] (the decode path); output in x's dtype."""
-        a = x.to(KERNEL_DTYPE)
-        pad = self.weight_int8.shape[1] - self.in_features
-        if pad:
-            a = F.pad(a, (0, pad))
-        # Under torch.compile (engine_proc/decode_graphs.py) the call is an opaque op: the check of
-        # the input's address needs a real tensor, which tracing does not have.
-        mm = int8_weight_mm if torch.compiler.is_compiling() else _int8_weight_mm
-        y = mm(a, self.weight_int8, self.scale).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+        return self._biased(kernel_matmul(x, self.weight_int8, self.scale, self.in_features))
+
+    def dequantized_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The prefill path: see dequantized_matmul."""
+        return self._biased(dequantized_matmul(x, self.weight_int8, self.scale, self.in_features))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight [N, K] the int8 one stands for."""
         return (self.weight_int8[:, : self.in_features].float() * self.scale.float().unsqueeze(1)).to(dtype)
 
-    def dequantized_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The prefill path: oneDNN's GEMM on the int8 weight converted to x's dtype, a slice of
-        rows at a time, then the scales on the output columns (y[:, n] = s[n] * (x @ q[n])).
-        The conversion is exact (|q| <= 127 fits bfloat16's 8-bit significand); scaling the
-        output instead of the weight saves a pass over the weight (measured: up to 1.8x faster)."""
-        q = self.weight_int8[:, : self.in_features]
-        rows_per_chunk = max(1, DEQUANT_CHUNK_ELEMS // self.in_features)
-        if self.out_features <= rows_per_chunk:
-            y = F.linear(x, q.to(x.dtype))
-        else:
-            y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
-            for start in range(0, self.out_features, rows_per_chunk):
-                end = min(start + rows_per_chunk, self.out_features)
-                y[:, start:end] = F.linear(x, q[start:end].to(x.dtype))
-        y.mul_(self.scale.to(x.dtype))
-        if self.bias is not None:
-            y.add_(self.bias)
-        return y
+    def _biased(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias
 
 
-def _int8_weight_mm(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """torch's int8 kernel, given the contiguous, aligned input it assumes."""
+def int8_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x [M, in_features] @ (weight_int8 [N, K] * scale [N]).T in x's dtype: the int8 kernel up
+    to KERNEL_MAX_ROWS rows (decode), the converted weight's GEMM above (prefill)."""
+    if x.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS):
+        return kernel_matmul(x, weight_int8, scale, in_features)
+    return dequantized_matmul(x, weight_int8, scale, in_features)
+
+
+def kernel_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
+    a = x.to(KERNEL_DTYPE)
+    pad = weight_int8.shape[1] - in_features
+    if pad:
+        a = F.pad(a, (0, pad))
     if not a.is_contiguous() or a.data_ptr() % _ALIGN_BYTES:
         a = a.clone(memory_format=torch.contiguous_format)  # fresh storage is 64-byte aligned
-    return torch.ops.aten._weight_int8pack_mm(a, weight_int8, scale)
+    return torch.ops.aten._weight_int8pack_mm(a, weight_int8, scale).to(x.dtype)
 
 
-@torch.library.custom_op("rill::int8_weight_mm", mutates_args=())
-def int8_weight_mm(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """a [M, K] bfloat16 @ (weight_int8 [N, K] * scale [N]).T, as one op for torch.compile."""
-    return _int8_weight_mm(a, weight_int8, scale)
+def dequantized_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                       in_features: int) -> torch.Tensor:
+    """oneDNN's GEMM on the int8 weight converted to x's dtype, a slice of rows at a time, then the
+    scales on the output columns (y[:, n] = s[n] * (x @ q[n])). The conversion is exact (|q| <= 127
+    fits bfloat16's 8-bit significand); scaling the output instead of the weight saves a pass over
+    the weight (measured: up to 1.8x faster)."""
+    q = weight_int8[:, :in_features]
+    out_features = q.shape[0]
+    rows_per_chunk = max(1, DEQUANT_CHUNK_ELEMS // in_features)
+    if out_features <= rows_per_chunk:
+        y = F.linear(x, q.to(x.dtype))
+    else:
+        y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
+        for start in range(0, out_features, rows_per_chunk):
+            end = min(start + rows_per_chunk, out_features)
+            y[:, start:end] = F.linear(x, q[start:end].to(x.dtype))
+    return y.mul_(scale.to(x.dtype))
 
 
-@int8_weight_mm.register_fake
-def _(a: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return a.new_empty(a.shape[0], weight_int8.shape[0])
+@torch.library.custom_op("rill::int8_linear", mutates_args=())
+def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
+    """int8_matmul as one op for torch.compile."""
+    return int8_matmul(x, weight_int8, scale, in_features)
+
+
+@int8_linear.register_fake
+def _(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight_int8.shape[0])
 
 
 def quantize_linears(model: nn.Module) -> int:

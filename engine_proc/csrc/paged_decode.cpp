@@ -149,6 +149,166 @@ void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cac
         for (int64_t d = 0; d < D; ++d) store(out + j * D + d, acc[j * D + d] * inv_sum[j]);
 }
 
+// The tiled path, for head sizes of 32, 64 or 128 (C = D / 16 vectors of 16 floats): K and V
+// are read 16 tokens at a time. A tile's 16 scores of one query head come out of one
+// transpose-and-add tree (hsum16) instead of 16 horizontal sums, and the output accumulators
+// are vectors. GCC's vector extensions: zmm registers with AVX-512, pairs of ymm with AVX2.
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+inline v16f load16(const float* p) {
+    v16f x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+}
+inline v16f load16(const uint16_t* p) {
+    v16h h;
+    std::memcpy(&h, p, sizeof h);
+    return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
+}
+
+// Lane i of the result: the sum of the 16 lanes of v[i].
+inline v16f hsum16(const v16f* v) {
+    v16f u[8], w[4], x[2];
+    for (int k = 0; k < 8; ++k)
+        u[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    for (int k = 0; k < 4; ++k)
+        w[k] = __builtin_shufflevector(u[2 * k], u[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(u[2 * k], u[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int k = 0; k < 2; ++k)
+        x[k] = __builtin_shufflevector(w[2 * k], w[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(w[2 * k], w[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+struct TiledScratch {
+    std::vector<v16f> q, acc;
+    std::vector<float> scores;
+};
+
+template <typename T, int C>
+void attend_tiled(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cache, const int64_t* table,
+                  int64_t len, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t block_size,
+                  float scale, TiledScratch& w) {
+    constexpr int64_t D = 16 * C;
+    const int64_t nh = h1 - h0, nq = nh * group, row = len + 16;  // a score row has room for a whole last tile
+    w.q.resize(nq * C);
+    w.acc.assign(nq * C, v16f{});
+    w.scores.resize(nq * row);
+    v16f* qv = w.q.data();
+    v16f* acc = w.acc.data();
+    float* s = w.scores.data();
+    for (int64_t j = 0; j < nq; ++j)
+        for (int c = 0; c < C; ++c) qv[j * C + c] = load16(q + j * q_head + 16 * c) * scale;
+    const int64_t token_stride = num_kv_heads * D;
+    const int64_t num_blocks = (len + block_size - 1) / block_size;
+    // Two blocks ahead in the K pass, and the same blocks' V (into L2, for the V pass after it):
+    // a block's rows are a few KB, too little for the hardware prefetcher to get ahead alone.
+    auto prefetch = [&](int64_t blk) {
+        if (blk >= num_blocks) return;
+        const int64_t offset = (table[blk] * block_size * num_kv_heads + h0) * D;
+        const char* k = reinterpret_cast<const char*>(k_cache + offset);
+        const char* v = reinterpret_cast<const char*>(v_cache + offset);
+        const int64_t bytes = nh * D * static_cast<int64_t>(sizeof(T)), stride = token_stride * sizeof(T);
+        for (int64_t i = 0; i < block_size; ++i)
+            for (int64_t b = 0; b < bytes; b += 64) {
+                __builtin_prefetch(k + i * stride + b, 0, 3);
+                __builtin_prefetch(v + i * stride + b, 0, 2);
+            }
+    };
+    prefetch(0);
+    prefetch(1);
+    v16f tile[16][C];
+    for (int64_t blk = 0, b0 = 0; blk < num_blocks; ++blk, b0 += block_size) {
+        prefetch(blk + 2);
+        const T* kb = k_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
+        const int64_t block_len = len - b0 < block_size ? len - b0 : block_size;
+        for (int64_t i0 = 0; i0 < block_len; i0 += 16) {
+            const int64_t n = block_len - i0 < 16 ? block_len - i0 : 16;
+            for (int64_t h = 0; h < nh; ++h) {
+                for (int64_t i = 0; i < 16; ++i)
+                    for (int c = 0; c < C; ++c)
+                        tile[i][c] = i < n ? load16(kb + (i0 + i) * token_stride + h * D + 16 * c) : v16f{};
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t j = h * group + g;
+                    v16f part[16];
+                    for (int64_t i = 0; i < 16; ++i) {
+                        v16f a = qv[j * C] * tile[i][0];
+                        for (int c = 1; c < C; ++c) a += qv[j * C + c] * tile[i][c];
+                        part[i] = a;
+                    }
+                    const v16f scores = hsum16(part);
+                    std::memcpy(s + j * row + b0 + i0, &scores, sizeof scores);
+                }
+            }
+        }
+    }
+    std::vector<float> inv_sum(nq);
+    for (int64_t j = 0; j < nq; ++j) {
+        float* sj = s + j * row;
+        float m = sj[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            float e = exp_nonpositive(sj[t] - m);
+            sj[t] = e;
+            sum += e;
+        }
+        inv_sum[j] = 1.0f / sum;
+    }
+    for (int64_t blk = 0, b0 = 0; blk < num_blocks; ++blk, b0 += block_size) {
+        const T* vb = v_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
+        const int64_t block_len = len - b0 < block_size ? len - b0 : block_size;
+        for (int64_t i0 = 0; i0 < block_len; i0 += 16) {
+            const int64_t n = block_len - i0 < 16 ? block_len - i0 : 16;
+            for (int64_t h = 0; h < nh; ++h) {
+                for (int64_t i = 0; i < n; ++i)
+                    for (int c = 0; c < C; ++c) tile[i][c] = load16(vb + (i0 + i) * token_stride + h * D + 16 * c);
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t j = h * group + g;
+                    const float* p = s + j * row + b0 + i0;
+                    v16f a[C];
+                    for (int c = 0; c < C; ++c) a[c] = acc[j * C + c];
+                    for (int64_t i = 0; i < n; ++i)
+                        for (int c = 0; c < C; ++c) a[c] += p[i] * tile[i][c];
+                    for (int c = 0; c < C; ++c) acc[j * C + c] = a[c];
+                }
+            }
+        }
+    }
+    for (int64_t j = 0; j < nq; ++j)
+        for (int c = 0; c < C; ++c) {
+            const v16f o = acc[j * C + c] * inv_sum[j];
+            for (int l = 0; l < 16; ++l) store(out + j * D + 16 * c + l, o[l]);
+        }
+}
+
+template <typename T, int C>
+void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_cache, const T* v_cache,
+                const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq,
+                int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale) {
+    const int64_t D = 16 * C, items_per_seq = Hkv / heads_per_item, num_items = B * items_per_seq;
+#pragma omp parallel
+    {
+        TiledScratch w;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_items; ++item) {
+            const int64_t b = item / items_per_seq, h0 = (item % items_per_seq) * heads_per_item;
+            attend_tiled<T, C>(out + (b * Hq + h0 * group) * D, q + b * q_tok + h0 * group * q_head, q_head,
+                               k_cache, v_cache, table + b * table_stride, lens[b], h0, h0 + heads_per_item, Hkv,
+                               group, block_size, scale, w);
+        }
+    }
+}
+
 template <typename T>
 int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64_t kn_tok, int64_t kn_head,
         const T* v_new, int64_t vn_tok, int64_t vn_head, T* k_cache, T* v_cache, const int64_t* slots,
@@ -170,6 +330,19 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
     // Enough sequences to share among the threads: one task per sequence, all its heads (whole
     // blocks read contiguously). Few sequences: one task per (sequence, KV head).
     const int64_t heads_per_item = B >= 2 * threads ? Hkv : 1;
+    switch (D) {
+        case 32:
+            return attend_all<T, 2>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), 0;
+        case 64:
+            return attend_all<T, 4>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), 0;
+        case 128:
+            return attend_all<T, 8>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), 0;
+        default:  // any other head size: the row-at-a-time path below
+            break;
+    }
     const int64_t items_per_seq = Hkv / heads_per_item;
     const int64_t num_items = B * items_per_seq;
 #pragma omp parallel

@@ -118,6 +118,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [num_seqs, max_num_blocks] int32
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
+    # With that view: every token through the CPU kernel as a row of its own, as --batch-invariant
+    # does on the "cpu" backend (engine_proc/cpu_attention.py), instead of the Triton kernel.
+    cpu_kernel: bool = False
 
 
 def paged_attention(

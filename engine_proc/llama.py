@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from engine_proc import cpu_attention
 from engine_proc.invariant_attention import invariant_paged_attention
 from engine_proc.kv_cache import (
     AttentionMetadata,
@@ -140,7 +141,10 @@ class Attention(nn.Module):
                 q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
             return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.seq_of_token is not None:
+        if meta.cpu_kernel:  # --batch-invariant on the CPU backend: each token alone, decode or prompt
+            tables = meta.block_tables.index_select(0, meta.seq_of_token)
+            o = cpu_attention.paged_decode(q, k_cache, v_cache, tables, meta.context_lens)
+        elif meta.seq_of_token is not None:
             o = triton_attention()(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token,
                                    meta.context_lens, self.head_dim**-0.5)
         elif meta.batch_invariant:

@@ -49,8 +49,12 @@ class ModelRunner:
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         if batch_invariant and self.attention_backend == "triton":
             raise ValueError("--batch-invariant is implemented for the torch attention path only")
-        # The batch-invariant mode pads every context to whole vector widths and whole blocks.
-        self.context_pad = math.lcm(PAD_MULTIPLE, block_size) if batch_invariant else None
+        # The batch-invariant mode: on the "cpu" backend every token, decode or prompt, goes through
+        # the C++ kernel as a row of its own (its arithmetic depends on nothing else in the step);
+        # otherwise the torch path pads every context to whole vector widths and whole blocks.
+        self.invariant_kernel = (batch_invariant and self.attention_backend == "cpu"
+                                 and dtype in cpu_attention.DTYPE_CODES)
+        self.context_pad = math.lcm(PAD_MULTIPLE, block_size) if batch_invariant and not self.invariant_kernel else None
         self.vocab_size: int = self.config.vocab_size
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
@@ -103,8 +107,9 @@ class ModelRunner:
         """Logits [len(batch.sampled_seqs), vocab] of each sampled seq's last token (fills the cache)."""
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
-        if self.attention_backend == "triton":
+        if self.attention_backend == "triton" or self.invariant_kernel:
             step = prepare_flat_step(batch, self.block_size, self.device)
+            step[2].cpu_kernel = self.invariant_kernel
         else:
             step = prepare_step(batch, self.block_size, self.device, self.context_pad,
                                 decode_lens=self.attention_backend == "cpu")

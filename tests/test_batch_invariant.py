@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from engine_proc import cpu_attention
 from engine_proc.batch import Batch, ScheduledSeq
 from engine_proc.model_runner import ModelRunner
 from engine_proc.request import EngineRequest
@@ -19,12 +20,21 @@ from tests.test_model_runner import BLOCK_SIZE, BlockAllocator
 NUM_STEPS = 5
 
 
-@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+# The CPU backend runs every token through the C++ kernel as a row of its own; the torch backend
+# (no C++ compiler) pads contexts instead (engine_proc/invariant_attention.py). Both must hold.
+@pytest.fixture(scope="module", params=[("cpu", torch.float32), ("cpu", torch.bfloat16), ("torch", torch.float32),
+                                        ("torch", torch.bfloat16)], ids=lambda p: f"{p[0]}-{str(p[1])[6:]}")
 def runners(request, model_dir) -> dict[bool, ModelRunner]:
+    backend, dtype = request.param
+    if backend == "cpu" and not cpu_attention.available():
+        pytest.skip("no C++ compiler: the CPU kernel is not built")
+
     def make(invariant: bool) -> ModelRunner:
-        return ModelRunner(model_dir, dtype=request.param, num_kv_blocks=160, block_size=BLOCK_SIZE,
-                           eos_token_ids=[2], batch_invariant=invariant)
-    return {True: make(True), False: make(False)}
+        return ModelRunner(model_dir, dtype=dtype, num_kv_blocks=160, block_size=BLOCK_SIZE, eos_token_ids=[2],
+                           batch_invariant=invariant, attention_backend=backend)
+    runners = {True: make(True), False: make(False)}
+    assert runners[True].invariant_kernel == (backend == "cpu")
+    return runners
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import referencing
 import referencing.jsonschema
 import yaml
 
-# The spec lives beside the repo (../shared), not inside it: every checkout and CI run has it.
-DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[2] / "shared" / "openai-openapi.yaml"
+# Vendored in the repository (tests/spec/README.md says from where), so a clone runs anywhere.
+DEFAULT_SPEC_PATH = Path(__file__).resolve().parent / "spec" / "openai-openapi.yaml"
 # The whole document is registered under this URI, so "#/components/schemas/X" refs inside
 # any schema resolve against the document root.
 SPEC_URI = "urn:openai-openapi"

@@ -1,4 +1,4 @@
-"""Hardening: schemathesis generates requests from OpenAI's own OpenAPI spec (../shared/openai-openapi.yaml)
+"""Hardening: schemathesis generates requests from OpenAI's own OpenAPI spec (tests/spec/openai-openapi.yaml)
 for the chat, completions and models operations, valid ones and ones that break the schema.
 
 Whatever comes, the answer is never a 5xx; an error is an OpenAI ErrorResponse; a 200 matches the

@@ -119,7 +119,8 @@ class AttentionMetadata:
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
     # With that view: every token through the CPU kernel as a row of its own, as --batch-invariant
-    # does on the "cpu" backend (engine_proc/cpu_attention.py), instead of the Triton kernel.
+    # does on the "cpu" backend (engine_proc/cpu_attention.py), instead of the Triton kernel; its
+    # per-token tables and lengths are then in decode_block_table and decode_lens.
     cpu_kernel: bool = False
 
 

@@ -142,8 +142,7 @@ class Attention(nn.Module):
             return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.cpu_kernel:  # --batch-invariant on the CPU backend: each token alone, decode or prompt
-            tables = meta.block_tables.index_select(0, meta.seq_of_token)
-            o = cpu_attention.paged_decode(q, k_cache, v_cache, tables, meta.context_lens)
+            o = cpu_attention.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
         elif meta.seq_of_token is not None:
             o = triton_attention()(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token,
                                    meta.context_lens, self.head_dim**-0.5)

@@ -109,7 +109,11 @@ class ModelRunner:
             return self.decode_graphs.run(batch)
         if self.attention_backend == "triton" or self.invariant_kernel:
             step = prepare_flat_step(batch, self.block_size, self.device)
-            step[2].cpu_kernel = self.invariant_kernel
+            if self.invariant_kernel:  # each token a row of the kernel: its own table, built once a step
+                meta = step[2]
+                meta.cpu_kernel = True
+                meta.decode_block_table = meta.block_tables.index_select(0, meta.seq_of_token).long()
+                meta.decode_lens = meta.context_lens.long()
         else:
             step = prepare_step(batch, self.block_size, self.device, self.context_pad,
                                 decode_lens=self.attention_backend == "cpu")

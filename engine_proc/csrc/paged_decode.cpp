@@ -62,6 +62,25 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+// Softmax of `rows` score rows (the first `len` of every `stride`), each left unnormalised:
+// e^(s - max) in place, and 1 / sum in inv_sum, applied to the output at the end.
+inline void softmax_rows(float* s, int64_t rows, int64_t len, int64_t stride, float* inv_sum) {
+    for (int64_t j = 0; j < rows; ++j) {
+        float* sj = s + j * stride;
+        float m = sj[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            float e = exp_nonpositive(sj[t] - m);
+            sj[t] = e;
+            sum += e;
+        }
+        inv_sum[j] = 1.0f / sum;
+    }
+}
+
 // Per-thread scratch: queries, scores and accumulators as floats.
 struct Scratch {
     std::vector<float> q, scores, acc, row;
@@ -111,22 +130,8 @@ void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cac
             }
         }
     }
-    // Softmax per query head, normalised at the end.
     std::vector<float> inv_sum(nq);
-    for (int64_t j = 0; j < nq; ++j) {
-        float* sj = s + j * len;
-        float m = sj[0];
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            float e = exp_nonpositive(sj[t] - m);
-            sj[t] = e;
-            sum += e;
-        }
-        inv_sum[j] = 1.0f / sum;
-    }
+    softmax_rows(s, nq, len, len, inv_sum.data());
     float* acc = w.acc.data();
     for (int64_t blk = 0, t0 = 0; blk < num_blocks; ++blk, t0 += block_size) {
         prefetch(v_cache, blk + 1);
@@ -250,20 +255,7 @@ void attend_tiled(T* out, const T* q, int64_t q_head, const T* k_cache, const T*
         }
     }
     std::vector<float> inv_sum(nq);
-    for (int64_t j = 0; j < nq; ++j) {
-        float* sj = s + j * row;
-        float m = sj[0];
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            float e = exp_nonpositive(sj[t] - m);
-            sj[t] = e;
-            sum += e;
-        }
-        inv_sum[j] = 1.0f / sum;
-    }
+    softmax_rows(s, nq, len, row, inv_sum.data());
     for (int64_t blk = 0, b0 = 0; blk < num_blocks; ++blk, b0 += block_size) {
         const T* vb = v_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
         const int64_t block_len = len - b0 < block_size ? len - b0 : block_size;

@@ -6,77 +6,27 @@ layer, at batch 1 a hundred and fifty microseconds of small-op overhead. The ker
 blocks where they lie, one (sequence, KV head) per OpenMP task, and also writes the step's new
 K/V, so a decode step's attention is one call per layer.
 
-It is compiled at first use with the system's C++ compiler (`-O3 -march=native`, about a second;
-Inductor needs the same compiler) into Rill's cache folder, one file per source, flags and CPU,
-and loaded with ctypes. No compiler, a failed build or `RILL_CPU_KERNELS=0`: `paged_decode`
-returns None and callers take the torch path, which gives the same results within rounding.
+It is built at first use for this CPU (engine_proc/cpu_kernels.py). No compiler, a failed build or
+`RILL_CPU_KERNELS=0`: `paged_decode` returns None and callers take the torch path, which gives the
+same results within rounding.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger("rill.model")
+from engine_proc import cpu_kernels
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
-# Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, whose
-# start-up code would set flush-to-zero for the whole process.
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-            "-fno-signed-zeros", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _library_path(compiler: str) -> Path:
-    from engine_proc.bundled_model import default_cache_dir
-    from engine_proc.cpu_features import cpu_info
-
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    info = cpu_info()
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(CXXFLAGS), version, info.model,
-                                    " ".join(sorted(info.flags))]).encode()).hexdigest()[:16]
-    return default_cache_dir() / "kernels" / f"paged_decode-{key}.so"
-
-
-def _build(compiler: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        out = Path(tmp) / path.name
-        subprocess.run([compiler, *CXXFLAGS, str(SOURCE), "-o", str(out)], check=True, capture_output=True,
-                       text=True, timeout=300)
-        os.replace(out, path)  # atomic: another engine building the same file sees it whole
 
 
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, built first if needed; None where it cannot be had."""
-    if os.environ.get("RILL_CPU_KERNELS", "1") == "0":
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("no C++ compiler found: decode attention takes the slower torch path")
-        return None
-    try:
-        path = _library_path(compiler)
-        if not path.exists():
-            _build(compiler, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", None) or e
-        log.warning("the CPU attention kernel could not be built (%s): decode attention takes the torch path",
-                    str(detail).strip()[-500:])
+    lib = cpu_kernels.load("paged_decode", "decode attention takes the slower torch path")
+    if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.rill_paged_decode.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr,

@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from engine_proc import cpu_attention
+from engine_proc import cpu_attention, cpu_kernels
 from engine_proc.kv_cache import additive_mask, decode_attention
 from engine_proc.model_runner import ModelRunner, resolve_attention_backend
 from tests.test_triton_path import step_logits, tiny_model_dir  # noqa: F401 (fixture)
@@ -36,6 +36,11 @@ def reference(q, k_cache, v_cache, table, lens) -> torch.Tensor:
     f64 = torch.float64
     mask = additive_mask(lens, table, k_cache.to(f64))
     return decode_attention(q.to(f64), k_cache.to(f64), v_cache.to(f64), table, mask)
+
+
+def clear_kernels() -> None:
+    cpu_kernels.load.cache_clear()
+    cpu_attention.kernel.cache_clear()
 
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler: the kernel is not built")
@@ -96,7 +101,7 @@ def test_what_the_kernel_does_not_take_goes_to_the_torch_path():
 def test_no_compiler_means_no_kernel_and_the_torch_backend(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setenv("RILL_CACHE", str(tmp_path))
-    cpu_attention.kernel.cache_clear()
+    clear_kernels()
     try:
         with caplog.at_level(logging.WARNING, logger="rill.model"):
             assert cpu_attention.kernel() is None
@@ -107,16 +112,16 @@ def test_no_compiler_means_no_kernel_and_the_torch_backend(monkeypatch, tmp_path
         q, k_cache, v_cache, table, lens = case(2, 4, 2, 32, torch.float32)
         assert cpu_attention.paged_decode(q, k_cache, v_cache, table, lens) is None
     finally:
-        cpu_attention.kernel.cache_clear()
+        clear_kernels()
 
 
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("RILL_CPU_KERNELS", "0")
-    cpu_attention.kernel.cache_clear()
+    clear_kernels()
     try:
         assert cpu_attention.kernel() is None
     finally:
-        cpu_attention.kernel.cache_clear()
+        clear_kernels()
 
 
 @needs_kernel

@@ -17,7 +17,8 @@ from engine_proc.hf_runner import TransformersRunner
 from engine_proc.llama import LlamaForCausalLM
 from engine_proc.model_loader import PackedLinear, load_config, load_model
 from engine_proc.model_runner import ModelRunner
-from engine_proc.quantization import KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from engine_proc import cpu_kernels, quantization
+from engine_proc.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
 from tests.test_model_runner import MESSAGES, TINY, generate
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -41,12 +42,14 @@ def normalized_error(layer: Int8Linear, weight: torch.Tensor, bias: torch.Tensor
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_rows", [1, 5, KERNEL_MAX_ROWS[torch.float32] + 3])  # the kernel, then the dequant path
+# Rill's GEMV (1, 5: one pass; 20: two passes of 8 rows and one of 4), then torch's kernel (float32
+# up to 32 rows) or the dequant path.
+@pytest.mark.parametrize("num_rows", [1, 5, 20, GEMV_MAX_ROWS + 3, KERNEL_MAX_ROWS[torch.float32] + 3])
 @pytest.mark.parametrize("in_features", [576, 70])  # 70: padded to a multiple of 16 for the kernel
 def test_int8_linear_is_the_float_linear_within_its_rounding(dtype, num_rows, in_features):
     gen = torch.Generator().manual_seed(in_features * 100 + num_rows)
-    weight = (torch.randn(200, in_features, generator=gen) * 0.05).to(dtype)
-    bias = torch.randn(200, generator=gen).to(dtype)
+    weight = (torch.randn(203, in_features, generator=gen) * 0.05).to(dtype)  # 203: rows left over from groups
+    bias = torch.randn(203, generator=gen).to(dtype)
     x = torch.randn(num_rows, in_features, generator=gen).to(dtype)
     layer = Int8Linear(weight, bias)
     assert layer.weight_int8.dtype == torch.int8 and layer.weight_int8.abs().max() <= 127
@@ -70,15 +73,49 @@ def test_the_kernel_and_dequant_paths_agree():
     torch.testing.assert_close(layer.dequantized_forward(x), x @ layer.dequantized_weight().T, atol=1e-4, rtol=1e-4)
 
 
+needs_gemv = pytest.mark.skipif(quantization._gemv_kernel() is None, reason="no C++ compiler: the GEMV is not built")
+
+
+@needs_gemv
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gemv_and_torchs_kernel_agree(dtype):
+    gen = torch.Generator().manual_seed(3)
+    layer = Int8Linear((torch.randn(1001, 576, generator=gen) * 0.05).to(dtype))
+    for num_rows in range(1, GEMV_MAX_ROWS + 1):
+        x = torch.randn(num_rows, 576, generator=gen).to(dtype)
+        got = layer.gemv_forward(x)
+        assert got is not None and got.dtype == dtype and got.shape == (num_rows, 1001)
+        exact = x.double() @ layer.dequantized_weight(torch.float64).T
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), exact, atol=tol, rtol=tol)
+        # Row by row, the same numbers: each output is one row's dot products, whatever the batch.
+        assert torch.equal(layer.gemv_forward(x[-1:])[0], got[-1]), num_rows
+
+
+def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):
+    monkeypatch.setenv("RILL_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    quantization._gemv_kernel.cache_clear()
+    try:
+        layer = Int8Linear(torch.randn(64, 48, generator=torch.Generator().manual_seed(4)) * 0.05)
+        x = torch.randn(3, 48)
+        assert layer.gemv_forward(x) is None
+        assert torch.equal(layer(x), layer.kernel_forward(x))
+    finally:
+        cpu_kernels.load.cache_clear()
+        quantization._gemv_kernel.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_linear_traces_whole_under_torch_compile(dtype):
     """Compiled decode steps (engine_proc/decode_graphs.py) trace the model with fullgraph=True, their
     row count unknown while tracing: the layer must trace without a break, and the graph choose the
-    path by the rows it gets at run time, as the eager layer does (the kernel for a few, the
-    converted weight's GEMM for many: the kernel at 32+ rows is slower than the GEMM)."""
+    path by the rows it gets at run time, as the eager layer does (a kernel for a few, the
+    converted weight's GEMM for many: the kernels at 32+ rows are slower than the GEMM)."""
     gen = torch.Generator().manual_seed(2)
     layer = Int8Linear((torch.randn(64, 48, generator=gen) * 0.05).to(dtype), torch.randn(64, generator=gen).to(dtype))
-    for num_rows, path in ((3, layer.kernel_forward), (KERNEL_MAX_ROWS[dtype] + 8, layer.dequantized_forward)):
+    decode = layer.gemv_forward if quantization._gemv_kernel() is not None else layer.kernel_forward
+    for num_rows, path in ((3, decode), (KERNEL_MAX_ROWS[dtype] + GEMV_MAX_ROWS, layer.dequantized_forward)):
         torch._dynamo.reset()
         compiled = torch.compile(layer, fullgraph=True, backend="eager")
         x = torch.randn(num_rows, 48, generator=gen).to(dtype)

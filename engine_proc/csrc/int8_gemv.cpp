@@ -1,0 +1,172 @@
+// Weight-only int8 matrix-vector products for decode steps: y[m, n] = s[n] * sum_k x[m, k] * w[n, k]
+// for a few rows m of activations (bfloat16 or float32) against an int8 weight [N, Kp] with one
+// bfloat16 scale per output channel (engine_proc/quantization.py makes them).
+//
+// A decode step reads every weight once; at one row that is all it does, so the speed is the
+// memory bandwidth, and what loses it is overhead: torch's _weight_int8pack_mm reached about half
+// of it on the bundled model's small matrices. Here each thread streams a contiguous range of
+// weight rows, four at a time, converting 16 int8 values to floats with two instructions
+// (sign-extend, convert) and multiplying them into every activation row.
+//
+// Built and loaded like paged_decode.cpp (engine_proc/cpu_kernels.py); GCC vector extensions,
+// so AVX-512 and AVX2 builds come from the same source.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include <immintrin.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+
+inline float bf16_to_float(uint16_t x) {
+    uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline void store(float* p, float x) { *p = x; }
+inline void store(uint16_t* p, float x) {  // round to nearest even, as torch does
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        *p = 0x7fc0;
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    *p = static_cast<uint16_t>(u >> 16);
+}
+inline float load_x(const float* p) { return *p; }
+inline float load_x(const uint16_t* p) { return bf16_to_float(*p); }
+
+// 16 int8 weights as floats. GCC scalarizes a vector-extension conversion from int8, so: sign-extend
+// and convert with intrinsics (one zmm, or two ymm halves on AVX2).
+inline v16f weights16(const int8_t* p) {
+#if defined(__AVX512F__)
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    v16f out;
+    std::memcpy(&out, &f, sizeof out);
+    return out;
+#elif defined(__AVX2__)
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    const __m256 hi =
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+    v16f out;
+    std::memcpy(&out, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&out) + 32, &hi, 32);
+    return out;
+#else
+    v16f out;
+    for (int l = 0; l < 16; ++l) out[l] = p[l];
+    return out;
+#endif
+}
+inline float hsum(v16f v) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; ++l) s += v[l];
+    return s;
+}
+
+// Rows [n0, n1) of the output for M activation rows, R weight rows at a time (M and R template
+// arguments: the R x M accumulators stay in registers). The weight rows PREFETCH_ROWS ahead are
+// fetched into L1 a line at a time: left to the hardware prefetcher, a core streamed the weights
+// at about half its bandwidth (measured: 7 against 13 GB/s, the whole model at one row).
+constexpr int64_t PREFETCH_ROWS = 16;
+
+template <int R, int M, typename T>
+void rows(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, int64_t w_stride,
+          const uint16_t* scale, int64_t n0, int64_t n1) {
+    const int8_t* end = w + n1 * w_stride;
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) {
+        v16f acc[R][M] = {};
+        const int8_t* w0 = w + n * w_stride;
+        const int8_t* ahead = w0 + PREFETCH_ROWS * w_stride;  // R rows, contiguous
+        for (int64_t b = 0; b < R * w_stride && ahead + b < end; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        for (int64_t k = 0; k < Kp; k += 16) {
+            v16f wv[R];
+            for (int r = 0; r < R; ++r) wv[r] = weights16(w0 + r * w_stride + k);
+            for (int m = 0; m < M; ++m) {
+                v16f xv;
+                std::memcpy(&xv, xf + m * Kp + k, sizeof xv);
+                for (int r = 0; r < R; ++r) acc[r][m] += wv[r] * xv;
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const float s = bf16_to_float(scale[n + r]);
+            for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, s * hsum(acc[r][m]));
+        }
+    }
+    if (n < n1) rows<1, M, T>(y, y_stride, xf, Kp, w, w_stride, scale, n, n1);
+}
+
+template <int M, typename T>
+void gemv(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, int64_t w_stride,
+          const uint16_t* scale, int64_t N) {
+    // Contiguous ranges of whole 16-row groups per thread: each streams its own part of the weight.
+    const int64_t groups = (N + 15) / 16;
+#pragma omp parallel
+    {
+        int64_t t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+        const int64_t n0 = g0 * 16, n1 = g1 * 16 < N ? g1 * 16 : N;
+        if (n0 < n1) rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, Kp, w, w_stride, scale, n0, n1);
+    }
+}
+
+template <typename T>
+int run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t K, const int8_t* w, int64_t Kp,
+        const uint16_t* scale, int64_t N) {
+    if (Kp % 16 != 0 || Kp < K) return 1;
+    // The activations as floats, zero past K (the weight's padding columns are zero too).
+    thread_local std::vector<float> buf;
+    buf.assign(M * Kp, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) buf[m * Kp + k] = load_x(x + m * x_stride + k);
+    const float* xf = buf.data();
+    switch (M) {
+        case 1: return gemv<1, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;
+        case 2: return gemv<2, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;
+        case 3: return gemv<3, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;
+        case 4: return gemv<4, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;
+        default: break;
+    }
+    // More rows: eight at a time (each pass reads the whole weight again).
+    int64_t m = 0;
+    for (; m + 8 <= M; m += 8) gemv<8, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N);
+    switch (M - m) {
+        case 0: return 0;
+        case 1: return gemv<1, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        case 2: return gemv<2, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        case 3: return gemv<3, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        case 4: return gemv<4, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        case 5: return gemv<5, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        case 6: return gemv<6, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+        default: return gemv<7, T>(y + m * y_stride, y_stride, xf + m * Kp, Kp, w, Kp, scale, N), 0;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16 (of x and y). w [N, Kp] int8 row-major, Kp % 16 == 0, zero past K;
+// scale [N] bfloat16. Returns 0, or 1 for a shape it does not take.
+int rill_int8_gemv(int dtype, void* y, int64_t y_stride, const void* x, int64_t x_stride, int64_t M, int64_t K,
+                   const int8_t* w, int64_t Kp, const uint16_t* scale, int64_t N) {
+    if (dtype == 0)
+        return run<float>(static_cast<float*>(y), y_stride, static_cast<const float*>(x), x_stride, M, K, w, Kp, scale,
+                          N);
+    if (dtype == 1)
+        return run<uint16_t>(static_cast<uint16_t*>(y), y_stride, static_cast<const uint16_t*>(x), x_stride, M, K, w,
+                             Kp, scale, N);
+    return 1;
+}
+}

@@ -1,17 +1,18 @@
-"""Rill's C++ CPU kernels (engine_proc/csrc/*.cpp): built at first use for this CPU, loaded with ctypes.
+"""Rill's C++ CPU kernels (engine_proc/csrc/), built at first use for this CPU, as torch operators.
 
-Each source is compiled with the system's C++ compiler (`-O3 -march=native`, a second or two;
-Inductor needs the same compiler) into Rill's cache folder, one file per source, flags, compiler
-and CPU, so a restart loads it and another CPU builds its own. The kernels are plain C ABI with
-no torch headers. They link libgomp.so.1, which resolves to the copy torch has loaded: they share
-torch's OpenMP thread pool and its thread count.
+csrc/ops.cpp (which includes paged_decode.cpp and int8_gemv.cpp) is compiled with the system's
+C++ compiler (`-O3 -march=native`, about ten seconds; Inductor needs the same compiler) against the
+running torch's headers, into Rill's cache folder: one file per sources, flags, compiler, torch
+and CPU, so a restart loads it and another CPU builds its own. Loaded, it registers the operators
+`torch.ops.rill_cpu.*`, which a compiled decode step calls without Python in between. The library
+links libgomp.so.1, which resolves to the copy torch has loaded: the kernels share torch's OpenMP
+thread pool and its thread count.
 
-No compiler, a failed build or `RILL_CPU_KERNELS=0`: `load` returns None, a warning says what was
-lost, and the callers take their torch paths, which compute the same within rounding.
+No compiler, a failed build or `RILL_CPU_KERNELS=0`: `available()` is False, a warning says what
+was lost, and the callers take their torch paths, which compute the same within rounding.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import logging
@@ -19,57 +20,103 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp")
 # Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, whose
 # start-up code would set flush-to-zero for the whole process.
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-            "-fno-signed-zeros", "-shared", "-fPIC"]
+            "-fno-signed-zeros", "-shared", "-fPIC", "-std=c++20", "-w"]
 
 
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _library_path(name: str, compiler: str) -> Path:
+def _torch_flags() -> list[str]:
+    root = Path(torch.__file__).parent
+    return [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{root / 'include'}",
+            f"-L{root / 'lib'}", "-ltorch_cpu", "-lc10"]
+
+
+def _library_path(compiler: str) -> Path:
     from engine_proc.bundled_model import default_cache_dir
     from engine_proc.cpu_features import cpu_info
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     info = cpu_info()
-    key = hashlib.sha256("\n".join([(CSRC / f"{name}.cpp").read_text(), " ".join(CXXFLAGS), version, info.model,
-                                    " ".join(sorted(info.flags))]).encode()).hexdigest()[:16]
-    return default_cache_dir() / "kernels" / f"{name}-{key}.so"
+    key = hashlib.sha256("\n".join([*((CSRC / s).read_text() for s in SOURCES), " ".join(CXXFLAGS), version,
+                                    torch.__version__, info.model, " ".join(sorted(info.flags))]).encode())
+    return default_cache_dir() / "kernels" / f"rill_cpu-{key.hexdigest()[:16]}.so"
 
 
-def _build(name: str, compiler: str, path: Path) -> None:
+def _build(compiler: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([compiler, *CXXFLAGS, str(CSRC / f"{name}.cpp"), "-o", str(out)], check=True,
-                       capture_output=True, text=True, timeout=300)
+        subprocess.run([compiler, *CXXFLAGS, str(CSRC / "ops.cpp"), "-o", str(out), *_torch_flags()], check=True,
+                       capture_output=True, text=True, timeout=600)
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
 
 
+_loaded = [False]
+
+
+def loaded() -> bool:
+    """Whether available() has loaded the operators: no side effect, so torch.compile traces it."""
+    return _loaded[0]
+
+
 @functools.cache
-def load(name: str, purpose: str) -> ctypes.CDLL | None:
-    """csrc/<name>.cpp as a loaded library, built first if needed; None where it cannot be had.
-    `purpose` completes the warning: what takes the slower path without it."""
+def available() -> bool:
+    """Whether torch.ops.rill_cpu is loaded, building it first if needed."""
     if os.environ.get("RILL_CPU_KERNELS", "1") == "0":
-        return None
+        return False
     compiler = _compiler()
     if compiler is None:
-        log.warning("no C++ compiler found: %s", purpose)
-        return None
+        log.warning("no C++ compiler found: decode attention and int8 decode linears take slower torch paths")
+        return False
     try:
-        path = _library_path(name, compiler)
+        path = _library_path(compiler)
         if not path.exists():
-            _build(name, compiler, path)
-        return ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
+            started = time.perf_counter()
+            _build(compiler, path)
+            log.info("built the CPU kernels for this CPU in %.1f s: %s", time.perf_counter() - started,
+                     path)
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or e
-        log.warning("the CPU kernel %s could not be built (%s): %s", name, str(detail).strip()[-500:], purpose)
-        return None
+        log.warning("the CPU kernels could not be built (%s): decode attention and int8 decode linears take "
+                    "slower torch paths", str(detail).strip()[-500:])
+        return False
+    _register_fakes()
+    _loaded[0] = True
+    return True
+
+
+@functools.cache  # once per process: loading the library again (tests) registers nothing new
+def _register_fakes() -> None:
+    """Shapes for torch.compile's tracing (the operators run only on real tensors)."""
+    lib = torch.library
+
+    @lib.register_fake("rill_cpu::paged_decode")
+    def _(q, k_cache, v_cache, block_table, context_lens, k_new=None, v_new=None, slot_mapping=None):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @lib.register_fake("rill_cpu::paged_decode_layer")
+    def _(q, k, v, slot_mapping, block_table, context_lens, layer):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @lib.register_fake("rill_cpu::int8_gemv")
+    def _(x, weight_int8, scale, in_features):
+        return x.new_empty(x.shape[0], weight_int8.shape[0])
+
+    @lib.register_fake("rill_cpu::int8_linear")
+    def _(x, weight_int8, scale, in_features):
+        return x.new_empty(x.shape[0], weight_int8.shape[0])

@@ -4,8 +4,9 @@ As vLLM compiles its model and captures a CUDA graph per padded batch size, the 
 the forward once at start (Inductor) and runs every decode-only step through it. On the CPU this
 removes the per-op Python and dispatch cost of about a thousand small ops per step (norms, RoPE,
 residuals, SiLU), which Inductor fuses into a few C++ loops around the linears and the attention.
-Attention stays one opaque op (`rill::paged_decode_attention`), so the context length varies
-freely inside the graph. Prefill and mixed steps run eagerly.
+Attention stays one opaque op (`rill_cpu::paged_decode_layer`, the C++ kernel, on the "cpu"
+backend; `rill::paged_decode_attention` otherwise), so the context length varies freely inside
+the graph. Prefill and mixed steps run eagerly.
 
 Inductor's compiled code is cached on disk (`TORCHINDUCTOR_CACHE_DIR`, by default under Rill's
 cache folder): the first start compiles, a restart mostly loads.
@@ -87,6 +88,11 @@ class DecodeGraphs:
         default_cache_dir_env()
         _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
         _use_cpu_kernel[0] = cpu_kernel
+        # The "cpu" backend: the graph calls the C++ operator rill_cpu::paged_decode_layer, which
+        # holds the same caches, instead of the Python op above (no interpreter inside the step).
+        self.cpu_kernel = cpu_kernel and cpu_attention.available()
+        if self.cpu_kernel:
+            torch.ops.rill_cpu.set_kv_caches(list(kv_cache.k_caches), list(kv_cache.v_caches))
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -137,7 +143,8 @@ class DecodeGraphs:
     def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens) -> torch.Tensor:
         to = lambda t: t.to(self.device)  # noqa: E731
         meta = AttentionMetadata(slot_mapping=to(slot_mapping), num_decode_tokens=input_ids.shape[0],
-                                 decode_block_table=to(block_table), decode_lens=to(context_lens), graph_decode=True)
+                                 decode_block_table=to(block_table), decode_lens=to(context_lens), graph_decode=True,
+                                 cpu_kernel=self.cpu_kernel)
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
         # The context dimension varies step to step inside one graph; on the CPU the batch too.

@@ -120,7 +120,8 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
     # With that view: every token through the CPU kernel as a row of its own, as --batch-invariant
     # does on the "cpu" backend (engine_proc/cpu_attention.py), instead of the Triton kernel; its
-    # per-token tables and lengths are then in decode_block_table and decode_lens.
+    # per-token tables and lengths are then in decode_block_table and decode_lens. With
+    # graph_decode: the graph calls the C++ operator rill_cpu::paged_decode_layer.
     cpu_kernel: bool = False
 
 

@@ -137,8 +137,9 @@ class Attention(nn.Module):
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
-            o = torch.ops.rill.paged_decode_attention(
-                q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
+            # With meta.cpu_kernel, the C++ operator (no Python inside the step), else the Python op.
+            op = torch.ops.rill_cpu.paged_decode_layer if meta.cpu_kernel else torch.ops.rill.paged_decode_attention
+            o = op(q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
             return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.cpu_kernel:  # --batch-invariant on the CPU backend: each token alone, decode or prompt

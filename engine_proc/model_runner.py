@@ -53,7 +53,7 @@ class ModelRunner:
         # the C++ kernel as a row of its own (its arithmetic depends on nothing else in the step);
         # otherwise the torch path pads every context to whole vector widths and whole blocks.
         self.invariant_kernel = (batch_invariant and self.attention_backend == "cpu"
-                                 and dtype in cpu_attention.DTYPE_CODES)
+                                 and dtype in cpu_attention.DTYPES)
         self.context_pad = math.lcm(PAD_MULTIPLE, block_size) if batch_invariant and not self.invariant_kernel else None
         self.vocab_size: int = self.config.vocab_size
         self.max_model_len: int = self.config.max_position_embeddings

@@ -48,9 +48,6 @@ better perplexity. Clipping each channel's range for the least squared error cha
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,9 +62,10 @@ QUANTIZATION_METHODS = ("none", "int8")
 KERNEL_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 16}
 _DEFAULT_KERNEL_MAX_ROWS = 16
 # Rows up to which csrc/int8_gemv.cpp runs (it reads the weight once per 8 rows; the converted
-# GEMM overtakes it at about 24 on a Sapphire Rapids, 2 threads).
+# GEMM overtakes it at about 24 on a Sapphire Rapids, 2 threads). The C++ operator's constant:
+# csrc/ops.cpp kGemvMaxRows.
 GEMV_MAX_ROWS = 24
-_GEMV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_GEMV_DTYPES = (torch.float32, torch.bfloat16)
 # A large weight (the head) is converted in slices of about this many elements: a whole float
 # copy of the head is a fresh allocation above malloc's mmap threshold, so every call paid its
 # page faults (measured: 2-3x the conversion itself); slices stay in reused heap memory.
@@ -124,7 +122,12 @@ class Int8Linear(nn.Module):
         x2d = x.reshape(-1, self.in_features)
         # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
         # path by the real count at run time (engine_proc/decode_graphs.py).
-        matmul = int8_linear if torch.compiler.is_compiling() else int8_matmul
+        # With the C++ operators built, rill_cpu::int8_linear itself: no Python inside the step.
+        if torch.compiler.is_compiling():
+            takes = x2d.dtype in _GEMV_DTYPES and x2d.device.type == "cpu" and cpu_kernels.loaded()
+            matmul = torch.ops.rill_cpu.int8_linear if takes else int8_linear
+        else:
+            matmul = int8_matmul
         return self._biased(matmul(x2d, self.weight_int8, self.scale, self.in_features)).view(
             *lead_shape, self.out_features)
 
@@ -152,35 +155,24 @@ def int8_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     """x [M, in_features] @ (weight_int8 [N, K] * scale [N]).T in x's dtype: Rill's GEMV kernel up
     to GEMV_MAX_ROWS rows, else torch's int8 kernel up to KERNEL_MAX_ROWS rows (decode), the
     converted weight's GEMM above (prefill)."""
-    if x.shape[0] <= GEMV_MAX_ROWS and (y := gemv_matmul(x, weight_int8, scale, in_features)) is not None:
-        return y
+    if _ops_take(x):  # the C++ operator: the GEMV up to GEMV_MAX_ROWS, else the same converted GEMM
+        return torch.ops.rill_cpu.int8_linear(x, weight_int8, scale, in_features)
     if x.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS):
         return kernel_matmul(x, weight_int8, scale, in_features)
     return dequantized_matmul(x, weight_int8, scale, in_features)
 
 
-@functools.cache
-def _gemv_kernel() -> ctypes.CDLL | None:
-    lib = cpu_kernels.load("int8_gemv", "int8 decode linears take torch's slower _weight_int8pack_mm")
-    if lib is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.rill_int8_gemv.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, i64, i64, ptr, i64, ptr, i64]
-        lib.rill_int8_gemv.restype = ctypes.c_int
-    return lib
-
-
 def gemv_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
                 in_features: int) -> torch.Tensor | None:
-    """csrc/int8_gemv.cpp on x [M, in_features] (float32 or bfloat16, rows contiguous); None where
-    it does not apply (no kernel, another dtype or device), and the caller goes on."""
-    lib = _gemv_kernel()
-    code = _GEMV_DTYPES.get(x.dtype)
-    if lib is None or code is None or x.device.type != "cpu" or x.stride(-1) != 1:
+    """csrc/int8_gemv.cpp (the operator rill_cpu::int8_gemv) on x [M, in_features], float32 or
+    bfloat16; None where it does not apply (no kernels, another dtype or device)."""
+    if not _ops_take(x):
         return None
-    y = torch.empty(x.shape[0], weight_int8.shape[0], dtype=x.dtype)
-    status = lib.rill_int8_gemv(code, y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), x.shape[0], in_features,
-                                weight_int8.data_ptr(), weight_int8.shape[1], scale.data_ptr(), weight_int8.shape[0])
-    return y if status == 0 else None
+    return torch.ops.rill_cpu.int8_gemv(x if x.stride(-1) == 1 else x.contiguous(), weight_int8, scale, in_features)
+
+
+def _ops_take(x: torch.Tensor) -> bool:
+    return x.dtype in _GEMV_DTYPES and x.device.type == "cpu" and cpu_kernels.available()
 
 
 def kernel_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:

@@ -73,7 +73,7 @@ def test_the_kernel_and_dequant_paths_agree():
     torch.testing.assert_close(layer.dequantized_forward(x), x @ layer.dequantized_weight().T, atol=1e-4, rtol=1e-4)
 
 
-needs_gemv = pytest.mark.skipif(quantization._gemv_kernel() is None, reason="no C++ compiler: the GEMV is not built")
+needs_gemv = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the GEMV is not built")
 
 
 @needs_gemv
@@ -94,16 +94,14 @@ def test_the_gemv_and_torchs_kernel_agree(dtype):
 
 def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):
     monkeypatch.setenv("RILL_CPU_KERNELS", "0")
-    cpu_kernels.load.cache_clear()
-    quantization._gemv_kernel.cache_clear()
+    cpu_kernels.available.cache_clear()
     try:
         layer = Int8Linear(torch.randn(64, 48, generator=torch.Generator().manual_seed(4)) * 0.05)
         x = torch.randn(3, 48)
         assert layer.gemv_forward(x) is None
         assert torch.equal(layer(x), layer.kernel_forward(x))
     finally:
-        cpu_kernels.load.cache_clear()
-        quantization._gemv_kernel.cache_clear()
+        cpu_kernels.available.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +112,7 @@ def test_int8_linear_traces_whole_under_torch_compile(dtype):
     converted weight's GEMM for many: the kernels at 32+ rows are slower than the GEMM)."""
     gen = torch.Generator().manual_seed(2)
     layer = Int8Linear((torch.randn(64, 48, generator=gen) * 0.05).to(dtype), torch.randn(64, generator=gen).to(dtype))
-    decode = layer.gemv_forward if quantization._gemv_kernel() is not None else layer.kernel_forward
+    decode = layer.gemv_forward if cpu_kernels.available() else layer.kernel_forward
     for num_rows, path in ((3, decode), (KERNEL_MAX_ROWS[dtype] + GEMV_MAX_ROWS, layer.dequantized_forward)):
         torch._dynamo.reset()
         compiled = torch.compile(layer, fullgraph=True, backend="eager")

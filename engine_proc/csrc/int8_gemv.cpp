@@ -8,8 +8,9 @@
 // weight rows, four at a time, converting 16 int8 values to floats with two instructions
 // (sign-extend, convert) and multiplying them into every activation row.
 //
-// Built and loaded like paged_decode.cpp (engine_proc/cpu_kernels.py); GCC vector extensions,
-// so AVX-512 and AVX2 builds come from the same source.
+// ops.cpp wraps it as rill_cpu::int8_gemv and rill_cpu::int8_linear (engine_proc/cpu_kernels.py
+// builds it). GCC vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the
+// same source.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -18,7 +19,7 @@
 #include <omp.h>
 #endif
 
-namespace {
+namespace rill_gemv {
 
 typedef float v16f __attribute__((vector_size(64)));
 
@@ -153,7 +154,7 @@ int run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t
     }
 }
 
-}  // namespace
+}  // namespace rill_gemv
 
 extern "C" {
 
@@ -162,10 +163,10 @@ extern "C" {
 int rill_int8_gemv(int dtype, void* y, int64_t y_stride, const void* x, int64_t x_stride, int64_t M, int64_t K,
                    const int8_t* w, int64_t Kp, const uint16_t* scale, int64_t N) {
     if (dtype == 0)
-        return run<float>(static_cast<float*>(y), y_stride, static_cast<const float*>(x), x_stride, M, K, w, Kp, scale,
+        return rill_gemv::run<float>(static_cast<float*>(y), y_stride, static_cast<const float*>(x), x_stride, M, K, w, Kp, scale,
                           N);
     if (dtype == 1)
-        return run<uint16_t>(static_cast<uint16_t*>(y), y_stride, static_cast<const uint16_t*>(x), x_stride, M, K, w,
+        return rill_gemv::run<uint16_t>(static_cast<uint16_t*>(y), y_stride, static_cast<const uint16_t*>(x), x_stride, M, K, w,
                              Kp, scale, N);
     return 1;
 }

@@ -1,8 +1,8 @@
 // Paged decode attention on the CPU: one query token per sequence against its K/V blocks,
 // read where they lie in the cache (no gather into a contiguous copy, no mask).
 //
-// Built at first use by engine_proc/cpu_attention.py for the CPU it runs on (-march=native),
-// loaded with ctypes. Plain C ABI, no torch headers, so it compiles in about a second.
+// Plain C++ with a C entry point; ops.cpp wraps it as the torch operator rill_cpu::paged_decode,
+// built at first use for the CPU it runs on (-march=native) by engine_proc/cpu_kernels.py.
 // OpenMP: the library links libgomp.so.1, which resolves to the copy torch has loaded, so it
 // shares torch's thread pool and thread count.
 //
@@ -21,7 +21,7 @@
 #include <omp.h>
 #endif
 
-namespace {
+namespace rill_paged {
 
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t x) {  // bfloat16 bits
@@ -543,7 +543,7 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
     return 0;
 }
 
-}  // namespace
+}  // namespace rill_paged
 
 extern "C" {
 
@@ -554,12 +554,12 @@ int rill_paged_decode(int dtype, void* out, const void* q, int64_t q_tok, int64_
                       int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
                       int64_t block_size, float scale) {
     if (dtype == 0)
-        return run<float>(static_cast<float*>(out), static_cast<const float*>(q), q_tok, q_head,
+        return rill_paged::run<float>(static_cast<float*>(out), static_cast<const float*>(q), q_tok, q_head,
                           static_cast<const float*>(k_new), kn_tok, kn_head, static_cast<const float*>(v_new), vn_tok,
                           vn_head, static_cast<float*>(k_cache), static_cast<float*>(v_cache), slots, table,
                           table_stride, lens, B, Hq, Hkv, D, block_size, scale);
     if (dtype == 1)
-        return run<uint16_t>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(q), q_tok, q_head,
+        return rill_paged::run<uint16_t>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(q), q_tok, q_head,
                              static_cast<const uint16_t*>(k_new), kn_tok, kn_head,
                              static_cast<const uint16_t*>(v_new), vn_tok, vn_head, static_cast<uint16_t*>(k_cache),
                              static_cast<uint16_t*>(v_cache), slots, table, table_stride, lens, B, Hq, Hkv, D,
@@ -567,11 +567,4 @@ int rill_paged_decode(int dtype, void* out, const void* q, int64_t q_tok, int64_
     return 1;
 }
 
-int rill_omp_max_threads() {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 }

@@ -1,0 +1,155 @@
+// Rill's CPU kernels as torch operators (namespace rill_cpu), so a decode step calls them without
+// Python: through ctypes and a Python custom op, each call cost 30-60 us of interpreter and
+// tensor bookkeeping inside a step (measured at batch 1, where the step had just streamed the
+// weights through the caches), against 1 us for a registered operator.
+//
+// Built and loaded by engine_proc/cpu_kernels.py against the running torch's headers; the
+// kernels themselves are the plain C++ of paged_decode.cpp and int8_gemv.cpp.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <torch/library.h>
+
+#include <utility>
+#include <vector>
+
+#include "int8_gemv.cpp"
+#include "paged_decode.cpp"
+
+namespace {
+
+// Rows up to which int8_linear takes the GEMV; above, oneDNN's GEMM on the converted weight
+// (the GEMV reads the weight once per 8 rows: at 16 rows it took 26 ms for the bundled model,
+// the converted GEMM 39; the crossover is near 24). engine_proc/quantization.py reads it.
+constexpr int64_t kGemvMaxRows = 24;
+// The converted weight is made a slice of about this many elements at a time.
+constexpr int64_t kDequantChunkElems = int64_t{1} << 21;
+
+int dtype_code(const at::Tensor& t) {
+    if (t.scalar_type() == at::kFloat) return 0;
+    if (t.scalar_type() == at::kBFloat16) return 1;
+    return -1;
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& context_lens,
+                        const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                        const std::optional<at::Tensor>& slot_mapping) {
+    const int code = dtype_code(q);
+    TORCH_CHECK(code >= 0 && k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+                "paged_decode: float32 or bfloat16 queries and caches of the same dtype");
+    TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "paged_decode: q [B, H, D] with contiguous rows");
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+                "paged_decode: contiguous caches [blocks, block_size, H_kv, D]");
+    const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+    const at::Tensor table = block_table.to(at::kLong).contiguous();
+    const at::Tensor lens = context_lens.to(at::kLong).contiguous();
+    const bool writes = k_new.has_value() && k_new->defined();
+    at::Tensor slots;
+    if (writes) {
+        TORCH_CHECK(v_new.has_value() && slot_mapping.has_value(), "paged_decode: k_new needs v_new and slot_mapping");
+        TORCH_CHECK(k_new->scalar_type() == q.scalar_type() && v_new->scalar_type() == q.scalar_type() &&
+                        k_new->stride(-1) == 1 && v_new->stride(-1) == 1,
+                    "paged_decode: k_new, v_new [B, H_kv, D] in q's dtype, rows contiguous");
+        slots = slot_mapping->to(at::kLong).contiguous();
+    }
+    at::Tensor out = at::empty({B, Hq, D}, q.options());
+    const int status = rill_paged_decode(
+        code, out.data_ptr(), q.data_ptr(), q.stride(0), q.stride(1), writes ? k_new->data_ptr() : nullptr,
+        writes ? k_new->stride(0) : 0, writes ? k_new->stride(1) : 0, writes ? v_new->data_ptr() : nullptr,
+        writes ? v_new->stride(0) : 0, writes ? v_new->stride(1) : 0, k_cache.data_ptr(), v_cache.data_ptr(),
+        writes ? slots.data_ptr<int64_t>() : nullptr, table.data_ptr<int64_t>(), table.stride(0),
+        lens.data_ptr<int64_t>(), B, Hq, k_cache.size(2), D, k_cache.size(1), 1.0f / std::sqrt(static_cast<float>(D)));
+    TORCH_CHECK(status == 0, "paged_decode: query heads must be a multiple of the KV heads");
+    return out;
+}
+
+// The KV cache of each layer, set once by the engine (engine_proc/decode_graphs.py): the compiled
+// decode graph names a layer instead of passing its cache, which torch.compile would otherwise
+// treat as mutated and copy every step.
+std::vector<std::pair<at::Tensor, at::Tensor>>& kv_caches() {
+    static std::vector<std::pair<at::Tensor, at::Tensor>> caches;
+    return caches;
+}
+
+void set_kv_caches(const std::vector<at::Tensor>& k, const std::vector<at::Tensor>& v) {
+    TORCH_CHECK(k.size() == v.size(), "set_kv_caches: one V cache per K cache");
+    auto& caches = kv_caches();
+    caches.clear();
+    for (size_t i = 0; i < k.size(); ++i) caches.emplace_back(k[i], v[i]);
+}
+
+at::Tensor paged_decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                              const at::Tensor& context_lens, int64_t layer) {
+    auto& caches = kv_caches();
+    TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(caches.size()), "paged_decode_layer: no cache for layer ",
+                layer);
+    return paged_decode(q, caches[layer].first, caches[layer].second, block_table, context_lens, k, v, slot_mapping);
+}
+
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale, int64_t in_features) {
+    const int code = dtype_code(x);
+    TORCH_CHECK(code >= 0 && x.dim() == 2 && x.stride(1) == 1, "int8_gemv: x [M, K] float32 or bfloat16, rows contiguous");
+    TORCH_CHECK(weight_int8.scalar_type() == at::kChar && weight_int8.is_contiguous() &&
+                    scale.scalar_type() == at::kBFloat16 && scale.is_contiguous(),
+                "int8_gemv: an int8 weight [N, Kp] and bfloat16 scales [N], contiguous");
+    at::Tensor y = at::empty({x.size(0), weight_int8.size(0)}, x.options());
+    const int status = rill_int8_gemv(code, y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), x.size(0),
+                                      in_features, weight_int8.data_ptr<int8_t>(), weight_int8.size(1),
+                                      reinterpret_cast<const uint16_t*>(scale.data_ptr()), weight_int8.size(0));
+    TORCH_CHECK(status == 0, "int8_gemv: the weight's row length must be a multiple of 16, at least in_features");
+    return y;
+}
+
+// The converted weight's GEMM, a slice of output channels at a time, the scales on the output:
+// engine_proc/quantization.py's dequantized_matmul, the same ATen calls.
+at::Tensor dequantized_matmul(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale,
+                              int64_t in_features) {
+    const at::Tensor q = weight_int8.narrow(1, 0, in_features);
+    const int64_t N = q.size(0), rows_per_chunk = std::max<int64_t>(1, kDequantChunkElems / in_features);
+    at::Tensor y;
+    if (N <= rows_per_chunk) {
+        y = at::linear(x, q.to(x.scalar_type()));
+    } else {
+        y = at::empty({x.size(0), N}, x.options());
+        for (int64_t start = 0; start < N; start += rows_per_chunk) {
+            const int64_t n = std::min(rows_per_chunk, N - start);
+            y.narrow(1, start, n).copy_(at::linear(x, q.narrow(0, start, n).to(x.scalar_type())));
+        }
+    }
+    return y.mul_(scale.to(x.scalar_type()));
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale,
+                       int64_t in_features) {
+    if (x.size(0) <= kGemvMaxRows) return int8_gemv(x.stride(1) == 1 ? x : x.contiguous(), weight_int8, scale, in_features);
+    return dequantized_matmul(x, weight_int8, scale, in_features);
+}
+
+int64_t gemv_max_rows() { return kGemvMaxRows; }
+
+}  // namespace
+
+TORCH_LIBRARY(rill_cpu, m) {
+    m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, "
+          "Tensor? k_new=None, Tensor? v_new=None, Tensor? slot_mapping=None) -> Tensor");
+    m.def("set_kv_caches(Tensor[] k, Tensor[] v) -> ()");
+    m.def("paged_decode_layer(Tensor q, Tensor k, Tensor v, Tensor slot_mapping, Tensor block_table, "
+          "Tensor context_lens, int layer) -> Tensor");
+    m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
+    m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
+    m.def("gemv_max_rows() -> int");
+}
+
+TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
+    m.impl("paged_decode", &paged_decode);
+    m.impl("paged_decode_layer", &paged_decode_layer);
+    m.impl("int8_gemv", &int8_gemv);
+    m.impl("int8_linear", &int8_linear);
+}
+
+TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
+    m.impl("set_kv_caches", &set_kv_caches);
+    m.impl("gemv_max_rows", &gemv_max_rows);
+}

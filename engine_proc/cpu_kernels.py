@@ -1,6 +1,6 @@
 """Rill's C++ CPU kernels (engine_proc/csrc/), built at first use for this CPU, as torch operators.
 
-csrc/ops.cpp (which includes paged_decode.cpp and int8_gemv.cpp) is compiled with the system's
+csrc/ops.cpp (which includes paged_decode.cpp, int8_gemv.cpp and elementwise.cpp) is compiled with the system's
 C++ compiler (`-O3 -march=native`, about ten seconds; Inductor needs the same compiler) against the
 running torch's headers, into Rill's cache folder: one file per sources, flags, compiler, torch
 and CPU, so a restart loads it and another CPU builds its own. Loaded, it registers the operators
@@ -28,11 +28,11 @@ import torch
 log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp")
+SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp")
 # Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, whose
 # start-up code would set flush-to-zero for the whole process.
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-            "-fno-signed-zeros", "-shared", "-fPIC", "-std=c++20", "-w"]
+            "-fno-signed-zeros", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c++20", "-w"]
 
 
 def _compiler() -> str | None:
@@ -116,6 +116,14 @@ def _register_fakes() -> None:
     @lib.register_fake("rill_cpu::int8_gemv")
     def _(x, weight_int8, scale, in_features):
         return x.new_empty(x.shape[0], weight_int8.shape[0])
+
+    @lib.register_fake("rill_cpu::rms_norm")
+    def _(x, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @lib.register_fake("rill_cpu::silu_mul")
+    def _(gate_up):
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
     @lib.register_fake("rill_cpu::int8_linear")
     def _(x, weight_int8, scale, in_features):

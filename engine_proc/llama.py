@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from engine_proc import cpu_attention
+from engine_proc import cpu_attention, fused_ops
+from engine_proc.fused_ops import rope_heads, silu_mul
 from engine_proc.invariant_attention import invariant_paged_attention
 from engine_proc.kv_cache import (
     AttentionMetadata,
@@ -82,13 +83,6 @@ def triton_attention():
     return paged_attention_triton
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (the Hugging Face layout) on [T, heads, D] with cos/sin [T, 1, D/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -96,7 +90,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return fused_ops.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -131,10 +125,10 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = rope_heads(q, self.num_heads, cos, sin), rope_heads(k, self.num_kv_heads, cos, sin)
         else:
-            # Without per-head norms q and k rotate together in one pass.
-            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+            # Without per-head norms q and k rotate together in one pass (in qkv itself where fused).
+            qk = rope_heads(qkv, self.num_heads + self.num_kv_heads, cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
             # With meta.cpu_kernel, the C++ operator (no Python inside the step), else the Python op.
@@ -163,8 +157,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

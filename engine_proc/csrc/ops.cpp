@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "elementwise.cpp"
 #include "int8_gemv.cpp"
 #include "paged_decode.cpp"
 
@@ -129,6 +130,62 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_int8, const
 
 int64_t gemv_max_rows() { return kGemvMaxRows; }
 
+// ---- elementwise.cpp: the eager step's norms, RoPE and SiLU, fused ----
+
+void check_float(const at::Tensor& t, const char* what) {
+    TORCH_CHECK(dtype_code(t) >= 0 && t.device().is_cpu(), what, ": a float32 or bfloat16 CPU tensor");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    check_float(x, "rms_norm");
+    const int64_t n = x.size(-1);
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == n,
+                "rms_norm: a contiguous weight [n] in x's dtype");
+    const at::Tensor x2 = x.reshape({-1, n});
+    TORCH_CHECK(x2.stride(1) == 1, "rms_norm: rows must be contiguous");
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    if (x.scalar_type() == at::kFloat)
+        rill_elementwise::rms_norm(y.data_ptr<float>(), x2.data_ptr<float>(), x2.stride(0), weight.data_ptr<float>(),
+                                   x2.size(0), n, static_cast<float>(eps));
+    else
+        rill_elementwise::rms_norm(reinterpret_cast<uint16_t*>(y.data_ptr()),
+                                   reinterpret_cast<const uint16_t*>(x2.data_ptr()), x2.stride(0),
+                                   reinterpret_cast<const uint16_t*>(weight.data_ptr()), x2.size(0), n,
+                                   static_cast<float>(eps));
+    return y;
+}
+
+void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads) {
+    check_float(x, "rope_");
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && num_heads <= x.size(1), "rope_: x [T, heads, D], rows contiguous");
+    const int64_t T = x.size(0), D = x.size(2);
+    const at::Tensor c = cos.reshape({T, D / 2}), s = sin.reshape({T, D / 2});
+    TORCH_CHECK(c.scalar_type() == x.scalar_type() && s.scalar_type() == x.scalar_type() && c.stride(1) == 1 &&
+                    s.stride(1) == 1 && c.stride(0) == s.stride(0) && D % 2 == 0,
+                "rope_: cos and sin [T, 1, D/2] in x's dtype");
+    if (x.scalar_type() == at::kFloat)
+        rill_elementwise::rope(x.data_ptr<float>(), x.stride(0), x.stride(1), c.data_ptr<float>(), s.data_ptr<float>(),
+                               c.stride(0), T, num_heads, D);
+    else
+        rill_elementwise::rope(reinterpret_cast<uint16_t*>(x.data_ptr()), x.stride(0), x.stride(1),
+                               reinterpret_cast<const uint16_t*>(c.data_ptr()),
+                               reinterpret_cast<const uint16_t*>(s.data_ptr()), c.stride(0), T, num_heads, D);
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+    check_float(gate_up, "silu_mul");
+    TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+                "silu_mul: gate_up [T, 2n], rows contiguous");
+    const int64_t T = gate_up.size(0), n = gate_up.size(1) / 2;
+    at::Tensor y = at::empty({T, n}, gate_up.options());
+    if (gate_up.scalar_type() == at::kFloat)
+        rill_elementwise::silu_mul(y.data_ptr<float>(), gate_up.data_ptr<float>(), gate_up.stride(0), T, n);
+    else
+        rill_elementwise::silu_mul(reinterpret_cast<uint16_t*>(y.data_ptr()),
+                                   reinterpret_cast<const uint16_t*>(gate_up.data_ptr()), gate_up.stride(0), T, n);
+    return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rill_cpu, m) {
@@ -140,6 +197,9 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("gemv_max_rows() -> int");
+    m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+    m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int num_heads) -> ()");
+    m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -147,6 +207,9 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("paged_decode_layer", &paged_decode_layer);
     m.impl("int8_gemv", &int8_gemv);
     m.impl("int8_linear", &int8_linear);
+    m.impl("rms_norm", &rms_norm);
+    m.impl("rope_", &rope_);
+    m.impl("silu_mul", &silu_mul);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {

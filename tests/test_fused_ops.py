@@ -1,0 +1,81 @@
+"""The eager step's fused elementwise ops (engine_proc/fused_ops.py, csrc/elementwise.cpp) against torch."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine_proc import cpu_kernels, fused_ops
+
+needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def no_worse_than_torch(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
+    """Within what torch's own eager ops get in this dtype, against the same float64 result."""
+    assert got.dtype == eager.dtype and got.shape == exact.shape
+    err, torch_err = (got.double() - exact).abs().max(), (eager.double() - exact).abs().max()
+    assert err <= torch_err * 1.01 + 1e-6, (err.item(), torch_err.item())
+
+
+def rope_tables(num_tokens: int, head_dim: int, dtype: torch.dtype):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.arange(num_tokens).float()[:, None] * inv_freq[None] * 7  # positions 0, 7, 14, ...
+    return freqs.cos().to(dtype)[:, None], freqs.sin().to(dtype)[:, None]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(37, 576, generator=gen) * 3).to(dtype)
+    w = torch.randn(576, generator=gen).to(dtype)
+    got = fused_ops.rms_norm(x, w, 1e-5)
+    no_worse_than_torch(got, F.rms_norm(x, (576,), w, 1e-5), F.rms_norm(x.double(), (576,), w.double(), 1e-5))
+    # A strided input (a head slice, as Qwen3's q_norm gets) and the result of a 3-D one.
+    heads = torch.randn(5, 12, 64, generator=gen).to(dtype)
+    hw = torch.randn(64, generator=gen).to(dtype)
+    got = fused_ops.rms_norm(heads[:, :9], hw, 1e-6)
+    no_worse_than_torch(got, F.rms_norm(heads[:, :9], (64,), hw, 1e-6),
+                        F.rms_norm(heads[:, :9].double(), (64,), hw.double(), 1e-6))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    gen = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(33, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate_up[0, :8] = torch.tensor([-100.0, -90, -30, 0, 30, 90, 100, 1e-3])  # past exp's range, both ways
+    gate, up = gate_up.split(1536, dim=-1)
+    got = fused_ops.silu_mul(gate_up)
+    exact = F.silu(gate.double()) * up.double()
+    no_worse_than_torch(got, F.silu(gate) * up, exact)
+    assert torch.isfinite(got).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_in_place_rotates_only_the_heads_asked(dtype):
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(29, 9 + 2 * 3, 64, generator=gen).to(dtype)
+    cos, sin = rope_tables(29, 64, dtype)
+    before = qkv.clone()
+    exact = fused_ops.apply_rope(before[:, :12].double(), cos.double(), sin.double())
+    got = fused_ops.rope_heads(qkv, 12, cos, sin)
+    assert got.data_ptr() == qkv.data_ptr()  # in place: q and k stay views of qkv
+    no_worse_than_torch(got, fused_ops.apply_rope(before[:, :12], cos, sin), exact)
+    assert torch.equal(qkv[:, 12:], before[:, 12:])  # v untouched
+
+
+def test_where_not_fused_the_torch_ops_run():
+    """float16 (no kernel for it): the plain torch ops, and rope returns a new tensor."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 64, generator=gen).to(torch.float16)
+    cos, sin = rope_tables(4, 64, torch.float16)
+    rotated = fused_ops.rope_heads(x, 2, cos, sin)
+    assert rotated.data_ptr() != x.data_ptr()
+    assert torch.equal(rotated, fused_ops.apply_rope(x[:, :2], cos, sin))
+    w = torch.ones(64, dtype=torch.float16)
+    assert torch.equal(fused_ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
+    gate_up = torch.randn(4, 16, generator=gen).to(torch.float16)
+    assert torch.equal(fused_ops.silu_mul(gate_up), F.silu(gate_up[:, :8]) * gate_up[:, 8:])

@@ -29,10 +29,16 @@ log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp")
-# Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, whose
-# start-up code would set flush-to-zero for the whole process.
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-            "-fno-signed-zeros", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c++20", "-w"]
+# No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
+# the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
+# -ffast-math's start-up code would set flush-to-zero for the whole process.
+CXXFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c++20", "-w"]
+
+
+def _arch_flags() -> list[str]:
+    """-march=native, or RILL_CPU_ARCH's target (x86-64-v3 for AVX2 without AVX-512, x86-64 for
+    SSE2 alone): tests build for older CPUs than the one they run on to check those paths."""
+    return [f"-march={os.environ.get('RILL_CPU_ARCH') or 'native'}"]
 
 
 def _compiler() -> str | None:
@@ -51,7 +57,7 @@ def _library_path(compiler: str) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     info = cpu_info()
-    key = hashlib.sha256("\n".join([*((CSRC / s).read_text() for s in SOURCES), " ".join(CXXFLAGS), version,
+    key = hashlib.sha256("\n".join([*((CSRC / s).read_text() for s in SOURCES), " ".join(CXXFLAGS + _arch_flags()), version,
                                     torch.__version__, info.model, " ".join(sorted(info.flags))]).encode())
     return default_cache_dir() / "kernels" / f"rill_cpu-{key.hexdigest()[:16]}.so"
 
@@ -60,7 +66,7 @@ def _build(compiler: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([compiler, *CXXFLAGS, str(CSRC / "ops.cpp"), "-o", str(out), *_torch_flags()], check=True,
+        subprocess.run([compiler, *CXXFLAGS, *_arch_flags(), str(CSRC / "ops.cpp"), "-o", str(out), *_torch_flags()], check=True,
                        capture_output=True, text=True, timeout=600)
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
 

@@ -65,6 +65,26 @@ inline v16f weights16(const int8_t* p) {
     return out;
 #endif
 }
+// a * b + c, fused where the CPU has FMA: spelled out, so that every instance (each M, R) rounds
+// the same way and an output does not depend on how many rows came with it.
+inline v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                  reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+    __m256 a2[2], b2[2], c2[2];
+    std::memcpy(a2, &a, sizeof a);
+    std::memcpy(b2, &b, sizeof b);
+    std::memcpy(c2, &c, sizeof c);
+    const __m256 r[2] = {_mm256_fmadd_ps(a2[0], b2[0], c2[0]), _mm256_fmadd_ps(a2[1], b2[1], c2[1])};
+    v16f out;
+    std::memcpy(&out, r, sizeof out);
+    return out;
+#else
+    return a * b + c;  // no FMA here: nothing to contract into
+#endif
+}
+
 inline float hsum(v16f v) {
     float s = 0.0f;
     for (int l = 0; l < 16; ++l) s += v[l];
@@ -93,7 +113,7 @@ void rows(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, 
             for (int m = 0; m < M; ++m) {
                 v16f xv;
                 std::memcpy(&xv, xf + m * Kp + k, sizeof xv);
-                for (int r = 0; r < R; ++r) acc[r][m] += wv[r] * xv;
+                for (int r = 0; r < R; ++r) acc[r][m] = fma16(wv[r], xv, acc[r][m]);
             }
         }
         for (int r = 0; r < R; ++r) {

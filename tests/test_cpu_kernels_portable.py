@@ -1,0 +1,27 @@
+"""The C++ kernels built for older x86-64 CPUs than this one (AVX2 without AVX-512, and SSE2 alone)
+pass the same numerical tests: the paths a CI machine or a user's CPU would take, checked here."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_proc import cpu_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ["tests/test_fused_ops.py", "tests/test_cpu_attention.py", "tests/test_quantization.py"]
+# The kernels' own tests; the model runners and benchmarks do not depend on the build target.
+SELECT = "not runner and not quick and not load_model and not cli"
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
+def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
+    env = {**os.environ, "RILL_CPU_ARCH": arch}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, "-k", SELECT],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]

@@ -28,7 +28,11 @@ token ids with logits_to_keep=1. Served throughput >= 4x against `transformers s
 request run to 128 tokens (see bench/tf_serve.py for how).
 
 No two sides compute at once: each round runs the sides one after another (who goes first rotates
-by round); between them the idle servers wait on their sockets. Each round draws fresh prompts
+by round); between them the idle servers wait on their sockets. Each measured phase starts after
+--settle-s seconds of rest (default 10): measured here, a side run right after another side's
+throughput phase got 0.77x the throughput it got after 15 s of rest, and that held for both Rill
+and vLLM (a finished vLLM run also keeps a core busy for about a second), so without the rest
+the order of the sides, not the servers, set part of the ratio. Each round draws fresh prompts
 (another seed), the same for every side, so a prefix cache could never serve a later round. Every
 side runs at its default thread count (one per core here) unless --num-threads is given. The served
 sides include the harness's own CPU use on the same machine, as any served benchmark does.
@@ -109,11 +113,17 @@ def build_workload(sizes: Sizes, round_index: int) -> Workload:
     return Workload(throughput, itl, ttft, ids(throughput), ids(ttft))
 
 
+SETTLE_S = [10.0]  # --settle-s: rest before each measured phase
+
+
 def served_phase(name: str, base_url: str, work: Workload, model: str | None = None) -> dict:
     """Throughput at concurrency len(prompts), then ITL at concurrency 1, then TTFT of the long prompts."""
     start_s = time.perf_counter()
-    run = lambda prompts, concurrency: run_forced(  # noqa: E731
-        base_url, prompts, concurrency, TITLES[name], **({"model": model} if model else {}))
+
+    def run(prompts, concurrency):
+        time.sleep(SETTLE_S[0])
+        return run_forced(base_url, prompts, concurrency, TITLES[name], **({"model": model} if model else {}))
+
     tp = run(work.throughput, len(work.throughput))
     itl = run(work.itl, 1)
     ttft = run(work.ttft, 1)
@@ -152,8 +162,12 @@ def warm_up(servers: dict[str, ServerProcess], model, model_dir: Path, sizes: Si
     small = dataclasses.replace(sizes, num_prompts=2, output_len=4, num_itl_requests=1, num_ttft_requests=1,
                                 num_decode_steps=1)
     work = build_workload(small, round_index=99)
-    for run in phases(servers, model, model_dir, work, small).values():
-        run()
+    settle, SETTLE_S[0] = SETTLE_S[0], 0.0  # untimed: no rest needed
+    try:
+        for run in phases(servers, model, model_dir, work, small).values():
+            run()
+    finally:
+        SETTLE_S[0] = settle
 
 
 def check_prompt_tokens(row: dict, work: Workload) -> None:
@@ -193,12 +207,15 @@ def main(argv: list[str] | None = None) -> dict:
                     help=f"comma list of the sides to run (default all: {','.join(SIDES)})")
     ap.add_argument("--num-threads", type=int, default=None,
                     help="threads on every side (default: each side's default, one per core here)")
+    ap.add_argument("--settle-s", type=float, default=None,
+                    help="seconds of rest before each measured phase (default 10, quick 0)")
     ap.add_argument("--machine", default=None, help="machine name recorded in the results (default: hostname)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the .json path (a .md goes beside it)")
     args = ap.parse_args(argv)
     started_s = time.perf_counter()
     sizes = QUICK if args.quick else Sizes()
     num_rounds = args.rounds or (1 if args.quick else 2)
+    SETTLE_S[0] = args.settle_s if args.settle_s is not None else (0.0 if args.quick else 10.0)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     num_threads = torch.get_num_threads()
@@ -256,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"round {r + 1}/{num_rounds}: " + ", ".join(
                 f"{TITLES[s]} {row[s]['output_throughput']:.0f} tok/s" for s in sides), flush=True)
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
-    report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds,
+    report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds, "settle_s": SETTLE_S[0],
                         "requested_sides": args.peers, "sides": sides, "unavailable": unavailable,
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,
                         "torch_threads": num_threads, "rill_flags": flags, "rill_int8_flags": [*flags, *INT8_FLAGS],

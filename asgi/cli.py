@@ -186,7 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["bench"]:  # its own parser, so that `rill bench -h` and every flag pass through
         from bench.__main__ import main as bench_main
 
-        sys.exit(bench_main(argv[1:], prog="rill bench"))
+        try:
+            sys.exit(bench_main(argv[1:], prog="rill bench"))
+        except ModuleNotFoundError as e:  # the `bench` extra is not installed
+            if e.name not in ("aiohttp", "tqdm", "matplotlib"):
+                raise
+            sys.exit(f"rill bench needs the bench extra ({e.name} is not installed): pip install 'rill[bench]'")
     args = parser.parse_args(argv)
     if args.command == "serve":
         from asgi.launcher import serve as run_serve

@@ -62,6 +62,25 @@ def _library_path(compiler: str) -> Path:
     return default_cache_dir() / "kernels" / f"rill_cpu-{key.hexdigest()[:16]}.so"
 
 
+STALE_AFTER_S = 30 * 86400  # builds not used for this long are pruned when a new one is made
+
+
+def prune(folder: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Deletes the kernel builds in `folder` other than `keep` that no start has used for
+    STALE_AFTER_S (every load touches its file), and the ctypes-era `paged_decode-*.so`: each
+    change of source, flags, compiler, torch or CPU makes a new file. Returns what it deleted."""
+    now = time.time() if now is None else now
+    removed = []
+    for f in folder.glob("*.so"):
+        try:
+            if f != keep and (f.name.startswith("paged_decode-") or now - f.stat().st_mtime > STALE_AFTER_S):
+                f.unlink()
+                removed.append(f)
+        except OSError:  # another engine pruned or loads it: leave it
+            pass
+    return removed
+
+
 def _build(compiler: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
@@ -93,9 +112,11 @@ def available() -> bool:
         if not path.exists():
             started = time.perf_counter()
             _build(compiler, path)
+            prune(path.parent, keep=path)
             log.info("built the CPU kernels for this CPU in %.1f s: %s", time.perf_counter() - started,
                      path)
         torch.ops.load_library(str(path))
+        os.utime(path)  # in use: not pruned as stale
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or e
         log.warning("the CPU kernels could not be built (%s): decode attention and int8 decode linears take "

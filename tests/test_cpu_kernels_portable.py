@@ -25,3 +25,17 @@ def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]
+
+
+def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):
+    now = 1_000_000_000.0
+    fresh, stale, legacy, keep = (tmp_path / n for n in ("rill_cpu-a.so", "rill_cpu-b.so", "paged_decode-c.so",
+                                                        "rill_cpu-d.so"))
+    for f in (fresh, stale, legacy, keep):
+        f.write_bytes(b"")
+        os.utime(f, (now, now))
+    os.utime(stale, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)
+    os.utime(keep, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)  # old, but the one being kept
+    removed = cpu_kernels.prune(tmp_path, keep=keep, now=now)
+    assert sorted(removed) == sorted([stale, legacy])
+    assert fresh.exists() and keep.exists() and not stale.exists() and not legacy.exists()

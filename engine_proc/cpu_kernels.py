@@ -13,6 +13,7 @@ was lost, and the callers take their torch paths, which compute the same within 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -116,7 +117,8 @@ def available() -> bool:
             log.info("built the CPU kernels for this CPU in %.1f s: %s", time.perf_counter() - started,
                      path)
         torch.ops.load_library(str(path))
-        os.utime(path)  # in use: not pruned as stale
+        with contextlib.suppress(OSError):  # a read-only cache still serves
+            os.utime(path)  # in use: not pruned as stale
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or e
         log.warning("the CPU kernels could not be built (%s): decode attention and int8 decode linears take "

@@ -34,7 +34,6 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # declared mutated is functionalized by torch.compile, which copied the whole cache every step.
 # The op's writes are its own layer's slots, which nothing else in the graph reads.
 _kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-_use_cpu_kernel = [False]  # the "cpu" attention backend: engine_proc/cpu_attention.py
 
 
 @torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
@@ -49,13 +48,9 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
     row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
-    blocks of `block_table` [B, num_blocks]. The CPU kernel (engine_proc/cpu_attention.py) when
-    is the attention backend, else the torch path with an additive mask."""
+    blocks of `block_table` [B, num_blocks]: the torch path with an additive mask (the "cpu"
+    backend's graphs call the C++ operator rill_cpu::paged_decode_layer instead)."""
     k_cache, v_cache = _kv_caches[layer]
-    if _use_cpu_kernel[0]:
-        out = cpu_attention.paged_decode(q, k_cache, v_cache, block_table, context_lens, k, v, slot_mapping)
-        if out is not None:
-            return out
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
 
@@ -87,7 +82,6 @@ class DecodeGraphs:
                  max_num_seqs: int, cpu_kernel: bool = False) -> None:
         default_cache_dir_env()
         _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
-        _use_cpu_kernel[0] = cpu_kernel
         # The "cpu" backend: the graph calls the C++ operator rill_cpu::paged_decode_layer, which
         # holds the same caches, instead of the Python op above (no interpreter inside the step).
         self.cpu_kernel = cpu_kernel and cpu_attention.available()

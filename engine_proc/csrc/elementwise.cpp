@@ -9,51 +9,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "float_bits.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace rill_elementwise {
 
-inline float load(const float* p) { return *p; }
-inline float load(const uint16_t* p) {
-    uint32_t u = static_cast<uint32_t>(*p) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even, as torch does
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        *p = 0x7fc0;
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    *p = static_cast<uint16_t>(u >> 16);
-}
-
-// e^x, |x| clamped to 87 (silu's exp(-a) for any a): Cephes' exp2f polynomial on a rounded
-// exponent, branch-free so the loops around it vectorize (std::exp would be a scalar call per
-// element without -ffast-math); about 2 ulp.
-inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : (x > 87.0f ? 87.0f : x);
-    const float t = x * 1.44269504088896341f;
-    const float n = std::nearbyint(t);
-    const float f = t - n;
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
-}
+using rill_float::exp_clamped;
+using rill_float::store;
+using rill_float::to_float;
 
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n; x rows `x_stride` apart, y contiguous.
 template <typename T>
@@ -63,11 +29,11 @@ void rms_norm(T* y, const T* x, int64_t x_stride, const T* w, int64_t rows, int6
         const T* xr = x + t * x_stride;
         float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < n; ++i) ss += load(xr + i) * load(xr + i);
+        for (int64_t i = 0; i < n; ++i) ss += to_float(xr[i]) * to_float(xr[i]);
         const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
         T* yr = y + t * n;
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) store(yr + i, load(xr + i) * r * load(w + i));
+        for (int64_t i = 0; i < n; ++i) store(yr + i, to_float(xr[i]) * r * to_float(w[i]));
     }
 }
 
@@ -85,7 +51,8 @@ void rope(T* x, int64_t x_tok, int64_t x_head, const T* cos, const T* sin, int64
             T* xr = x + t * x_tok + h * x_head;
 #pragma omp simd
             for (int64_t i = 0; i < half; ++i) {
-                const float x1 = load(xr + i), x2 = load(xr + half + i), ci = load(c + i), si = load(s + i);
+                const float x1 = to_float(xr[i]), x2 = to_float(xr[half + i]);
+                const float ci = to_float(c[i]), si = to_float(s[i]);
                 store(xr + i, x1 * ci - x2 * si);
                 store(xr + half + i, x2 * ci + x1 * si);
             }
@@ -102,8 +69,8 @@ void silu_mul(T* y, const T* gate_up, int64_t gu_stride, int64_t rows, int64_t n
         T* yr = y + t * n;
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) {
-            const float a = load(g + i);
-            store(yr + i, a / (1.0f + exp_clamped(-a)) * load(g + n + i));
+            const float a = to_float(g[i]);
+            store(yr + i, a / (1.0f + exp_clamped(-a)) * to_float(g[n + i]));
         }
     }
 }

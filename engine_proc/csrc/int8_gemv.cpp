@@ -15,33 +15,17 @@
 #include <cstring>
 #include <vector>
 #include <immintrin.h>
+
+#include "float_bits.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace rill_gemv {
 
-typedef float v16f __attribute__((vector_size(64)));
-
-inline float bf16_to_float(uint16_t x) {
-    uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even, as torch does
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        *p = 0x7fc0;
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    *p = static_cast<uint16_t>(u >> 16);
-}
-inline float load_x(const float* p) { return *p; }
-inline float load_x(const uint16_t* p) { return bf16_to_float(*p); }
+using rill_float::store;
+using rill_float::to_float;
+using rill_float::v16f;
 
 // 16 int8 weights as floats. GCC scalarizes a vector-extension conversion from int8, so: sign-extend
 // and convert with intrinsics (one zmm, or two ymm halves on AVX2).
@@ -117,7 +101,7 @@ void rows(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, 
             }
         }
         for (int r = 0; r < R; ++r) {
-            const float s = bf16_to_float(scale[n + r]);
+            const float s = to_float(scale[n + r]);
             for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, s * hsum(acc[r][m]));
         }
     }
@@ -150,7 +134,7 @@ int run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t
     thread_local std::vector<float> buf;
     buf.assign(M * Kp, 0.0f);
     for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k) buf[m * Kp + k] = load_x(x + m * x_stride + k);
+        for (int64_t k = 0; k < K; ++k) buf[m * Kp + k] = to_float(x[m * x_stride + k]);
     const float* xf = buf.data();
     switch (M) {
         case 1: return gemv<1, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;

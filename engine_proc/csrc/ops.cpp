@@ -21,7 +21,7 @@ namespace {
 
 // Rows up to which int8_linear takes the GEMV; above, oneDNN's GEMM on the converted weight
 // (the GEMV reads the weight once per 8 rows: at 16 rows it took 26 ms for the bundled model,
-// the converted GEMM 39; the crossover is near 24). engine_proc/quantization.py reads it.
+// the converted GEMM 39; the crossover is near 24). quantization.py's GEMV_MAX_ROWS is the same.
 constexpr int64_t kGemvMaxRows = 24;
 // The converted weight is made a slice of about this many elements at a time.
 constexpr int64_t kDequantChunkElems = int64_t{1} << 21;
@@ -128,8 +128,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_int8, const
     return dequantized_matmul(x, weight_int8, scale, in_features);
 }
 
-int64_t gemv_max_rows() { return kGemvMaxRows; }
-
 // ---- elementwise.cpp: the eager step's norms, RoPE and SiLU, fused ----
 
 void check_float(const at::Tensor& t, const char* what) {
@@ -196,7 +194,6 @@ TORCH_LIBRARY(rill_cpu, m) {
           "Tensor context_lens, int layer) -> Tensor");
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
-    m.def("gemv_max_rows() -> int");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int num_heads) -> ()");
     m.def("silu_mul(Tensor gate_up) -> Tensor");
@@ -214,5 +211,4 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("set_kv_caches", &set_kv_caches);
-    m.impl("gemv_max_rows", &gemv_max_rows);
 }

@@ -17,50 +17,18 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "float_bits.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace rill_paged {
 
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t x) {  // bfloat16 bits
-    uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even, as torch does
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        *p = 0x7fc0;  // NaN
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    *p = static_cast<uint16_t>(u >> 16);
-}
-
-// e^x for x <= 0 (softmax after subtracting the max): Cephes' exp2f polynomial on a rounded
-// exponent, branch-free so the loops around it vectorize; about 2 ulp.
-inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float n = std::nearbyint(t);
-    float f = t - n;  // [-0.5, 0.5]
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
-}
+using rill_float::exp_clamped;
+using rill_float::store;
+using rill_float::to_float;
+using rill_float::v16f;
 
 // Softmax of `rows` score rows (the first `len` of every `stride`), each left unnormalised:
 // e^(s - max) in place, and 1 / sum in inv_sum, applied to the output at the end.
@@ -73,7 +41,7 @@ inline void softmax_rows(float* s, int64_t rows, int64_t len, int64_t stride, fl
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < len; ++t) {
-            float e = exp_nonpositive(sj[t] - m);
+            float e = exp_clamped(sj[t] - m);
             sj[t] = e;
             sum += e;
         }
@@ -167,7 +135,6 @@ void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cac
 // are read 16 tokens at a time. A tile's 16 scores of one query head come out of one
 // transpose-and-add tree (hsum16) instead of 16 horizontal sums, and the output accumulators
 // are vectors. GCC's vector extensions: zmm registers with AVX-512, pairs of ymm with AVX2.
-typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 

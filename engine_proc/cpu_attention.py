@@ -44,3 +44,25 @@ def paged_decode(
     if k_new is not None and (k_new.stride(-1) != 1 or v_new.stride(-1) != 1 or k_new.dtype != q.dtype):
         return None
     return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, block_table, context_lens, k_new, v_new, slot_mapping)
+
+
+def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """Causal attention of a prompt chunk q [Tq, H, D] over its keys k, v [Tk, H_kv, D] (the
+    chunk's tokens are the last Tq keys), through AMX micro-kernels (csrc/prefill_attention.cpp):
+    about a fifth faster than torch's flash attention on a 512-token prompt. None where it does not
+    apply (no AMX-BF16, not bfloat16, a head dimension not a multiple of 64, under torch.compile):
+    the caller runs SDPA."""
+    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] % 64 or k.dtype != q.dtype
+            or q.shape[1] % k.shape[1] or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
+            or torch.compiler.is_compiling() or not _prefill_supported()):
+        return None
+    return torch.ops.rill_cpu.prefill_attention(q, k, v)
+
+
+def _prefill_supported() -> bool:
+    if _amx[0] is None:
+        _amx[0] = cpu_kernels.loaded() and bool(torch.ops.rill_cpu.prefill_attention_supported())
+    return _amx[0]
+
+
+_amx: list[bool | None] = [None]

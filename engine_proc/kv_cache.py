@@ -144,7 +144,6 @@ def paged_attention(
         q_decode = q[:num_decodes]
         out[:num_decodes] = decode_attention(q_decode, k_cache, v_cache, *decode_args)
     for chunk in meta.prefills:
-        q_chunk = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
         if chunk.block_table is None:
             k_ctx = k[chunk.token_start : chunk.token_end]
             v_ctx = v[chunk.token_start : chunk.token_end]
@@ -152,6 +151,16 @@ def paged_attention(
             table = chunk.block_table.unsqueeze(0)
             k_ctx = gather_blocks(k_cache, table)[0, : chunk.context_len]
             v_ctx = gather_blocks(v_cache, table)[0, : chunk.context_len]
+        # The kernel applies the offset-causal mask itself: the chunk's tokens are the last keys
+        # (not so when the context was padded past them).
+        chunk_len = chunk.token_end - chunk.token_start
+        o = None
+        if chunk.block_table is None or chunk.context_len == chunk.start_pos + chunk_len:
+            o = cpu_attention.prefill(q[chunk.token_start : chunk.token_end], k_ctx, v_ctx)
+        if o is not None:
+            out[chunk.token_start : chunk.token_end] = o
+            continue
+        q_chunk = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             q_chunk,
             k_ctx.transpose(0, 1).unsqueeze(0),

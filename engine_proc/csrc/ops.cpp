@@ -16,6 +16,7 @@
 #include "elementwise.cpp"
 #include "int8_gemv.cpp"
 #include "paged_decode.cpp"
+#include "prefill_attention.cpp"
 
 namespace {
 
@@ -184,6 +185,29 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
     return y;
 }
 
+// ---- prefill_attention.cpp: a prompt chunk's causal attention through AMX micro-kernels ----
+
+bool prefill_attention_supported() { return rill_prefill::supported(); }
+
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    TORCH_CHECK(rill_prefill::supported(), "prefill_attention: this CPU has no AMX-BF16 (see prefill_attention_supported)");
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
+                "prefill_attention: bfloat16 q, k and v");
+    TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 &&
+                    v.stride(2) == 1 && k.sizes() == v.sizes(),
+                "prefill_attention: q [Tq, H, D], k and v [Tk, H_kv, D], rows contiguous");
+    const int64_t Tq = q.size(0), H = q.size(1), D = q.size(2), Tk = k.size(0), KV = k.size(1);
+    TORCH_CHECK(k.size(2) == D && H % KV == 0 && Tk >= Tq && D % 64 == 0,
+                "prefill_attention: query heads a multiple of the KV heads, at least as many keys as queries, a head "
+                "dimension that is a multiple of 64");
+    at::Tensor out = at::empty({Tq, H, D}, q.options());
+    rill_prefill::attention(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(q.data_ptr()),
+                            q.stride(0), q.stride(1), reinterpret_cast<const uint16_t*>(k.data_ptr()), k.stride(0), k.stride(1),
+                            reinterpret_cast<const uint16_t*>(v.data_ptr()), v.stride(0), v.stride(1), Tq, Tk, H, KV, D,
+                            1.0f / std::sqrt(static_cast<float>(D)));
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rill_cpu, m) {
@@ -197,6 +221,8 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int num_heads) -> ()");
     m.def("silu_mul(Tensor gate_up) -> Tensor");
+    m.def("prefill_attention_supported() -> bool");
+    m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -207,8 +233,10 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("rms_norm", &rms_norm);
     m.impl("rope_", &rope_);
     m.impl("silu_mul", &silu_mul);
+    m.impl("prefill_attention", &prefill_attention);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("set_kv_caches", &set_kv_caches);
+    m.impl("prefill_attention_supported", &prefill_attention_supported);
 }

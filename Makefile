@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test test-unit bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ serve: install
 
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The unit tests alone (tests/unit: no model weights, no server), in well under a minute.
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit $(ARGS)
 
 # The standard benchmark suite (a few minutes): results and SUMMARY.md under bench/results/.
 bench: install

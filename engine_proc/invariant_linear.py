@@ -8,7 +8,7 @@ how many other tokens share its step. Here the step's rows are cut into tiles of
 the last one padded with zeros, and each tile is one call of the same inner layer: every call
 has the same shape, so the same kernel, and a row's result does not depend on its neighbours
 (GEMM kernels reduce each output on its own; the tiles are checked to keep that, whatever the
-row's place in its tile, by tests/test_batch_invariant.py). One call over all tiles at once
+row's place in its tile, by tests/model/test_batch_invariant.py). One call over all tiles at once
 (a batched matmul) does not keep it: measured, bmm's result depends on the number of tiles.
 
 The cost is the padding (a decode of 1 row computes `tile_rows`) and one call per tile (a

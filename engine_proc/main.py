@@ -23,7 +23,7 @@ log = logging.getLogger("rill.engine")
 # Under the packed linears (model_loader.PackedLinear) oneDNN keeps a primitive per input shape in
 # two LRU caches, its own and ideep's, of 1,024 entries each by default. A step's number of rows
 # changes from step to step, so the engine's RSS grew by hundreds of MiB over a few thousand
-# requests until both were full (tests/test_hardening_soak.py). 64 entries keep the shapes of the
+# requests until both were full (tests/hardening/test_soak.py). 64 entries keep the shapes of the
 # last ten or so steps: RSS stays flat, for about 2% more CPU on the tiny model, where making a
 # primitive weighs most against the step. Read by oneDNN when it first runs; a user's value wins.
 ONEDNN_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}

@@ -12,9 +12,20 @@ if not shutil.which("nvidia-smi"):
 import pytest  # noqa: E402
 
 from bench.servers import ServerProcess, rill_server  # noqa: E402
-from tests.server import leftovers  # noqa: E402
+from tests.helpers.server import leftovers  # noqa: E402
 
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+
+# Each folder is one kind of test, and its marker says so: `pytest -m "not e2e"` leaves out every
+# test that starts a server, `make test-unit` runs tests/unit alone.
+FOLDER_MARKERS = {"unit": "unit", "model": "model", "e2e": "e2e", "hardening": "e2e", "bench": "bench"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marker = FOLDER_MARKERS.get(item.path.parent.name)
+        if marker:
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,248 @@
+"""The transformers fallback runner: transformers' own greedy tokens through the real scheduler."""
+from __future__ import annotations
+
+import gc
+import logging
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
+
+from engine_proc.batch import Batch, ScheduledSeq
+from engine_proc.block_manager import BlockManager
+from engine_proc.core import EngineCore
+from engine_proc.hf_runner import TransformersRunner
+from engine_proc.main import choose_runner
+from engine_proc.model_loader import load_config
+from engine_proc.model_runner import ModelRunner
+from engine_proc.request import EngineRequest
+from engine_proc.scheduler import Scheduler
+from ipc.protocol import FinishReason, SamplingParams
+from tests.conftest import start_server, stop_server
+
+EOS_ID = 2
+BLOCK_SIZE = 8
+NUM_NEW_TOKENS = 12
+SHARED = [5 + (i * 7) % 120 for i in range(26)]  # a prefix of more than three blocks
+PROMPTS = {
+    "a": SHARED + [9, 41, 77],
+    "b": [13, 101, 56, 3, 88, 20, 64, 31, 47],
+    "c": [7, 19, 123, 60, 33, 90, 12, 71, 26, 58, 44, 99, 15, 82, 37, 6, 111, 50],
+    "a2": SHARED + [30, 2, 115, 8],  # a prefix-cache hit on "a"'s blocks when it comes later
+}
+
+
+def _tiny_config(kind: str):
+    special = dict(vocab_size=128, bos_token_id=1, eos_token_id=EOS_ID, pad_token_id=0)
+    if kind == "gpt2":  # learned absolute positions: a position off by one changes every token
+        return GPT2Config(**special, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    if kind == "gpt_neox":  # rotary on part of each head, parallel attention and MLP
+        return GPTNeoXConfig(**special, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=96, max_position_embeddings=256)
+    raise ValueError(kind)
+
+
+@dataclass
+class Tiny:
+    model_dir: Path
+    hf_model: torch.nn.Module
+    runner: TransformersRunner
+    expected: dict[str, list[int]]  # transformers' greedy continuation of each prompt
+
+
+@pytest.fixture(scope="module", params=["gpt2", "gpt_neox"])
+def tiny(request, tmp_path_factory) -> Tiny:
+    """A tiny random model saved by transformers, with its greedy continuation of each prompt."""
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_tiny_config(request.param), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in hf.parameters():  # spread the logits (norms kept at 1: random ones flatten them)
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.2)
+    model_dir = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(model_dir)
+    expected = {}
+    with torch.inference_mode():
+        for name, ids in PROMPTS.items():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS,
+                              do_sample=False, pad_token_id=0)
+            expected[name] = out[0, len(ids):].tolist()
+    runner = TransformersRunner(model_dir, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    return Tiny(model_dir, hf, runner, expected)
+
+
+def run_scheduled(tiny: Tiny, arrivals: dict[str, int], *, num_blocks: int = 64,
+                  max_num_batched_tokens: int = 2048, caching: bool = False) -> dict[str, EngineRequest]:
+    """Greedy generation through the real scheduler and engine step, each prompt arriving at its step.
+
+    Every sampled row is also checked against transformers' logits over the request's whole
+    sequence: tiny random models are nearly bigram models, so their greedy tokens alone would
+    hardly notice a cache that holds the wrong context.
+    """
+    runner = tiny.runner
+    mismatches: list[str] = []
+
+    def checked_compute_logits(batch: Batch) -> torch.Tensor:
+        logits = TransformersRunner.compute_logits(runner, batch)
+        with torch.inference_mode():
+            for row, seq in zip(logits, batch.sampled_seqs):
+                ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
+                expected = tiny.hf_model(torch.tensor([ids])).logits[0, -1]
+                if not torch.allclose(row, expected, atol=1e-4, rtol=1e-4):
+                    mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
+        return logits
+
+    scheduler = Scheduler(
+        BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching),
+        max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
+    )
+    core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
+    params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, min_tokens=NUM_NEW_TOKENS)
+    reqs = {name: EngineRequest(name, "w", list(PROMPTS[name]), params) for name in arrivals}
+    runner.compute_logits = checked_compute_logits  # execute() calls it; a failure here would end the batch
+    try:
+        for step_index in range(1000):
+            for name, arrival in arrivals.items():
+                if arrival == step_index:
+                    scheduler.add(reqs[name])
+            if step_index > max(arrivals.values()) and not scheduler.has_work:
+                break
+            batch = scheduler.schedule()
+            if batch:
+                core.step(batch)
+    finally:
+        del runner.compute_logits
+    assert mismatches == []
+    assert [r.finish for r in reqs.values()] == [FinishReason.LENGTH] * len(reqs)
+    return reqs
+
+
+def outputs(reqs: dict[str, EngineRequest]) -> dict[str, list[int]]:
+    return {name: r.output_ids for name, r in reqs.items()}
+
+
+def test_batched_prompts_match_transformers(tiny):
+    reqs = run_scheduled(tiny, {"a": 0, "b": 0, "c": 0})
+    assert outputs(reqs) == {k: tiny.expected[k] for k in "abc"}
+
+
+def test_chunked_prefill_mixed_with_decodes_matches_transformers(tiny):
+    # A budget of 5 tokens splits every prompt into chunks and mixes them with decodes.
+    reqs = run_scheduled(tiny, {"a": 0, "b": 2, "c": 5}, max_num_batched_tokens=5)
+    assert outputs(reqs) == {k: tiny.expected[k] for k in "abc"}
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_preempted_requests_match_transformers(tiny, caching):
+    # 8 blocks of 8 tokens (one reserved) cannot hold the three requests at their full length.
+    reqs = run_scheduled(tiny, {"a": 0, "b": 0, "c": 0}, num_blocks=8, caching=caching)
+    assert sum(r.num_preemptions for r in reqs.values()) > 0
+    assert outputs(reqs) == {k: tiny.expected[k] for k in "abc"}
+    if caching:  # a re-admitted request found its own blocks and started past position 0
+        assert any(r.num_preemptions and r.num_computed_tokens for r in reqs.values())
+
+
+def test_prefix_cache_hit_matches_transformers(tiny):
+    reqs = run_scheduled(tiny, {"a": 0, "b": 0, "a2": 6}, caching=True)
+    assert reqs["a2"].num_cached_tokens == len(SHARED) // BLOCK_SIZE * BLOCK_SIZE
+    assert outputs(reqs) == {k: tiny.expected[k] for k in ("a", "b", "a2")}
+
+
+def test_cache_out_of_step_with_start_pos_is_rebuilt(tiny):
+    runner = tiny.runner
+    ids = PROMPTS["c"]
+
+    def last_logits(req, start_pos):
+        return runner.compute_logits(Batch([ScheduledSeq(req, start_pos, len(ids) - start_pos)]))[0]
+
+    whole = last_logits(EngineRequest("x", "w", ids, SamplingParams(max_tokens=1)), 0)
+    req = EngineRequest("y", "w", ids, SamplingParams(max_tokens=1))
+    torch.testing.assert_close(last_logits(req, 10), whole)  # no cache at all: [0, 10) run first
+    torch.testing.assert_close(last_logits(req, 0), whole)  # a cache longer than start_pos: rebuilt
+    torch.testing.assert_close(last_logits(req, 4), whole)  # ... from 0 again
+
+
+def test_request_caches_are_freed(tiny):
+    runner = tiny.runner
+    reqs = run_scheduled(tiny, {"a": 0, "b": 0})
+    gone = EngineRequest("z", "w", [5, 6, 7], SamplingParams(max_tokens=1))
+    runner.compute_logits(Batch([ScheduledSeq(gone, 0, 3)]))
+    # The finished requests are still referenced here: the next step dropped their caches.
+    assert runner.num_request_caches == 1
+    del gone, reqs
+    gc.collect()
+    assert runner.num_request_caches == 0
+
+
+def test_runner_limits(tiny):
+    runner = tiny.runner
+    assert runner.vocab_size == 128 and runner.max_model_len == 256
+    assert runner.kv_cache.num_blocks == 64
+    # blocks x (K, V) x layers x tokens x (heads x head_dim) x fp32 bytes: nothing allocated up front
+    assert runner.kv_cache.num_bytes == 64 * 2 * 2 * BLOCK_SIZE * 64 * 4
+
+
+# ---- choosing the runner ----------------------------------------------------------------------
+
+
+def test_auto_falls_back_for_other_architectures(tiny, model_dir, caplog):
+    tiny_dir = tiny.model_dir
+    with caplog.at_level(logging.INFO, logger="rill.engine"):
+        assert choose_runner("auto", load_config(tiny_dir)) is TransformersRunner
+    [record] = [r for r in caplog.records if r.name == "rill.engine"]
+    model_type = load_config(tiny_dir).model_type
+    assert record.levelno == logging.WARNING and repr(model_type) in record.getMessage()
+    assert "correct but slower" in record.getMessage()
+    assert choose_runner("auto", load_config(model_dir)) is ModelRunner
+    assert choose_runner("native", load_config(model_dir)) is ModelRunner
+    assert choose_runner("transformers", load_config(model_dir)) is TransformersRunner
+
+
+def test_native_on_an_unsupported_architecture_fails(tiny):
+    tiny_dir = tiny.model_dir
+    config = load_config(tiny_dir)
+    unsupported = f"--model-impl native: model_type {config.model_type!r} is not supported"
+    with pytest.raises(ValueError, match=unsupported):
+        choose_runner("native", config)
+    with pytest.raises(ValueError, match="model_impl 'vllm'"):
+        choose_runner("vllm", config)
+
+
+# ---- end to end -------------------------------------------------------------------------------
+
+
+def test_served_with_model_impl_transformers_matches_native(tmp_path_factory):
+    """float32 on both sides: in bfloat16 the two implementations round differently and greedy
+    outputs part after a few tokens (--dtype auto picks bfloat16 on a CPU with native bf16)."""
+    from openai import OpenAI
+
+    prompt = "The lighthouse keeper wrote in his log that"
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    native = start_server(tmp_path_factory, "--dtype", "float32", "--max-model-len", "2048")
+    try:
+        client = OpenAI(base_url=f"{native.base_url}/v1", api_key="unused", _strict_response_validation=True,
+                        max_retries=0, timeout=120)
+        native_text = client.completions.create(model="smollm2-135m-instruct", prompt=prompt, max_tokens=24,
+                                                temperature=0).choices[0].text
+        native_chat = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
+                                                     max_tokens=24, temperature=0).choices[0].message.content
+    finally:
+        stop_server(native)
+    srv = start_server(tmp_path_factory, "--model-impl", "transformers", "--max-model-len", "2048",
+                       "--dtype", "float32", "--log-level", "info")
+    try:
+        fallback = OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", _strict_response_validation=True,
+                          max_retries=0, timeout=120)
+        resp = fallback.completions.create(model="smollm2-135m-instruct", prompt=prompt, max_tokens=24,
+                                           temperature=0)
+        chunks = list(fallback.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
+                                                       max_tokens=24, temperature=0, stream=True))
+        log_text = srv.log()
+    finally:
+        stop_server(srv)
+    assert "using the transformers runner" in log_text
+    assert resp.choices[0].text == native_text and resp.usage.completion_tokens == 24
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == native_chat

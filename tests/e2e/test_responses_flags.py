@@ -1,0 +1,61 @@
+"""The Responses API on a server with other flags: a store of 2 entries, keep-alives, a reasoning parser."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import start_server, stop_server
+from tests.helpers.responses_events import check_stream, parse_sse
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def flagged(model_dir, tmp_path_factory):
+    # deepseek_r1 takes text up to `</think>` as reasoning, and all of it when no tag comes: this
+    # model never writes one, so every output is reasoning. A 10 ms keep-alive fires between tokens.
+    srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--responses-store-max-entries", "2",
+                       "--conversations-store-max-entries", "1", "--sse-keepalive", "0.01",
+                       "--reasoning-parser", "deepseek_r1")
+    yield srv
+    stop_server(srv)
+
+
+def create(srv, **body) -> httpx.Response:
+    return httpx.post(f"{srv.base_url}/v1/responses", json={"model": MODEL, "max_output_tokens": 4, **body},
+                      timeout=60)
+
+
+def test_store_keeps_the_newest_two(flagged):
+    ids = [create(flagged, input=f"hi {i}").json()["id"] for i in range(3)]
+    gone = httpx.get(f"{flagged.base_url}/v1/responses/{ids[0]}")
+    assert gone.status_code == 404 and ids[0] in gone.json()["error"]["message"]
+    assert all(httpx.get(f"{flagged.base_url}/v1/responses/{i}").status_code == 200 for i in ids[1:])
+    chained = create(flagged, input="again", previous_response_id=ids[0])
+    assert chained.status_code == 404 and chained.json()["error"]["param"] == "previous_response_id"
+
+
+def test_conversations_have_their_own_bound(flagged):
+    url = f"{flagged.base_url}/v1/conversations"
+    first, second = (httpx.post(url, json={}, timeout=30).json()["id"] for _ in range(2))
+    assert httpx.get(f"{url}/{first}").status_code == 404  # a store of one: the newest stays
+    assert httpx.get(f"{url}/{second}").status_code == 200
+    ids = [create(flagged, input=f"hi {i}").json()["id"] for i in range(2)]  # responses keep two
+    assert all(httpx.get(f"{flagged.base_url}/v1/responses/{i}").status_code == 200 for i in ids)
+
+
+def test_reasoning_items_and_keepalives(flagged):
+    body = create(flagged, input="Think about the sea.").json()
+    assert [i["type"] for i in body["output"]] == ["reasoning"]  # cut short while thinking: no message
+    assert body["output"][0]["content"][0]["text"] and body["output_text"] == ""
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == body["usage"]["output_tokens"]
+    lines = []
+    with httpx.stream("POST", f"{flagged.base_url}/v1/responses", timeout=60,
+                      json={"model": MODEL, "input": "Think about the sea.", "max_output_tokens": 6,
+                            "temperature": 0, "stream": True}) as r:  # greedy: no early eos
+        lines = list(r.iter_lines())
+    assert ": keep-alive" in lines
+    response = check_stream(parse_sse(lines))
+    kinds = [line[len("event: "):] for line in lines if line.startswith("event: ")]
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    assert response["output"][0]["type"] == "reasoning" and response["status"] == "incomplete"

@@ -1,0 +1,191 @@
+"""Chat templates, tool calls and reasoning through a real `rill serve` and the strict OpenAI SDK.
+
+One server for the module: a ChatML template that shows tools (--chat-template), the hermes
+tool parser with auto tool choice, the qwen3 reasoning parser, and request templates trusted.
+The bundled model writes neither tool calls nor think tags by itself: the tests that need them
+force its text with the grammar (a regex, or tool_choice required or named).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import openai
+import pytest
+
+from bench.servers import RILL
+from tests.conftest import start_server, stop_server
+from tests.helpers.openapi import validate
+from tests.unit.test_chat_messages import CONVERSATION, TOOL_TEMPLATE, TOOLS
+
+MODEL = "smollm2-135m-instruct"
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+CITY_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {}, "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def tool_server(model_dir, tmp_path_factory):
+    template = tmp_path_factory.mktemp("template") / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--chat-template", str(template),
+                       "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+                       "--trust-request-chat-template")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def sdk(tool_server):
+    return openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="unused", _strict_response_validation=True,
+                         max_retries=0, timeout=120)
+
+
+def prompt_of(server, tokenizer, **body) -> str:
+    r = httpx.post(f"{server.base_url}/tokenize", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return tokenizer.decode(r.json()["tokens"], skip_special_tokens=False)
+
+
+def post_chat(server, **body) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json={"model": MODEL, **body}, timeout=120)
+
+
+def streamed(sdk, **body):
+    """(the deltas' content, reasoning and tool calls joined by index, the finish reason)."""
+    content, reasoning, calls, finish = [], [], {}, None
+    for chunk in sdk.chat.completions.create(model=MODEL, stream=True, **body):
+        validate("CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True))
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            for piece in delta.tool_calls or []:
+                call = calls.setdefault(piece.index, {"id": piece.id, "name": piece.function.name, "arguments": ""})
+                if piece.id is not None:
+                    assert piece.type == "function" and piece.function.name and call["id"] == piece.id
+                call["arguments"] += piece.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return "".join(content) or None, "".join(reasoning) or None, [calls[i] for i in sorted(calls)], finish
+
+
+def raw_frames(server, **body) -> list[dict]:
+    """The stream's JSON frames as sent, each checked against OpenAI's chunk schema."""
+    frames = []
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json={"model": MODEL, "stream": True, **body},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                frames.append(json.loads(line[6:]))
+                validate("CreateChatCompletionStreamResponse", frames[-1])
+    return frames
+
+
+def as_streamed(message) -> list[dict]:
+    return [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []]
+
+
+def test_bad_chat_flags_fail_at_start(tmp_path):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }")
+    for flags, words in ((["--chat-template", str(broken)], "--chat-template"),
+                         (["--chat-template", str(tmp_path / "missing.jinja")], "no such file"),
+                         (["--enable-auto-tool-choice"], "--tool-call-parser")):
+        done = subprocess.run([str(RILL), "serve", *flags], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_template_gets_tools_and_tool_turns(tool_server, tokenizer, sdk):
+    prompt = prompt_of(tool_server, tokenizer, messages=CONVERSATION, tools=TOOLS)
+    assert json.dumps(TOOLS[0]) in prompt
+    assert prompt.startswith("<|im_start|>system\n<tools>")
+    assert "<|im_start|>system\nUse tools.<|im_end|>" in prompt  # developer, as system for this template
+    assert "<|im_start|>user\nWeather\nin Paris?<|im_end|>" in prompt
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}} [city=Paris]</tool_call>' in prompt
+    assert '<tool_response id="call_1">22 C</tool_response>' in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    # The same conversation as a chat completion (auto: the model's plain text stays content).
+    raw = post_chat(tool_server, messages=CONVERSATION, tools=TOOLS, max_tokens=8, temperature=0)
+    assert raw.status_code == 200, raw.text
+    validate("CreateChatCompletionResponse", raw.json())
+    resp = sdk.chat.completions.create(model=MODEL, messages=CONVERSATION, tools=TOOLS, max_tokens=8, temperature=0)
+    assert resp.choices[0].message.content == raw.json()["choices"][0]["message"]["content"]
+    assert resp.choices[0].message.tool_calls is None and resp.choices[0].finish_reason == "length"
+
+
+def test_continue_final_message_and_request_template(tool_server, tokenizer):
+    turns = [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "One, two,"}]
+    prompt = prompt_of(tool_server, tokenizer, messages=turns, continue_final_message=True)
+    assert prompt.endswith("<|im_start|>assistant\nOne, two,")
+    both = post_chat(tool_server, messages=turns, continue_final_message=True, add_generation_prompt=True)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    mine = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    assert prompt_of(tool_server, tokenizer, messages=turns, chat_template=mine) == "[user:Count to three.][assistant:One, two,]"
+    broken = post_chat(tool_server, messages=turns, chat_template="{% if %}")
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "chat_template"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id"),
+    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": USER, "tools": [CITY_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"messages": USER, "tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+])
+def test_bad_requests_name_the_param(tool_server, body, param):
+    r = post_chat(tool_server, **body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    validate("ErrorResponse", r.json())
+
+
+def test_auto_tool_call_after_reasoning(sdk, tool_server):
+    # The grammar writes what a thinking, tool-calling model would; the parsers take it apart.
+    regex = (r'<think>[a-z ]{1,24}</think>\n<tool_call>\n\{"name": "get_weather", "arguments": '
+             r'\{"city": "(Paris|Rome)"\}\}\n</tool_call>')
+    body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=100,
+                extra_body={"structured_outputs": {"regex": regex}})
+    resp = sdk.chat.completions.create(model=MODEL, **body)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.model_extra["reasoning_content"]
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    content, reasoning, calls, finish = streamed(sdk, **body)
+    assert (content, reasoning, finish) == (None, choice.message.model_extra["reasoning_content"], "tool_calls")
+    frames = raw_frames(tool_server, **{k: v for k, v in body.items() if k != "extra_body"}, **body["extra_body"])
+    first = next(f["choices"][0]["delta"]["tool_calls"][0] for f in frames if f["choices"][0]["delta"].get("tool_calls"))
+    assert set(first) == {"index", "id", "type", "function"} and first["function"]["name"] == "get_weather"
+    assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
+
+
+def test_named_tool_choice_forces_the_arguments(sdk, tool_server):
+    body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=60,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    raw = post_chat(tool_server, **body)
+    validate("CreateChatCompletionResponse", raw.json())
+    choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]
+    assert choice.finish_reason == "stop"  # as OpenAI and vLLM for a named function
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    content, _, calls, finish = streamed(sdk, **body)
+    assert (content, finish) == (None, "stop")
+    assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
+
+
+def test_required_tool_choice_forces_calls(sdk):
+    body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=120, tool_choice="required")
+    choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name in ("get_weather", "get_time")
+        assert isinstance(json.loads(call.function.arguments), dict)
+    content, _, calls, finish = streamed(sdk, **body)
+    assert (content, finish) == (None, "tool_calls")
+    assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]

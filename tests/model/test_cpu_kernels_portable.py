@@ -1,0 +1,44 @@
+"""The C++ kernels built for older x86-64 CPUs than this one (AVX2 without AVX-512, and SSE2 alone)
+pass the same numerical tests: the paths a CI machine or a user's CPU would take, checked here."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_proc import cpu_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py"]
+# The kernels' own tests; the model runners and benchmarks do not depend on the build target.
+SELECT = "not runner and not quick and not load_model and not cli"
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
+def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
+    env = {**os.environ, "RILL_CPU_ARCH": arch}
+    # The prompt attention's AMX path (torch's micro-kernels, called from code built for the target).
+    amx = ["tests/unit/test_cpu_prefill_attention.py"] if torch.ops.rill_cpu.prefill_attention_supported() else []
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *amx, "-k", SELECT],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]
+
+
+def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):
+    now = 1_000_000_000.0
+    fresh, stale, legacy, keep = (tmp_path / n for n in ("rill_cpu-a.so", "rill_cpu-b.so", "paged_decode-c.so",
+                                                        "rill_cpu-d.so"))
+    for f in (fresh, stale, legacy, keep):
+        f.write_bytes(b"")
+        os.utime(f, (now, now))
+    os.utime(stale, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)
+    os.utime(keep, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)  # old, but the one being kept
+    removed = cpu_kernels.prune(tmp_path, keep=keep, now=now)
+    assert sorted(removed) == sorted([stale, legacy])
+    assert fresh.exists() and keep.exists() and not stale.exists() and not legacy.exists()

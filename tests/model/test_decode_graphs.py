@@ -1,0 +1,65 @@
+"""Compiled decode steps (engine_proc/decode_graphs.py): the same greedy tokens as transformers, through the graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_proc.model_runner import ModelRunner
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
+from tests.model.test_model_runner import hf_model, hf_tokens, prompts, runner  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def compiled(model_dir) -> ModelRunner:
+    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
+    assert runner.decode_graphs is not None, "torch.compile failed: see the warning in the log"
+    graphs = runner.decode_graphs
+    graphs.num_runs = 0
+    run = graphs.run
+
+    def counted(batch):
+        graphs.num_runs += 1
+        return run(batch)
+
+    graphs.run = counted
+    return runner
+
+
+def test_batched_decodes_match_transformers(compiled, prompts, hf_tokens):
+    before = compiled.decode_graphs.num_runs
+    assert generate(compiled, prompts) == hf_tokens
+    assert compiled.decode_graphs.num_runs - before >= 10  # the decode steps went through the graph
+
+
+def test_arrivals_change_the_batch_size_and_match(compiled, prompts, hf_tokens):
+    """Requests join mid-way: decode-only steps of 1, 2, 3 rows through one graph, prefills eagerly."""
+    assert generate(compiled, prompts, arrival_steps=[0, 3, 5][: len(prompts)]) == hf_tokens[: len(prompts)]
+
+
+def test_one_token_prompt_chunks_are_computed_but_not_sampled(compiled, prompts, hf_tokens):
+    """chunk_len 1 makes every prompt token a one-token step: the graph runs rows it must not sample."""
+    before = compiled.decode_graphs.num_runs
+    assert generate(compiled, prompts[:2], chunk_len=1) == hf_tokens[:2]
+    assert compiled.decode_graphs.num_runs - before > max(map(len, prompts[:2]))  # steps, not tokens
+
+
+def test_the_graph_and_the_eager_step_agree_on_logits(compiled, runner, prompts):
+    """Same decode step, both paths: float32 logits within fused-op rounding."""
+    from engine_proc.batch import Batch, ScheduledSeq
+    from engine_proc.request import EngineRequest
+    from ipc.protocol import SamplingParams
+    from tests.model.test_model_runner import BlockAllocator
+
+    logits = []
+    for r in (compiled, runner):
+        allocator = BlockAllocator(r.kv_cache.num_blocks)
+        reqs = [EngineRequest(f"r{i}", "w", list(p), SamplingParams(max_tokens=4, temperature=0.0))
+                for i, p in enumerate(prompts)]
+        for req in reqs:
+            allocator.cover(req, req.num_tokens + 1)
+        r.compute_logits(Batch([ScheduledSeq(q, 0, q.num_tokens - 1) for q in reqs]))  # all but the last token
+        for q in reqs:
+            q.num_computed_tokens = q.num_tokens - 1
+        logits.append(r.compute_logits(Batch([ScheduledSeq(q, q.num_computed_tokens, 1) for q in reqs])))
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=2e-3)

@@ -1,0 +1,61 @@
+"""Reasoning parsers as pure units, alone and chained before a tool parser."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asgi.chat_output import PlainText
+from asgi.chat_parsing import ReasoningThenTools, parser_factory
+from asgi.reasoning import REASONING_PARSERS
+from asgi.tool_choice import ToolMode, ToolPlan
+from asgi.tool_parsers.forced import NamedCall, RequiredCalls
+from asgi.tool_parsers.hermes import HermesParser
+from tests.helpers.parser_checks import check_every_split
+
+R1, QWEN3 = REASONING_PARSERS["deepseek_r1"], REASONING_PARSERS["qwen3"]
+
+
+@pytest.mark.parametrize("make,text,reasoning,content", [
+    (R1, "<think>\nLet me think.\n</think>\n\nParis.", "\nLet me think.\n", "\n\nParis."),
+    (R1, "No opening tag < here.</think>Paris.", "No opening tag < here.", "Paris."),
+    (R1, "Cut off while thinking <th", "Cut off while thinking <th", None),
+    (R1, "  <think>x</think>", "x", None),
+    (QWEN3, "<think>\nHmm.\n</think>\n\nParis.", "\nHmm.\n", "\n\nParis."),
+    (QWEN3, "Paris, no thinking. </think> stays", None, "Paris, no thinking. </think> stays"),
+    (QWEN3, "<think>never closed", "never closed", None),
+    (QWEN3, "<thin", None, "<thin"),
+    (QWEN3, "", None, None),
+])
+def test_think_tags(make, text, reasoning, content):
+    message = check_every_split(make, text)
+    assert (message["reasoning_content"], message["content"], message["tool_calls"]) == (reasoning, content, None)
+
+
+def test_reasoning_then_tool_calls():
+    text = ('<think>The user wants weather; call the tool.</think>\n\nChecking.\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    for name in ("deepseek_r1", "qwen3"):
+        make = parser_factory(ToolPlan(ToolMode.AUTO, []), tool_parser="hermes", reasoning_parser=name)
+        message = check_every_split(make, text)
+        assert message["reasoning_content"] == "The user wants weather; call the tool."
+        assert message["content"] == "\n\nChecking.\n"
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] \
+            == [("get_weather", {"city": "Paris"})]
+    # A call inside the thinking is not a call: it is reasoning.
+    inside = '<think><tool_call>{"name": "f", "arguments": {}}</tool_call></think>Done.'
+    make = parser_factory(ToolPlan(ToolMode.AUTO, []), tool_parser="hermes", reasoning_parser="qwen3")
+    message = check_every_split(make, inside)
+    assert message["tool_calls"] is None and message["content"] == "Done."
+
+
+def test_factory_picks_parsers():
+    auto, none = ToolPlan(ToolMode.AUTO, []), ToolPlan(ToolMode.NONE, None)
+    assert parser_factory(none, tool_parser=None, reasoning_parser=None) is PlainText
+    assert parser_factory(none, tool_parser="hermes", reasoning_parser=None) is PlainText  # none: nothing parsed
+    assert isinstance(parser_factory(auto, tool_parser="hermes", reasoning_parser=None)(), HermesParser)
+    assert isinstance(parser_factory(auto, tool_parser="hermes", reasoning_parser="qwen3")(), ReasoningThenTools)
+    named = ToolPlan(ToolMode.NAMED, [], function_name="f", schema={})
+    assert isinstance(parser_factory(named, tool_parser=None, reasoning_parser="deepseek_r1")(), NamedCall)
+    required = ToolPlan(ToolMode.REQUIRED, [], schema={})
+    assert isinstance(parser_factory(required, tool_parser=None, reasoning_parser=None)(), RequiredCalls)

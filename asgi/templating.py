@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from datetime import datetime
 from pathlib import Path
@@ -12,7 +13,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-BUNDLED_TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
+# The top-level templates/ folder, installed as the package rill_templates (pyproject.toml).
+BUNDLED_TEMPLATES_DIR = Path(str(importlib.resources.files("rill_templates")))
 DEFAULT_TEMPLATE_NAME = "chatml"
 
 

@@ -25,14 +25,14 @@ class ServerProcess:
     """`argv` must make the server listen on `port`; `ready_path` answering 200 means ready."""
 
     def __init__(self, argv: list[str], port: int, log_path: Path, *, ready_path: str = "/ready",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, cwd: Path = ROOT):
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.ready_path = ready_path
         self._log = open(log_path, "wb")
         # A session of its own: a Ctrl-C meant for the caller does not reach the server.
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
                                      start_new_session=True, env=None if env is None else {**os.environ, **env})
 
     def wait_ready(self, timeout_s: float = 300.0):

@@ -1,0 +1,57 @@
+"""`pip install .` (not editable), then `rill serve` from another folder: the wheel carries the chat
+templates and the kernels' sources, and the installed copy serves the bundled model."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import httpx
+
+from bench.servers import ROOT, ServerProcess, free_port
+
+
+def pip(*args: str, cwd: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_dir):
+    # A copy of the checkout, so the build writes nothing into it; no network (dependencies come
+    # from this venv, which the installed copy shares).
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                             "results", ".pytest_cache"))
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src), cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("rill-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("rill_templates/chatml.jinja", "rill_templates/llama3.jinja", "rill_templates/plain.jinja",
+                 "engine_proc/csrc/ops.cpp", "engine_proc/csrc/float_bits.h", "asgi/app.py"):
+        assert name in names, name
+    site = tmp_path / "site"
+    pip("install", "--no-deps", "--target", str(site), str(wheel), cwd=tmp_path)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}  # before the checkout's editable install
+    where = subprocess.run([sys.executable, "-c", "import asgi.templating as t; print(t.__file__); "
+                            "print(t.BUNDLED_TEMPLATES_DIR)"], cwd=elsewhere, env=env, capture_output=True,
+                           text=True, timeout=120)
+    module_file, templates_dir = where.stdout.split()
+    assert module_file.startswith(str(site)) and templates_dir.startswith(str(site)), where.stdout + where.stderr
+
+    port = free_port()
+    server = ServerProcess([str(site / "bin" / "rill"), "serve", "--port", str(port), "--enforce-eager",
+                            "--log-level", "warning"], port, tmp_path / "serve.log", env={"PYTHONPATH": str(site)},
+                           cwd=elsewhere)
+    with server:
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "smollm2-135m-instruct", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello."}]})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"]
+    assert not list(elsewhere.iterdir())  # nothing written where it was started

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install serve test test-unit bench clean
+.PHONY: install serve lint test test-unit bench clean
 
 install: $(STAMP)
 
@@ -22,7 +22,11 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/rill serve $(ARGS)
 
-test: install
+# ruff's small rule set ([tool.ruff] in pyproject.toml), first: a lint error fails `make test`.
+lint: install
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The unit tests alone (tests/unit: no model weights, no server), in well under a minute.

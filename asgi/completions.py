@@ -5,13 +5,13 @@ from asgi.access_log import log_request_content
 from asgi.completion_format import CompletionFormatter
 from asgi.encoding import encode_texts
 from asgi.errors import APIError
-from asgi.nvext import NvExtReply
 from asgi.generate import Generation, new_request_id
 from asgi.logprobs_format import CompletionLogprobs
+from asgi.nvext import NvExtReply
 from asgi.request_context import current
 from asgi.respond import respond
 from asgi.sampling import sampling_params
-from asgi.schemas import completion_decoder, prompt_batch, decode_request, stop_strings, stream_usage
+from asgi.schemas import completion_decoder, decode_request, prompt_batch, stop_strings, stream_usage
 from asgi.state import WorkerState
 from asgi.structured import load_checker
 

@@ -18,9 +18,9 @@ import msgspec
 import zmq
 
 from asgi.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
+from asgi.chat_flags import chat_settings
 from asgi.engine_monitor import EngineMonitor
 from asgi.sdnotify import Notifier, ServiceReporter
-from asgi.chat_flags import chat_settings
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p

@@ -1,8 +1,8 @@
 """Reasoning parsers (vLLM's `--reasoning-parser` names): `<think>...</think>` becomes `reasoning_content`."""
 from __future__ import annotations
 
-from asgi.tool_parsers.deltas import DeltaBuilder, held_tail
 from asgi.chat_output import BufferedParser
+from asgi.tool_parsers.deltas import DeltaBuilder, held_tail
 
 OPEN, CLOSE = "<think>", "</think>"
 

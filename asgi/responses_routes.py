@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+
 import msgspec
 
 from asgi.conversations import list_page

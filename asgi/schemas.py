@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.nvext import NvExt
 from asgi.errors import APIError, from_validation_error, not_found, unsupported
+from asgi.nvext import NvExt
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path

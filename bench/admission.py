@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"benchmark": "admission", **provenance("bench.admission", argv, None),
               "params": {"rounds": rounds, "max_tokens": max_tokens, "flood_rate_hz": args.flood_rate},
               "overload_rounds": overload, "single_rounds": single, "ratios": ratios, "num_refused": refused}
-    lines = [f"# Admission control: what it costs admitted requests", "",
+    lines = ["# Admission control: what it costs admitted requests", "",
              f"`{report['command']}` on {report['date']}, {report['machine']['cpu_count']} CPUs.", "",
              table(["round", "flood", "mean ITL ms", "gaps", "answers to the flood"],
                    [[i // 3, r["flood"], f"{r['mean_itl_ms']:.1f}", r["num_gaps"], r["status_counts"] or "-"]

@@ -23,8 +23,8 @@ import msgspec
 from asgi.chat_format import ChatFormatter
 from asgi.completion_format import CompletionFormatter
 from asgi.completions import DEFAULT_MAX_TOKENS
-from asgi.generate import ChoiceDelta, Usage
 from asgi.errors import APIError
+from asgi.generate import ChoiceDelta, Usage
 from asgi.http import ClientDisconnected, read_body, send_response
 from asgi.sse import SSEWriter
 

@@ -26,8 +26,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from bench.provenance import provenance, save_results
 from bench.markdown import number, table
+from bench.provenance import provenance, save_results
 from engine_proc.batch import Batch, ScheduledSeq
 from engine_proc.bundled_model import ensure_bundled_model
 from engine_proc.model_runner import ModelRunner

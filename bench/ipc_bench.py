@@ -33,12 +33,29 @@ from pathlib import Path
 
 import zmq
 
-from bench.provenance import provenance, save_results
-from bench.ipc_variants import (BASELINE, NUM_MSGS, PAYLOADS, QUICK_NUM_MSGS, RATIO_KEYS, STREAM_WINDOW,
-                                 NUM_VERSIONS, OUTPUT_RING_IDS, PROMPT_RING_IDS, VARIANTS, Payload, decode_control, digest, encode, receive, send)
+from bench.ipc_variants import (
+    BASELINE,
+    NUM_MSGS,
+    NUM_VERSIONS,
+    OUTPUT_RING_IDS,
+    PAYLOADS,
+    PROMPT_RING_IDS,
+    QUICK_NUM_MSGS,
+    RATIO_KEYS,
+    STREAM_WINDOW,
+    VARIANTS,
+    Payload,
+    decode_control,
+    digest,
+    encode,
+    receive,
+    send,
+)
 from bench.markdown import table
-from ipc.channels import make_socket
+from bench.provenance import provenance, save_results
 from bench.shm_ring import ShmRing, segment_name
+from ipc.channels import make_socket
+
 
 def _receiver_main(address_dir: str, ring_specs: dict[str, tuple[str, int]], parent_pid: int) -> None:
     ctx = zmq.Context()

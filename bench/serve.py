@@ -20,8 +20,14 @@ from tqdm import tqdm
 from bench import client
 from bench.client import RequestState
 from bench.config import BenchConfig, add_serve_args, config_from_args
-from bench.datasets import SampleRequest, count_tokens, default_tokenizer_path, load_tokenizer
-from bench.datasets import sample_conversations, sample_random
+from bench.datasets import (
+    SampleRequest,
+    count_tokens,
+    default_tokenizer_path,
+    load_tokenizer,
+    sample_conversations,
+    sample_random,
+)
 from bench.load import arrival_offsets_s, run_load
 from bench.metrics import calculate_metrics
 from bench.report import print_result, save_result

@@ -22,7 +22,6 @@ import msgspec
 import numpy as np
 
 
-
 class ShmSlice(msgspec.Struct, array_like=True, gc=False):
     """Where an int32 array lies in a ring: stream position and element count."""
 

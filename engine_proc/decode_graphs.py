@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from engine_proc.batch import Batch
 from engine_proc import cpu_attention
+from engine_proc.batch import Batch
 from engine_proc.kv_cache import AttentionMetadata, additive_mask, decode_attention, write_kv
 
 log = logging.getLogger("rill.model")

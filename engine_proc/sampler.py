@@ -5,8 +5,8 @@ import torch
 
 from engine_proc.batch import ScheduledSeq
 from engine_proc.grammar_bitmask import GrammarMasker
-from engine_proc.penalties import penalize, uses_penalties
 from engine_proc.logit_bias import add_logit_bias, uses_logit_bias
+from engine_proc.penalties import penalize, uses_penalties
 from ipc.logprobs import TokenLogprobs
 
 _MASK_64 = (1 << 64) - 1

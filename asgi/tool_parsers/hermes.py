@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from asgi.chat_output import BufferedParser
 from asgi.tool_parsers.deltas import DeltaBuilder, held_tail, new_call_id
 from asgi.tool_parsers.json_call import CallScanner
-from asgi.chat_output import BufferedParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from asgi.chat_output import BufferedParser
 from asgi.tool_parsers.deltas import DeltaBuilder, new_call_id
 from asgi.tool_parsers.hermes import CallCounter
 from asgi.tool_parsers.json_call import CallScanner
-from asgi.chat_output import BufferedParser
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"

@@ -7,8 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from bench.datasets import (CONVERSATIONS_PATH, count_tokens, exact_len_text, load_conversations, load_tokenizer,
-                            sample_conversations, sample_random)
+from bench.datasets import (
+    CONVERSATIONS_PATH,
+    count_tokens,
+    exact_len_text,
+    load_conversations,
+    load_tokenizer,
+    sample_conversations,
+    sample_random,
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import pytest
 import zmq
 
 from bench import engine_step, ipc_bench
+from bench.shm_ring import ShmRing, segment_name
 from bench.tiny_model import TINY_SHAPE, write_tiny_model
 from engine_proc.request import EngineRequest
-from bench.shm_ring import ShmRing, segment_name
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANT_FIELDS = {"msgs_per_s", "us_per_msg", "sender_cpu_us_per_msg", "receiver_cpu_us_per_msg", "cpu_us_per_msg",

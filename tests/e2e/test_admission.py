@@ -114,7 +114,6 @@ def test_past_the_queue_bound_a_request_gets_429_at_once(srv):
 
 def test_token_bound_and_prompt_lists(srv):
     """Prompt tokens waiting are bounded too, and a prompt list counts as its prompts."""
-    completions = f"{srv.base_url}/v1/completions"
 
     def ids(n: int) -> list[int]:
         return [100 + i % 500 for i in range(n)]

@@ -16,7 +16,6 @@ import pytest
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
 
-
 MODEL = "smollm2-135m-instruct"
 ENV_KEY = "sk-env-7f3a9c"
 FILE_KEY = "sk-file-41d2e8"

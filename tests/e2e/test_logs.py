@@ -17,7 +17,6 @@ import pytest
 
 from tests.conftest import start_server, stop_server
 
-
 MODEL = "smollm2-135m-instruct"
 TEXT_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<message>.*)$")
 PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')

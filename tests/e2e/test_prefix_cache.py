@@ -8,7 +8,6 @@ import pytest
 from tests.conftest import start_server, stop_server
 from tests.helpers.server import stats
 
-
 MODEL = "smollm2-135m-instruct"
 BLOCK_SIZE = 16  # rill serve's default --block-size
 

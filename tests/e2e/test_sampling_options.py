@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.openapi import validate
 from tests.e2e.test_api import MODEL, post, sse_events
+from tests.helpers.openapi import validate
 
 HELLO = [{"role": "user", "content": "Tell me a story about the sea."}]
 BANANA = 21285  # " banana" in SmolLM2's vocabulary

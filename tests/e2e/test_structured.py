@@ -10,9 +10,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers.openapi import validate
 from tests.e2e.test_api import sse_events
 from tests.e2e.test_errors import check_error
+from tests.helpers.openapi import validate
 
 MODEL = "smollm2-135m-instruct"
 ASK = [{"role": "user", "content": "Describe a person as JSON: a name, an age, and whether they are a member."}]

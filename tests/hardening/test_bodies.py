@@ -6,8 +6,8 @@ import time
 import httpx
 import jsonschema
 
-from tests.helpers.bad_bodies import CHAT, generate
 from tests.conftest import TINY_MODEL
+from tests.helpers.bad_bodies import CHAT, generate
 from tests.helpers.openapi import validate
 from tests.helpers.server import stats
 

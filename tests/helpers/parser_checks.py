@@ -6,7 +6,6 @@ import itertools
 from collections.abc import Callable, Iterable
 
 
-
 def run(make_parser: Callable[..., object], text: str, cuts: Iterable[int] = ()) -> tuple[dict, bool, list[dict]]:
     """(merged message, called_tools, the deltas) for `text` pushed in pieces cut at `cuts`."""
     parser = make_parser()

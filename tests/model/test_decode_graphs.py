@@ -6,7 +6,6 @@ import torch
 
 from engine_proc.model_runner import ModelRunner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
-from tests.model.test_model_runner import hf_model, hf_tokens, prompts, runner  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from asgi.cli import serve_parser
 from bench import quant_linears, quant_quality
+from engine_proc import cpu_kernels
 from engine_proc.hf_runner import TransformersRunner
 from engine_proc.llama import LlamaForCausalLM
 from engine_proc.model_loader import PackedLinear, load_config, load_model
 from engine_proc.model_runner import ModelRunner
-from engine_proc import cpu_kernels, quantization
 from engine_proc.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
 from tests.model.test_model_runner import MESSAGES, TINY, generate
 

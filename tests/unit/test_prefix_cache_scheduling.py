@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine_proc.block_manager import BlockManager
 from engine_proc.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason, SamplingParams
-from engine_proc.block_manager import BlockManager
 from tests.unit.test_prefix_cache import BS, ids, make_req, written_block_ids
 from tests.unit.test_scheduler import (
     PagedFakeModel,
@@ -17,7 +17,6 @@ from tests.unit.test_scheduler import (
     shape,
     step,
 )
-
 
 # ---- the scheduler ----------------------------------------------------------------------------------
 

@@ -1,0 +1,50 @@
+"""The model tests' shared fixtures: the bundled model's prompts, transformers' greedy tokens for them
+and a float32 runner, each built once per session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine_proc.bundled_model import ensure_bundled_model
+from engine_proc.model_runner import ModelRunner
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return ensure_bundled_model()
+
+
+@pytest.fixture(scope="session")
+def prompts(model_dir) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for m in MESSAGES
+    ]
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokens(hf_model, prompts) -> list[list[int]]:
+    """transformers' greedy continuation; min_new_tokens holds eos back as min_tokens does."""
+    out = []
+    with torch.inference_mode():
+        for ids in prompts:
+            generated = hf_model.generate(
+                torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False
+            )
+            out.append(generated[0, len(ids) :].tolist())
+    return out
+
+
+@pytest.fixture(scope="session")
+def runner(model_dir) -> ModelRunner:
+    return ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])

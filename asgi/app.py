@@ -6,20 +6,20 @@ import logging
 import signal
 import time
 
-from asgi.access_log import tag_records_with_request_id
-from asgi.chat import chat_completions
-from asgi.completions import completions
-from asgi.conversations import conversations_route, create_conversation
-from asgi.engine_client import EngineDead
+from asgi.engine_link.client import EngineDead
+from asgi.engine_link.generate import GenerationFailed
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
-from asgi.generate import GenerationFailed
-from asgi.http import ClientDisconnected, read_body, require_json, send_response
-from asgi.metrics import METRICS_PATH, metrics_endpoint
-from asgi.request_context import RequestContext, set_current
-from asgi.responses import count_input_tokens, create_response
-from asgi.responses_routes import responses_route
+from asgi.http.access_log import tag_records_with_request_id
+from asgi.http.primitives import ClientDisconnected, read_body, require_json, send_response
+from asgi.http.request_context import RequestContext, set_current
+from asgi.routes.chat import chat_completions
+from asgi.routes.completions import completions
+from asgi.routes.conversations import conversations_route, create_conversation
+from asgi.routes.metrics import METRICS_PATH, metrics_endpoint
+from asgi.routes.responses import count_input_tokens, create_response
+from asgi.routes.stored_responses import responses_route
+from asgi.routes.tokenize import detokenize, get_version, tokenize
 from asgi.state import WorkerSettings, WorkerState, dumps
-from asgi.tokenize_routes import detokenize, get_version, tokenize
 
 log = logging.getLogger("rill.api")
 

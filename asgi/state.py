@@ -12,16 +12,16 @@ from pathlib import Path
 import msgspec
 from tokenizers import Tokenizer
 
-from asgi.access_log import log_access
-from asgi.auth import ApiKeyGuard
-from asgi.cors import DEFAULT_HEADERS, DEFAULT_METHODS, CorsPolicy
-from asgi.detokenizer import Detokenizer
-from asgi.engine_client import EngineClient
-from asgi.metrics import Metrics
-from asgi.request_context import RequestContext
-from asgi.responses_store import ResponseStore
-from asgi.templating import ChatTemplate, load_template_arg
-from asgi.token_text import TokenTexts
+from asgi.engine_link.client import EngineClient
+from asgi.http.access_log import log_access
+from asgi.http.auth import ApiKeyGuard
+from asgi.http.cors import DEFAULT_HEADERS, DEFAULT_METHODS, CorsPolicy
+from asgi.http.request_context import RequestContext
+from asgi.output.detokenizer import Detokenizer
+from asgi.output.token_text import TokenTexts
+from asgi.prompt.templating import ChatTemplate, load_template_arg
+from asgi.routes.metrics import Metrics
+from asgi.stores.responses import ResponseStore
 from ipc.channels import RunPaths
 from ipc.protocol import EngineLimits
 
@@ -40,13 +40,13 @@ class WorkerSettings(msgspec.Struct):
     sse_keepalive_s: float = 15.0
     max_body_bytes: int = 32 << 20
     chat_template: str | None = None  # --chat-template: a file, a bundled name, or the template itself
-    # Chat templates, tools, reasoning (asgi/chat_messages.py, asgi/tool_choice.py, asgi/chat_parsing.py).
+    # Chat templates, tools, reasoning (asgi/prompt/chat_messages.py, asgi/requests/tool_choice.py, asgi/parsers/chat_parsing.py).
     trust_request_chat_template: bool = False
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
     created: int = 0
-    # API keys, CORS, logs (asgi/auth.py, asgi/cors.py, asgi/access_log.py). Digests of the
+    # API keys, CORS, logs (asgi/http/auth.py, asgi/http/cors.py, asgi/http/access_log.py). Digests of the
     # keys only: the keys themselves never leave the launcher.
     api_key_digests: list[str] = []
     protect_metrics: bool = False
@@ -55,9 +55,9 @@ class WorkerSettings(msgspec.Struct):
     allowed_headers: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_HEADERS))
     access_log: bool = True
     log_requests: bool = False
-    # GET /metrics (asgi/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
+    # GET /metrics (asgi/routes/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
     metrics_prefix: str = "rill"
-    # The Responses API's store (asgi/responses_store.py), one per worker process; 0 disables it.
+    # The Responses API's store (asgi/stores/responses.py), one per worker process; 0 disables it.
     responses_store_max_entries: int = 1000
     responses_store_ttl_s: float = 3600.0
     conversations_store_max_entries: int = 1000  # the same for /v1/conversations

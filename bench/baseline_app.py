@@ -20,13 +20,13 @@ from typing import Any
 
 import msgspec
 
-from asgi.chat_format import ChatFormatter
-from asgi.completion_format import CompletionFormatter
-from asgi.completions import DEFAULT_MAX_TOKENS
+from asgi.engine_link.generate import ChoiceDelta, Usage
 from asgi.errors import APIError
-from asgi.generate import ChoiceDelta, Usage
-from asgi.http import ClientDisconnected, read_body, send_response
-from asgi.sse import SSEWriter
+from asgi.http.primitives import ClientDisconnected, read_body, send_response
+from asgi.http.sse import SSEWriter
+from asgi.output.chat_format import ChatFormatter
+from asgi.output.completion_format import CompletionFormatter
+from asgi.routes.completions import DEFAULT_MAX_TOKENS
 
 MODEL_ID = "baseline"
 TOKEN_TEXT = " token"  # one token per chunk to the bundled tokenizer, if a harness counts them

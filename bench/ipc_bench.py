@@ -2,7 +2,7 @@
 
 `python -m bench.ipc_bench [--quick]`. This process sends, a spawned child receives; each
 message pays the whole path: build, encode, send, recv, decode, ids out as Python lists, and
-for a step the per-request slicing `asgi/engine_client.py` does. How the ids travel:
+for a step the per-request slicing `asgi/engine_link/client.py` does. How the ids travel:
 
 - zmq_list: inline msgpack lists, the protocol's `Submit.prompts` / `StepOutputs.ids`: what
   the serving path sends

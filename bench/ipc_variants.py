@@ -176,7 +176,7 @@ def receive(sock: zmq.Socket, ring: ShmRing, variant: str, payload: Payload):
     elif variant == "shm_ring":
         msg = _decoders[StepShm](sock.recv(copy=False).buffer)
         ids = ring.read(msg.ids).tolist()
-    else:  # as asgi/engine_client.py
+    else:  # as asgi/engine_link/client.py
         msg = p.output_decoder.decode(sock.recv(copy=False).buffer)
         ids = msg.ids
     if not payload.is_prompt:  # each request's slice, where the engine client puts it in a mailbox

@@ -38,7 +38,7 @@ def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_di
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}  # before the checkout's editable install
-    where = subprocess.run([sys.executable, "-c", "import asgi.templating as t; print(t.__file__); "
+    where = subprocess.run([sys.executable, "-c", "import asgi.prompt.templating as t; print(t.__file__); "
                             "print(t.BUNDLED_TEMPLATES_DIR)"], cwd=elsewhere, env=env, capture_output=True,
                            text=True, timeout=120)
     module_file, templates_dir = where.stdout.split()

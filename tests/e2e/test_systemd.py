@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from asgi.sdnotify import Notifier
-from asgi.systemd_unit import STOP_MARGIN_S, render_unit
+from asgi.serving.sdnotify import Notifier
+from asgi.serving.systemd_unit import STOP_MARGIN_S, render_unit
 from bench.servers import RILL, ServerProcess, free_port
 from tests.helpers.server import leftovers, stats
 

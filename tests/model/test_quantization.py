@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, LlamaConfig
 
-from asgi.cli import serve_parser
+from asgi.serving.cli import serve_parser
 from bench import quant_linears, quant_quality
 from engine_proc import cpu_kernels
 from engine_proc.hf_runner import TransformersRunner

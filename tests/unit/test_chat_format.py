@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from asgi.chat_delta import merge_delta, message
-from asgi.chat_format import ChatFormatter
-from asgi.generate import ChoiceDelta, Usage
+from asgi.engine_link.generate import ChoiceDelta, Usage
+from asgi.output.chat_delta import merge_delta, message
+from asgi.output.chat_format import ChatFormatter
 from tests.helpers.openapi import validate
 
 

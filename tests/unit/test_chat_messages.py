@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from asgi.chat_messages import render_prompt
 from asgi.errors import APIError, from_validation_error
-from asgi.schemas import chat_decoder
-from asgi.templating import ChatTemplate
-from asgi.tool_choice import ToolMode, plan_tools
+from asgi.prompt.chat_messages import render_prompt
+from asgi.prompt.templating import ChatTemplate
+from asgi.requests.schemas import chat_decoder
+from asgi.requests.tool_choice import ToolMode, plan_tools
 
 TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
 <tools>

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from asgi.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
-from asgi.cli import serve_parser
-from asgi.cors import CorsPolicy, parse_list
 from asgi.errors import APIError
-from asgi.launcher import http1_settings
+from asgi.http.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
+from asgi.http.cors import CorsPolicy, parse_list
+from asgi.serving.cli import serve_parser
+from asgi.serving.launcher import http1_settings
 from ipc.logs import JsonFormatter, TextFormatter
 
 
@@ -73,7 +73,7 @@ def test_guard_checks_v1_and_metrics_only():
 
 def test_guard_compares_against_every_key(monkeypatch):
     """No early exit: the first key matching still costs a comparison with every other one."""
-    import asgi.auth as auth
+    import asgi.http.auth as auth
 
     calls = []
     real = auth.hmac.compare_digest

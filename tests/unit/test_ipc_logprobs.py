@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import zmq
 
-from asgi.engine_client import EngineClient
-from asgi.mailbox import Mailbox
+from asgi.engine_link.client import EngineClient
+from asgi.engine_link.mailbox import Mailbox
 from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
 from engine_proc.io_threads import InputThread, OutputThread

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from asgi.logprobs_format import ChatLogprobs, CompletionLogprobs, merge_completion_logprobs
-from asgi.token_text import TokenTexts
+from asgi.output.logprobs_format import ChatLogprobs, CompletionLogprobs, merge_completion_logprobs
+from asgi.output.token_text import TokenTexts
 from ipc.logprobs import TokenLogprobs
 
 

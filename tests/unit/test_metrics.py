@@ -8,9 +8,9 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asgi import request_context
-from asgi.metrics import TTFT_BUCKETS, Metrics, buckets_1_2_5
-from asgi.request_context import RequestContext
+from asgi.http import request_context
+from asgi.http.request_context import RequestContext
+from asgi.routes.metrics import TTFT_BUCKETS, Metrics, buckets_1_2_5
 from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
 from engine_proc.request import EngineRequest

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from asgi.chat_output import PlainText
-from asgi.chat_parsing import ReasoningThenTools, parser_factory
-from asgi.reasoning import REASONING_PARSERS
-from asgi.tool_choice import ToolMode, ToolPlan
-from asgi.tool_parsers.forced import NamedCall, RequiredCalls
-from asgi.tool_parsers.hermes import HermesParser
+from asgi.parsers.chat_output import PlainText
+from asgi.parsers.chat_parsing import ReasoningThenTools, parser_factory
+from asgi.parsers.reasoning import REASONING_PARSERS
+from asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from asgi.parsers.tools.hermes import HermesParser
+from asgi.requests.tool_choice import ToolMode, ToolPlan
 from tests.helpers.parser_checks import check_every_split
 
 R1, QWEN3 = REASONING_PARSERS["deepseek_r1"], REASONING_PARSERS["qwen3"]

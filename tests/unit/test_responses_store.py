@@ -1,7 +1,7 @@
 """ResponseStore: bounded by entry count (the oldest evicted first) and by age, with a fake clock."""
 from __future__ import annotations
 
-from asgi.responses_store import ResponseStore, StoredResponse
+from asgi.stores.responses import ResponseStore, StoredResponse
 
 
 class FakeClock:

@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from asgi.errors import APIError
-from asgi.schemas import chat_decoder, completion_decoder
-from asgi.structured import json_schema_spec, structured_spec
+from asgi.requests.schemas import chat_decoder, completion_decoder
+from asgi.requests.structured import json_schema_spec, structured_spec
 from ipc.protocol import StructuredKind as K
 from ipc.protocol import StructuredSpec
 
@@ -127,7 +127,7 @@ def test_the_grammar_checker_loads_off_the_event_loop(monkeypatch):
     import importlib
     import threading
 
-    import asgi.structured as structured
+    import asgi.requests.structured as structured
 
     imported = []
     monkeypatch.setattr(structured, "_checker_loaded", False)

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from asgi.tool_parsers import TOOL_PARSERS
-from asgi.tool_parsers.forced import NamedCall, RequiredCalls
-from asgi.tool_parsers.hermes import HermesParser
-from asgi.tool_parsers.llama3_json import Llama3JsonParser
+from asgi.parsers.tools import TOOL_PARSERS
+from asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from asgi.parsers.tools.hermes import HermesParser
+from asgi.parsers.tools.llama3_json import Llama3JsonParser
 from tests.helpers.parser_checks import check_every_split, run
 
 WEATHER = {"city": "Paris", "units": ["C", {"nested": "}]\"{"}], "n": -1.5e3, "ok": True}

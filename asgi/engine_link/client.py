@@ -1,0 +1,148 @@
+"""The API worker's link to the engine: submit, abort, and route step outputs to mailboxes.
+
+One per worker process. Submits go to the engine's PULL socket; each step's StepOutputs
+arrives on this worker's own PULL socket (only this worker's requests are in it). Under
+admission control (a queue bound set) the engine answers each Submit with an Admission on the
+same socket, ahead of the request's deltas, and `submit()` waits for it.
+A watchdog notices the engine's death and fails every waiting request at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from asgi.engine_link.mailbox import Mailbox
+from ipc import protocol as p
+from ipc.channels import RunPaths, make_socket
+from ipc.logprobs import decode_logprobs
+
+log = logging.getLogger("rill.api")
+ENGINE_DEAD = "The inference engine stopped unexpectedly."
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")  # a zombie is dead to us, reaped or not
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+class EngineClient:
+    def __init__(self, paths: RunPaths, engine_pid: int, admission_control: bool = False):
+        self.paths = paths
+        self.engine_pid = engine_pid
+        self.admission_control = admission_control
+        self._admissions: dict[str, asyncio.Future] = {}  # by a Submit's first req_id
+        self.worker_id = str(os.getpid())
+        self.alive = True
+        self._routes: dict[str, tuple[Mailbox, int]] = {}
+        self._stats_waiters: list[asyncio.Future] = []
+        self._ctx = zmq.asyncio.Context()
+        self._out = make_socket(self._ctx, zmq.PUSH, paths.engine_input, bind=False)
+        self._in = make_socket(self._ctx, zmq.PULL, paths.worker_output(self.worker_id), bind=True)
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read_outputs()), loop.create_task(self._watch_engine())]
+
+    async def submit(self, req_ids: list[str], prompts: list[list[int]], params: p.SamplingParams,
+                     mailbox: Mailbox, first_index: int = 0, n: int = 1) -> p.Admission | None:
+        """Sends one API request's engine requests (choice i to mailbox index first_index + i);
+        `n` choices per prompt: req_ids[i * n + j] is prompt i's choice j.
+
+        Under admission control, returns the engine's Admission once it came (a refused request
+        is forgotten here); else None at once: everything is admitted.
+        """
+        if not self.alive:
+            raise EngineDead
+        for i, req_id in enumerate(req_ids):
+            self._routes[req_id] = (mailbox, first_index + i)
+        answer = None
+        if self.admission_control:
+            answer = self._admissions[req_ids[0]] = asyncio.get_running_loop().create_future()
+        try:
+            await self._out.send(p.input_encoder.encode(p.Submit(req_ids, self.worker_id, params, prompts, n)))
+            if answer is None:
+                return None
+            admission = await answer
+        finally:
+            self._admissions.pop(req_ids[0], None)
+        if admission.verdict is not p.Verdict.ADMITTED:
+            for req_id in req_ids:
+                self._routes.pop(req_id, None)
+        return admission
+
+    async def abort(self, req_ids: list[str]) -> None:
+        live = [r for r in req_ids if self._routes.pop(r, None) is not None]
+        if live and self.alive:
+            await self._out.send(p.input_encoder.encode(p.Abort(live)))
+
+    async def stats(self, timeout_s: float = 5.0) -> p.EngineStats:
+        if not self.alive:
+            raise EngineDead
+        fut = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        await self._out.send(p.input_encoder.encode(p.StatsQuery(self.worker_id)))
+        return await asyncio.wait_for(fut, timeout_s)
+
+    async def _read_outputs(self) -> None:
+        while True:
+            frame = await self._in.recv(copy=False)
+            msg = p.output_decoder.decode(frame.buffer)
+            if isinstance(msg, p.Admission):
+                answer = self._admissions.get(msg.req_id)
+                if answer is not None and not answer.done():
+                    answer.set_result(msg)
+                continue
+            if isinstance(msg, p.EngineStats):
+                waiters, self._stats_waiters = self._stats_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(msg)
+                continue
+            ids = msg.ids
+            start = 0
+            for delta in msg.deltas:
+                new_ids = ids[start : start + delta.num_new]
+                start += delta.num_new
+                route = self._routes.get(delta.req_id)
+                if route is None:  # aborted here already
+                    continue
+                mailbox, index = route
+                logprobs = None if delta.logprobs is None else decode_logprobs(delta.logprobs)
+                mailbox.put(index, new_ids, delta.finish, delta.num_prompt_tokens, delta.num_cached_tokens,
+                            logprobs, delta.timings)
+                if delta.finish is not None:
+                    del self._routes[delta.req_id]
+
+    async def _watch_engine(self, interval_s: float = 0.2) -> None:
+        while process_alive(self.engine_pid):
+            await asyncio.sleep(interval_s)
+        log.error("engine process %d is gone; failing %d requests", self.engine_pid, len(self._routes))
+        self.alive = False
+        for mailbox, _ in list(self._routes.values()):
+            mailbox.fail(ENGINE_DEAD)
+        self._routes.clear()
+        for fut in [*self._stats_waiters, *self._admissions.values()]:
+            if not fut.done():
+                fut.set_exception(EngineDead())
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._out.close()
+        self._in.close()
+        self._ctx.term()
+        Path(self.paths.worker_output(self.worker_id).removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+class EngineDead(Exception):
+    pass

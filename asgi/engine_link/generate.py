@@ -1,0 +1,192 @@
+"""One API request on the engine: submit its choices, turn token ids into text deltas.
+
+Every request streams internally; the non-streaming answer is aggregated from these deltas.
+The loop wakes on engine output, on the client's disconnect, or when a keep-alive is due.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from asgi.engine_link.client import ENGINE_DEAD, EngineClient, EngineDead
+from asgi.engine_link.mailbox import Mailbox
+from asgi.errors import engine_unavailable, queue_full
+from asgi.http.request_context import current
+from asgi.output.detokenizer import Detokenizer
+from ipc.logprobs import TokenLogprobs
+from ipc.protocol import FinishReason, SamplingParams, Verdict
+
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+KEEPALIVE = object()
+SHUTDOWN_ABORT = "The server is shutting down and the request did not finish within its shutdown timeout."
+REQUEST_TIMEOUT = "The request did not finish within the server's request timeout and was ended."
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    finish_reason: str | None = None
+    # Of every token since the choice's previous delta (text held back included).
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+class GenerationFailed(Exception):
+    """The engine could not finish the request (it died, a step failed, or the drain timed out)."""
+
+    def __init__(self, message: str, status: int = 500, code: str = "engine_error"):
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Generation:
+    """`n` choices per prompt, each its own engine request: choice index = prompt index * n + j."""
+
+    def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
+                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer], n: int = 1):
+        self.client = client
+        self.request_id = request_id
+        self.prompts = prompts
+        self.params = params
+        self.n = n
+        self.num_choices = num_choices = len(prompts) * n
+        self.mailbox = Mailbox(num_choices)
+        self.detokenizers = [make_detokenizer() for _ in range(num_choices)]
+        self.finished = [False] * num_choices
+        self.engine_ids = [f"{request_id}-{i}" for i in range(num_choices)]
+        self.disconnected = False
+        self.finish_reasons: list[str | None] = [None] * num_choices
+        self.ctx = current()  # the HTTP request's context, filled in as tokens come
+        self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
+        self.rejected = False  # refused by admission control (a 429): never ran, nothing to record
+        self.failure_reason = "error"  # how a failed request is counted: error, or timeout
+        # Logprobs of tokens whose text the detokenizer still holds back, per choice.
+        self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in range(num_choices)]
+
+    async def start(self) -> None:
+        """Submits every choice at once; raises the 429 when admission control refuses them."""
+        try:
+            admission = await self.client.submit(self.engine_ids, self.prompts, self.params, self.mailbox, n=self.n)
+        except EngineDead:
+            raise engine_unavailable(ENGINE_DEAD) from None
+        except asyncio.CancelledError:  # the engine may admit them after all: it must not run them
+            await self.client.abort(self.engine_ids)
+            raise
+        if admission is not None and admission.verdict is not Verdict.ADMITTED:
+            self.rejected = True
+            self.finished = [True] * self.num_choices
+            raise queue_full(admission.verdict is Verdict.QUEUE_TOKENS_FULL, admission.retry_after_s)
+
+    def on_disconnect(self) -> None:
+        self.disconnected = True
+        self.mailbox.wake()
+
+    async def deltas(self, keepalive_due_in: Callable[[], float] | None = None) -> AsyncIterator:
+        """Yields lists of ChoiceDelta, or KEEPALIVE when nothing came for a keep-alive period."""
+        try:
+            while not all(self.finished):
+                timeout = max(keepalive_due_in(), 0.0) if keepalive_due_in else None
+                if not await self.mailbox.wait(timeout):
+                    yield KEEPALIVE
+                    continue
+                if self.disconnected:
+                    return
+                if self.mailbox.error:
+                    raise GenerationFailed(self.mailbox.error, status=503)
+                out = [d for i in range(self.num_choices) if not self.finished[i] and (d := self._advance(i))]
+                if self._stopped_early:
+                    await self.client.abort(self._stopped_early)
+                    self._stopped_early = []
+                if out:
+                    yield out
+        finally:
+            unfinished = [rid for rid, done in zip(self.engine_ids, self.finished) if not done]
+            if unfinished:  # client gone, stop string, or error: free the engine's work now
+                await self.client.abort(unfinished)
+
+    def _advance(self, index: int) -> ChoiceDelta | None:
+        choice = self.mailbox.choices[index]
+        detok = self.detokenizers[index]
+        ids, logprobs = self.mailbox.take(index)
+        if ids and self.ctx is not None:
+            self.ctx.token(len(ids), index)
+        if logprobs is not None:
+            self._held_logprobs[index].append(logprobs)
+        if choice.finish is FinishReason.STOP and len(ids) and not detok.include_stop:
+            # The engine's stop is the last id (eos or a stop_token_ids id, also what ends a
+            # grammar): as vLLM, its text is not output unless include_stop_str_in_output.
+            ids = ids[:-1]
+        text = detok.push(ids) if len(ids) else ""
+        if detok.stop_matched is not None:
+            finish = "stop"
+            if choice.finish is None:
+                self._stopped_early.append(self.engine_ids[index])
+        elif choice.finish is not None:
+            if choice.finish is FinishReason.ABORT:  # only the engine's AbortAll reaches us
+                raise GenerationFailed(SHUTDOWN_ABORT, status=503, code="shutting_down")
+            if choice.finish is FinishReason.TIMEOUT:  # the engine freed it: nothing to abort
+                self.failure_reason = "timeout"
+                raise GenerationFailed(REQUEST_TIMEOUT, status=504, code="request_timeout")
+            if choice.finish not in FINISH_REASONS:
+                raise GenerationFailed("The engine failed to complete the request.")
+            text += detok.flush()
+            finish = FINISH_REASONS[choice.finish]
+        else:
+            finish = None
+        if finish is not None:
+            self.finished[index] = True
+            self.finish_reasons[index] = finish
+        if not text and not finish:
+            return None
+        held, self._held_logprobs[index] = self._held_logprobs[index], []
+        return ChoiceDelta(index, text, finish, TokenLogprobs.concat(held) if held else None)
+
+    def record(self, failed: bool = False) -> None:
+        """Token counts and how the request ended, into the request's context."""
+        ctx = self.ctx
+        if ctx is None or self.rejected:
+            return
+        usage = self.usage()
+        ctx.prompt_tokens, ctx.output_tokens = usage.prompt_tokens, usage.completion_tokens
+        ctx.cached_tokens = usage.cached_tokens
+        ctx.engine_timings = [c.timings for c in self.mailbox.choices if c.timings is not None]
+        ctx.disconnected = self.disconnected
+        if failed:
+            ctx.finish_reason = self.failure_reason
+        elif self.disconnected or not all(self.finished):
+            ctx.finish_reason = "abort"
+        else:  # one reason per request: length if any choice ran out, else stop
+            ctx.finish_reason = "length" if "length" in self.finish_reasons else "stop"
+
+    def usage(self) -> Usage:
+        """So far. A prompt counts once however many choices it has (as OpenAI and vLLM count)."""
+        usage = Usage()
+        choices = self.mailbox.choices
+        for i, prompt in enumerate(self.prompts):
+            group = choices[i * self.n : (i + 1) * self.n]
+            usage.prompt_tokens += len(prompt)  # what the engine reports, known from the start
+            usage.cached_tokens += next((c.num_cached_tokens for c in group if c.num_prompt_tokens), 0)
+            usage.completion_tokens += sum(c.num_output_tokens for c in group)
+        return usage

@@ -1,0 +1,73 @@
+"""The chat completion's wire shapes: chunks of a stream, and the one body of a plain request.
+
+Each choice's text goes through its own OutputParser (asgi/parsers/chat_output.py); what it returns is
+the choice's streamed `delta`, and the non-streamed `message` is the same deltas merged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from asgi.engine_link.generate import ChoiceDelta, Usage
+from asgi.output.chat_delta import merge_delta, message
+from asgi.output.chunk_format import ChunkFormatter
+from asgi.output.logprobs_format import ChatLogprobs
+from asgi.parsers.chat_output import OutputParser, PlainText
+
+_encode = msgspec.json.encode
+
+
+class ChatFormatter(ChunkFormatter):
+    def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *,
+                 make_parser: Callable[[], OutputParser] = PlainText, logprobs: ChatLogprobs | None = None):
+        super().__init__(request_id, "chat.completion.chunk", model, include_usage)
+        self.num_choices = num_choices
+        self.logprobs = logprobs  # None: the request did not ask for logprobs
+        self.parsers = [make_parser() for _ in range(num_choices)]
+        # The non-streamed answer, built by add(): merged delta fields, logprobs, finish per choice.
+        self._merged: list[dict] = [{} for _ in range(num_choices)]
+        self._logprobs: list[list[dict]] = [[] for _ in range(num_choices)]
+        self._finish_reasons: list[str | None] = [None] * num_choices
+
+    def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}], usage) for i in range(self.num_choices)]
+
+    def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None = None) -> list[bytes]:
+        """One chunk per choice, as OpenAI and vLLM stream n > 1; none for a choice whose parser
+        held its text back when there is nothing else to send."""
+        return [self._chunk([choice], usage) for choice in self._choices(deltas)]
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        """For the non-streamed body: the same choice pieces a stream would send, merged."""
+        for choice in self._choices(deltas):
+            i = choice["index"]
+            merge_delta(self._merged[i], choice["delta"])
+            if choice["logprobs"] is not None:
+                self._logprobs[i].extend(choice["logprobs"]["content"])
+            self._finish_reasons[i] = choice["finish_reason"] or self._finish_reasons[i]
+
+    def _choices(self, deltas: list[ChoiceDelta]) -> list[dict]:
+        out = []
+        for d in deltas:
+            parser = self.parsers[d.index]
+            fields = parser.push(d.text) if d.text else {}
+            finish = d.finish_reason
+            if finish is not None:
+                fields = merge_delta(merge_delta({}, fields), parser.finish())
+                if finish == "stop" and parser.called_tools:
+                    finish = "tool_calls"
+            logprobs = None if self.logprobs is None else self.logprobs.content(d.logprobs)
+            if not fields and not logprobs and finish is None:
+                continue
+            out.append({"index": d.index, "delta": fields,
+                        "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+                        "finish_reason": finish})
+        return out
+
+    def body(self, usage: Usage) -> bytes:
+        choices = [{"index": i, "message": message(self._merged[i]),
+                    "logprobs": None if self.logprobs is None else {"content": self._logprobs[i], "refusal": None},
+                    "finish_reason": self._finish_reasons[i]} for i in range(self.num_choices)]
+        return _encode({**self.head, "object": "chat.completion", "choices": choices, "usage": usage.as_dict()})

@@ -1,0 +1,1 @@
+"""Output parsers over generated text: reasoning and tool calls."""

@@ -1,0 +1,48 @@
+"""Which OutputParser each choice of a chat request gets: reasoning first, then tool calls."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from asgi.output.chat_delta import merge_delta
+from asgi.parsers.chat_output import OutputParser, PlainText
+from asgi.parsers.reasoning import REASONING_PARSERS
+from asgi.parsers.tools import TOOL_PARSERS
+from asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from asgi.requests.tool_choice import ToolMode, ToolPlan
+
+
+class ReasoningThenTools:
+    """The reasoning parser splits off `reasoning_content`; its content goes on to the tool parser."""
+
+    def __init__(self, reasoning: OutputParser, tools: OutputParser):
+        self.reasoning = reasoning
+        self.tools = tools
+
+    @property
+    def called_tools(self) -> bool:
+        return self.tools.called_tools
+
+    def push(self, text: str) -> dict:
+        return self._on(self.reasoning.push(text))
+
+    def finish(self) -> dict:
+        return merge_delta(self._on(self.reasoning.finish()), self.tools.finish())
+
+    def _on(self, delta: dict) -> dict:
+        content = delta.pop("content", "")
+        return merge_delta(delta, self.tools.push(content)) if content else delta
+
+
+def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
+                   reasoning_parser: str | None) -> Callable[[], OutputParser]:
+    """A new parser per choice. A forced call (named or required) is the whole output, so it
+    skips the reasoning parser: the grammar leaves no room for thinking first."""
+    if plan.mode is ToolMode.NAMED:
+        return lambda: NamedCall(plan.function_name)
+    if plan.mode is ToolMode.REQUIRED:
+        return RequiredCalls
+    make_tools = TOOL_PARSERS[tool_parser] if plan.mode is ToolMode.AUTO else None
+    make_reasoning = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
+    if make_tools and make_reasoning:
+        return lambda: ReasoningThenTools(make_reasoning(), make_tools())
+    return make_tools or make_reasoning or PlainText

@@ -1,0 +1,104 @@
+"""vLLM's `hermes` tool parser: calls written as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+(Hermes 2 Pro, Qwen 2.5 and 3, and most models trained on that format)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from asgi.parsers.chat_output import BufferedParser
+from asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
+from asgi.parsers.tools.json_call import CallScanner
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class CallCounter:
+    """Numbers the calls of one choice and turns a CallScanner's pieces into delta pieces."""
+
+    def __init__(self, make_id: Callable[[], str]):
+        self.make_id = make_id
+        self.num_calls = 0
+
+    @property
+    def called_tools(self) -> bool:
+        return self.num_calls > 0
+
+    def send(self, scanner: CallScanner, delta: DeltaBuilder) -> None:
+        for kind, text in scanner.pieces:
+            if kind == "name":
+                self.num_calls += 1
+                delta.open_call(self.num_calls - 1, self.make_id(), text)
+            else:
+                delta.add_arguments(self.num_calls - 1, text)
+        scanner.pieces.clear()
+
+
+class ContentAroundCalls:
+    """Text outside calls is content as written, except whitespace that only separates calls
+    (or follows the last one): held back, and dropped unless more text follows."""
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.sent_text = False
+
+    def add(self, text: str, delta: DeltaBuilder) -> None:
+        text = self.held + text
+        body = text.rstrip()
+        self.held = text[len(body):]
+        if body:
+            delta.add_content(body)
+            self.sent_text = True
+
+    def before_call_or_end(self, delta: DeltaBuilder, num_calls: int) -> None:
+        if self.held and self.sent_text and num_calls == 0:
+            delta.add_content(self.held)  # "Let me look.\n" before the first call keeps its newline
+        self.held = ""
+
+
+class HermesParser(BufferedParser):
+    def __init__(self, make_id: Callable[[], str] = new_call_id):
+        self.calls = CallCounter(make_id)
+        self.content = ContentAroundCalls()
+        self.pending = ""
+        self.scanner: CallScanner | None = None  # inside <tool_call> when set
+        self.body: list[str] = []  # the current call's text as written
+
+    @property
+    def called_tools(self) -> bool:
+        return self.calls.called_tools
+
+    def _drain(self, final: bool) -> dict:
+        delta = DeltaBuilder()
+        while True:
+            tag = CLOSE if self.scanner else OPEN
+            at = self.pending.find(tag)
+            end = at if at >= 0 else len(self.pending) - (0 if final else held_tail(self.pending, (tag,)))
+            text, self.pending = self.pending[:end], self.pending[end:]
+            if self.scanner is None:
+                self.content.add(text, delta)
+                if at < 0:
+                    if final:
+                        self.content.before_call_or_end(delta, self.calls.num_calls)
+                    break
+                self.content.before_call_or_end(delta, self.calls.num_calls)
+                self.pending = self.pending[len(OPEN):]
+                self.scanner = CallScanner()
+                self.body = []
+            else:
+                self.body.append(text)
+                self.scanner.feed(text)
+                self.calls.send(self.scanner, delta)
+                if at < 0 and not final:
+                    break
+                if at >= 0:
+                    self.pending = self.pending[len(CLOSE):]
+                self._end_call(delta, closed=at >= 0)
+                if at < 0:
+                    break
+        return delta.build()
+
+    def _end_call(self, delta: DeltaBuilder, closed: bool) -> None:
+        scanner, self.scanner = self.scanner, None
+        scanner.finish()
+        self.calls.send(scanner, delta)
+        if not scanner.named:  # not a call after all: the model's text, tags included, is content
+            self.content.add(OPEN + "".join(self.body) + (CLOSE if closed else ""), delta)

@@ -1,0 +1,119 @@
+"""Chat messages of a request -> the prompt's token ids, through the chat template.
+
+What the template sees follows vLLM: content parts joined by newlines, null content as "",
+an assistant's tool-call `arguments` (a JSON string in OpenAI's API) parsed into a dict since
+templates iterate `arguments | items`, the tools as HF's apply_chat_template takes them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asgi.errors import APIError
+from asgi.prompt.encoding import encode_texts
+from asgi.prompt.templating import ChatTemplate, TemplateError, request_template
+from asgi.requests.schemas import ChatCompletionRequest, ChatMessage
+from asgi.requests.tool_choice import template_tools
+from asgi.state import WorkerState
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# Set by the request's own fields, never through chat_template_kwargs.
+RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"}
+
+
+async def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
+    """The prompt's token ids (a large prompt is encoded off the event loop)."""
+    (ids,) = await encode_texts(state.tokenizer, [render_prompt(state, req)], add_special_tokens=False)
+    return ids
+
+
+def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
+    """The chat template's text for the request's messages; 400s for what the template refuses."""
+    template = _template(state, req)
+    messages = template_messages(req.messages, has_developer_role="developer" in template.source)
+    extra = req.chat_template_kwargs or {}
+    if reserved := RESERVED_KWARGS & extra.keys():
+        raise APIError(400, f"`chat_template_kwargs` must not set {sorted(reserved)}; use the request fields.",
+                       param="chat_template_kwargs")
+    if req.continue_final_message and req.add_generation_prompt:
+        raise APIError(400, "`continue_final_message` and `add_generation_prompt` cannot both be true: "
+                            "send add_generation_prompt false to continue the final message.",
+                       param="continue_final_message")
+    add_generation_prompt = not req.continue_final_message if req.add_generation_prompt is None \
+        else req.add_generation_prompt
+    try:
+        text = template.render(messages, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=req.continue_final_message, tools=template_tools(req), **extra)
+    except TemplateError as exc:
+        param = "chat_template" if req.chat_template is not None else "messages"
+        raise APIError(400, f"The chat template could not render these messages: {exc}", param=param) from None
+    return text
+
+
+def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:
+    if req.chat_template is None:
+        return state.template
+    if not state.settings.trust_request_chat_template:
+        raise APIError(400, "A per-request `chat_template` is refused: this server was not started with "
+                            "--trust-request-chat-template.", param="chat_template")
+    try:
+        return request_template(req.chat_template, state.template)
+    except TemplateError as exc:
+        raise APIError(400, f"The request's chat template does not compile: {exc}", param="chat_template") from None
+
+
+def template_messages(messages: list[ChatMessage], *, has_developer_role: bool = True) -> list[dict[str, Any]]:
+    """Messages as the template gets them. `developer` (OpenAI's newer name for system
+    instructions) becomes `system` for a template that never mentions it; vLLM passes it on
+    unchanged, which ChatML-style templates render as an unknown role."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise APIError(400, f"Unknown role `{m.role}`; a message's role is one of {', '.join(ROLES)}.",
+                           param=f"messages[{i}].role")
+        role = "system" if m.role == "developer" and not has_developer_role else m.role
+        message: dict[str, Any] = {"role": role, "content": _text(m, i)}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise APIError(400, "A tool message needs the `tool_call_id` of the call it answers.",
+                               param=f"messages[{i}].tool_call_id")
+            message["tool_call_id"] = m.tool_call_id
+        if m.role == "assistant" and m.tool_calls:
+            message["tool_calls"] = [_tool_call(call, i, j) for j, call in enumerate(m.tool_calls)]
+        if m.role == "assistant" and (reasoning := m.reasoning if m.reasoning is not None else m.reasoning_content):
+            message["reasoning"] = message["reasoning_content"] = reasoning  # both names, as vLLM
+        out.append(message)
+    return out
+
+
+def _text(m: ChatMessage, i: int) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    texts = []
+    for j, part in enumerate(m.content):
+        if part.type != "text" or part.text is None:
+            raise APIError(400, f"Content parts of type `{part.type}` are not supported; only text.",
+                           param=f"messages[{i}].content[{j}].type")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _tool_call(call, i: int, j: int) -> dict[str, Any]:
+    if call.type != "function":
+        raise APIError(400, f"Tool calls of type `{call.type}` are not supported; only `function`.",
+                       param=f"messages[{i}].tool_calls[{j}].type")
+    arguments = call.function.arguments
+    if isinstance(arguments, str):
+        # As vLLM: arguments that are not a JSON object become {} rather than a 400, since the
+        # bad string lives in the conversation's history and would fail every later turn too.
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = {}
+    if not isinstance(arguments, dict):
+        arguments = {}
+    return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}

@@ -1,0 +1,107 @@
+"""The body of POST /v1/responses, decoded by msgspec at the edge, and what it may not ask for."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from asgi.errors import APIError, unsupported
+from asgi.requests.schemas import PositiveInt, Temperature, TopP
+
+MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN = 16, 64, 512
+
+
+class ResponseTool(msgspec.Struct, kw_only=True):
+    """Responses' function tool is flat: {type, name, description, parameters, strict}."""
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextParam(msgspec.Struct, kw_only=True):
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[ResponseTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextParam | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = True
+    stream: bool | None = False
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: str | None = None
+    background: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: Any = None
+    service_tier: str | None = None
+    stream_options: Any = None
+
+
+responses_decoder = msgspec.json.Decoder(ResponsesRequest)
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def check_request(req: ResponsesRequest) -> None:
+    """400s naming the parameter for what this server refuses."""
+    if req.background:
+        raise APIError(400, "`background` responses are not supported by this server.", param="background",
+                       code="unsupported_parameter")
+    if req.conversation is not None and req.previous_response_id is not None:
+        raise APIError(400, "`conversation` and `previous_response_id` cannot both be set.", param="conversation")
+    if req.prompt is not None:
+        raise unsupported("prompt")
+    if req.truncation not in (None, "disabled"):
+        raise APIError(400, "Only `truncation: disabled` is supported: a prompt longer than the context "
+                            "gets a 400.", param="truncation", code="unsupported_parameter")
+    if req.input is None and req.previous_response_id is None and req.conversation is None:
+        raise APIError(400, "`input` is required.", param="input")
+    check_metadata(req.metadata)
+    for i, tool in enumerate(req.tools or []):
+        if tool.type != "function":
+            raise APIError(400, f"Tools of type `{tool.type}` are not supported; only `function`.",
+                           param=f"tools[{i}].type", code="unsupported_parameter")
+        if not tool.name:
+            raise APIError(400, "A function tool needs a `name`.", param=f"tools[{i}].name")
+    for i, what in enumerate(req.include or []):
+        if what != LOGPROBS_INCLUDE:
+            raise APIError(400, f"`include` value `{what}` is not supported; only `{LOGPROBS_INCLUDE}`.",
+                           param=f"include[{i}]", code="unsupported_parameter")
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise APIError(400, f"`metadata` may hold at most {MAX_METADATA_ENTRIES} entries; it has {len(metadata)}.",
+                       param="metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_LEN:
+            raise APIError(400, f"`metadata` keys may be at most {MAX_METADATA_KEY_LEN} characters.",
+                           param="metadata")
+        if len(value) > MAX_METADATA_VALUE_LEN:
+            raise APIError(400, f"`metadata` values may be at most {MAX_METADATA_VALUE_LEN} characters "
+                                f"(the value of `{key[:64]}`).", param="metadata")
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return LOGPROBS_INCLUDE in (req.include or [])

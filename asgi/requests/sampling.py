@@ -1,0 +1,59 @@
+"""Turn a validated request into the engine's SamplingParams, checking the context length."""
+from __future__ import annotations
+
+from asgi.errors import APIError
+from asgi.requests.schemas import SamplingFields
+from asgi.requests.structured import structured_spec
+from ipc.protocol import SamplingParams
+
+
+def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
+                    max_model_len: int, prompt_param: str, vocab_size: int,
+                    logprobs: int | None = None) -> SamplingParams:
+    """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs)."""
+    room = max_model_len - prompt_len
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        wanted = f"{prompt_len} tokens in the prompt" + (f" and {max_tokens} to generate" if max_tokens else "")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the request asks for "
+            f"{wanted}. Shorten the prompt or lower max_tokens.",
+            param=prompt_param if max_tokens is None or prompt_len >= max_model_len else "max_tokens",
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        # vLLM refuses this too: the request could never be honoured.
+        raise APIError(400, f"`min_tokens` ({req.min_tokens}) must not exceed `max_tokens` ({max_tokens}).",
+                       param="min_tokens")
+    params = SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else room,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(req.top_k or 0, 0),  # -1 and 0 both mean "off", as in vLLM
+        seed=req.seed,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop_token_ids=req.stop_token_ids or [],
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logprobs=logprobs,
+        logit_bias=logit_bias(req.logit_bias, vocab_size),
+        structured=structured_spec(req),
+    )
+    return req.nvext.apply(params) if req.nvext is not None else params
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """OpenAI's string keys as token ids of this vocabulary; values are range-checked by msgspec."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.lstrip("-").isdigit()):  # int() would also take " 5" and "1_0"
+            raise APIError(400, f"`logit_bias` keys must be token ids; got {key[:50]!r}.", param="logit_bias")
+        token_id = int(key)
+        if not 0 <= token_id < vocab_size:
+            raise APIError(400, f"`logit_bias` token id {token_id} is outside the vocabulary "
+                                f"(0 to {vocab_size - 1}).", param="logit_bias")
+        out[token_id] = value
+    return out

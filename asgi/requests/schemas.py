@@ -1,0 +1,232 @@
+"""Request bodies of the OpenAI routes, decoded and range-checked by msgspec at the edge.
+
+Unknown fields are ignored (SDKs send extras). Fields that a later version will implement are
+declared so that a request using them gets a 400 naming them (see `reject_unsupported`),
+never a silent ignore.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from asgi.errors import APIError, from_validation_error, not_found, unsupported
+from asgi.requests.nvext import NvExt
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+# Integers that travel to the engine are bounded to int64: msgpack cannot carry more, and the
+# engine builds int64 tensors of them (a larger top_k would fail the whole batch's step).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    # A JSON string in OpenAI's API; an object is taken too (as vLLM does).
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # An assistant turn's earlier thinking, for templates that show it (vLLM takes both names).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class FunctionName(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    type: str
+    function: FunctionName
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """What chat and completions share."""
+
+    model: str
+    # OpenAI's spec makes `stream` (and completions' `echo`) nullable: null is the default, false.
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # vLLM's extension
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # vLLM's extension; vLLM takes any value > 0, this server caps it at 2 (a deliberate divergence).
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
+    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0, le=INT64_MAX)]] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    # Token id (as a string, JSON keys being strings) -> added to its logit; ids checked in sampling.py.
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    # Structured outputs, checked and turned into one StructuredSpec by asgi/requests/structured.py.
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    nvext: NvExt | None = None  # NVIDIA Dynamo's extension (asgi/requests/nvext.py)
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    add_generation_prompt: bool | None = None  # None: true, unless continue_final_message
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    reasoning_effort: str | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | list[Any]
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    echo: bool | None = False
+    best_of: PositiveInt | None = None
+    suffix: str | None = None
+
+
+chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str):
+    """Decode and check a request body: 400 naming the parameter, 404 for another model."""
+    try:
+        # JSON is UTF-8 (RFC 8259). msgspec checks it only in the strings it decodes: in an
+        # object key it does not, so `"max_t\xffokens": 4` was an unknown key, silently skipped.
+        body.decode()
+    except UnicodeDecodeError:
+        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.",
+                       code="invalid_json") from None
+    try:
+        req = decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise from_validation_error(exc) from None
+    except RecursionError:  # raised outside DecodeError; unknown fields are skipped recursively too
+        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
+                       code="invalid_json") from None
+    reject_unsupported(req)
+    if req.nvext is not None:
+        req.nvext.check(chat=isinstance(req, ChatCompletionRequest))
+    if req.model != served_model:
+        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    return req
+
+
+def reject_unsupported(req: SamplingFields) -> None:
+    """400 for every parameter this server does not implement yet, naming it."""
+    checks: list[tuple[str, bool]] = []
+    if isinstance(req, ChatCompletionRequest):
+        checks += [
+            ("functions", bool(req.functions)),
+            ("function_call", req.function_call not in (None, "none")),
+            ("reasoning_effort", req.reasoning_effort is not None),
+            ("audio", req.audio is not None),
+            ("modalities", req.modalities not in (None, ["text"])),
+            ("prediction", req.prediction is not None),
+            ("web_search_options", req.web_search_options is not None),
+        ]
+    else:
+        checks += [
+            ("best_of", req.best_of not in (None, 1)),
+            ("suffix", bool(req.suffix)),
+        ]
+    for param, used in checks:
+        if used:
+            raise unsupported(param)
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "`top_logprobs` needs `logprobs` set to true.", param="top_logprobs")
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        # Logprobs of the prompt's tokens are not computed by the engine (a deliberate gap).
+        raise APIError(400, "`echo` together with `logprobs` is not supported by this server: "
+                            "it would need the prompt tokens' logprobs.", param="echo", code="unsupported_parameter")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "`stream_options` is only allowed when `stream` is true.", param="stream_options")
+
+
+def stream_usage(req: SamplingFields) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats): vLLM's continuous stats need include_usage too."""
+    opts = req.stream_options
+    include = bool(req.stream and opts and opts.include_usage)
+    return include, include and opts.continuous_usage_stats
+
+
+def stop_strings(req: SamplingFields) -> list[str]:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stop):
+        raise APIError(400, "Stop strings must not be empty.", param="stop")
+    return stop
+
+
+def prompt_batch(prompt: str | list[Any]) -> list[str] | list[list[int]]:
+    """A completions prompt as a list of strings or a list of token-id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "`prompt` must not be empty.", param="prompt")
+    if all(isinstance(x, str) for x in prompt):
+        return prompt
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        return [prompt]
+    if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in prompt):
+        return prompt
+    raise APIError(400, "`prompt` must be a string, a list of strings, a list of token ids, "
+                        "or a list of lists of token ids.", param="prompt")

@@ -1,0 +1,172 @@
+"""Structured outputs at the edge: a request's constraint as one StructuredSpec, checked to compile (else a 400).
+
+Accepted, at most one per request: OpenAI's `response_format` (`text`, `json_object`,
+`json_schema`), vLLM's `structured_outputs` (`json`, `regex`, `choice`, `grammar`,
+`json_object`), and vLLM's older `guided_json`, `guided_regex`, `guided_choice`,
+`guided_grammar`. The engine compiles the spec against the tokenizer and masks each step's
+logits with it (engine_proc/grammar_*.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import json
+from typing import Any
+
+import msgspec
+
+from asgi.errors import APIError
+from asgi.requests.schemas import SamplingFields
+from ipc.protocol import StructuredKind, StructuredSpec
+
+_GUIDED = (("guided_json", StructuredKind.JSON_SCHEMA), ("guided_regex", StructuredKind.REGEX),
+           ("guided_choice", StructuredKind.CHOICE), ("guided_grammar", StructuredKind.GRAMMAR))
+# vLLM's StructuredOutputsParams: its constraints (exactly one is set) and, ignored here, its options.
+_STRUCTURED_OUTPUTS = {"json": StructuredKind.JSON_SCHEMA, "regex": StructuredKind.REGEX,
+                       "choice": StructuredKind.CHOICE, "grammar": StructuredKind.GRAMMAR,
+                       "json_object": StructuredKind.JSON_OBJECT, "structural_tag": None}
+_RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param, _ in _GUIDED))
+_checker_loaded = False
+
+
+async def load_checker(req: SamplingFields) -> None:
+    """Imports xgrammar the first time a request may need it, on a thread: it imports torch (about
+    2 s here), which on the event loop would stall every stream of this worker."""
+    global _checker_loaded
+    if _checker_loaded:
+        return
+    constrained = any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
+        getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
+    if constrained:
+        await asyncio.to_thread(importlib.import_module, "engine_proc.grammar_spec")
+        _checker_loaded = True
+
+
+def structured_spec(req: SamplingFields) -> StructuredSpec | None:
+    """The request's one constraint, compiled once to check it; None if it has none."""
+    # (the request's field, its spec, the parameter that holds the constraint's value)
+    found: list[tuple[str, StructuredSpec, str]] = []
+    if (got := _response_format(req.response_format)) is not None:
+        found.append(("response_format", *got))
+    if req.structured_outputs is not None:
+        found.append(("structured_outputs", *_structured_outputs(req.structured_outputs)))
+    for param, kind in _GUIDED:
+        if (value := getattr(req, param)) is not None:
+            found.append((param, _spec(kind, value, param), param))
+    if not found:
+        return None
+    if len(found) > 1:
+        names = " and ".join(f"`{field}`" for field, _, _ in found)
+        raise APIError(400, f"A request takes one structured output constraint; it has {names}.",
+                       param=found[1][0], code="invalid_value")
+    _, spec, param = found[0]
+    return checked(spec, param)
+
+
+def json_schema_spec(schema: dict[str, Any], param: str = "tools") -> StructuredSpec:
+    """A spec forcing JSON valid against `schema` (tool calls use it); a 400 naming `param` if it cannot compile."""
+    return checked(_spec(StructuredKind.JSON_SCHEMA, schema, param), param)
+
+
+def checked(spec: StructuredSpec, param: str) -> StructuredSpec:
+    """`spec` if xgrammar can build its grammar; else a 400 naming `param`."""
+    if (error := _grammar_error(spec.kind, spec.value)) is not None:
+        raise APIError(400, f"`{param}` is not a valid constraint: {error}", param=param, code="invalid_value")
+    return spec
+
+
+def _grammar_error(kind: StructuredKind, value: str) -> str | None:
+    """Why xgrammar cannot build the grammar, or why it admits no output (about a millisecond), or None."""
+    if len(value) > _MAX_CACHED_LEN:
+        return _build_error(kind, value)
+    return _cached_build_error(kind, value)
+
+
+def _build_error(kind: StructuredKind, value: str) -> str | None:
+    from engine_proc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
+
+    try:
+        check_spec(StructuredSpec(kind, value))
+    except GrammarError as exc:
+        return str(exc)
+    return None
+
+
+# Keyed by the spec: a client that sends one schema again and again pays once. Large specs are
+# not kept (256 bodies of megabytes would be a lot of memory for a cache).
+_cached_build_error = functools.lru_cache(maxsize=256)(_build_error)
+_MAX_CACHED_LEN = 64 * 1024
+
+
+def _response_format(rf: Any) -> tuple[StructuredSpec, str] | None:
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise _bad("response_format", "must be an object with a string `type`")
+    kind = rf["type"]
+    if kind not in _RESPONSE_FORMAT_TYPES:
+        raise _bad("response_format.type", f"must be one of {', '.join(_RESPONSE_FORMAT_TYPES)}; got {kind[:50]!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredSpec(StructuredKind.JSON_OBJECT, ""), "response_format"
+    js = rf.get("json_schema")
+    if not isinstance(js, dict):
+        raise _bad("response_format.json_schema", "must be an object when `type` is json_schema")
+    if not isinstance(js.get("name"), str):
+        raise _bad("response_format.json_schema.name", "must be a string")
+    for key, types in (("description", str), ("strict", bool)):
+        if js.get(key) is not None and not isinstance(js[key], types):
+            raise _bad(f"response_format.json_schema.{key}", f"must be a {types.__name__}")
+    if "schema" not in js:
+        raise _bad("response_format.json_schema.schema", "is required: the JSON schema the output must follow")
+    # strict or not, the output follows the schema (a grammar cannot half-follow it).
+    param = "response_format.json_schema.schema"
+    return _spec(StructuredKind.JSON_SCHEMA, js["schema"], param), param
+
+
+def _structured_outputs(so: Any) -> tuple[StructuredSpec, str]:
+    if not isinstance(so, dict):
+        raise _bad("structured_outputs", "must be an object")
+    keys = [k for k in _STRUCTURED_OUTPUTS if so.get(k) is not None and so.get(k) is not False]
+    if len(keys) != 1:
+        raise _bad("structured_outputs", "must set exactly one of "
+                   f"{', '.join(k for k in _STRUCTURED_OUTPUTS if k != 'structural_tag')}")
+    key = keys[0]
+    param = f"structured_outputs.{key}"
+    kind = _STRUCTURED_OUTPUTS[key]
+    if kind is None:
+        raise APIError(400, f"`{param}` is not supported by this server.", param=param, code="unsupported_parameter")
+    if kind is StructuredKind.JSON_OBJECT:
+        if so[key] is not True:
+            raise _bad(param, "must be a boolean")
+        return StructuredSpec(kind, ""), param
+    return _spec(kind, so[key], param), param
+
+
+def _spec(kind: StructuredKind, value: Any, param: str) -> StructuredSpec:
+    """The spec of one constraint's value, its type checked; whether it compiles is `checked`'s job."""
+    if kind is StructuredKind.JSON_SCHEMA:
+        if isinstance(value, str):  # vLLM also takes the schema as JSON text
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise _bad(param, "must be a JSON schema (an object, or its JSON text)") from None
+        if not isinstance(value, dict):
+            raise _bad(param, "must be a JSON schema (an object)")
+        return StructuredSpec(kind, msgspec.json.encode(value).decode())
+    if kind is StructuredKind.CHOICE:
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise _bad(param, "must be a non-empty list of strings")
+        return StructuredSpec(kind, msgspec.json.encode(value).decode())
+    if not isinstance(value, str) or not value:  # REGEX, GRAMMAR
+        raise _bad(param, "must be a non-empty string")
+    return StructuredSpec(kind, value)
+
+
+def _bad(param: str, what: str) -> APIError:
+    return APIError(400, f"`{param}` {what}.", param=param, code="invalid_value")

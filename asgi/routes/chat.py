@@ -1,0 +1,48 @@
+"""POST /v1/chat/completions: messages -> chat template -> engine -> chunks or one body."""
+from __future__ import annotations
+
+from asgi.engine_link.generate import Generation, new_request_id
+from asgi.http.access_log import log_request_content
+from asgi.http.request_context import current
+from asgi.output.chat_format import ChatFormatter
+from asgi.output.logprobs_format import ChatLogprobs
+from asgi.output.respond import respond
+from asgi.parsers.chat_parsing import parser_factory
+from asgi.prompt.chat_messages import render_messages
+from asgi.requests.nvext import NvExtReply
+from asgi.requests.sampling import sampling_params
+from asgi.requests.schemas import chat_decoder, decode_request, stop_strings, stream_usage
+from asgi.requests.structured import load_checker
+from asgi.requests.tool_choice import forced_spec, plan_tools
+from asgi.state import WorkerState
+
+
+async def chat_completions(state: WorkerState, body: bytes, receive, send) -> None:
+    req = decode_request(chat_decoder, body, state.model_id)
+    if (ctx := current()) is not None:
+        ctx.model = state.model_id
+    log_request_content(state.settings.log_requests, req)
+    stop = stop_strings(req)
+    settings = state.settings
+    tool_plan = plan_tools(req, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
+    prompt_ids = await render_messages(state, req)
+    await load_checker(req)
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    num_top = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, max_tokens=limit, prompt_len=len(prompt_ids),
+                             max_model_len=state.settings.limits.max_model_len, prompt_param="messages",
+                             vocab_size=state.settings.limits.vocab_size, logprobs=num_top)
+    params.structured = forced_spec(tool_plan, params.structured)  # tool_choice required or named
+    make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
+                                 reasoning_parser=settings.reasoning_parser)
+    request_id = new_request_id("chatcmpl")
+    make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
+                                   include_stop=req.include_stop_str_in_output)
+    n = req.n or 1
+    gen = Generation(state.client, request_id, [prompt_ids], params, make_detok, n=n)
+    include_usage, continuous_usage = stream_usage(req)
+    fmt = ChatFormatter(request_id, state.model_id, n, include_usage, make_parser=make_parser,
+                        logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top))
+    await respond(gen, fmt, stream=req.stream, receive=receive, send=send, keepalive_s=state.settings.sse_keepalive_s,
+                  include_usage=include_usage, continuous_usage=continuous_usage,
+                  nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))

@@ -1,0 +1,220 @@
+"""POST /v1/responses (OpenAI's Responses API) through the chat path, streamed as typed events or one body."""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import msgspec
+
+from asgi.engine_link.generate import KEEPALIVE, Generation, GenerationFailed, Usage, new_request_id
+from asgi.errors import APIError, from_validation_error, not_found
+from asgi.http.access_log import log_request_content
+from asgi.http.primitives import DisconnectWatcher, send_response
+from asgi.http.request_context import current
+from asgi.http.sse import SSEWriter
+from asgi.output.logprobs_format import ChatLogprobs
+from asgi.output.responses_format import ResponseBuilder, sse_event
+from asgi.parsers.chat_parsing import parser_factory
+from asgi.prompt.chat_messages import render_messages
+from asgi.requests.responses_input import chat_request, input_items, items_to_messages
+from asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
+from asgi.requests.sampling import sampling_params
+from asgi.requests.structured import load_checker
+from asgi.requests.tool_choice import forced_spec, plan_tools
+from asgi.routes.conversations import append_items, conversation_id_of, conversation_or_404
+from asgi.state import WorkerState
+from asgi.stores.responses import StoredResponse
+
+log = logging.getLogger("rill.api")
+
+
+def decode(body: bytes, served_model: str) -> ResponsesRequest:
+    try:
+        body.decode()
+        req = responses_decoder.decode(body)
+    except UnicodeDecodeError:
+        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.", code="invalid_json") from None
+    except msgspec.DecodeError as exc:
+        raise from_validation_error(exc) from None
+    except RecursionError:
+        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.", code="invalid_json") from None
+    check_request(req)
+    if req.model != served_model:
+        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    return req
+
+
+def stored_or_404(state: WorkerState, response_id: str, param: str | None = None) -> StoredResponse:
+    entry = state.responses_store.get(response_id)
+    if entry is None:
+        why = "the response store is disabled on this server" if not state.responses_store.enabled else \
+            "it was never stored (store: false), was deleted, expired or was evicted, or another API worker made it"
+        raise APIError(404, f"No response with id `{response_id}` found: {why}.", param=param, code="not_found")
+    return entry
+
+
+async def prepare(state: WorkerState, req: ResponsesRequest):
+    """(input items, chat messages of the chain, the chat request, prompt ids)."""
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        history = stored_or_404(state, req.previous_response_id, "previous_response_id").messages
+    if (conversation_id := conversation_id_of(req.conversation)) is not None:
+        history = items_to_messages(conversation_or_404(state, conversation_id, "conversation").items, "conversation")
+    items = input_items(req)
+    messages = [*history, *items_to_messages(items)]
+    chat = chat_request(req, messages)
+    prompt_ids = await render_messages(state, chat)
+    return items, messages, chat, prompt_ids
+
+
+def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -> dict[str, Any]:
+    """What a Response repeats of its request (OpenAI's defaults where the request left one out)."""
+    tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+              "strict": t.strict} for t in req.tools or []]
+    return {"id": response_id, "model": state.model_id, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": req.reasoning or {"effort": None, "summary": None}, "store": req.store is not False,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p, "top_logprobs": req.top_logprobs,
+            "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
+            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": tools,
+            "truncation": "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",
+            "conversation": {"id": cid} if (cid := conversation_id_of(req.conversation)) else None,
+            "moderation": None,
+            # Required by the spec, whose only ttl value is 30m; this server's prefix cache is implicit.
+            "prompt_cache_options": {"ttl": "30m", "mode": "implicit"},
+            **{k: v for k, v in (("user", req.user), ("safety_identifier", req.safety_identifier)) if v is not None}}
+
+
+async def create_response(state: WorkerState, body: bytes, receive, send) -> None:
+    req = decode(body, state.model_id)
+    if (ctx := current()) is not None:
+        ctx.model = state.model_id
+    log_request_content(state.settings.log_requests, req)
+    settings = state.settings
+    items, messages, chat, prompt_ids = await prepare(state, req)
+    tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
+    await load_checker(chat)
+    num_top = chat.top_logprobs if chat.logprobs else None
+    try:
+        params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
+                                 max_model_len=settings.limits.max_model_len, prompt_param="input",
+                                 vocab_size=settings.limits.vocab_size, logprobs=num_top)
+    except APIError as exc:
+        if exc.param and exc.param.startswith("response_format"):  # the chat name of text.format
+            param = "text.format" + exc.param[len("response_format"):].replace(".json_schema", "", 1)
+            exc.message = exc.message.replace(exc.param, param)
+            exc.param = param
+        elif exc.param == "max_tokens":
+            exc.param = "max_output_tokens"
+        raise
+    params.structured = forced_spec(tool_plan, params.structured)
+    make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
+                                 reasoning_parser=settings.reasoning_parser)
+    response_id = new_request_id("resp").replace("-", "_")
+    make_detok = state.detokenizer(stop=[], skip_special_tokens=True, include_stop=False)
+    gen = Generation(state.client, response_id, [prompt_ids], params, make_detok)
+    logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
+    builder = ResponseBuilder(echoed_fields(req, response_id, state), make_parser(), logprobs)
+    builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
+    entry = None
+    if req.store is not False and state.responses_store.enabled:
+        entry = StoredResponse(builder.response(), items, messages, cancel=lambda: _cancel(gen, builder))
+        state.responses_store.put(response_id, entry)
+    watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
+    failed = True
+    try:
+        await gen.start()
+        if req.stream:
+            failed = await _stream(gen, builder, send, settings.sse_keepalive_s)
+        else:
+            await _aggregate(gen, builder, send)
+            failed = False
+    finally:
+        watcher.stop()
+        gen.record(failed=failed)
+        if entry is not None:
+            _finish_entry(state, response_id, entry, builder, failed)
+        if (conversation_id := conversation_id_of(req.conversation)) and builder.status in ("completed", "incomplete"):
+            append_items(state, conversation_id, copy.deepcopy([*items, *builder.output]))
+
+
+def _cancel(gen: Generation, builder: ResponseBuilder) -> None:
+    builder.status = "cancelled"
+    gen.on_disconnect()  # ends the wait for output; the Generation aborts its engine work on the way out
+
+
+def _finish_entry(state, response_id, entry: StoredResponse, builder: ResponseBuilder, failed: bool) -> None:
+    entry.cancel = None
+    if builder.status == "in_progress":
+        builder.status = "failed" if failed else "cancelled"  # an error, or the client left
+        if failed and builder.error is None:
+            builder.error = {"code": "server_error", "message": "The response failed before it finished."}
+    entry.response = builder.response()
+    entry.messages = [*entry.messages, *items_to_messages(builder.output, "output")]
+    if state.responses_store.get(response_id) is entry:
+        state.responses_store.put(response_id, entry)  # refreshes the entry's TTL from its end
+
+
+async def _stream(gen: Generation, builder: ResponseBuilder, send, keepalive_s: float) -> bool:
+    sse = SSEWriter(send, keepalive_s)
+    await sse.start()
+    for event in builder.start():
+        await sse.event(sse_event(event))
+    finish = None
+    try:
+        async for item in gen.deltas(sse.keepalive_due_in):
+            if item is KEEPALIVE:
+                await sse.keepalive()
+                continue
+            for delta in item:
+                finish = delta.finish_reason or finish
+                for event in builder.push(delta):
+                    await sse.event(sse_event(event))
+    except GenerationFailed as exc:
+        log.error("response %s failed mid-stream: %s", gen.request_id, exc)
+        builder.usage = gen.usage()
+        for event in builder.fail(str(exc), exc.code):
+            await sse.event(sse_event(event))
+        await sse.close()
+        return True
+    if builder.status == "cancelled":
+        builder.usage = gen.usage()
+        for event in builder.fail("The response was cancelled.", status="cancelled"):
+            await sse.event(sse_event(event))
+    elif gen.disconnected:
+        return False
+    else:
+        for event in builder.finish(finish, gen.usage()):
+            await sse.event(sse_event(event))
+    await sse.close()
+    return False
+
+
+async def _aggregate(gen: Generation, builder: ResponseBuilder, send) -> None:
+    finish = None
+    try:
+        async for item in gen.deltas():
+            for delta in item:
+                finish = delta.finish_reason or finish
+                builder.push(delta)
+    except GenerationFailed as exc:
+        raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
+    if builder.status == "cancelled":
+        builder.usage = gen.usage()
+        builder.fail("The response was cancelled.", status="cancelled")
+    elif gen.disconnected:
+        return
+    else:
+        builder.finish(finish, gen.usage())
+    await send_response(send, 200, msgspec.json.encode(builder.response()))
+
+
+async def count_input_tokens(state: WorkerState, body: bytes, receive, send) -> None:
+    """POST /v1/responses/input_tokens: the prompt's token count, as the create request would build it."""
+    req = decode(body, state.model_id)
+    *_, prompt_ids = await prepare(state, req)
+    await send_response(send, 200, msgspec.json.encode({"object": "response.input_tokens",
+                                                         "input_tokens": len(prompt_ids)}))

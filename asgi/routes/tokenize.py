@@ -1,0 +1,107 @@
+"""vLLM's utility routes: POST /tokenize and /detokenize (a prompt or chat messages), GET /version."""
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from asgi.errors import APIError, from_validation_error, not_found
+from asgi.http.primitives import send_response
+from asgi.prompt.chat_messages import render_messages
+from asgi.prompt.encoding import encode_texts
+from asgi.requests.schemas import INT64_MAX, ChatCompletionRequest
+from asgi.state import WorkerState, dumps
+
+
+class TokenizePrompt(msgspec.Struct, kw_only=True):
+    prompt: str
+    model: str | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChat(ChatCompletionRequest, kw_only=True):
+    """The chat fields that shape a prompt, so /tokenize renders exactly what chat would send."""
+
+    model: str | None = None
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    tokens: list[Annotated[int, Meta(ge=0, le=INT64_MAX)]]
+    model: str | None = None
+
+
+_prompt_decoder = msgspec.json.Decoder(TokenizePrompt)
+_chat_decoder = msgspec.json.Decoder(TokenizeChat)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState):
+    try:
+        req = decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise from_validation_error(exc) from None
+    except RecursionError:
+        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
+                       code="invalid_json") from None
+    if req.model is not None and req.model != state.model_id:
+        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+    return req
+
+
+def _is_chat(body: bytes) -> bool:
+    """Whether the body has a top-level `messages` key (vLLM's two forms of /tokenize)."""
+    try:
+        keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, RecursionError):
+        return False  # the prompt decoder reports what is wrong with the body
+    return "messages" in keys
+
+
+async def tokenize(state: WorkerState, body: bytes, receive, send) -> None:
+    if _is_chat(body):
+        req = _decode(_chat_decoder, body, state)
+        if req.add_special_tokens:
+            # The chat template writes the special tokens it wants; adding the tokenizer's on
+            # top would not be the prompt chat completions sends.
+            raise APIError(400, "`add_special_tokens` must be false with `messages`: the chat template "
+                                "decides the special tokens.", param="add_special_tokens")
+        ids = await render_messages(state, req)
+    else:
+        req = _decode(_prompt_decoder, body, state)
+        (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)
+    answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": ids,
+              "token_strs": [state.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None}
+    await send_json(send, answer)
+
+
+async def detokenize(state: WorkerState, body: bytes, receive, send) -> None:
+    req = _decode(_detokenize_decoder, body, state)
+    vocab_size = state.settings.limits.vocab_size
+    for i, token_id in enumerate(req.tokens):
+        if token_id >= vocab_size:
+            raise APIError(400, f"Token ids must be between 0 and {vocab_size - 1}.", param=f"tokens[{i}]")
+    # Ids past the tokenizer's own vocabulary (the model's embedding may be padded) decode to "".
+    await send_json(send, {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+
+
+async def get_version(state: WorkerState, body: bytes, receive, send) -> None:
+    await send_json(send, {"version": _VERSION})
+
+
+async def send_json(send, obj) -> None:
+    await send_response(send, 200, dumps(obj))
+
+
+def _package_version() -> str:
+    try:
+        return version("rill")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+_VERSION = _package_version()

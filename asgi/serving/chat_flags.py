@@ -1,0 +1,50 @@
+"""`rill serve` flags of chat templates, tool calls and reasoning, checked before anything starts."""
+from __future__ import annotations
+
+import argparse
+
+from asgi.parsers.reasoning import REASONING_PARSERS
+from asgi.parsers.tools import TOOL_PARSERS
+
+
+def add_chat_flags(ap: argparse.ArgumentParser) -> None:
+    """README: "Chat templates", "Tool calls", "Reasoning"."""
+    chat = ap.add_argument_group("chat templates, tool calls, reasoning")
+    chat.add_argument("--trust-request-chat-template", action="store_true",
+                      help="let a request bring its own `chat_template` (rendered in the jinja2 sandbox); "
+                           "without it such a request gets 400")
+    chat.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                      help="how the model writes tool calls (vLLM's names): hermes for <tool_call>{...}</tool_call>, "
+                           "llama3_json for Llama 3's JSON calls")
+    chat.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help='let the model choose to call tools (tool_choice "auto", the default when a request '
+                           "has tools); needs --tool-call-parser")
+    chat.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                      help="split <think>...</think> into reasoning_content (vLLM's names): deepseek_r1 "
+                           "(the opening tag may be absent), qwen3")
+
+
+def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Exits (status 2) with one line naming the flag for a chat template that does not load or
+    compile, or --enable-auto-tool-choice without a parser: at start, not on the first request."""
+    from asgi.prompt.templating import TemplateError, load_template_arg
+
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        _fail(parser, "--enable-auto-tool-choice needs --tool-call-parser")
+    if args.chat_template is not None:
+        model_dir = args.model  # the bundled model's tokens are not needed to check the template compiles
+        try:
+            load_template_arg(args.chat_template, model_dir)
+        except TemplateError as exc:
+            _fail(parser, f"--chat-template: {exc}")
+
+
+def _fail(parser: argparse.ArgumentParser, message: str) -> None:
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def chat_settings(args: argparse.Namespace) -> dict:
+    """The WorkerSettings of chat templates, tool calls and reasoning."""
+    return dict(trust_request_chat_template=args.trust_request_chat_template,
+                tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                reasoning_parser=args.reasoning_parser)

@@ -1,0 +1,206 @@
+"""The `rill` command: `rill serve` and its flags."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from asgi.serving.chat_flags import add_chat_flags, check_chat_flags
+from asgi.serving.systemd_unit import add_systemd_unit_parser, print_unit
+
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
+          "G": 1e9, "GB": 1e9, "GIB": 2**30, "T": 1e12, "TB": 1e12, "TIB": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """'2GiB', '512MiB' or '1073741824' -> bytes."""
+    match = _SIZE.match(text)
+    unit = (match.group(2) or "").upper() if match else None
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GiB or 512MiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def serve_parser(sub) -> argparse.ArgumentParser:
+    ap = sub.add_parser("serve", help="serve a model over the OpenAI API",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    net = ap.add_argument_group("HTTP")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    net.add_argument("--port", type=int, default=8000)
+    net.add_argument("--workers", type=int, default=1, help="API worker processes sharing the one engine")
+    net.add_argument("--sse-keepalive", type=float, default=15.0,
+                     help="seconds of silence on a stream before a ': keep-alive' comment goes out")
+    net.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
+    net.add_argument("--max-request-body", type=byte_size, default="32MiB", help="larger bodies get 413")
+    net.add_argument("--responses-store-max-entries", type=int, default=1000,
+                     help="responses kept per API worker for GET /v1/responses/{id} and previous_response_id "
+                          "(0 disables the store)")
+    net.add_argument("--responses-store-ttl", type=float, default=3600.0,
+                     help="seconds a stored response is kept (0 disables the store)")
+    net.add_argument("--conversations-store-max-entries", type=int, default=1000,
+                     help="conversations kept per API worker for /v1/conversations and `conversation` "
+                          "(0 disables the store)")
+    net.add_argument("--conversations-store-ttl", type=float, default=3600.0,
+                     help="seconds a conversation is kept, counted from its creation (0 disables the store)")
+    model = ap.add_argument_group("model")
+    model.add_argument("--model", default=None,
+                       help="a local Hugging Face model directory (default: the bundled SmolLM2-135M-Instruct)")
+    model.add_argument("--served-model-name", default=None, help="the model id clients use")
+    model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
+    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="auto: bfloat16 on a GPU, and on a CPU with AMX-BF16 or AVX512-BF16; float32 on other "
+                            "CPUs (the start-up log and /stats say which and why)")
+    model.add_argument("--quantization", "-q", default="none", choices=["none", "int8"],
+                       help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
+                            "head, through torch's int8 kernel; a quarter of float32's weight bytes; CPU only "
+                            "(see README: Quantization)")
+    model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                       help="auto: cuda when torch sees a GPU, else cpu")
+    model.add_argument("--attention-backend", default="auto", choices=["auto", "cpu", "torch", "triton"],
+                       help="auto: the Triton kernels on a GPU; on the CPU, cpu (Rill's C++ paged decode "
+                            "kernel, built at first start, and SDPA for prefill) where a C++ compiler is found, "
+                            "else torch (SDPA over gathered blocks)")
+    model.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                       help="dummy: random weights from the config, no weight files read")
+    model.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                       help="native: Rill's own Llama-family model (an error for other architectures); "
+                            "transformers: the generic transformers model, correct but slower; "
+                            "auto: native where supported, else transformers")
+    model.add_argument("--cache-dir", default=None,
+                       help="where the bundled model is converted once (default $RILL_CACHE or ~/.cache/rill)")
+    engine = ap.add_argument_group("engine")
+    engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    engine.add_argument("--kv-cache-memory", type=byte_size, default="1GiB", help="KV cache size on CPU")
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of prompt prefixes that earlier requests computed")
+    engine.add_argument("--batch-invariant", action="store_true",
+                        help="a request's logits are bit for bit the same whatever else is in the step "
+                             "(same seed, same prompt, same output); costs decode speed, see README")
+    engine.add_argument("--enforce-eager", action="store_true",
+                        help="run every step eagerly: no torch.compile of decode steps at start (which takes "
+                             "about a minute the first time, seconds from the disk cache after)")
+    engine.add_argument("--num-threads", type=int, default=None, help="torch threads in the engine (default: torch's)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_admission_flags(ap)
+    add_auth_proxy_log_flags(ap)
+    add_metrics_flags(ap)
+    add_chat_flags(ap)
+    return ap
+
+
+def _non_negative(convert):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = -1
+        if not value >= 0:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def add_admission_flags(ap: argparse.ArgumentParser) -> None:
+    """Bounds on the engine's waiting queue and on a request's time (README: "Admission control")."""
+    admission = ap.add_argument_group("admission control")
+    admission.add_argument("--max-queued-requests", type=_non_negative(int), default=0, metavar="N",
+                           help="most requests waiting for a seat in the running batch (--max-num-seqs); "
+                                "past it a request gets 429 with Retry-After at once; 0: no limit")
+    admission.add_argument("--max-queued-tokens", type=_non_negative(int), default=0, metavar="N",
+                           help="most prompt tokens of the waiting requests; past it 429 likewise; 0: no limit")
+    admission.add_argument("--request-timeout", type=_non_negative(float), default=0.0, metavar="SECONDS",
+                           help="end a request this long after it reached the engine: an error event "
+                                "`request_timeout` ends a stream, else 504; 0: no timeout")
+
+
+def _metrics_prefix(text: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"not a metric name prefix: {text!r} (letters, digits, _)")
+    return text
+
+
+def add_metrics_flags(ap: argparse.ArgumentParser) -> None:
+    """GET /metrics (README: "Metrics")."""
+    metrics = ap.add_argument_group("metrics")
+    metrics.add_argument("--metrics-prefix", type=_metrics_prefix, default="rill",
+                         help="prefix of every /metrics name (rill:time_to_first_token_seconds); "
+                              "vllm: existing vLLM dashboards work unchanged")
+
+
+def _str_list(text: str) -> list[str]:
+    from asgi.http.cors import parse_list
+
+    try:
+        return parse_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
+    """API keys, CORS and connections, logs (README: "API keys", "Browsers, proxies", "Logs")."""
+    auth = ap.add_argument_group("API keys")
+    auth.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                      help="a key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable; "
+                           "also $RILL_API_KEY; prefer that or --api-key-file: argv is visible to `ps`)")
+    auth.add_argument("--api-key-file", action="append", default=None, metavar="PATH",
+                      help="a file of keys, one a line, # comments and blank lines skipped (repeatable)")
+    auth.add_argument("--protect-metrics", action="store_true",
+                      help="/metrics and /stats need a key too (/health and /ready stay open)")
+    proxies = ap.add_argument_group("browsers and proxies")
+    proxies.add_argument("--allowed-origins", type=_str_list, default=[], metavar="ORIGINS",
+                         help="CORS origins, comma-separated or a JSON list ('*' for any); none: CORS off")
+    proxies.add_argument("--allowed-methods", type=_str_list, default=["GET", "POST"], metavar="METHODS",
+                         help="CORS methods")
+    proxies.add_argument("--allowed-headers", type=_str_list, default=["*"], metavar="HEADERS",
+                         help="CORS request headers ('*': whatever the browser asks for)")
+    proxies.add_argument("--timeout-keep-alive", type=float, default=125.0, metavar="SECONDS",
+                         help="seconds an idle HTTP/1 connection stays open (and a client has to send its "
+                              "headers); above a proxy's idle timeout (60-120 s), so the proxy closes first; "
+                              "0: no keep-alive")
+    logs = ap.add_argument_group("logs")
+    logs.add_argument("--log-format", default="text", choices=["text", "json"],
+                      help="json: every line of every process is one JSON object")
+    logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                      help="one line per request on the rill.access logger (at info level)")
+    logs.add_argument("--log-requests", action="store_true",
+                      help="also log each request's prompt or messages (a debug line on rill.requests, "
+                           "shown whatever --log-level); without it no prompt text is ever logged")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rill", description="Rill: an OpenAI-compatible LLM inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = serve_parser(sub)
+    add_systemd_unit_parser(sub)
+    # The bench parsers import aiohttp and numpy: build them only for `rill bench`.
+    sub.add_parser("bench", help="serving benchmarks: serve, compare, sweep (rill bench -h)",
+                           add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own parser, so that `rill bench -h` and every flag pass through
+        from bench.__main__ import main as bench_main
+
+        try:
+            sys.exit(bench_main(argv[1:], prog="rill bench"))
+        except ModuleNotFoundError as e:  # the `bench` extra is not installed
+            if e.name not in ("aiohttp", "tqdm", "matplotlib"):
+                raise
+            sys.exit(f"rill bench needs the bench extra ({e.name} is not installed): pip install 'rill[bench]'")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from asgi.serving.launcher import serve as run_serve
+
+        check_chat_flags(args, serve)
+        sys.exit(run_serve(args))
+    if args.command == "systemd-unit":
+        sys.exit(print_unit(args, serve_parser))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""State kept by the API workers for later requests (stored responses)."""

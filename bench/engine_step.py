@@ -28,10 +28,10 @@ from transformers.utils import logging as hf_logging
 
 from bench.markdown import number, table
 from bench.provenance import provenance, save_results
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.bundled_model import ensure_bundled_model
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest
+from engine_proc.model.bundled import ensure_bundled_model
+from engine_proc.model.runner import ModelRunner
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 BLOCK_SIZE = 16

@@ -58,7 +58,7 @@ from bench.provenance import provenance, save_results
 from bench.serve import BenchConfig, build_prompts
 from bench.servers import ServerProcess, rill_server
 from bench.tf_serve import run_forced, serve_throughput, transformers_serve
-from engine_proc.bundled_model import ensure_bundled_model
+from engine_proc.model.bundled import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024

@@ -5,7 +5,7 @@ and M rows of activations, the time of one call of:
 
 - `fp32` / `bf16`: what Rill runs without quantization (model_loader.PackedLinear, oneDNN's
   prepacked weights; plain F.linear where oneDNN cannot pack);
-- `int8 kernel`: torch's `_weight_int8pack_mm` on bfloat16 activations (engine_proc/quantization.py's
+- `int8 kernel`: torch's `_weight_int8pack_mm` on bfloat16 activations (engine_proc/model/quantization.py's
   decode path), fed bf16 (`bf16 in`) or fp32 casted to bf16 and back (`fp32 in`);
 - `int8 dequant`: the int8 weight converted to fp32 or bf16 per call, F.linear, then the scales on
   the output (its prefill path);
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from bench.markdown import table
 from bench.provenance import provenance, save_results
-from engine_proc.model_loader import PackedLinear
-from engine_proc.quantization import KERNEL_MAX_ROWS, Int8Linear
+from engine_proc.model.loader import PackedLinear
+from engine_proc.model.quantization import KERNEL_MAX_ROWS, Int8Linear
 
 # (name, out_features N, in_features K) of SmolLM2-135M (hidden 576, 9 + 2 x 3 heads of 64, MLP 1536).
 SHAPES = [("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576),

@@ -1,6 +1,6 @@
 """`python -m bench.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
 
-The bundled model is loaded through Rill's own ModelRunner (engine_proc/model_loader.load_model)
+The bundled model is loaded through Rill's own ModelRunner (engine_proc/model/loader.load_model)
 four times: float32 and bfloat16, each with quantization none and int8. For each:
 
 - perplexity on bench/data/opticks.txt (see bench/data/README.md) with a sliding window of
@@ -33,11 +33,11 @@ from tokenizers import Tokenizer
 
 from bench.markdown import table
 from bench.provenance import provenance, save_results
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.bundled_model import ensure_bundled_model
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest
-from engine_proc.step_inputs import prepare_step
+from engine_proc.model.bundled import ensure_bundled_model
+from engine_proc.model.runner import ModelRunner
+from engine_proc.model.step_inputs import prepare_step
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 DATA_DIR = Path(__file__).with_name("data")

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine_proc.bundled_model import ensure_bundled_model
+from engine_proc.model.bundled import ensure_bundled_model
 
 TINY_SHAPE = {
     "hidden_size": 64,

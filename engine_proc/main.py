@@ -41,7 +41,7 @@ class EngineConfig(msgspec.Struct):
     quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
-    enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/decode_graphs.py)
+    enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)
     block_size: int = 16
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 64
@@ -49,7 +49,7 @@ class EngineConfig(msgspec.Struct):
     max_model_len: int | None = None
     num_threads: int | None = None
     enable_prefix_caching: bool = True
-    # Admission control and --request-timeout (engine_proc/admission.py, deadlines.py); 0: none.
+    # Admission control and --request-timeout (engine_proc/sched/admission.py, deadlines.py); 0: none.
     max_queued_requests: int = 0
     max_queued_tokens: int = 0
     request_timeout_s: float = 0.0
@@ -105,9 +105,9 @@ MODEL_IMPLS = ("auto", "native", "transformers")
 def choose_runner(model_impl: str, hf_config):
     """The runner class for this model, chosen once at start: native where it supports the
     architecture, else (or when asked) the generic transformers runner."""
-    from engine_proc.hf_runner import TransformersRunner
-    from engine_proc.llama import check_supported
-    from engine_proc.model_runner import ModelRunner
+    from engine_proc.model.hf_runner import TransformersRunner
+    from engine_proc.model.llama import check_supported
+    from engine_proc.model.runner import ModelRunner
 
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl {model_impl!r}: expected one of {MODEL_IMPLS}")
@@ -156,17 +156,17 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
 def build_engine(config: EngineConfig):
     import torch
 
-    from engine_proc.admission import AdmissionControl
-    from engine_proc.block_manager import BlockManager
+    from engine_proc.attention.kv_cache import num_blocks_for_memory
     from engine_proc.core import EngineCore
-    from engine_proc.deadlines import Deadlines
-    from engine_proc.grammar_compiler import GrammarCompiler
-    from engine_proc.grammar_gate import GrammarGate
-    from engine_proc.hf_runner import TransformersRunner
+    from engine_proc.grammar.compiler import GrammarCompiler
+    from engine_proc.grammar.gate import GrammarGate
     from engine_proc.io_threads import InputThread, OutputThread
-    from engine_proc.kv_cache import num_blocks_for_memory
-    from engine_proc.model_loader import load_config
-    from engine_proc.scheduler import Scheduler
+    from engine_proc.model.hf_runner import TransformersRunner
+    from engine_proc.model.loader import load_config
+    from engine_proc.sched.admission import AdmissionControl
+    from engine_proc.sched.block_manager import BlockManager
+    from engine_proc.sched.deadlines import Deadlines
+    from engine_proc.sched.scheduler import Scheduler
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)

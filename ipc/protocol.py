@@ -149,7 +149,7 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
 
 
 class Verdict(enum.IntEnum):
-    """The input thread's answer to a Submit under admission control (engine_proc/admission.py)."""
+    """The input thread's answer to a Submit under admission control (engine_proc/sched/admission.py)."""
 
     ADMITTED = 0
     QUEUE_FULL = 1  # --max-queued-requests: the waiting queue has no room for its requests
@@ -181,7 +181,7 @@ class EngineLimits(msgspec.Struct):
     eos_token_ids: list[int]
     vocab_size: int
     dtype: str
-    # Admission control (engine_proc/admission.py); 0 is no limit. With either bound set the
+    # Admission control (engine_proc/sched/admission.py); 0 is no limit. With either bound set the
     # engine answers every Submit with an Admission, which the workers wait for.
     max_queued_requests: int = 0
     max_queued_tokens: int = 0
@@ -189,7 +189,7 @@ class EngineLimits(msgspec.Struct):
     quantization: str = "none"  # --quantization: none | int8
     dtype_reason: str = ""  # why --dtype auto chose `dtype` (engine_proc/cpu_features.py)
     cpu: str = ""  # the CPU model and the flags that decide fast paths
-    compiled_decode: bool = False  # decode steps run through torch.compile (engine_proc/decode_graphs.py)
+    compiled_decode: bool = False  # decode steps run through torch.compile (engine_proc/model/decode_graphs.py)
     attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
 
 

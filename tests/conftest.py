@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def model_dir():
-    from engine_proc.bundled_model import ensure_bundled_model
+    from engine_proc.model.bundled import ensure_bundled_model
 
     return ensure_bundled_model()
 

@@ -42,7 +42,7 @@ async def load_checker(req: SamplingFields) -> None:
     constrained = any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
         getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
     if constrained:
-        await asyncio.to_thread(importlib.import_module, "engine_proc.grammar_spec")
+        await asyncio.to_thread(importlib.import_module, "ipc.grammar_spec")
         _checker_loaded = True
 
 
@@ -87,7 +87,7 @@ def _grammar_error(kind: StructuredKind, value: str) -> str | None:
 
 
 def _build_error(kind: StructuredKind, value: str) -> str | None:
-    from engine_proc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
+    from ipc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
 
     try:
         check_spec(StructuredSpec(kind, value))

@@ -34,7 +34,7 @@ BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
 def resolve_model(args) -> tuple[Path, str]:
     if args.model is None:
-        from engine_proc.bundled_model import ensure_bundled_model
+        from engine_proc.model.bundled import ensure_bundled_model
 
         return ensure_bundled_model(args.cache_dir), args.served_model_name or BUNDLED_MODEL_ID
     model_dir = Path(args.model).expanduser()

@@ -1,6 +1,6 @@
 // Weight-only int8 matrix-vector products for decode steps: y[m, n] = s[n] * sum_k x[m, k] * w[n, k]
 // for a few rows m of activations (bfloat16 or float32) against an int8 weight [N, Kp] with one
-// bfloat16 scale per output channel (engine_proc/quantization.py makes them).
+// bfloat16 scale per output channel (engine_proc/model/quantization.py makes them).
 //
 // A decode step reads every weight once; at one row that is all it does, so the speed is the
 // memory bandwidth, and what loses it is overhead: torch's _weight_int8pack_mm reached about half

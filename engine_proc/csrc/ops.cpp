@@ -66,7 +66,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     return out;
 }
 
-// The KV cache of each layer, set once by the engine (engine_proc/decode_graphs.py): the compiled
+// The KV cache of each layer, set once by the engine (engine_proc/model/decode_graphs.py): the compiled
 // decode graph names a layer instead of passing its cache, which torch.compile would otherwise
 // treat as mutated and copy every step.
 std::vector<std::pair<at::Tensor, at::Tensor>>& kv_caches() {
@@ -105,7 +105,7 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight_int8, const a
 }
 
 // The converted weight's GEMM, a slice of output channels at a time, the scales on the output:
-// engine_proc/quantization.py's dequantized_matmul, the same ATen calls.
+// engine_proc/model/quantization.py's dequantized_matmul, the same ATen calls.
 at::Tensor dequantized_matmul(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale,
                               int64_t in_features) {
     const at::Tensor q = weight_int8.narrow(1, 0, in_features);

@@ -18,7 +18,7 @@ import zmq
 from bench import engine_step, ipc_bench
 from bench.shm_ring import ShmRing, segment_name
 from bench.tiny_model import TINY_SHAPE, write_tiny_model
-from engine_proc.request import EngineRequest
+from engine_proc.sched.request import EngineRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANT_FIELDS = {"msgs_per_s", "us_per_msg", "sender_cpu_us_per_msg", "receiver_cpu_us_per_msg", "cpu_us_per_msg",
@@ -168,8 +168,8 @@ def test_baseline_app_models_and_plain_body(baseline_url):
 def test_tiny_model_dir_has_config_and_tokenizer(tiny_dir):
     from tokenizers import Tokenizer
 
-    from engine_proc.bundled_model import ensure_bundled_model
-    from engine_proc.model_loader import load_config
+    from engine_proc.model.bundled import ensure_bundled_model
+    from engine_proc.model.loader import load_config
 
     config, bundled = load_config(tiny_dir), load_config(ensure_bundled_model())
     assert config.model_type == "llama" and config.vocab_size == bundled.vocab_size

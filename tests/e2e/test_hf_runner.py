@@ -11,15 +11,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
-from engine_proc.hf_runner import TransformersRunner
 from engine_proc.main import choose_runner
-from engine_proc.model_loader import load_config
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest
-from engine_proc.scheduler import Scheduler
+from engine_proc.model.hf_runner import TransformersRunner
+from engine_proc.model.loader import load_config
+from engine_proc.model.runner import ModelRunner
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest
+from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import FinishReason, SamplingParams
 from tests.conftest import start_server, stop_server
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_proc.bundled_model import ensure_bundled_model
-from engine_proc.model_runner import ModelRunner
+from engine_proc.model.bundled import ensure_bundled_model
+from engine_proc.model.runner import ModelRunner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
 
 

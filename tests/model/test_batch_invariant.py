@@ -10,10 +10,10 @@ import random
 import pytest
 import torch
 
-from engine_proc import cpu_attention
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.model.runner import ModelRunner
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator
 
@@ -21,7 +21,7 @@ NUM_STEPS = 5
 
 
 # The CPU backend runs every token through the C++ kernel as a row of its own; the torch backend
-# (no C++ compiler) pads contexts instead (engine_proc/invariant_attention.py). Both must hold.
+# (no C++ compiler) pads contexts instead (engine_proc/attention/invariant.py). Both must hold.
 @pytest.fixture(scope="module", params=[("cpu", torch.float32), ("cpu", torch.bfloat16), ("torch", torch.float32),
                                         ("torch", torch.bfloat16)], ids=lambda p: f"{p[0]}-{str(p[1])[6:]}")
 def runners(request, model_dir) -> dict[bool, ModelRunner]:

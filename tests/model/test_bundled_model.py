@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from engine_proc import bundled_model
-from engine_proc.bundled_model import ensure_bundled_model
-from engine_proc.model_loader import load_config
+from engine_proc.model import bundled as bundled_model
+from engine_proc.model.bundled import ensure_bundled_model
+from engine_proc.model.loader import load_config
 
 
 @pytest.fixture(scope="session")

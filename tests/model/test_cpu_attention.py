@@ -1,4 +1,4 @@
-"""The CPU paged decode kernel (engine_proc/cpu_attention.py) against the torch path it replaces."""
+"""The CPU paged decode kernel (engine_proc/attention/cpu.py) against the torch path it replaces."""
 from __future__ import annotations
 
 import logging
@@ -6,9 +6,10 @@ import logging
 import pytest
 import torch
 
-from engine_proc import cpu_attention, cpu_kernels
-from engine_proc.kv_cache import additive_mask, decode_attention
-from engine_proc.model_runner import ModelRunner, resolve_attention_backend
+from engine_proc import cpu_kernels
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.kv_cache import additive_mask, decode_attention
+from engine_proc.model.runner import ModelRunner, resolve_attention_backend
 from tests.model.test_triton_path import step_logits, tiny_model_dir  # noqa: F401 (fixture)
 
 BLOCK_SIZE = 16

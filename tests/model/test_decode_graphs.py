@@ -1,10 +1,10 @@
-"""Compiled decode steps (engine_proc/decode_graphs.py): the same greedy tokens as transformers, through the graph."""
+"""Compiled decode steps (engine_proc/model/decode_graphs.py): the same greedy tokens as transformers, through the graph."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine_proc.model_runner import ModelRunner
+from engine_proc.model.runner import ModelRunner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
 
@@ -45,8 +45,8 @@ def test_one_token_prompt_chunks_are_computed_but_not_sampled(compiled, prompts,
 
 def test_the_graph_and_the_eager_step_agree_on_logits(compiled, runner, prompts):
     """Same decode step, both paths: float32 logits within fused-op rounding."""
-    from engine_proc.batch import Batch, ScheduledSeq
-    from engine_proc.request import EngineRequest
+    from engine_proc.sched.batch import Batch, ScheduledSeq
+    from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
     from tests.model.test_model_runner import BlockAllocator
 

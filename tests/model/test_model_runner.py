@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.kv_cache import bytes_per_block
-from engine_proc.model_loader import load_config
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest
+from engine_proc.attention.kv_cache import bytes_per_block
+from engine_proc.model.loader import load_config
+from engine_proc.model.runner import ModelRunner
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 EOS_ID = 2

@@ -14,11 +14,11 @@ from transformers import AutoTokenizer, LlamaConfig
 from asgi.serving.cli import serve_parser
 from bench import quant_linears, quant_quality
 from engine_proc import cpu_kernels
-from engine_proc.hf_runner import TransformersRunner
-from engine_proc.llama import LlamaForCausalLM
-from engine_proc.model_loader import PackedLinear, load_config, load_model
-from engine_proc.model_runner import ModelRunner
-from engine_proc.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from engine_proc.model.hf_runner import TransformersRunner
+from engine_proc.model.llama import LlamaForCausalLM
+from engine_proc.model.loader import PackedLinear, load_config, load_model
+from engine_proc.model.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from engine_proc.model.runner import ModelRunner
 from tests.model.test_model_runner import MESSAGES, TINY, generate
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -106,7 +106,7 @@ def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_linear_traces_whole_under_torch_compile(dtype):
-    """Compiled decode steps (engine_proc/decode_graphs.py) trace the model with fullgraph=True, their
+    """Compiled decode steps (engine_proc/model/decode_graphs.py) trace the model with fullgraph=True, their
     row count unknown while tracing: the layer must trace without a break, and the graph choose the
     path by the rows it gets at run time, as the eager layer does (a kernel for a few, the
     converted weight's GEMM for many: the kernels at 32+ rows are slower than the GEMM)."""
@@ -182,8 +182,8 @@ def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dty
 
 
 def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
-    from engine_proc.batch import Batch, ScheduledSeq
-    from engine_proc.request import EngineRequest
+    from engine_proc.sched.batch import Batch, ScheduledSeq
+    from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
     from tests.model.test_model_runner import BlockAllocator
 

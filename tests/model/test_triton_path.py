@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.model_runner import ModelRunner, resolve_attention_backend
-from engine_proc.request import EngineRequest
-from engine_proc.sampler import Sampler
+from engine_proc.model.runner import ModelRunner, resolve_attention_backend
+from engine_proc.sample.sampler import Sampler
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator, _tiny_config
 

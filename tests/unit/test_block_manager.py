@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.block_manager import NULL_BLOCK_ID, BlockManager
-from engine_proc.request import EngineRequest
+from engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 

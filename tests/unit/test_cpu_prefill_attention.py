@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc import cpu_attention, cpu_kernels
-from engine_proc.kv_cache import AttentionMetadata, PrefillChunk, paged_attention
+from engine_proc import cpu_kernels
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention
 
 
 def supported() -> bool:

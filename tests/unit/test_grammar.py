@@ -8,17 +8,17 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from engine_proc.batch import ScheduledSeq
-from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
-from engine_proc.grammar_bitmask import GrammarMasker, apply_token_bitmask, apply_token_bitmask_kernel
-from engine_proc.grammar_compiler import GrammarCompiled, GrammarCompiler
-from engine_proc.grammar_gate import GrammarGate
-from engine_proc.grammar_matcher import RequestGrammar
-from engine_proc.grammar_spec import GrammarError, to_grammar
-from engine_proc.request import EngineRequest, RequestState
-from engine_proc.sampler import Sampler
-from engine_proc.scheduler import Scheduler
+from engine_proc.grammar.bitmask import GrammarMasker, apply_token_bitmask, apply_token_bitmask_kernel
+from engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler
+from engine_proc.grammar.gate import GrammarGate
+from engine_proc.grammar.matcher import RequestGrammar
+from engine_proc.sample.sampler import Sampler
+from engine_proc.sched.batch import ScheduledSeq
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest, RequestState
+from engine_proc.sched.scheduler import Scheduler
+from ipc.grammar_spec import GrammarError, to_grammar
 from ipc.protocol import FinishReason, SamplingParams, StructuredKind, StructuredSpec
 
 EOS_ID = 2

@@ -1,7 +1,7 @@
 """The scheduler with structured requests (a fake grammar, no xgrammar): waiting for a grammar, ending by it."""
 from __future__ import annotations
 
-from engine_proc.request import RequestState
+from engine_proc.sched.request import RequestState
 from ipc.protocol import FinishReason
 from tests.unit.test_scheduler import EOS, PagedFakeModel, assert_all_blocks_free, make_req, make_scheduler, step
 

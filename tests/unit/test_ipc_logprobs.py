@@ -12,11 +12,11 @@ import zmq
 
 from asgi.engine_link.client import EngineClient
 from asgi.engine_link.mailbox import Mailbox
-from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
 from engine_proc.io_threads import InputThread, OutputThread
-from engine_proc.sampler import Sampler
-from engine_proc.scheduler import Scheduler
+from engine_proc.sample.sampler import Sampler
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.scheduler import Scheduler
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket
 from ipc.logprobs import TokenLogprobs, decode_logprobs, encode_logprobs

@@ -11,11 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from asgi.http import request_context
 from asgi.http.request_context import RequestContext
 from asgi.routes.metrics import TTFT_BUCKETS, Metrics, buckets_1_2_5
-from engine_proc.block_manager import BlockManager
 from engine_proc.core import EngineCore
-from engine_proc.request import EngineRequest
-from engine_proc.sampler import SamplerOutput
-from engine_proc.scheduler import Scheduler
+from engine_proc.sample.sampler import SamplerOutput
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest
+from engine_proc.sched.scheduler import Scheduler
 from ipc import protocol as p
 
 VLLM_NAMES = {  # the families vLLM dashboards read, as the parser names them (counters without _total)

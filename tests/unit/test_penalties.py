@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.batch import ScheduledSeq
-from engine_proc.penalties import penalize
-from engine_proc.request import EngineRequest
-from engine_proc.sampler import Sampler
+from engine_proc.sample.penalties import penalize
+from engine_proc.sample.sampler import Sampler
+from engine_proc.sched.batch import ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 EOS_ID = 2

@@ -1,9 +1,9 @@
 """Prefix caching: the chained-hash index, LRU eviction, sharing (block manager level)."""
 from __future__ import annotations
 
-from engine_proc.block_manager import BlockManager
-from engine_proc.prefix_cache import ROOT_HASH
-from engine_proc.request import EngineRequest
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.prefix_cache import ROOT_HASH
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 from tests.unit.test_scheduler import PagedFakeModel, make_scheduler, run_until_done
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.block_manager import BlockManager
-from engine_proc.request import EngineRequest, RequestState
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason, SamplingParams
 from tests.unit.test_prefix_cache import BS, ids, make_req, written_block_ids
 from tests.unit.test_scheduler import (
@@ -194,7 +194,7 @@ NUM_NEW_TOKENS = 12
 def runner(model_dir):
     import torch
 
-    from engine_proc.model_runner import ModelRunner
+    from engine_proc.model.runner import ModelRunner
 
     return ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=MODEL_BS, eos_token_ids=[2])
 
@@ -212,7 +212,7 @@ def texts(tokenizer) -> dict[str, list[int]]:
 def greedy(runner, prompts: dict[str, list[int]], *, caching: bool, arrival_steps: dict[str, int],
            max_num_batched_tokens: int = 2048) -> dict[str, EngineRequest]:
     """Runs the prompts through the real scheduler and model, each arriving at its step."""
-    from engine_proc.scheduler import Scheduler
+    from engine_proc.sched.scheduler import Scheduler
 
     sched = Scheduler(
         BlockManager(runner.kv_cache.num_blocks, MODEL_BS, enable_prefix_caching=caching),

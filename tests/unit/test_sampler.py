@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine_proc.batch import ScheduledSeq
-from engine_proc.request import EngineRequest
-from engine_proc.sampler import Sampler, sample_tokens
+from engine_proc.sample.sampler import Sampler, sample_tokens
+from engine_proc.sched.batch import ScheduledSeq
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 EOS_ID = 2

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from engine_proc.batch import Batch, TokenDelta
-from engine_proc.block_manager import NULL_BLOCK_ID, BlockManager
-from engine_proc.request import EngineRequest, RequestState
-from engine_proc.scheduler import Scheduler
+from engine_proc.sched.batch import Batch, TokenDelta
+from engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
+from engine_proc.sched.request import EngineRequest, RequestState
+from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import FinishReason, SamplingParams
 
 EOS = 2

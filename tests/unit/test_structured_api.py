@@ -138,6 +138,6 @@ def test_the_grammar_checker_loads_off_the_event_loop(monkeypatch):
                                              tool_choice="auto")))
     assert imported == []
     asyncio.run(structured.load_checker(chat(tool_choice="required")))
-    assert imported == [("engine_proc.grammar_spec", False)]
+    assert imported == [("ipc.grammar_spec", False)]
     asyncio.run(structured.load_checker(chat(response_format={"type": "json_object"})))
     assert len(imported) == 1  # once per process

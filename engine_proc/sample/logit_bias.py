@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.batch import ScheduledSeq
+from engine_proc.sched.batch import ScheduledSeq
 
 
 def uses_logit_bias(seqs: list[ScheduledSeq]) -> bool:

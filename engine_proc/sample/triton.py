@@ -88,7 +88,7 @@ def sample_tokens_triton(
     min_p: torch.Tensor | None,
     exp_noise: torch.Tensor,
 ) -> torch.Tensor:
-    """The Triton twin of engine_proc.sampler.sample_tokens: token ids [n] (int64).
+    """The Triton twin of engine_proc.sample.sampler.sample_tokens: token ids [n] (int64).
 
     logits [n, V] float32; temperature [n] > 0; top_k [n] (0 = off) or None; top_p [n] in
     (0, 1] or None; min_p [n] (0 = off) or None; exp_noise [n, V] Exp(1) noise by token id.

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.batch import ScheduledSeq
-from engine_proc.grammar_bitmask import GrammarMasker
-from engine_proc.logit_bias import add_logit_bias, uses_logit_bias
-from engine_proc.penalties import penalize, uses_penalties
+from engine_proc.grammar.bitmask import GrammarMasker
+from engine_proc.sample.logit_bias import add_logit_bias, uses_logit_bias
+from engine_proc.sample.penalties import penalize, uses_penalties
+from engine_proc.sched.batch import ScheduledSeq
 from ipc.logprobs import TokenLogprobs
 
 _MASK_64 = (1 << 64) - 1
@@ -224,7 +224,7 @@ class Sampler:
 
 
 def _triton_sample_tokens():
-    from engine_proc.triton_sampler import sample_tokens_triton  # needs triton's driver
+    from engine_proc.sample.triton import sample_tokens_triton  # needs triton's driver
 
     return sample_tokens_triton
 

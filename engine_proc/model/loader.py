@@ -12,8 +12,8 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from engine_proc.llama import LlamaForCausalLM
-from engine_proc.quantization import check_quantization, quantize_linears
+from engine_proc.model.llama import LlamaForCausalLM
+from engine_proc.model.quantization import check_quantization, quantize_linears
 
 log = logging.getLogger("rill.model")
 
@@ -59,7 +59,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     """The native model with its weights: from safetensors, or random ("dummy") for a config.
 
-    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/quantization.py).
+    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/model/quantization.py).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_proc.grammar_spec import GrammarError, error_text, spec_key, to_grammar
+from ipc.grammar_spec import GrammarError, error_text, spec_key, to_grammar
 from ipc.protocol import StructuredSpec
 
 log = logging.getLogger("rill.engine")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_proc.request import EngineRequest
+from engine_proc.sched.request import EngineRequest
 from ipc.logprobs import TokenLogprobs
 from ipc.protocol import FinishReason
 

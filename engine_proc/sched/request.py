@@ -32,7 +32,7 @@ class EngineRequest:
     state: RequestState = RequestState.WAITING
     finish: FinishReason | None = None
     num_preemptions: int = 0
-    # With params.structured: its engine_proc.grammar_matcher.RequestGrammar once compiled. The
+    # With params.structured: its engine_proc.grammar.matcher.RequestGrammar once compiled. The
     # scheduler reads only its `finish` (FinishReason | None), so it stays free of xgrammar.
     grammar: Any = None
     # Engine clock (time.monotonic) stamps for the metrics, set outside the scheduler: 0 is unset.

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from engine_proc import cpu_attention
-from engine_proc.batch import Batch
-from engine_proc.kv_cache import AttentionMetadata, additive_mask, decode_attention, write_kv
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.kv_cache import AttentionMetadata, additive_mask, decode_attention, write_kv
+from engine_proc.sched.batch import Batch
 
 log = logging.getLogger("rill.model")
 
@@ -63,7 +63,7 @@ def _(q, k, v, slot_mapping, block_table, context_lens, layer):
 def default_cache_dir_env() -> None:
     """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from engine_proc.bundled_model import default_cache_dir
+        from engine_proc.model.bundled import default_cache_dir
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir() / "inductor")
 

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from engine_proc import cpu_attention, fused_ops
-from engine_proc.fused_ops import rope_heads, silu_mul
-from engine_proc.invariant_attention import invariant_paged_attention
-from engine_proc.kv_cache import (
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.invariant import invariant_paged_attention
+from engine_proc.attention.kv_cache import (
     AttentionMetadata,
     KVCache,
     head_dim_of,
@@ -21,6 +20,8 @@ from engine_proc.kv_cache import (
     paged_attention,
     write_kv,
 )
+from engine_proc.model import fused_ops
+from engine_proc.model.fused_ops import rope_heads, silu_mul
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -78,7 +79,7 @@ def rope_inv_freq(config: PretrainedConfig) -> torch.Tensor:
 def triton_attention():
     """The Triton kernel, imported only when chosen: importing triton needs its GPU driver (or
     TRITON_INTERPRET=1 set beforehand), which the CPU path must not depend on."""
-    from engine_proc.triton_attention import paged_attention_triton
+    from engine_proc.attention.triton import paged_attention_triton
 
     return paged_attention_triton
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.request import EngineRequest
+from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from engine_proc import cpu_attention
+from engine_proc.attention import cpu as cpu_attention
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -112,14 +112,14 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
     decode_lens: torch.Tensor | None = None  # [num_decodes] int64: each row's context length (position + 1)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    batch_invariant: bool = False  # see engine_proc/invariant_attention.py
-    graph_decode: bool = False  # a padded decode batch of a compiled graph (engine_proc/decode_graphs.py)
-    # The Triton kernel's view (engine_proc/step_inputs.py prepare_flat_step); None on the torch path.
+    batch_invariant: bool = False  # see engine_proc/attention/invariant.py
+    graph_decode: bool = False  # a padded decode batch of a compiled graph (engine_proc/model/decode_graphs.py)
+    # The Triton kernel's view (engine_proc/model/step_inputs.py prepare_flat_step); None on the torch path.
     block_tables: torch.Tensor | None = None  # [num_seqs, max_num_blocks] int32
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
     # With that view: every token through the CPU kernel as a row of its own, as --batch-invariant
-    # does on the "cpu" backend (engine_proc/cpu_attention.py), instead of the Triton kernel; its
+    # does on the "cpu" backend (engine_proc/attention/cpu.py), instead of the Triton kernel; its
     # per-token tables and lengths are then in decode_block_table and decode_lens. With
     # graph_decode: the graph calls the C++ operator rill_cpu::paged_decode_layer.
     cpu_kernel: bool = False

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine_proc.batch import TokenDelta
-from engine_proc.grammar_compiler import GrammarCompiled, GrammarCompiler, GrammarKey
-from engine_proc.grammar_matcher import RequestGrammar
-from engine_proc.grammar_spec import GrammarError, spec_key
-from engine_proc.request import EngineRequest, RequestState
-from engine_proc.scheduler import Scheduler
+from engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler, GrammarKey
+from engine_proc.grammar.matcher import RequestGrammar
+from engine_proc.sched.batch import TokenDelta
+from engine_proc.sched.request import EngineRequest, RequestState
+from engine_proc.sched.scheduler import Scheduler
+from ipc.grammar_spec import GrammarError, spec_key
 from ipc.protocol import FinishReason
 
 

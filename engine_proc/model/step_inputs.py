@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.batch import Batch
-from engine_proc.kv_cache import AttentionMetadata, PrefillChunk
+from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk
+from engine_proc.sched.batch import Batch
 
 
 def prepare_step(
@@ -14,9 +14,9 @@ def prepare_step(
     """input_ids, positions, attention metadata and the rows whose logits are sampled.
 
     `decode_lens`: give the decode rows' context lengths, for the CPU decode kernel
-    (engine_proc/cpu_attention.py), which then reads the cache in place.
+    (engine_proc/attention/cpu.py), which then reads the cache in place.
 
-    `context_pad` (the batch-invariant mode, see engine_proc/invariant_attention.py): every
+    `context_pad` (the batch-invariant mode, see engine_proc/attention/invariant.py): every
     query reads its context from the cache, padded to a multiple of `context_pad` tokens and
     masked past its own position, whatever else is in the step.
     """

@@ -121,7 +121,7 @@ class Int8Linear(nn.Module):
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
-        # path by the real count at run time (engine_proc/decode_graphs.py).
+        # path by the real count at run time (engine_proc/model/decode_graphs.py).
         # With the C++ operators built, rill_cpu::int8_linear itself: no Python inside the step.
         if torch.compiler.is_compiling():
             takes = x2d.dtype in _GEMV_DTYPES and x2d.device.type == "cpu" and cpu_kernels.loaded()

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import torch
 
-from engine_proc import cpu_attention
-from engine_proc.batch import Batch
-from engine_proc.decode_graphs import DecodeGraphs
-from engine_proc.invariant_attention import PAD_MULTIPLE
-from engine_proc.invariant_linear import tile_linears
-from engine_proc.kv_cache import KVCache, num_blocks_for_memory
-from engine_proc.model_loader import load_config, load_model
-from engine_proc.sampler import Sampler, SamplerOutput
-from engine_proc.step_inputs import prepare_flat_step, prepare_step
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.invariant import PAD_MULTIPLE
+from engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
+from engine_proc.model.decode_graphs import DecodeGraphs
+from engine_proc.model.invariant_linear import tile_linears
+from engine_proc.model.loader import load_config, load_model
+from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from engine_proc.sample.sampler import Sampler, SamplerOutput
+from engine_proc.sched.batch import Batch
 
 log = logging.getLogger("rill.model")
 

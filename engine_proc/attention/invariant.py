@@ -1,6 +1,6 @@
 """Batch-invariant attention over the paged cache: a token's result does not depend on the step.
 
-The default path (engine_proc/kv_cache.py) pads decode contexts to the batch's longest and lets
+The default path (engine_proc/attention/kv_cache.py) pads decode contexts to the batch's longest and lets
 SDPA pick its blocking from the shapes, so a request's logits move in the last bits with what else
 is in the step (measured: up to 4e-5 on the bundled model) and a near-tie can flip a greedy token.
 Here every query, decode or prefill, attends over its sequence's cache gathered to a context
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.kv_cache import AttentionMetadata, gather_blocks
+from engine_proc.attention.kv_cache import AttentionMetadata, gather_blocks
 
 PAD_MULTIPLE = 64  # tokens; a multiple of every SIMD width and of the usual block sizes
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_proc.batch import Batch, ScheduledSeq
-from engine_proc.kv_cache import bytes_per_block
-from engine_proc.model_loader import LOAD_FORMATS, load_config
-from engine_proc.model_runner import ModelRunner
-from engine_proc.request import EngineRequest, RequestState
-from engine_proc.sampler import Sampler
+from engine_proc.attention.kv_cache import bytes_per_block
+from engine_proc.model.loader import LOAD_FORMATS, load_config
+from engine_proc.model.runner import ModelRunner
+from engine_proc.sample.sampler import Sampler
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest, RequestState
 
 log = logging.getLogger("rill.model")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine_proc.batch import Batch, ScheduledSeq, TokenDelta
-from engine_proc.block_manager import BlockManager
-from engine_proc.request import EngineRequest, RequestState
+from engine_proc.sched.batch import Batch, ScheduledSeq, TokenDelta
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason
 
 _RUNNING = RequestState.RUNNING

@@ -1,0 +1,1 @@
+"""Attention over the paged KV cache: the cache itself, the torch path, the CPU kernels' wrappers, the batch-invariant and Triton paths."""

@@ -1,0 +1,1 @@
+"""Sampling: the sampler and its Triton kernel, penalties and logit bias."""

@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, from_validation_error, not_found, unsupported
+from asgi.errors import APIError, not_found, unsupported
+from asgi.requests.body import decode_json
 from asgi.requests.nvext import NvExt
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -149,20 +150,7 @@ completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str):
     """Decode and check a request body: 400 naming the parameter, 404 for another model."""
-    try:
-        # JSON is UTF-8 (RFC 8259). msgspec checks it only in the strings it decodes: in an
-        # object key it does not, so `"max_t\xffokens": 4` was an unknown key, silently skipped.
-        body.decode()
-    except UnicodeDecodeError:
-        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.",
-                       code="invalid_json") from None
-    try:
-        req = decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
-    except RecursionError:  # raised outside DecodeError; unknown fields are skipped recursively too
-        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
-                       code="invalid_json") from None
+    req = decode_json(decoder, body)
     reject_unsupported(req)
     if req.nvext is not None:
         req.nvext.check(chat=isinstance(req, ChatCompletionRequest))

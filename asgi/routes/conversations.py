@@ -15,8 +15,9 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from asgi.errors import APIError, from_validation_error
+from asgi.errors import APIError
 from asgi.http.primitives import send_response
+from asgi.requests.body import decode_json
 from asgi.requests.responses_input import items_to_messages, typed_items
 from asgi.requests.responses_request import check_metadata
 from asgi.state import WorkerState
@@ -47,10 +48,7 @@ _body = msgspec.json.Decoder(ConversationBody)
 
 
 def _decode(body: bytes) -> ConversationBody:
-    try:
-        req = _body.decode(body or b"{}")
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
+    req = decode_json(_body, body or b"{}")
     check_metadata(req.metadata)
     if req.items is not None and len(req.items) > MAX_ITEMS_PER_CALL:
         raise APIError(400, f"At most {MAX_ITEMS_PER_CALL} items can be added at once.", param="items")

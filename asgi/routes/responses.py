@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from asgi.engine_link.generate import KEEPALIVE, Generation, GenerationFailed, Usage, new_request_id
-from asgi.errors import APIError, from_validation_error, not_found
+from asgi.errors import APIError, not_found
 from asgi.http.access_log import log_request_content
 from asgi.http.primitives import DisconnectWatcher, send_response
 from asgi.http.request_context import current
@@ -17,6 +17,7 @@ from asgi.output.logprobs_format import ChatLogprobs
 from asgi.output.responses_format import ResponseBuilder, sse_event
 from asgi.parsers.chat_parsing import parser_factory
 from asgi.prompt.chat_messages import render_messages
+from asgi.requests.body import decode_json
 from asgi.requests.responses_input import chat_request, input_items, items_to_messages
 from asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
 from asgi.requests.sampling import sampling_params
@@ -30,15 +31,7 @@ log = logging.getLogger("rill.api")
 
 
 def decode(body: bytes, served_model: str) -> ResponsesRequest:
-    try:
-        body.decode()
-        req = responses_decoder.decode(body)
-    except UnicodeDecodeError:
-        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.", code="invalid_json") from None
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
-    except RecursionError:
-        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.", code="invalid_json") from None
+    req = decode_json(responses_decoder, body)
     check_request(req)
     if req.model != served_model:
         raise not_found(f"The model `{req.model}` does not exist.", param="model")

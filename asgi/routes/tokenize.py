@@ -7,10 +7,11 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, from_validation_error, not_found
+from asgi.errors import APIError, not_found
 from asgi.http.primitives import send_response
 from asgi.prompt.chat_messages import render_messages
 from asgi.prompt.encoding import encode_texts
+from asgi.requests.body import decode_json
 from asgi.requests.schemas import INT64_MAX, ChatCompletionRequest
 from asgi.state import WorkerState, dumps
 
@@ -41,13 +42,7 @@ _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
 def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState):
-    try:
-        req = decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise from_validation_error(exc) from None
-    except RecursionError:
-        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
-                       code="invalid_json") from None
+    req = decode_json(decoder, body)
     if req.model is not None and req.model != state.model_id:
         raise not_found(f"The model `{req.model}` does not exist.", param="model")
     return req
@@ -57,8 +52,8 @@ def _is_chat(body: bytes) -> bool:
     """Whether the body has a top-level `messages` key (vLLM's two forms of /tokenize)."""
     try:
         keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, RecursionError):
-        return False  # the prompt decoder reports what is wrong with the body
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False  # decode_json with the prompt decoder reports what is wrong with the body
     return "messages" in keys
 
 

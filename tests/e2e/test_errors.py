@@ -142,3 +142,17 @@ def test_nulls_the_spec_allows_are_not_errors(server):
 def test_server_still_serves_after_bad_input(client):
     resp = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=3)
     assert resp.choices[0].message.content is not None
+
+
+def test_every_json_route_refuses_bad_utf8_and_deep_nesting_alike(server, client):
+    """One decoder serves every JSON body: what chat refuses, the other routes refuse the same way."""
+    conv = client.conversations.create(items=[])
+    routes = ["/v1/completions", "/v1/responses", "/tokenize", "/detokenize", "/v1/conversations",
+              f"/v1/conversations/{conv.id}", f"/v1/conversations/{conv.id}/items"]
+    bodies = (b'{"model": "%s", "metad\xffata": {}}' % MODEL.encode(), b'{"a": ' * 10_000 + b"1" + b"}" * 10_000)
+    for route in routes:
+        for raw in bodies:
+            resp = httpx.post(server.base_url + route, content=raw, headers={"content-type": "application/json"},
+                              timeout=30)
+            assert resp.status_code == 400, (route, raw[:40], resp.text)
+            check_error(resp, 400, code="invalid_json")

@@ -1,0 +1,28 @@
+"""Every JSON request body is decoded here: UTF-8, nesting depth and msgspec's typed validation,
+each failure an OpenAI 400 (naming the parameter where msgspec names one)."""
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+from asgi.errors import APIError, from_validation_error
+
+T = TypeVar("T")
+
+
+def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    try:
+        # JSON is UTF-8 (RFC 8259). msgspec checks it only in the strings it decodes: in an
+        # object key it does not, so `"max_t\xffokens": 4` was an unknown key, silently skipped.
+        body.decode()
+    except UnicodeDecodeError:
+        raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.",
+                       code="invalid_json") from None
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise from_validation_error(exc) from None
+    except RecursionError:  # raised outside DecodeError; unknown fields are skipped recursively too
+        raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
+                       code="invalid_json") from None

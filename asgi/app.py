@@ -12,32 +12,34 @@ from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from asgi.http.access_log import tag_records_with_request_id
 from asgi.http.primitives import ClientDisconnected, read_body, require_json, send_response
 from asgi.http.request_context import RequestContext, set_current
+from asgi.http.router import HTTPRequest, Router
+from asgi.routes import conversations
+from asgi.routes import stored_responses as stored
 from asgi.routes.chat import chat_completions
 from asgi.routes.completions import completions
-from asgi.routes.conversations import conversations_route, create_conversation
 from asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from asgi.routes.responses import count_input_tokens, create_response
-from asgi.routes.stored_responses import responses_route
 from asgi.routes.tokenize import detokenize, get_version, tokenize
 from asgi.state import WorkerSettings, WorkerState, dumps
 
 log = logging.getLogger("rill.api")
 
 
-async def health(state, body, receive, send):
-    await send_response(send, 200, b"{}")
+async def health(http: HTTPRequest) -> None:
+    await send_response(http.send, 200, b"{}")
 
 
-async def ready(state, body, receive, send):
-    if state.draining():
+async def ready(http: HTTPRequest) -> None:
+    if http.state.draining():
         raise shutting_down()
-    if not state.client.alive:
+    if not http.state.client.alive:
         raise engine_unavailable()
-    await send_response(send, 200, b'{"status":"ready"}')
+    await send_response(http.send, 200, b'{"status":"ready"}')
 
 
-async def engine_stats(state, body, receive, send):
+async def engine_stats(http: HTTPRequest) -> None:
     """The engine's own figures (running, waiting, free KV blocks, aborted, finished)."""
+    state = http.state
     try:
         stats = await state.client.stats()
     except (EngineDead, TimeoutError):
@@ -47,37 +49,48 @@ async def engine_stats(state, body, receive, send):
     chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
               "cpu": limits.cpu, "compiled_decode": limits.compiled_decode,
               "attention_backend": limits.attention_backend}
-    await send_response(send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
+    await send_response(http.send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
 
 
-async def list_models(state, body, receive, send):
-    await send_response(send, 200, dumps({"object": "list", "data": [state.model_card()]}))
+async def list_models(http: HTTPRequest) -> None:
+    await send_response(http.send, 200, dumps({"object": "list", "data": [http.state.model_card()]}))
 
 
-async def get_model(state, model_id, receive, send):
-    if model_id != state.model_id:
+async def get_model(http: HTTPRequest) -> None:
+    model_id = http.params["model_id"]
+    if model_id != http.state.model_id:
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    await send_response(send, 200, dumps(state.model_card()))
+    await send_response(http.send, 200, dumps(http.state.model_card()))
 
 
-ROUTES = {
-    ("GET", "/health"): health,
-    ("GET", "/ready"): ready,
-    ("GET", "/stats"): engine_stats,
-    ("GET", METRICS_PATH): metrics_endpoint,  # Prometheus text; guarded only under --protect-metrics
-    ("GET", "/v1/models"): list_models,
-    ("POST", "/v1/chat/completions"): chat_completions,
-    ("POST", "/v1/completions"): completions,
-    ("POST", "/v1/responses"): create_response,
-    ("POST", "/v1/responses/input_tokens"): count_input_tokens,
-    ("POST", "/v1/conversations"): create_conversation,
-    ("POST", "/tokenize"): tokenize,  # vLLM's utility routes
-    ("POST", "/detokenize"): detokenize,
-    ("GET", "/version"): get_version,
-}
-PATHS = {path: [m for m, p in ROUTES if p == path] for _, path in ROUTES}
+ROUTER = Router([
+    ("GET", "/health", health),
+    ("GET", "/ready", ready),
+    ("GET", "/stats", engine_stats),
+    ("GET", METRICS_PATH, metrics_endpoint),  # Prometheus text; guarded only under --protect-metrics
+    ("GET", "/v1/models", list_models),
+    ("GET", "/v1/models/{model_id:path}", get_model),  # ids may hold slashes (org/name)
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/v1/completions", completions),
+    ("POST", "/v1/responses", create_response),
+    ("POST", "/v1/responses/input_tokens", count_input_tokens),
+    ("GET", "/v1/responses/{response_id}", stored.retrieve),
+    ("DELETE", "/v1/responses/{response_id}", stored.delete),
+    ("GET", "/v1/responses/{response_id}/input_items", stored.list_input_items),
+    ("POST", "/v1/responses/{response_id}/cancel", stored.cancel),
+    ("POST", "/v1/conversations", conversations.create),
+    ("GET", "/v1/conversations/{conversation_id}", conversations.retrieve),
+    ("POST", "/v1/conversations/{conversation_id}", conversations.update),
+    ("DELETE", "/v1/conversations/{conversation_id}", conversations.delete),
+    ("GET", "/v1/conversations/{conversation_id}/items", conversations.list_items),
+    ("POST", "/v1/conversations/{conversation_id}/items", conversations.add_items),
+    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.get_item),
+    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.delete_item),
+    ("POST", "/tokenize", tokenize),  # vLLM's utility routes
+    ("POST", "/detokenize", detokenize),
+    ("GET", "/version", get_version),
+])
 NEEDS_BODY = {"POST"}
-MODEL_PREFIX = "/v1/models/"
 # OpenVINO Model Server serves the OpenAI API under /v3/; it is an alias of /v1/ here.
 ALIAS_PREFIX = "/v3/"
 
@@ -135,9 +148,7 @@ class App:
             path = "/v1/" + path[len(ALIAS_PREFIX):]
         elif path.startswith(("/responses", "/conversations")):  # as vLLM, also without /v1
             path = "/v1" + path
-        query = scope.get("query_string", b"")
-        handler = ROUTES.get((method, path)) or responses_route(method, path, query) \
-            or conversations_route(method, path, query)
+        handler, params, allowed = ROUTER.match(method, path)
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
                 return await self.state.cors.answer_preflight(scope["headers"], send)
@@ -145,18 +156,15 @@ class App:
             if method in NEEDS_BODY and self.state.draining():
                 raise shutting_down()
             if handler is None:
-                if path.startswith(MODEL_PREFIX) and method == "GET":
-                    return await get_model(self.state, path[len(MODEL_PREFIX):], receive, send)
-                if path in PATHS or path.startswith(MODEL_PREFIX):
-                    allowed = ", ".join(PATHS.get(path, ["GET"]))
-                    raise APIError(405, f"Method {method} is not allowed for {path}; use {allowed}.",
+                if allowed:
+                    raise APIError(405, f"Method {method} is not allowed for {path}; use {', '.join(allowed)}.",
                                    code="method_not_allowed")
                 raise APIError(404, f"Unknown path: {path}", code="not_found")
-            body = b""
+            http = HTTPRequest(self.state, receive, send, query=scope.get("query_string", b""), params=params)
             if method in NEEDS_BODY:
                 require_json(scope["headers"])
-                body = await read_body(receive, self.state.settings.max_body_bytes)
-            await handler(self.state, body, receive, send)
+                http.body = await read_body(receive, self.state.settings.max_body_bytes)
+            await handler(http)
         except APIError as exc:
             await send_response(send, exc.status, exc.body(), headers=exc.headers)
         except ClientDisconnected:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from asgi.engine_link.generate import Generation, new_request_id
 from asgi.http.access_log import log_request_content
 from asgi.http.request_context import current
+from asgi.http.router import HTTPRequest
 from asgi.output.chat_format import ChatFormatter
 from asgi.output.logprobs_format import ChatLogprobs
 from asgi.output.respond import respond
@@ -17,8 +18,9 @@ from asgi.requests.tool_choice import forced_spec, plan_tools
 from asgi.state import WorkerState
 
 
-async def chat_completions(state: WorkerState, body: bytes, receive, send) -> None:
-    req = decode_request(chat_decoder, body, state.model_id)
+async def chat_completions(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_request(chat_decoder, http.body, state.model_id)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
     log_request_content(state.settings.log_requests, req)
@@ -43,6 +45,6 @@ async def chat_completions(state: WorkerState, body: bytes, receive, send) -> No
     include_usage, continuous_usage = stream_usage(req)
     fmt = ChatFormatter(request_id, state.model_id, n, include_usage, make_parser=make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top))
-    await respond(gen, fmt, stream=req.stream, receive=receive, send=send, keepalive_s=state.settings.sse_keepalive_s,
+    await respond(gen, fmt, stream=req.stream, receive=http.receive, send=http.send, keepalive_s=state.settings.sse_keepalive_s,
                   include_usage=include_usage, continuous_usage=continuous_usage,
                   nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))

@@ -5,6 +5,7 @@ from asgi.engine_link.generate import Generation, new_request_id
 from asgi.errors import APIError
 from asgi.http.access_log import log_request_content
 from asgi.http.request_context import current
+from asgi.http.router import HTTPRequest
 from asgi.output.completion_format import CompletionFormatter
 from asgi.output.logprobs_format import CompletionLogprobs
 from asgi.output.respond import respond
@@ -31,8 +32,9 @@ async def tokenize_prompts(state: WorkerState, prompts: list[str] | list[list[in
     return prompts
 
 
-async def completions(state: WorkerState, body: bytes, receive, send) -> None:
-    req = decode_request(completion_decoder, body, state.model_id)
+async def completions(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_request(completion_decoder, http.body, state.model_id)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
     log_request_content(state.settings.log_requests, req)
@@ -60,6 +62,6 @@ async def completions(state: WorkerState, body: bytes, receive, send) -> None:
     fmt = CompletionFormatter(request_id, state.model_id, gen.num_choices, include_usage, n=n, echo_texts=echo_texts,
                               make_logprobs=None if num_top is None else
                               (lambda: CompletionLogprobs(state.token_texts, num_top)))
-    await respond(gen, fmt, stream=req.stream, receive=receive, send=send, keepalive_s=state.settings.sse_keepalive_s,
+    await respond(gen, fmt, stream=req.stream, receive=http.receive, send=http.send, keepalive_s=state.settings.sse_keepalive_s,
                   include_usage=include_usage, continuous_usage=continuous_usage,
                   nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))

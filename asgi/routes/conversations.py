@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -17,14 +16,13 @@ import msgspec
 
 from asgi.errors import APIError
 from asgi.http.primitives import send_response
+from asgi.http.router import HTTPRequest
 from asgi.requests.body import decode_json
 from asgi.requests.responses_input import items_to_messages, typed_items
 from asgi.requests.responses_request import check_metadata
 from asgi.state import WorkerState
 
-PREFIX = "/v1/conversations/"
 MAX_ITEMS_PER_CALL = 20  # as OpenAI: items of one create call
-Handler = Callable[..., Awaitable[None]]
 
 
 @dataclass
@@ -82,58 +80,48 @@ def append_items(state: WorkerState, conversation_id: str, items: list[dict[str,
         conv.items.extend(items)
 
 
-async def create_conversation(state: WorkerState, body: bytes, receive, send) -> None:
+async def create(http: HTTPRequest) -> None:
+    state = http.state
     if not state.conversations.enabled:
         raise APIError(400, "Conversations are disabled on this server (its responses store is off).",
                        param="conversation")
-    req = _decode(body)
+    req = _decode(http.body)
     conv = Conversation(f"conv_{uuid.uuid4().hex}", int(time.time()), req.metadata or {}, req.items)
     state.conversations.put(conv.id, conv)
-    await send_response(send, 200, msgspec.json.encode(conv.resource()))
+    await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
-def conversations_route(method: str, path: str, query: bytes = b"") -> Handler | None:
-    """The handler for a path under /v1/conversations/{id}, or None."""
-    if not path.startswith(PREFIX):
-        return None
-    parts = path[len(PREFIX):].split("/")
-    routes = {(1, "GET"): _retrieve, (1, "POST"): _update, (1, "DELETE"): _delete,
-              (2, "GET"): _list_items, (2, "POST"): _add_items, (3, "GET"): _get_item, (3, "DELETE"): _delete_item}
-    target = routes.get((len(parts), method))
-    if target is None or not parts[0] or (len(parts) > 1 and parts[1] != "items") or (len(parts) == 3 and not parts[2]):
-        return None
-
-    async def handler(state, body, receive, send):
-        conv = conversation_or_404(state, parts[0])
-        await target(state, conv, parts[2] if len(parts) == 3 else None, body, query, send)
-
-    return handler
+def _conversation(http: HTTPRequest) -> Conversation:
+    return conversation_or_404(http.state, http.params["conversation_id"])
 
 
-async def _retrieve(state, conv: Conversation, item_id, body, query, send) -> None:
-    await send_response(send, 200, msgspec.json.encode(conv.resource()))
+async def retrieve(http: HTTPRequest) -> None:
+    await send_response(http.send, 200, msgspec.json.encode(_conversation(http).resource()))
 
 
-async def _update(state, conv: Conversation, item_id, body, query, send) -> None:
-    req = _decode(body)
+async def update(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    req = _decode(http.body)
     if req.metadata is None:
         raise APIError(400, "`metadata` is required.", param="metadata")
     conv.metadata = req.metadata
-    await send_response(send, 200, msgspec.json.encode(conv.resource()))
+    await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
-async def _delete(state, conv: Conversation, item_id, body, query, send) -> None:
-    state.conversations.delete(conv.id)
-    await send_response(send, 200, msgspec.json.encode({"id": conv.id, "object": "conversation.deleted",
-                                                        "deleted": True}))
+async def delete(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    http.state.conversations.delete(conv.id)
+    await send_response(http.send, 200, msgspec.json.encode({"id": conv.id, "object": "conversation.deleted",
+                                                             "deleted": True}))
 
 
-async def _add_items(state, conv: Conversation, item_id, body, query, send) -> None:
-    req = _decode(body)
+async def add_items(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    req = _decode(http.body)
     if not req.items:
         raise APIError(400, "`items` must hold at least one item.", param="items")
     conv.items.extend(req.items)
-    await send_response(send, 200, msgspec.json.encode(page(req.items, len(req.items))))
+    await send_response(http.send, 200, msgspec.json.encode(page(req.items, len(req.items))))
 
 
 def _find(conv: Conversation, item_id: str) -> int:
@@ -143,17 +131,20 @@ def _find(conv: Conversation, item_id: str) -> int:
     raise APIError(404, f"No item with id `{item_id}` in the conversation `{conv.id}`.", code="not_found")
 
 
-async def _get_item(state, conv: Conversation, item_id, body, query, send) -> None:
-    await send_response(send, 200, msgspec.json.encode(conv.items[_find(conv, item_id)]))
+async def get_item(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    await send_response(http.send, 200, msgspec.json.encode(conv.items[_find(conv, http.params["item_id"])]))
 
 
-async def _delete_item(state, conv: Conversation, item_id, body, query, send) -> None:
-    del conv.items[_find(conv, item_id)]
-    await send_response(send, 200, msgspec.json.encode(conv.resource()))
+async def delete_item(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    del conv.items[_find(conv, http.params["item_id"])]
+    await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
-async def _list_items(state, conv: Conversation, item_id, body, query, send) -> None:
-    await send_response(send, 200, msgspec.json.encode(list_page(conv.items, query, conv.id)))
+async def list_items(http: HTTPRequest) -> None:
+    conv = _conversation(http)
+    await send_response(http.send, 200, msgspec.json.encode(list_page(conv.items, http.query, conv.id)))
 
 
 def page(items: list[dict], limit: int) -> dict:

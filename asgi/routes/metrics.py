@@ -30,6 +30,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from asgi.engine_link.client import EngineDead
 from asgi.http.primitives import send_response
 from asgi.http.request_context import RequestContext
+from asgi.http.router import HTTPRequest
 from ipc.protocol import EngineStats
 
 METRICS_PATH = "/metrics"
@@ -192,10 +193,11 @@ class EngineFigures:
             yield out
 
 
-async def metrics_endpoint(state, body, receive, send):
+async def metrics_endpoint(http: HTTPRequest) -> None:
     """GET /metrics. Open to all unless the server guards it (see README, "Metrics")."""
+    state = http.state
     try:
         stats = await state.client.stats()
     except (EngineDead, TimeoutError):  # the workers' own figures still go out
         stats = None
-    await send_response(send, 200, state.metrics.render(stats), content_type=CONTENT_TYPE_LATEST.encode())
+    await send_response(http.send, 200, state.metrics.render(stats), content_type=CONTENT_TYPE_LATEST.encode())

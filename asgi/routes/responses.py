@@ -12,6 +12,7 @@ from asgi.errors import APIError, not_found
 from asgi.http.access_log import log_request_content
 from asgi.http.primitives import DisconnectWatcher, send_response
 from asgi.http.request_context import current
+from asgi.http.router import HTTPRequest
 from asgi.http.sse import SSEWriter
 from asgi.output.logprobs_format import ChatLogprobs
 from asgi.output.responses_format import ResponseBuilder, sse_event
@@ -81,8 +82,9 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -
             **{k: v for k, v in (("user", req.user), ("safety_identifier", req.safety_identifier)) if v is not None}}
 
 
-async def create_response(state: WorkerState, body: bytes, receive, send) -> None:
-    req = decode(body, state.model_id)
+async def create_response(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode(http.body, state.model_id)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
     log_request_content(state.settings.log_requests, req)
@@ -116,14 +118,14 @@ async def create_response(state: WorkerState, body: bytes, receive, send) -> Non
     if req.store is not False and state.responses_store.enabled:
         entry = StoredResponse(builder.response(), items, messages, cancel=lambda: _cancel(gen, builder))
         state.responses_store.put(response_id, entry)
-    watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
+    watcher = DisconnectWatcher(http.receive, on_disconnect=gen.on_disconnect)
     failed = True
     try:
         await gen.start()
         if req.stream:
-            failed = await _stream(gen, builder, send, settings.sse_keepalive_s)
+            failed = await _stream(gen, builder, http.send, settings.sse_keepalive_s)
         else:
-            await _aggregate(gen, builder, send)
+            await _aggregate(gen, builder, http.send)
             failed = False
     finally:
         watcher.stop()
@@ -205,9 +207,9 @@ async def _aggregate(gen: Generation, builder: ResponseBuilder, send) -> None:
     await send_response(send, 200, msgspec.json.encode(builder.response()))
 
 
-async def count_input_tokens(state: WorkerState, body: bytes, receive, send) -> None:
+async def count_input_tokens(http: HTTPRequest) -> None:
     """POST /v1/responses/input_tokens: the prompt's token count, as the create request would build it."""
-    req = decode(body, state.model_id)
-    *_, prompt_ids = await prepare(state, req)
-    await send_response(send, 200, msgspec.json.encode({"object": "response.input_tokens",
+    req = decode(http.body, http.state.model_id)
+    *_, prompt_ids = await prepare(http.state, req)
+    await send_response(http.send, 200, msgspec.json.encode({"object": "response.input_tokens",
                                                          "input_tokens": len(prompt_ids)}))

@@ -9,6 +9,7 @@ from msgspec import Meta
 
 from asgi.errors import APIError, not_found
 from asgi.http.primitives import send_response
+from asgi.http.router import HTTPRequest
 from asgi.prompt.chat_messages import render_messages
 from asgi.prompt.encoding import encode_texts
 from asgi.requests.body import decode_json
@@ -57,7 +58,8 @@ def _is_chat(body: bytes) -> bool:
     return "messages" in keys
 
 
-async def tokenize(state: WorkerState, body: bytes, receive, send) -> None:
+async def tokenize(http: HTTPRequest) -> None:
+    state, body = http.state, http.body
     if _is_chat(body):
         req = _decode(_chat_decoder, body, state)
         if req.add_special_tokens:
@@ -71,21 +73,22 @@ async def tokenize(state: WorkerState, body: bytes, receive, send) -> None:
         (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)
     answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": ids,
               "token_strs": [state.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None}
-    await send_json(send, answer)
+    await send_json(http.send, answer)
 
 
-async def detokenize(state: WorkerState, body: bytes, receive, send) -> None:
-    req = _decode(_detokenize_decoder, body, state)
+async def detokenize(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = _decode(_detokenize_decoder, http.body, state)
     vocab_size = state.settings.limits.vocab_size
     for i, token_id in enumerate(req.tokens):
         if token_id >= vocab_size:
             raise APIError(400, f"Token ids must be between 0 and {vocab_size - 1}.", param=f"tokens[{i}]")
     # Ids past the tokenizer's own vocabulary (the model's embedding may be padded) decode to "".
-    await send_json(send, {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+    await send_json(http.send, {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)})
 
 
-async def get_version(state: WorkerState, body: bytes, receive, send) -> None:
-    await send_json(send, {"version": _VERSION})
+async def get_version(http: HTTPRequest) -> None:
+    await send_json(http.send, {"version": _VERSION})
 
 
 async def send_json(send, obj) -> None:

@@ -1,8 +1,10 @@
 """Drive one Generation to the client: as an SSE stream, or aggregated into one JSON body.
 
-The endpoint-specific shape (chat or completions) comes from a Formatter; this module owns the
-order of events: role chunk, deltas, finish, usage, [DONE]; keep-alives while waiting; an
-error event when the engine fails after the headers went out.
+Every generating route goes through `respond`: it owns the lifecycle (the disconnect watcher,
+keep-alives while waiting, the end of a failed stream, the request's record), and a Shape of the
+route's own says what the frames and the body are: `ChunkStream` for chat and completions
+(role chunk, deltas, finish, usage, [DONE]), the Responses API's typed events
+(asgi/output/responses_format.py ResponseStream).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import msgspec
 from asgi.engine_link.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
 from asgi.errors import APIError, error_body
 from asgi.http.primitives import DisconnectWatcher, send_response
-from asgi.http.sse import SSEWriter
+from asgi.http.sse import SSEWriter, frame
 
 if TYPE_CHECKING:
     from asgi.requests.nvext import NvExtReply
@@ -22,78 +24,136 @@ if TYPE_CHECKING:
 log = logging.getLogger("rill.api")
 
 
-class Formatter(Protocol):
-    """`usage` on chunks: the usage so far, with stream_options.continuous_usage_stats; else None."""
+class Shape(Protocol):
+    """A route's answer: whole SSE frames for a stream, or the body of a plain request."""
 
-    def opening_chunks(self, usage: Usage | None) -> list[bytes]: ...
-    def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None) -> list[bytes]: ...
-    def add(self, deltas: list[ChoiceDelta]) -> None: ...  # the non-streamed answer accumulates
-    def usage_chunk(self, usage: Usage) -> bytes: ...
-    def choiceless_chunk(self, **fields) -> bytes: ...
-    def body(self, usage: Usage) -> bytes: ...
+    ends_with_done: bool  # `data: [DONE]` closes the stream (chat, completions), else it just ends
+
+    def opening(self, gen: Generation) -> list[bytes]: ...
+    def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]: ...
+    def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]: ...  # the engine failed mid-stream
+    def closing(self, gen: Generation) -> list[bytes] | None: ...  # after the last delta; None: the client left
+    def add(self, deltas: list[ChoiceDelta]) -> None: ...  # the plain answer accumulates
+    def body(self, gen: Generation) -> bytes | None: ...  # None: the client left
 
 
-async def respond(gen: Generation, fmt: Formatter, *, stream: bool, receive, send,
-                  keepalive_s: float, include_usage: bool, continuous_usage: bool = False,
-                  nvext: NvExtReply | None = None) -> None:
-    """`nvext`: what the request's nvext asks to be sent back (annotations, response fields)."""
+async def respond(gen: Generation, shape: Shape, *, stream: bool, receive, send, keepalive_s: float) -> bool:
+    """Returns whether the engine failed the request (an error event went out mid-stream); a
+    failure before any byte was sent raises APIError."""
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
     failed = True
     try:
         await gen.start()
         if stream:
-            failed = await _stream(gen, fmt, send, keepalive_s, include_usage, continuous_usage, nvext)
+            failed = await _stream(gen, shape, send, keepalive_s)
         else:
-            await _aggregate(gen, fmt, send, nvext)
+            await _aggregate(gen, shape, send)
             failed = False
     finally:
         watcher.stop()
         gen.record(failed=failed)
+    return failed
 
 
-async def _stream(gen: Generation, fmt: Formatter, send, keepalive_s: float, include_usage: bool,
-                  continuous_usage: bool, nvext: NvExtReply | None) -> bool:
-    """Returns whether the engine failed the request after the headers went out."""
+async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float) -> bool:
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
-    for event in nvext.start_events() if nvext else ():
-        await sse.event(event)
-    for chunk in fmt.opening_chunks(gen.usage() if continuous_usage else None):
-        await sse.data(chunk)
+    for raw in shape.opening(gen):
+        await sse.event(raw)
     try:
         async for item in gen.deltas(sse.keepalive_due_in):
             if item is KEEPALIVE:
                 await sse.keepalive()
             else:
-                for chunk in fmt.chunks(item, gen.usage() if continuous_usage else None):
-                    await sse.data(chunk)
+                for raw in shape.frames(item, gen):
+                    await sse.event(raw)
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
-        await sse.data(error_body(str(exc), "server_error", code=exc.code))
-        await sse.done()
+        for raw in shape.failure(exc, gen):
+            await sse.event(raw)
+        await _end(sse, shape)
         return True
-    if gen.disconnected:
+    closing = shape.closing(gen)
+    if closing is None:
         return False
-    if nvext:
-        for event in nvext.end_events(gen):
-            await sse.event(event)
-        if fields := nvext.fields(gen):
-            await sse.data(fmt.choiceless_chunk(nvext=fields))
-    if include_usage:
-        await sse.data(fmt.usage_chunk(gen.usage()))
-    await sse.done()
+    for raw in closing:
+        await sse.event(raw)
+    await _end(sse, shape)
     return False
 
 
-async def _aggregate(gen: Generation, fmt: Formatter, send, nvext: NvExtReply | None) -> None:
+async def _end(sse: SSEWriter, shape: Shape) -> None:
+    await (sse.done() if shape.ends_with_done else sse.close())
+
+
+async def _aggregate(gen: Generation, shape: Shape, send) -> None:
     try:
         async for item in gen.deltas():
-            fmt.add(item)
+            shape.add(item)
     except GenerationFailed as exc:
         raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
-    if gen.disconnected:
-        return
-    body = fmt.body(gen.usage())
-    if nvext and (fields := nvext.body_fields(gen)):
-        body = msgspec.json.encode({**msgspec.json.decode(body), "nvext": fields})
-    await send_response(send, 200, body)
+    body = shape.body(gen)
+    if body is not None:
+        await send_response(send, 200, body)
+
+
+class Formatter(Protocol):
+    """Chat's or completions' chunks (asgi/output/chat_format.py, completion_format.py). `usage`
+    on chunks: the usage so far, with stream_options.continuous_usage_stats; else None."""
+
+    def opening_chunks(self, usage: Usage | None) -> list[bytes]: ...
+    def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None) -> list[bytes]: ...
+    def add(self, deltas: list[ChoiceDelta]) -> None: ...
+    def usage_chunk(self, usage: Usage) -> bytes: ...
+    def choiceless_chunk(self, **fields) -> bytes: ...
+    def body(self, usage: Usage) -> bytes: ...
+
+
+class ChunkStream:
+    """Chat's and completions' shape: `data:` chunks in order (role chunk, deltas, finish), the
+    usage chunk when asked, nvext's annotations and fields, and [DONE]."""
+
+    ends_with_done = True
+
+    def __init__(self, fmt: Formatter, *, include_usage: bool, continuous_usage: bool = False,
+                 nvext: NvExtReply | None = None) -> None:
+        self.fmt = fmt
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.nvext = nvext  # what the request's nvext asks to be sent back
+
+    def _usage(self, gen: Generation) -> Usage | None:
+        return gen.usage() if self.continuous_usage else None
+
+    def opening(self, gen: Generation) -> list[bytes]:
+        events = self.nvext.start_events() if self.nvext else []
+        return [*events, *(frame(chunk) for chunk in self.fmt.opening_chunks(self._usage(gen)))]
+
+    def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
+        return [frame(chunk) for chunk in self.fmt.chunks(deltas, self._usage(gen))]
+
+    def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
+        return [frame(error_body(str(exc), "server_error", code=exc.code))]
+
+    def closing(self, gen: Generation) -> list[bytes] | None:
+        if gen.disconnected:
+            return None
+        out = []
+        if self.nvext:
+            out += self.nvext.end_events(gen)
+            if fields := self.nvext.fields(gen):
+                out.append(frame(self.fmt.choiceless_chunk(nvext=fields)))
+        if self.include_usage:
+            out.append(frame(self.fmt.usage_chunk(gen.usage())))
+        return out
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        self.fmt.add(deltas)
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        body = self.fmt.body(gen.usage())
+        if self.nvext and (fields := self.nvext.body_fields(gen)):
+            body = msgspec.json.encode({**msgspec.json.decode(body), "nvext": fields})
+        return body

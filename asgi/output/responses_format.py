@@ -190,3 +190,47 @@ class ResponseBuilder:
         item["status"] = status
         return events + [self._event("response.output_item.done", output_index=where["output_index"],
                                      item=copy.deepcopy(item))]
+
+
+class ResponseStream:
+    """The Responses API's shape for asgi/output/respond.py: the builder's typed events as SSE
+    frames (no [DONE]), or the Response as one body; a response cancelled through
+    POST /v1/responses/{id}/cancel ends `cancelled`, not silently as a client that left."""
+
+    ends_with_done = False
+
+    def __init__(self, builder: ResponseBuilder) -> None:
+        self.builder = builder
+        self.finish_reason: str | None = None
+
+    def opening(self, gen) -> list[bytes]:
+        return [sse_event(event) for event in self.builder.start()]
+
+    def frames(self, deltas: list[ChoiceDelta], gen) -> list[bytes]:
+        out = []
+        for delta in deltas:
+            self.finish_reason = delta.finish_reason or self.finish_reason
+            out += [sse_event(event) for event in self.builder.push(delta)]
+        return out
+
+    def failure(self, exc, gen) -> list[bytes]:
+        self.builder.usage = gen.usage()
+        return [sse_event(event) for event in self.builder.fail(str(exc), exc.code)]
+
+    def _end(self, gen) -> list[dict] | None:
+        if self.builder.status == "cancelled":
+            self.builder.usage = gen.usage()
+            return self.builder.fail("The response was cancelled.", status="cancelled")
+        if gen.disconnected:
+            return None
+        return self.builder.finish(self.finish_reason, gen.usage())
+
+    def closing(self, gen) -> list[bytes] | None:
+        events = self._end(gen)
+        return None if events is None else [sse_event(event) for event in events]
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        self.frames(deltas, None)  # the events are dropped: the body is the builder's Response
+
+    def body(self, gen) -> bytes | None:
+        return None if self._end(gen) is None else msgspec.json.encode(self.builder.response())

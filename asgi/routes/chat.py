@@ -7,7 +7,7 @@ from asgi.http.request_context import current
 from asgi.http.router import HTTPRequest
 from asgi.output.chat_format import ChatFormatter
 from asgi.output.logprobs_format import ChatLogprobs
-from asgi.output.respond import respond
+from asgi.output.respond import ChunkStream, respond
 from asgi.parsers.chat_parsing import parser_factory
 from asgi.prompt.chat_messages import render_messages
 from asgi.requests.nvext import NvExtReply
@@ -45,6 +45,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     include_usage, continuous_usage = stream_usage(req)
     fmt = ChatFormatter(request_id, state.model_id, n, include_usage, make_parser=make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top))
-    await respond(gen, fmt, stream=req.stream, receive=http.receive, send=http.send, keepalive_s=state.settings.sse_keepalive_s,
-                  include_usage=include_usage, continuous_usage=continuous_usage,
-                  nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
+    shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
+                        nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
+    await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
+                  keepalive_s=state.settings.sse_keepalive_s)

@@ -8,7 +8,7 @@ from asgi.http.request_context import current
 from asgi.http.router import HTTPRequest
 from asgi.output.completion_format import CompletionFormatter
 from asgi.output.logprobs_format import CompletionLogprobs
-from asgi.output.respond import respond
+from asgi.output.respond import ChunkStream, respond
 from asgi.prompt.encoding import encode_texts
 from asgi.requests.nvext import NvExtReply
 from asgi.requests.sampling import sampling_params
@@ -62,6 +62,7 @@ async def completions(http: HTTPRequest) -> None:
     fmt = CompletionFormatter(request_id, state.model_id, gen.num_choices, include_usage, n=n, echo_texts=echo_texts,
                               make_logprobs=None if num_top is None else
                               (lambda: CompletionLogprobs(state.token_texts, num_top)))
-    await respond(gen, fmt, stream=req.stream, receive=http.receive, send=http.send, keepalive_s=state.settings.sse_keepalive_s,
-                  include_usage=include_usage, continuous_usage=continuous_usage,
-                  nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))
+    shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
+                        nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))
+    await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
+                  keepalive_s=state.settings.sse_keepalive_s)

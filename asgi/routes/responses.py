@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any
 
 import msgspec
 
-from asgi.engine_link.generate import KEEPALIVE, Generation, GenerationFailed, Usage, new_request_id
+from asgi.engine_link.generate import Generation, Usage, new_request_id
 from asgi.errors import APIError, not_found
 from asgi.http.access_log import log_request_content
-from asgi.http.primitives import DisconnectWatcher, send_response
+from asgi.http.primitives import send_response
 from asgi.http.request_context import current
 from asgi.http.router import HTTPRequest
-from asgi.http.sse import SSEWriter
 from asgi.output.logprobs_format import ChatLogprobs
-from asgi.output.responses_format import ResponseBuilder, sse_event
+from asgi.output.respond import respond
+from asgi.output.responses_format import ResponseBuilder, ResponseStream
 from asgi.parsers.chat_parsing import parser_factory
 from asgi.prompt.chat_messages import render_messages
 from asgi.requests.body import decode_json
@@ -27,8 +26,6 @@ from asgi.requests.tool_choice import forced_spec, plan_tools
 from asgi.routes.conversations import append_items, conversation_id_of, conversation_or_404
 from asgi.state import WorkerState
 from asgi.stores.responses import StoredResponse
-
-log = logging.getLogger("rill.api")
 
 
 def decode(body: bytes, served_model: str) -> ResponsesRequest:
@@ -118,18 +115,11 @@ async def create_response(http: HTTPRequest) -> None:
     if req.store is not False and state.responses_store.enabled:
         entry = StoredResponse(builder.response(), items, messages, cancel=lambda: _cancel(gen, builder))
         state.responses_store.put(response_id, entry)
-    watcher = DisconnectWatcher(http.receive, on_disconnect=gen.on_disconnect)
     failed = True
     try:
-        await gen.start()
-        if req.stream:
-            failed = await _stream(gen, builder, http.send, settings.sse_keepalive_s)
-        else:
-            await _aggregate(gen, builder, http.send)
-            failed = False
+        failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=http.receive, send=http.send,
+                               keepalive_s=settings.sse_keepalive_s)
     finally:
-        watcher.stop()
-        gen.record(failed=failed)
         if entry is not None:
             _finish_entry(state, response_id, entry, builder, failed)
         if (conversation_id := conversation_id_of(req.conversation)) and builder.status in ("completed", "incomplete"):
@@ -151,60 +141,6 @@ def _finish_entry(state, response_id, entry: StoredResponse, builder: ResponseBu
     entry.messages = [*entry.messages, *items_to_messages(builder.output, "output")]
     if state.responses_store.get(response_id) is entry:
         state.responses_store.put(response_id, entry)  # refreshes the entry's TTL from its end
-
-
-async def _stream(gen: Generation, builder: ResponseBuilder, send, keepalive_s: float) -> bool:
-    sse = SSEWriter(send, keepalive_s)
-    await sse.start()
-    for event in builder.start():
-        await sse.event(sse_event(event))
-    finish = None
-    try:
-        async for item in gen.deltas(sse.keepalive_due_in):
-            if item is KEEPALIVE:
-                await sse.keepalive()
-                continue
-            for delta in item:
-                finish = delta.finish_reason or finish
-                for event in builder.push(delta):
-                    await sse.event(sse_event(event))
-    except GenerationFailed as exc:
-        log.error("response %s failed mid-stream: %s", gen.request_id, exc)
-        builder.usage = gen.usage()
-        for event in builder.fail(str(exc), exc.code):
-            await sse.event(sse_event(event))
-        await sse.close()
-        return True
-    if builder.status == "cancelled":
-        builder.usage = gen.usage()
-        for event in builder.fail("The response was cancelled.", status="cancelled"):
-            await sse.event(sse_event(event))
-    elif gen.disconnected:
-        return False
-    else:
-        for event in builder.finish(finish, gen.usage()):
-            await sse.event(sse_event(event))
-    await sse.close()
-    return False
-
-
-async def _aggregate(gen: Generation, builder: ResponseBuilder, send) -> None:
-    finish = None
-    try:
-        async for item in gen.deltas():
-            for delta in item:
-                finish = delta.finish_reason or finish
-                builder.push(delta)
-    except GenerationFailed as exc:
-        raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
-    if builder.status == "cancelled":
-        builder.usage = gen.usage()
-        builder.fail("The response was cancelled.", status="cancelled")
-    elif gen.disconnected:
-        return
-    else:
-        builder.finish(finish, gen.usage())
-    await send_response(send, 200, msgspec.json.encode(builder.response()))
 
 
 async def count_input_tokens(http: HTTPRequest) -> None:

@@ -9,21 +9,23 @@ from ipc.protocol import SamplingParams
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
                     max_model_len: int, prompt_param: str, vocab_size: int,
-                    logprobs: int | None = None) -> SamplingParams:
-    """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs)."""
+                    logprobs: int | None = None, max_tokens_param: str = "max_tokens") -> SamplingParams:
+    """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs).
+    `prompt_param` and `max_tokens_param`: the names the caller's API gives the prompt and the
+    output limit (`input` and `max_output_tokens` in the Responses API), for its errors."""
     room = max_model_len - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f"{prompt_len} tokens in the prompt" + (f" and {max_tokens} to generate" if max_tokens else "")
         raise APIError(
             400,
             f"This model's maximum context length is {max_model_len} tokens; the request asks for "
-            f"{wanted}. Shorten the prompt or lower max_tokens.",
-            param=prompt_param if max_tokens is None or prompt_len >= max_model_len else "max_tokens",
+            f"{wanted}. Shorten the prompt or lower {max_tokens_param}.",
+            param=prompt_param if max_tokens is None or prompt_len >= max_model_len else max_tokens_param,
             code="context_length_exceeded",
         )
     if max_tokens is not None and req.min_tokens > max_tokens:
         # vLLM refuses this too: the request could never be honoured.
-        raise APIError(400, f"`min_tokens` ({req.min_tokens}) must not exceed `max_tokens` ({max_tokens}).",
+        raise APIError(400, f"`min_tokens` ({req.min_tokens}) must not exceed `{max_tokens_param}` ({max_tokens}).",
                        param="min_tokens")
     params = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else room,

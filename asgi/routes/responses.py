@@ -93,14 +93,13 @@ async def create_response(http: HTTPRequest) -> None:
     try:
         params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
                                  max_model_len=settings.limits.max_model_len, prompt_param="input",
-                                 vocab_size=settings.limits.vocab_size, logprobs=num_top)
+                                 vocab_size=settings.limits.vocab_size, logprobs=num_top,
+                                 max_tokens_param="max_output_tokens")
     except APIError as exc:
         if exc.param and exc.param.startswith("response_format"):  # the chat name of text.format
             param = "text.format" + exc.param[len("response_format"):].replace(".json_schema", "", 1)
             exc.message = exc.message.replace(exc.param, param)
             exc.param = param
-        elif exc.param == "max_tokens":
-            exc.param = "max_output_tokens"
         raise
     params.structured = forced_spec(tool_plan, params.structured)
     make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,

@@ -1,11 +1,11 @@
-"""`pip install .` (not editable), then `rill serve` from another folder: the wheel carries the chat
+"""`pip install .` (not editable) into a fresh venv, then `rill serve` from another folder: the wheel carries the chat
 templates and the kernels' sources, and the installed copy serves the bundled model."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -32,22 +32,26 @@ def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_di
     for name in ("rill_templates/chatml.jinja", "rill_templates/llama3.jinja", "rill_templates/plain.jinja",
                  "engine_proc/csrc/ops.cpp", "engine_proc/csrc/float_bits.h", "asgi/app.py"):
         assert name in names, name
-    site = tmp_path / "site"
-    pip("install", "--no-deps", "--target", str(site), str(wheel), cwd=tmp_path)
+    # A fresh venv: the wheel installed into it as a user would (`pip install`, not editable); the
+    # dependencies come from this venv through a .pth line (no network in tests). The checkout's
+    # editable install is not seen there: .pth files of a directory a .pth line adds are not read.
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True, timeout=120)
+    (site,) = (fresh / "lib").glob("python3*/site-packages")
+    (site / "rill-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    pip("--python", str(fresh / "bin" / "python"), "install", "--no-deps", str(wheel), cwd=tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site)}  # before the checkout's editable install
-    where = subprocess.run([sys.executable, "-c", "import asgi.prompt.templating as t; print(t.__file__); "
-                            "print(t.BUNDLED_TEMPLATES_DIR)"], cwd=elsewhere, env=env, capture_output=True,
-                           text=True, timeout=120)
+    where = subprocess.run([str(fresh / "bin" / "python"), "-c", "import asgi.prompt.templating as t; "
+                            "print(t.__file__); print(t.BUNDLED_TEMPLATES_DIR)"], cwd=elsewhere,
+                           capture_output=True, text=True, timeout=120)
     module_file, templates_dir = where.stdout.split()
     assert module_file.startswith(str(site)) and templates_dir.startswith(str(site)), where.stdout + where.stderr
 
     port = free_port()
-    server = ServerProcess([str(site / "bin" / "rill"), "serve", "--port", str(port), "--enforce-eager",
-                            "--log-level", "warning"], port, tmp_path / "serve.log", env={"PYTHONPATH": str(site)},
-                           cwd=elsewhere)
+    server = ServerProcess([str(fresh / "bin" / "rill"), "serve", "--port", str(port), "--enforce-eager",
+                            "--log-level", "warning"], port, tmp_path / "serve.log", cwd=elsewhere)
     with server:
         reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
             "model": "smollm2-135m-instruct", "max_tokens": 8, "temperature": 0,

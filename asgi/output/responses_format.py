@@ -206,12 +206,15 @@ class ResponseStream:
     def opening(self, gen) -> list[bytes]:
         return [sse_event(event) for event in self.builder.start()]
 
-    def frames(self, deltas: list[ChoiceDelta], gen) -> list[bytes]:
-        out = []
+    def _push(self, deltas: list[ChoiceDelta]) -> list[dict]:
+        events = []
         for delta in deltas:
             self.finish_reason = delta.finish_reason or self.finish_reason
-            out += [sse_event(event) for event in self.builder.push(delta)]
-        return out
+            events += self.builder.push(delta)
+        return events
+
+    def frames(self, deltas: list[ChoiceDelta], gen) -> list[bytes]:
+        return [sse_event(event) for event in self._push(deltas)]
 
     def failure(self, exc, gen) -> list[bytes]:
         self.builder.usage = gen.usage()
@@ -230,7 +233,7 @@ class ResponseStream:
         return None if events is None else [sse_event(event) for event in events]
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
-        self.frames(deltas, None)  # the events are dropped: the body is the builder's Response
+        self._push(deltas)  # the events are dropped unencoded: the body is the builder's Response
 
     def body(self, gen) -> bytes | None:
         return None if self._end(gen) is None else msgspec.json.encode(self.builder.response())

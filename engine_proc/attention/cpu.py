@@ -12,6 +12,8 @@ same results within rounding.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine_proc import cpu_kernels
@@ -60,9 +62,10 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor |
 
 
 def _prefill_supported() -> bool:
-    if _amx[0] is None:
-        _amx[0] = cpu_kernels.loaded() and bool(torch.ops.rill_cpu.prefill_attention_supported())
-    return _amx[0]
+    # Asked only once the kernels are loaded: a call before must not fix the answer at False.
+    return cpu_kernels.loaded() and _cpu_has_amx_bf16()
 
 
-_amx: list[bool | None] = [None]
+@functools.cache
+def _cpu_has_amx_bf16() -> bool:
+    return bool(torch.ops.rill_cpu.prefill_attention_supported())

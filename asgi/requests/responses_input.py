@@ -132,8 +132,6 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
             if v is not None}} for t in req.tools]
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
-    if req.text is not None and req.text.format is not None:
-        body["response_format"] = _response_format(req.text.format)
     try:
         return msgspec.convert(body, ChatCompletionRequest)
     except msgspec.ValidationError as exc:
@@ -152,19 +150,3 @@ def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
                             'none, auto, required or {"type": "function", "name": ...}.', param="tool_choice")
     return {"type": "function", "function": {"name": choice["name"]}}
 
-
-def _response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
-    kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        if not isinstance(fmt.get("schema"), dict):
-            raise APIError(400, "`text.format` json_schema needs `schema` (an object).", param="text.format.schema")
-        spec = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
-        if fmt.get("strict") is not None:
-            spec["strict"] = fmt["strict"]
-        return {"type": "json_schema", "json_schema": spec}
-    raise APIError(400, f"`text.format` type must be text, json_object or json_schema; got `{kind}`.",
-                   param="text.format.type")

@@ -33,13 +33,14 @@ _CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param
 _checker_loaded = False
 
 
-async def load_checker(req: SamplingFields) -> None:
+async def load_checker(req: SamplingFields, constrained: bool = False) -> None:
     """Imports xgrammar the first time a request may need it, on a thread: it imports torch (about
-    2 s here), which on the event loop would stall every stream of this worker."""
+    2 s here), which on the event loop would stall every stream of this worker. `constrained`: the
+    caller knows of a constraint `req` does not hold (the Responses API's `text.format`)."""
     global _checker_loaded
     if _checker_loaded:
         return
-    constrained = any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
+    constrained = constrained or any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
         getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
     if constrained:
         await asyncio.to_thread(importlib.import_module, "ipc.grammar_spec")
@@ -117,15 +118,32 @@ def _response_format(rf: Any) -> tuple[StructuredSpec, str] | None:
     js = rf.get("json_schema")
     if not isinstance(js, dict):
         raise _bad("response_format.json_schema", "must be an object when `type` is json_schema")
-    if not isinstance(js.get("name"), str):
-        raise _bad("response_format.json_schema.name", "must be a string")
-    for key, types in (("description", str), ("strict", bool)):
-        if js.get(key) is not None and not isinstance(js[key], types):
-            raise _bad(f"response_format.json_schema.{key}", f"must be a {types.__name__}")
+    return _json_schema_format(js, "response_format.json_schema", name_required=True)
+
+
+def text_format_spec(fmt: dict[str, Any]) -> StructuredSpec | None:
+    """The Responses API's `text.format` (its json_schema fields flat, beside `type`), checked to
+    compile, with errors naming `text.format...`; None for plain text."""
+    kind = fmt.get("type")
+    if kind not in _RESPONSE_FORMAT_TYPES:
+        raise _bad("text.format.type", f"must be one of {', '.join(_RESPONSE_FORMAT_TYPES)}; got {str(kind)[:50]!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredSpec(StructuredKind.JSON_OBJECT, "")
+    return checked(*_json_schema_format(fmt, "text.format", name_required=False))
+
+
+def _json_schema_format(js: dict[str, Any], where: str, *, name_required: bool) -> tuple[StructuredSpec, str]:
+    """A json_schema format's fields (`name`, `description`, `strict`, `schema`) checked, with
+    errors naming `where.<field>`; strict or not, the output follows the schema (a grammar cannot
+    half-follow it)."""
+    for key, types in (("name", str), ("description", str), ("strict", bool)):
+        if (js.get(key) is not None or (key == "name" and name_required)) and not isinstance(js.get(key), types):
+            raise _bad(f"{where}.{key}", f"must be a {types.__name__}")
     if "schema" not in js:
-        raise _bad("response_format.json_schema.schema", "is required: the JSON schema the output must follow")
-    # strict or not, the output follows the schema (a grammar cannot half-follow it).
-    param = "response_format.json_schema.schema"
+        raise _bad(f"{where}.schema", "is required: the JSON schema the output must follow")
+    param = f"{where}.schema"
     return _spec(StructuredKind.JSON_SCHEMA, js["schema"], param), param
 
 

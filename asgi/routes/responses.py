@@ -21,7 +21,7 @@ from asgi.requests.body import decode_json
 from asgi.requests.responses_input import chat_request, input_items, items_to_messages
 from asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
 from asgi.requests.sampling import sampling_params
-from asgi.requests.structured import load_checker
+from asgi.requests.structured import load_checker, text_format_spec
 from asgi.requests.tool_choice import forced_spec, plan_tools
 from asgi.routes.conversations import append_items, conversation_id_of, conversation_or_404
 from asgi.state import WorkerState
@@ -88,20 +88,14 @@ async def create_response(http: HTTPRequest) -> None:
     settings = state.settings
     items, messages, chat, prompt_ids = await prepare(state, req)
     tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
-    await load_checker(chat)
+    text_format = req.text.format if req.text is not None else None
+    await load_checker(chat, constrained=text_format is not None and text_format.get("type") != "text")
     num_top = chat.top_logprobs if chat.logprobs else None
-    try:
-        params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
-                                 max_model_len=settings.limits.max_model_len, prompt_param="input",
-                                 vocab_size=settings.limits.vocab_size, logprobs=num_top,
-                                 max_tokens_param="max_output_tokens")
-    except APIError as exc:
-        if exc.param and exc.param.startswith("response_format"):  # the chat name of text.format
-            param = "text.format" + exc.param[len("response_format"):].replace(".json_schema", "", 1)
-            exc.message = exc.message.replace(exc.param, param)
-            exc.param = param
-        raise
-    params.structured = forced_spec(tool_plan, params.structured)
+    params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
+                             max_model_len=settings.limits.max_model_len, prompt_param="input",
+                             vocab_size=settings.limits.vocab_size, logprobs=num_top,
+                             max_tokens_param="max_output_tokens")
+    params.structured = forced_spec(tool_plan, text_format_spec(text_format) if text_format else None)
     make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
                                  reasoning_parser=settings.reasoning_parser)
     response_id = new_request_id("resp").replace("-", "_")

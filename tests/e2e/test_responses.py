@@ -205,6 +205,9 @@ def test_cancel(server, client):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function"}, "tools": [WEATHER_TOOL]}, "tool_choice.name"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}}, "text.format.strict"),
+    ({"text": {"format": {"type": "json_schema", "name": 5, "schema": {}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": [{"type": "reasoning", "summary": ["x"]}, {"role": "user", "content": "hi"}]}, "input[0].summary[0].type"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
     ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
@@ -213,7 +216,9 @@ def test_cancel(server, client):
 def test_bad_requests_name_param(server, extra, param):
     r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert "response_format" not in error["message"]  # chat's name never leaks into the Responses API
 
 
 def test_unknown_ids_404(server):

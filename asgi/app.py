@@ -1,9 +1,8 @@
 """The ASGI application each Granian worker runs: lifespan, routing by (method, path), errors."""
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
+import os
 import time
 
 from asgi.engine_link.client import EngineDead
@@ -21,6 +20,7 @@ from asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from asgi.routes.responses import count_input_tokens, create_response
 from asgi.routes.tokenize import detokenize, get_version, tokenize
 from asgi.state import WorkerSettings, WorkerState, dumps
+from asgi.stores.base import StoreUnavailable
 
 log = logging.getLogger("rill.api")
 
@@ -95,11 +95,13 @@ NEEDS_BODY = {"POST"}
 ALIAS_PREFIX = "/v3/"
 
 
-def ignore_sigint() -> None:
-    """Ctrl-C reaches the whole process group; the launcher drains first, then Granian stops us
-    with SIGTERM. Stopping here on SIGINT would stall in-flight streams (Granian stops the loop)."""
-    asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def leave_launcher_group() -> None:
+    """A signal to the whole process group (Ctrl-C, `kill -- -PGID`, `tini -g`, supervisord's
+    stopasgroup) must reach the launcher alone: it drains in-flight requests, then Granian stops
+    this worker with SIGTERM. Had the signal reached us too, Granian's handler would have stopped
+    our loop mid-stream and the launcher would see an unexpected worker exit. A process group of
+    our own keeps the session (and systemd's cgroup), so nothing else changes."""
+    os.setpgid(0, 0)
 
 
 class App:
@@ -118,7 +120,7 @@ class App:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    ignore_sigint()
+                    leave_launcher_group()
                     self.state = WorkerState.load(WorkerSettings.from_env())
                     tag_records_with_request_id()
                     self.state.client.start()
@@ -130,6 +132,7 @@ class App:
             elif message["type"] == "lifespan.shutdown":
                 if self.state is not None:
                     self.state.client.close()
+                    await self.state.store.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -171,6 +174,9 @@ class App:
             pass
         except GenerationFailed as exc:
             await send_response(send, exc.status, error_body(str(exc), "server_error", code="engine_error"))
+        except StoreUnavailable as exc:  # the state store is down: only the routes that need it fail
+            await send_response(send, 503, error_body(f"The state store is unavailable: {exc}.", "server_error",
+                                                      code="store_unavailable"))
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             await send_response(send, 500, error_body("Internal server error.", "server_error"))

@@ -21,7 +21,8 @@ from asgi.output.detokenizer import Detokenizer
 from asgi.output.token_text import TokenTexts
 from asgi.prompt.templating import ChatTemplate, load_template_arg
 from asgi.routes.metrics import Metrics
-from asgi.stores.responses import ResponseStore
+from asgi.stores.base import Bounds, StateStore
+from asgi.stores.open import open_store
 from ipc.channels import RunPaths
 from ipc.protocol import EngineLimits
 
@@ -57,7 +58,9 @@ class WorkerSettings(msgspec.Struct):
     log_requests: bool = False
     # GET /metrics (asgi/routes/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
     metrics_prefix: str = "rill"
-    # The Responses API's store (asgi/stores/responses.py), one per worker process; 0 disables it.
+    # The Responses API's and Conversations' store (asgi/stores/), shared by every worker: its
+    # URL (empty: SQLite in the run directory) and bounds, enforced by the store; 0 disables a kind.
+    state_store_url: str = ""
     responses_store_max_entries: int = 1000
     responses_store_ttl_s: float = 3600.0
     conversations_store_max_entries: int = 1000  # the same for /v1/conversations
@@ -82,8 +85,9 @@ class WorkerState:
     auth: ApiKeyGuard = field(default_factory=ApiKeyGuard)
     cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
-    responses_store: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))
-    conversations: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))  # same bounds, own entries
+    store: StateStore | None = None
+    # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
+    in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -97,9 +101,9 @@ class WorkerState:
         state = cls(settings, client, tokenizer, template)
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
-        state.responses_store = ResponseStore(settings.responses_store_max_entries, settings.responses_store_ttl_s)
-        state.conversations = ResponseStore(settings.conversations_store_max_entries,
-                                            settings.conversations_store_ttl_s)
+        state.store = open_store(settings.state_store_url, paths.run_dir,
+                                 Bounds(settings.responses_store_max_entries, settings.responses_store_ttl_s),
+                                 Bounds(settings.conversations_store_max_entries, settings.conversations_store_ttl_s))
         state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
         if settings.access_log:

@@ -17,7 +17,7 @@ from ipc import protocol as p
 from ipc.logprobs import encode_logprobs
 
 log = logging.getLogger("rill.engine")
-_NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT)  # counted apart from num_finished
+_NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT, p.FinishReason.CANCELLED)  # not num_finished
 
 
 class EngineCore:
@@ -119,8 +119,10 @@ class EngineCore:
         elif isinstance(item, p.Abort):
             for req_id in item.req_ids:
                 self.deadlines.discard(req_id)
-                if self.scheduler.abort(req_id) is not None:
+                if (req := self.scheduler.abort(req_id)) is not None:
                     self.num_aborted += 1
+                    if item.notify:
+                        self.publish_deltas([TokenDelta(req, [], p.FinishReason.CANCELLED)])
         elif isinstance(item, GrammarCompiled):
             self.publish_deltas(self.grammar_gate.compiled(item, self.scheduler))
         elif isinstance(item, p.StatsQuery):

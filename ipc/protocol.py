@@ -16,6 +16,7 @@ class FinishReason(enum.IntEnum):
     ABORT = 3  # the client went away, the worker aborted it, or the drain timed out (AbortAll)
     ERROR = 4  # the engine could not serve it (for example: context full)
     TIMEOUT = 5  # it ran past --request-timeout (engine arrival to now); its blocks are freed
+    CANCELLED = 6  # an Abort with notify: another API worker cancelled it (POST /v1/responses/{id}/cancel)
 
 
 class StructuredKind(enum.IntEnum):
@@ -76,6 +77,8 @@ class Submit(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=F
 
 class Abort(msgspec.Struct, tag=True, array_like=True, gc=False):
     req_ids: list[str]
+    # True: the request's own worker did not ask; it gets a CANCELLED delta to end its response.
+    notify: bool = False
 
 
 class Shutdown(msgspec.Struct, tag=True, array_like=True, gc=False):

@@ -12,6 +12,7 @@ if not shutil.which("nvidia-smi"):
 import pytest  # noqa: E402
 
 from bench.servers import ServerProcess, rill_server  # noqa: E402
+from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
 from tests.helpers.server import leftovers  # noqa: E402
 
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`

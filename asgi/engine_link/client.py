@@ -85,6 +85,11 @@ class EngineClient:
         if live and self.alive:
             await self._out.send(p.input_encoder.encode(p.Abort(live)))
 
+    async def cancel(self, req_ids: list[str]) -> None:
+        """Ends requests another worker owns: the engine sends their worker a CANCELLED delta."""
+        if self.alive:
+            await self._out.send(p.input_encoder.encode(p.Abort(req_ids, notify=True)))
+
     async def stats(self, timeout_s: float = 5.0) -> p.EngineStats:
         if not self.alive:
             raise EngineDead

@@ -77,6 +77,8 @@ class Generation:
         self.finished = [False] * num_choices
         self.engine_ids = [f"{request_id}-{i}" for i in range(num_choices)]
         self.disconnected = False
+        # What a CANCELLED delta (a cancel from another API worker) does; by default, stop waiting.
+        self.on_cancel: Callable[[], None] = self.on_disconnect
         self.finish_reasons: list[str | None] = [None] * num_choices
         self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
@@ -144,6 +146,9 @@ class Generation:
             if choice.finish is None:
                 self._stopped_early.append(self.engine_ids[index])
         elif choice.finish is not None:
+            if choice.finish is FinishReason.CANCELLED:
+                self.on_cancel()
+                return None
             if choice.finish is FinishReason.ABORT:  # only the engine's AbortAll reaches us
                 raise GenerationFailed(SHUTDOWN_ABORT, status=503, code="shutting_down")
             if choice.finish is FinishReason.TIMEOUT:  # the engine freed it: nothing to abort

@@ -9,6 +9,7 @@ route's own says what the frames and the body are: `ChunkStream` for chat and co
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("rill.api")
 
 
+BeforeLast = Callable[[bool], Awaitable[None]]
+
+
 class Shape(Protocol):
     """A route's answer: whole SSE frames for a stream, or the body of a plain request."""
 
@@ -37,17 +41,21 @@ class Shape(Protocol):
     def body(self, gen: Generation) -> bytes | None: ...  # None: the client left
 
 
-async def respond(gen: Generation, shape: Shape, *, stream: bool, receive, send, keepalive_s: float) -> bool:
+async def respond(gen: Generation, shape: Shape, *, stream: bool, receive, send, keepalive_s: float,
+                  before_last: BeforeLast | None = None) -> bool:
     """Returns whether the engine failed the request (an error event went out mid-stream); a
-    failure before any byte was sent raises APIError."""
+    failure before any byte was sent raises APIError. `before_last(failed)` runs once the answer
+    is whole and before its last bytes go out (the Responses API stores it there, so a client
+    that has read the end finds it stored)."""
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
     failed = True
+    last = before_last or _nothing
     try:
         await gen.start()
         if stream:
-            failed = await _stream(gen, shape, send, keepalive_s)
+            failed = await _stream(gen, shape, send, keepalive_s, last)
         else:
-            await _aggregate(gen, shape, send)
+            await _aggregate(gen, shape, send, last)
             failed = False
     finally:
         watcher.stop()
@@ -55,7 +63,11 @@ async def respond(gen: Generation, shape: Shape, *, stream: bool, receive, send,
     return failed
 
 
-async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float) -> bool:
+async def _nothing(failed: bool) -> None:
+    return None
+
+
+async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float, last: BeforeLast) -> bool:
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
     for raw in shape.opening(gen):
@@ -69,13 +81,16 @@ async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float) -> bo
                     await sse.event(raw)
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
-        for raw in shape.failure(exc, gen):
+        frames = shape.failure(exc, gen)
+        await last(True)
+        for raw in frames:
             await sse.event(raw)
         await _end(sse, shape)
         return True
     closing = shape.closing(gen)
     if closing is None:
         return False
+    await last(False)
     for raw in closing:
         await sse.event(raw)
     await _end(sse, shape)
@@ -86,7 +101,7 @@ async def _end(sse: SSEWriter, shape: Shape) -> None:
     await (sse.done() if shape.ends_with_done else sse.close())
 
 
-async def _aggregate(gen: Generation, shape: Shape, send) -> None:
+async def _aggregate(gen: Generation, shape: Shape, send, last: BeforeLast) -> None:
     try:
         async for item in gen.deltas():
             shape.add(item)
@@ -94,6 +109,7 @@ async def _aggregate(gen: Generation, shape: Shape, send) -> None:
         raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
     body = shape.body(gen)
     if body is not None:
+        await last(False)
         await send_response(send, 200, body)
 
 

@@ -1,14 +1,13 @@
-"""OpenAI's Conversations: items kept per conversation in the worker's memory, and their routes.
+"""OpenAI's Conversations routes: a conversation's metadata and items, kept in the state store.
 
 A response created with `conversation` reads the conversation's items before its input, and
-when it ends its input and output items are appended. Conversations live in their own store,
-bounded like the responses' one, and, like it, in one API worker process.
+when it ends its input and output items are appended. Conversations are bounded by their own
+count and TTL (from creation), enforced by the store across every API worker.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -21,20 +20,9 @@ from asgi.requests.body import decode_json
 from asgi.requests.responses_input import items_to_messages, typed_items
 from asgi.requests.responses_request import check_metadata
 from asgi.state import WorkerState
+from asgi.stores.base import Conversation
 
 MAX_ITEMS_PER_CALL = 20  # as OpenAI: items of one create call
-
-
-@dataclass
-class Conversation:
-    id: str
-    created_at: int
-    metadata: dict[str, str]
-    items: list[dict[str, Any]] = field(default_factory=list)
-    stored_at: float = 0.0
-
-    def resource(self) -> dict:
-        return {"id": self.id, "object": "conversation", "created_at": self.created_at, "metadata": self.metadata}
 
 
 class ConversationBody(msgspec.Struct):
@@ -65,86 +53,100 @@ def conversation_id_of(param: Any) -> str | None:
     raise APIError(400, '`conversation` must be a conversation id or {"id": ...}.', param="conversation")
 
 
-def conversation_or_404(state: WorkerState, conversation_id: str, param: str | None = None) -> Conversation:
-    conv = state.conversations.get(conversation_id)
+def _gone(conversation_id: str, param: str | None = None) -> APIError:
+    return APIError(404, f"No conversation with id `{conversation_id}` found: it was never created, was deleted, "
+                         "expired or was evicted.", param=param, code="not_found")
+
+
+async def conversation_or_404(state: WorkerState, conversation_id: str, param: str | None = None) -> Conversation:
+    conv = await state.store.get_conversation(conversation_id)
     if conv is None:
-        raise APIError(404, f"No conversation with id `{conversation_id}` found: it was never created here, was "
-                            "deleted, expired or evicted, or another API worker holds it.", param=param,
-                       code="not_found")
+        raise _gone(conversation_id, param)
     return conv
 
 
-def append_items(state: WorkerState, conversation_id: str, items: list[dict[str, Any]]) -> None:
+async def items_or_404(state: WorkerState, conversation_id: str, param: str | None = None) -> list[dict[str, Any]]:
+    items = await state.store.list_items(conversation_id)
+    if items is None:
+        raise _gone(conversation_id, param)
+    return items
+
+
+async def append_items(state: WorkerState, conversation_id: str, items: list[dict[str, Any]]) -> None:
     """A finished response's input and output items join its conversation (if it is still stored)."""
-    if (conv := state.conversations.get(conversation_id)) is not None:
-        conv.items.extend(items)
+    await state.store.add_items(conversation_id, items)
 
 
 async def create(http: HTTPRequest) -> None:
-    state = http.state
-    if not state.conversations.enabled:
-        raise APIError(400, "Conversations are disabled on this server (its responses store is off).",
-                       param="conversation")
+    store = http.state.store
+    if not store.conversations.enabled:
+        raise APIError(400, "Conversations are disabled on this server (--conversations-store-max-entries or "
+                            "--conversations-store-ttl is 0).", param="conversation")
     req = _decode(http.body)
-    conv = Conversation(f"conv_{uuid.uuid4().hex}", int(time.time()), req.metadata or {}, req.items)
-    state.conversations.put(conv.id, conv)
+    conv = Conversation(id=f"conv_{uuid.uuid4().hex}", created_at=int(time.time()), metadata=req.metadata or {})
+    await store.put_conversation(conv, req.items)
     await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
-def _conversation(http: HTTPRequest) -> Conversation:
-    return conversation_or_404(http.state, http.params["conversation_id"])
-
-
 async def retrieve(http: HTTPRequest) -> None:
-    await send_response(http.send, 200, msgspec.json.encode(_conversation(http).resource()))
+    conv = await conversation_or_404(http.state, http.params["conversation_id"])
+    await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
 async def update(http: HTTPRequest) -> None:
-    conv = _conversation(http)
+    conv = await conversation_or_404(http.state, http.params["conversation_id"])
     req = _decode(http.body)
     if req.metadata is None:
         raise APIError(400, "`metadata` is required.", param="metadata")
     conv.metadata = req.metadata
+    await http.state.store.put_conversation(conv)
     await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
 async def delete(http: HTTPRequest) -> None:
-    conv = _conversation(http)
-    http.state.conversations.delete(conv.id)
-    await send_response(http.send, 200, msgspec.json.encode({"id": conv.id, "object": "conversation.deleted",
+    conversation_id = http.params["conversation_id"]
+    if not await http.state.store.delete_conversation(conversation_id):
+        raise _gone(conversation_id)
+    await send_response(http.send, 200, msgspec.json.encode({"id": conversation_id, "object": "conversation.deleted",
                                                              "deleted": True}))
 
 
 async def add_items(http: HTTPRequest) -> None:
-    conv = _conversation(http)
+    conversation_id = http.params["conversation_id"]
+    await conversation_or_404(http.state, conversation_id)  # a 404 before a 400 about the body
     req = _decode(http.body)
     if not req.items:
         raise APIError(400, "`items` must hold at least one item.", param="items")
-    conv.items.extend(req.items)
+    if not await http.state.store.add_items(conversation_id, req.items):
+        raise _gone(conversation_id)
     await send_response(http.send, 200, msgspec.json.encode(page(req.items, len(req.items))))
 
 
-def _find(conv: Conversation, item_id: str) -> int:
-    for i, item in enumerate(conv.items):
-        if item["id"] == item_id:
-            return i
-    raise APIError(404, f"No item with id `{item_id}` in the conversation `{conv.id}`.", code="not_found")
+def _item_404(conversation_id: str, item_id: str) -> APIError:
+    return APIError(404, f"No item with id `{item_id}` in the conversation `{conversation_id}`.", code="not_found")
 
 
 async def get_item(http: HTTPRequest) -> None:
-    conv = _conversation(http)
-    await send_response(http.send, 200, msgspec.json.encode(conv.items[_find(conv, http.params["item_id"])]))
+    conversation_id, item_id = http.params["conversation_id"], http.params["item_id"]
+    items = await items_or_404(http.state, conversation_id)
+    item = next((item for item in items if item["id"] == item_id), None)
+    if item is None:
+        raise _item_404(conversation_id, item_id)
+    await send_response(http.send, 200, msgspec.json.encode(item))
 
 
 async def delete_item(http: HTTPRequest) -> None:
-    conv = _conversation(http)
-    del conv.items[_find(conv, http.params["item_id"])]
+    conversation_id, item_id = http.params["conversation_id"], http.params["item_id"]
+    conv = await conversation_or_404(http.state, conversation_id)
+    if not await http.state.store.delete_item(conversation_id, item_id):
+        raise _item_404(conversation_id, item_id)
     await send_response(http.send, 200, msgspec.json.encode(conv.resource()))
 
 
 async def list_items(http: HTTPRequest) -> None:
-    conv = _conversation(http)
-    await send_response(http.send, 200, msgspec.json.encode(list_page(conv.items, http.query, conv.id)))
+    conversation_id = http.params["conversation_id"]
+    items = await items_or_404(http.state, conversation_id)
+    await send_response(http.send, 200, msgspec.json.encode(list_page(items, http.query, conversation_id)))
 
 
 def page(items: list[dict], limit: int) -> dict:

@@ -1,7 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API) through the chat path, streamed as typed events or one body."""
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import msgspec
@@ -23,9 +22,9 @@ from asgi.requests.responses_request import ResponsesRequest, check_request, res
 from asgi.requests.sampling import sampling_params
 from asgi.requests.structured import load_checker, text_format_spec
 from asgi.requests.tool_choice import forced_spec, plan_tools
-from asgi.routes.conversations import append_items, conversation_id_of, conversation_or_404
+from asgi.routes.conversations import append_items, conversation_id_of, items_or_404
 from asgi.state import WorkerState
-from asgi.stores.responses import StoredResponse
+from asgi.stores.base import StoredResponse, StoreUnavailable
 
 
 def decode(body: bytes, served_model: str) -> ResponsesRequest:
@@ -36,11 +35,11 @@ def decode(body: bytes, served_model: str) -> ResponsesRequest:
     return req
 
 
-def stored_or_404(state: WorkerState, response_id: str, param: str | None = None) -> StoredResponse:
-    entry = state.responses_store.get(response_id)
+async def stored_or_404(state: WorkerState, response_id: str, param: str | None = None) -> StoredResponse:
+    entry = await state.store.get_response(response_id) if state.store.responses.enabled else None
     if entry is None:
-        why = "the response store is disabled on this server" if not state.responses_store.enabled else \
-            "it was never stored (store: false), was deleted, expired or was evicted, or another API worker made it"
+        why = "the response store is disabled on this server" if not state.store.responses.enabled else \
+            "it was never stored (store: false), was deleted, expired or was evicted"
         raise APIError(404, f"No response with id `{response_id}` found: {why}.", param=param, code="not_found")
     return entry
 
@@ -49,9 +48,9 @@ async def prepare(state: WorkerState, req: ResponsesRequest):
     """(input items, chat messages of the chain, the chat request, prompt ids)."""
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        history = stored_or_404(state, req.previous_response_id, "previous_response_id").messages
+        history = (await stored_or_404(state, req.previous_response_id, "previous_response_id")).messages
     if (conversation_id := conversation_id_of(req.conversation)) is not None:
-        history = items_to_messages(conversation_or_404(state, conversation_id, "conversation").items, "conversation")
+        history = items_to_messages(await items_or_404(state, conversation_id, "conversation"), "conversation")
     items = input_items(req)
     messages = [*history, *items_to_messages(items)]
     chat = chat_request(req, messages)
@@ -104,19 +103,27 @@ async def create_response(http: HTTPRequest) -> None:
     logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
     builder = ResponseBuilder(echoed_fields(req, response_id, state), make_parser(), logprobs)
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
+    gen.on_cancel = lambda: _cancel(gen, builder)  # a cancel from another API worker, through the engine
     entry = None
-    if req.store is not False and state.responses_store.enabled:
-        entry = StoredResponse(builder.response(), items, messages, cancel=lambda: _cancel(gen, builder))
-        state.responses_store.put(response_id, entry)
+    if req.store is not False and state.store.responses.enabled:
+        entry = StoredResponse(id=response_id, response=builder.response(), input_items=items, messages=messages)
+        await state.store.put_response(entry)  # acknowledged only once stored: a GET anywhere finds it
+        state.in_progress[response_id] = gen.on_cancel
+    finished = False
+
+    async def before_last(failed: bool) -> None:
+        nonlocal finished
+        finished = True
+        state.in_progress.pop(response_id, None)
+        await _finish(state, req, items, entry, builder, failed)
+
     failed = True
     try:
         failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=http.receive, send=http.send,
-                               keepalive_s=settings.sse_keepalive_s)
+                               keepalive_s=settings.sse_keepalive_s, before_last=before_last)
     finally:
-        if entry is not None:
-            _finish_entry(state, response_id, entry, builder, failed)
-        if (conversation_id := conversation_id_of(req.conversation)) and builder.status in ("completed", "incomplete"):
-            append_items(state, conversation_id, copy.deepcopy([*items, *builder.output]))
+        if not finished:  # the client left, or it failed before a byte went out
+            await before_last(failed)
 
 
 def _cancel(gen: Generation, builder: ResponseBuilder) -> None:
@@ -124,16 +131,24 @@ def _cancel(gen: Generation, builder: ResponseBuilder) -> None:
     gen.on_disconnect()  # ends the wait for output; the Generation aborts its engine work on the way out
 
 
-def _finish_entry(state, response_id, entry: StoredResponse, builder: ResponseBuilder, failed: bool) -> None:
-    entry.cancel = None
+async def _finish(state: WorkerState, req: ResponsesRequest, items: list[dict[str, Any]],
+                  entry: StoredResponse | None, builder: ResponseBuilder, failed: bool) -> None:
+    """The stored snapshot becomes the final Response (its TTL counts from now), and a
+    conversation gets the turn's items. The client has its answer already: a store that fails
+    here is logged (by the store) and the turn is not kept."""
     if builder.status == "in_progress":
         builder.status = "failed" if failed else "cancelled"  # an error, or the client left
         if failed and builder.error is None:
             builder.error = {"code": "server_error", "message": "The response failed before it finished."}
-    entry.response = builder.response()
-    entry.messages = [*entry.messages, *items_to_messages(builder.output, "output")]
-    if state.responses_store.get(response_id) is entry:
-        state.responses_store.put(response_id, entry)  # refreshes the entry's TTL from its end
+    try:
+        if entry is not None and await state.store.get_response(entry.id) is not None:  # not deleted meanwhile
+            entry.response = builder.response()
+            entry.messages = [*entry.messages, *items_to_messages(builder.output, "output")]
+            await state.store.put_response(entry)
+        if (conversation_id := conversation_id_of(req.conversation)) and builder.status in ("completed", "incomplete"):
+            await append_items(state, conversation_id, [*items, *builder.output])
+    except StoreUnavailable:
+        pass
 
 
 async def count_input_tokens(http: HTTPRequest) -> None:

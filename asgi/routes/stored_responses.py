@@ -11,31 +11,36 @@ from asgi.routes.responses import stored_or_404
 
 
 async def retrieve(http: HTTPRequest) -> None:
-    entry = stored_or_404(http.state, http.params["response_id"])
+    entry = await stored_or_404(http.state, http.params["response_id"])
     await send_response(http.send, 200, msgspec.json.encode(entry.response))
 
 
 async def delete(http: HTTPRequest) -> None:
     response_id = http.params["response_id"]
-    stored_or_404(http.state, response_id)
-    http.state.responses_store.delete(response_id)
+    await stored_or_404(http.state, response_id)
+    await http.state.store.delete_response(response_id)
     await send_response(http.send, 200, msgspec.json.encode({"id": response_id, "object": "response", "deleted": True}))
 
 
 async def cancel(http: HTTPRequest) -> None:
-    """Only a response still in progress can be cancelled; its engine work is aborted."""
+    """Only a response still in progress can be cancelled; its engine work is aborted. On the
+    worker that runs it the cancel is direct; from another worker it goes through the engine,
+    which ends the request with CANCELLED for its worker to finish the Response as cancelled."""
     response_id = http.params["response_id"]
-    entry = stored_or_404(http.state, response_id)
-    if entry.cancel is None:
+    entry = await stored_or_404(http.state, response_id)
+    if entry.response["status"] != "in_progress":
         raise APIError(400, f"The response `{response_id}` is not in progress (its status is "
                             f"{entry.response['status']}); only a response in progress can be cancelled.",
                        param="response_id")
-    entry.cancel()
+    if (local := http.state.in_progress.get(response_id)) is not None:
+        local()
+    else:
+        await http.state.client.cancel([f"{response_id}-0"])  # the Generation's engine id of its one choice
     await send_response(http.send, 200, msgspec.json.encode({**entry.response, "status": "cancelled"}))
 
 
 async def list_input_items(http: HTTPRequest) -> None:
     """OpenAI's page: `limit` (1 to 100, default 20), `order` (desc by default), `after` an item id."""
     response_id = http.params["response_id"]
-    entry = stored_or_404(http.state, response_id)
+    entry = await stored_or_404(http.state, response_id)
     await send_response(http.send, 200, msgspec.json.encode(list_page(entry.input_items, http.query, response_id)))

@@ -34,13 +34,18 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     net.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
     net.add_argument("--max-request-body", type=byte_size, default="32MiB", help="larger bodies get 413")
+    net.add_argument("--state-store", default="", metavar="URL",
+                     help="where the Responses API and Conversations keep their state, shared by every API worker: "
+                          "empty (default) for SQLite in the run directory, gone when the server stops; "
+                          "sqlite:///path/state.db to keep it across restarts; redis://host:port/db to share it "
+                          "between servers")
     net.add_argument("--responses-store-max-entries", type=int, default=1000,
-                     help="responses kept per API worker for GET /v1/responses/{id} and previous_response_id "
-                          "(0 disables the store)")
+                     help="responses kept (by the store, across workers) for GET /v1/responses/{id} and "
+                          "previous_response_id; the oldest go first (0 disables the store)")
     net.add_argument("--responses-store-ttl", type=float, default=3600.0,
                      help="seconds a stored response is kept (0 disables the store)")
     net.add_argument("--conversations-store-max-entries", type=int, default=1000,
-                     help="conversations kept per API worker for /v1/conversations and `conversation` "
+                     help="conversations kept (by the store, across workers) for /v1/conversations and `conversation` "
                           "(0 disables the store)")
     net.add_argument("--conversations-store-ttl", type=float, default=3600.0,
                      help="seconds a conversation is kept, counted from its creation (0 disables the store)")

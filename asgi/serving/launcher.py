@@ -22,6 +22,7 @@ from asgi.serving.chat_flags import chat_settings
 from asgi.serving.engine_monitor import EngineMonitor
 from asgi.serving.sdnotify import Notifier, ServiceReporter
 from asgi.state import SETTINGS_ENV, WorkerSettings
+from asgi.stores.open import StoreURLError, check_url, describe
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
@@ -142,7 +143,8 @@ def serve(args) -> int:
     log_config = configure_logging(args.log_level, args.log_format, args.log_requests)
     try:
         edge = edge_settings(args)  # before the engine starts: a bad key file fails fast
-    except KeyFileError as exc:
+        check_url(args.state_store)
+    except (KeyFileError, StoreURLError) as exc:
         log.error("%s", exc)
         return 2
     notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
@@ -168,6 +170,7 @@ def serve(args) -> int:
     monitor = reporter = None
     http_failed = False
     try:
+        log.info("state store: %s", describe(args.state_store))
         log.info("starting the engine for %s (%s)", model_id, model_dir)
         proc, limits = start_engine(config)
         log.info("engine ready (pid %d): max_model_len %d, %d KV blocks", proc.pid, limits.max_model_len,
@@ -178,6 +181,7 @@ def serve(args) -> int:
  max_body_bytes=args.max_request_body,
             chat_template=args.chat_template, created=int(time.time()), **edge, **chat_settings(args),
             metrics_prefix=args.metrics_prefix,
+            state_store_url=args.state_store,
             responses_store_max_entries=max(args.responses_store_max_entries, 0),
             responses_store_ttl_s=max(args.responses_store_ttl, 0.0),
             conversations_store_max_entries=max(args.conversations_store_max_entries, 0),

@@ -180,9 +180,11 @@ def shm_files_of(pids: list[int]) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("how, num_streams", [("sigterm-to-launcher", 16), ("sigint-to-group", 2)])
+@pytest.mark.parametrize("how, num_streams", [("SIGTERM-launcher", 16), ("SIGINT-group", 2),
+                                               ("SIGTERM-group", 2), ("SIGINT-launcher", 2)])
 def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how, num_streams):
-    """SIGTERM as a supervisor sends it, SIGINT as Ctrl-C does (to every process of the group).
+    """Every stop path drains: SIGTERM as a supervisor sends it, SIGINT as Ctrl-C does (to every
+    process of the group), SIGTERM to the group as `tini -g` and supervisord's stopasgroup do.
 
     Also serves a local model directory under another name (--model, --served-model-name)."""
     srv = start_server(tmp_path_factory, "--shutdown-timeout", "300", "--model", str(model_dir),
@@ -196,10 +198,11 @@ def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how, num
         assert stream.started.wait(120)
     assert stats(srv)["num_running"] == num_streams  # all in flight when the signal comes
     shm_files = shm_files_of(session_pids(srv.proc.pid))
-    if how == "sigterm-to-launcher":
-        srv.proc.send_signal(signal.SIGTERM)
+    name, target = how.split("-")
+    if target == "launcher":
+        srv.proc.send_signal(getattr(signal, name))
     else:
-        os.killpg(srv.proc.pid, signal.SIGINT)
+        os.killpg(srv.proc.pid, getattr(signal, name))
     time.sleep(0.5)
     assert httpx.get(f"{srv.base_url}/ready").status_code == 503
     late = httpx.post(f"{srv.base_url}/v1/completions", json={**body, "stream": False}, timeout=10)
@@ -212,6 +215,7 @@ def test_stop_lets_inflight_streams_finish(model_dir, tmp_path_factory, how, num
     assert srv.proc.wait(60) == 0
     assert leftovers(srv.proc.pid) == []
     assert [f for f in shm_files if Path(f).exists()] == []
+    assert [line for line in srv.log().splitlines() if "ERROR" in line] == []
 
 
 def test_shutdown_timeout_ends_the_rest_with_an_error_event(model_dir, tmp_path_factory):

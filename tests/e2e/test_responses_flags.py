@@ -1,4 +1,5 @@
-"""The Responses API on a server with other flags: a store of 2 entries, keep-alives, a reasoning parser."""
+"""The Responses API on a server with other flags: two API workers sharing a store of 2 entries
+(the bound holds across them), keep-alives, a reasoning parser."""
 from __future__ import annotations
 
 import httpx
@@ -16,7 +17,7 @@ def flagged(model_dir, tmp_path_factory):
     # model never writes one, so every output is reasoning. A 10 ms keep-alive fires between tokens.
     srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--responses-store-max-entries", "2",
                        "--conversations-store-max-entries", "1", "--sse-keepalive", "0.01",
-                       "--reasoning-parser", "deepseek_r1")
+                       "--reasoning-parser", "deepseek_r1", "--workers", "2")
     yield srv
     stop_server(srv)
 

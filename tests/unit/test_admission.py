@@ -209,3 +209,22 @@ def test_overdue_requests_end_with_timeout_and_free_their_blocks():
     stats = core.stats()
     assert late.req.req_id == "new" and stats.num_timed_out == 2 and stats.num_finished == 0
     assert stats.num_running == stats.num_waiting == 0 and stats.num_free_blocks == free_at_start
+
+
+def test_an_abort_with_notify_tells_the_owner_cancelled_and_a_plain_one_does_not():
+    """A cancel from another API worker (the Responses API) reaches the request's own worker as a
+    CANCELLED delta; the owner's own abort sends nothing back."""
+    thread, core, published = engine(2, AdmissionControl())
+    blocks = core.scheduler.block_manager
+    free_at_start = blocks.num_free_blocks()
+    for name in ("mine", "theirs"):
+        core.handle(EngineRequest(name, "w1", [1] * 6, p.SamplingParams(max_tokens=4), arrival_s=1.0))
+    core.scheduler.schedule()
+    core.handle(p.Abort(["mine"]))
+    assert published == []
+    core.handle(p.Abort(["theirs", "unknown"], notify=True))
+    (delta_row,) = published[-1]
+    assert delta_row[0] == "w1" and delta_row[1].req_id == "theirs" and delta_row[1].finish is p.FinishReason.CANCELLED
+    stats = core.stats()
+    assert stats.num_finished == 0 and stats.num_running == stats.num_waiting == 0
+    assert blocks.num_free_blocks() == free_at_start

@@ -14,6 +14,7 @@ DEFAULT_ENV_FILE = "/etc/rill/rill.env"
 STOP_MARGIN_S = 30
 _PLAIN = re.compile(r"^[\w@%+=:,./-]+$")
 
+STATE_STORE = "sqlite:////var/lib/rill/state.db"  # in StateDirectory=rill
 
 def systemd_quote(arg: str) -> str:
     """One word of an ExecStart= line: `%` and `$` escaped, quoted when it holds anything odd."""
@@ -31,7 +32,8 @@ def render_unit(*, rill: str, user: str, serve_flags: list[str], shutdown_timeou
                 cache_dir: str = DEFAULT_CACHE_DIR, watchdog_s: int = 60, env_file: str = DEFAULT_ENV_FILE) -> str:
     """The unit text. `serve_flags` go to `rill serve` as given (after --shutdown-timeout and
     --cache-dir); $RILL_ARGS from the environment file adds more at start."""
-    argv = [rill, "serve", "--shutdown-timeout", f"{shutdown_timeout_s:g}", "--cache-dir", cache_dir, *serve_flags]
+    argv = [rill, "serve", "--shutdown-timeout", f"{shutdown_timeout_s:g}", "--cache-dir", cache_dir,
+            "--state-store", STATE_STORE, *serve_flags]
     exec_start = " ".join(systemd_quote(a) for a in argv) + " $RILL_ARGS"
     if cache_dir == DEFAULT_CACHE_DIR:
         cache_lines = "# Created and owned for User= by systemd, writable under ProtectSystem=strict.\nCacheDirectory=rill"
@@ -78,6 +80,9 @@ LimitNOFILE=65536
 # nodes: drop PrivateDevices= (or add DeviceAllow=) there. A port below 1024 needs
 # AmbientCapabilities=CAP_NET_BIND_SERVICE and the same in CapabilityBoundingSet=.
 {cache_lines}
+# The Responses API's and Conversations' state (docs/state-store.md), kept across restarts:
+# created and owned for User= by systemd. A --state-store in the flags (redis://...) wins.
+StateDirectory=rill
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=read-only

@@ -117,11 +117,11 @@ def test_unit_has_what_the_issue_asks():
     assert one["EnvironmentFile"] == "-/etc/rill/rill.env"
     assert one["User"] == "svc"
     assert one["ExecStart"] == ("/opt/rill/.venv/bin/rill serve --shutdown-timeout 45 --cache-dir /var/cache/rill "
-                                "--port 8001 $RILL_ARGS")
+                                "--state-store sqlite:////var/lib/rill/state.db --port 8001 $RILL_ARGS")
     for key, value in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("PrivateTmp", "yes"),
                        ("PrivateDevices", "yes"), ("ProtectHome", "read-only"), ("ProtectKernelTunables", "yes"),
                        ("LockPersonality", "yes"), ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
-                       ("CacheDirectory", "rill")]:
+                       ("CacheDirectory", "rill"), ("StateDirectory", "rill")]:
         assert one[key] == value, key
     custom = unit_settings(render_unit(rill="/r", user="svc", serve_flags=[], shutdown_timeout_s=5,
                                        cache_dir="/srv/rill-cache"))
@@ -139,7 +139,8 @@ def test_command_checks_the_serve_flags():
     ok = subprocess.run([str(RILL), "systemd-unit", "--shutdown-timeout", "10", "--", "--workers", "4"],
                         capture_output=True, text=True)
     assert ok.returncode == 0
-    assert f"ExecStart={RILL} serve --shutdown-timeout 10 --cache-dir /var/cache/rill --workers 4 $RILL_ARGS" in ok.stdout
+    assert (f"ExecStart={RILL} serve --shutdown-timeout 10 --cache-dir /var/cache/rill --state-store "
+            "sqlite:////var/lib/rill/state.db --workers 4 $RILL_ARGS") in ok.stdout
     assert f"TimeoutStopSec={10 + STOP_MARGIN_S}\n" in ok.stdout
     bad = subprocess.run([str(RILL), "systemd-unit", "--", "--no-such-flag"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--no-such-flag" in bad.stderr

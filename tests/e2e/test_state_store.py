@@ -17,6 +17,7 @@ from tests.helpers.redis_server import free_port
 from tests.helpers.responses_events import check_stream, parse_sse
 
 MODEL = "smollm2-135m-instruct"
+SECRET = "Zanzibar-7731"  # stored content that must never appear in a log
 
 
 def create(srv, **body) -> dict:
@@ -106,15 +107,16 @@ def test_ttl_holds_on_every_worker(two_workers):
 def test_durable_sqlite_survives_restarts_and_a_killed_server(model_dir, tmp_path_factory):
     db = tmp_path_factory.mktemp("state") / "state.db"
     url = f"sqlite://{db}"
-    srv = start_server(tmp_path_factory, "--state-store", url)
+    srv = start_server(tmp_path_factory, "--state-store", url, "--log-level", "info")
     sdk = client(srv)
-    first = sdk.responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=3)
+    first = sdk.responses.create(model=MODEL, input=f"My name is Ada. {SECRET}", max_output_tokens=3)
     gone = sdk.responses.create(model=MODEL, input="Forget this.", max_output_tokens=3)
     sdk.responses.delete(gone.id)
     conv = sdk.conversations.create(items=[{"type": "message", "role": "user", "content": "I like tea."}],
                                     metadata={"topic": "drinks"})
     sdk.responses.create(model=MODEL, input="What do I like?", conversation=conv.id, max_output_tokens=3)
     stop_server(srv)
+    assert "rill.access" in srv.log() and SECRET not in srv.log()  # stored content never reaches the logs
 
     srv = start_server(tmp_path_factory, "--state-store", url, "--workers", "2")
     sdk = client(srv)
@@ -165,9 +167,9 @@ def test_a_broken_store_fails_only_its_routes(model_dir, tmp_path_factory, store
         url = f"sqlite://{db}"
     else:
         url = f"redis://127.0.0.1:{free_port()}/0"
-    srv = start_server(tmp_path_factory, "--state-store", url)
+    srv = start_server(tmp_path_factory, "--state-store", url, "--log-level", "info")
     try:
-        for method, path, body in [("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2}),
+        for method, path, body in [("POST", "/v1/responses", {"model": MODEL, "input": SECRET, "max_output_tokens": 2}),
                                    ("GET", "/v1/responses/resp_1", None), ("POST", "/v1/conversations", {}),
                                    ("GET", "/v1/conversations/conv_1/items", None)]:
             r = httpx.request(method, f"{srv.base_url}{path}", json=body, timeout=60)
@@ -181,3 +183,4 @@ def test_a_broken_store_fails_only_its_routes(model_dir, tmp_path_factory, store
     finally:
         stop_server(srv)
     assert "Traceback" not in srv.log()
+    assert "state store" in srv.log() and SECRET not in srv.log()  # the failure is logged, never the content

@@ -137,19 +137,28 @@ class ChunkStream:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.nvext = nvext  # what the request's nvext asks to be sent back
+        self._held: list[bytes] = []  # the opening frames, until the first token goes out
+
+    def _with_held(self, frames: list[bytes]) -> list[bytes]:
+        held, self._held = self._held, []
+        return [*held, *frames]
 
     def _usage(self, gen: Generation) -> Usage | None:
         return gen.usage() if self.continuous_usage else None
 
     def opening(self, gen: Generation) -> list[bytes]:
+        """Made now (their usage is the prompt's), sent with the first token, as OpenAI and vLLM
+        do: a harness that times the first chunk (the role chunk) then measures the real TTFT,
+        not the time to start a prefill. Keep-alive comments hold the connection until then."""
         events = self.nvext.start_events() if self.nvext else []
-        return [*events, *(frame(chunk) for chunk in self.fmt.opening_chunks(self._usage(gen)))]
+        self._held = [*events, *(frame(chunk) for chunk in self.fmt.opening_chunks(self._usage(gen)))]
+        return []
 
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
-        return [frame(chunk) for chunk in self.fmt.chunks(deltas, self._usage(gen))]
+        return self._with_held([frame(chunk) for chunk in self.fmt.chunks(deltas, self._usage(gen))])
 
     def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
-        return [frame(error_body(str(exc), "server_error", code=exc.code))]
+        return self._with_held([frame(error_body(str(exc), "server_error", code=exc.code))])
 
     def closing(self, gen: Generation) -> list[bytes] | None:
         if gen.disconnected:
@@ -161,7 +170,7 @@ class ChunkStream:
                 out.append(frame(self.fmt.choiceless_chunk(nvext=fields)))
         if self.include_usage:
             out.append(frame(self.fmt.usage_chunk(gen.usage())))
-        return out
+        return self._with_held(out)  # a stream with no token still opens before it closes
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
         self.fmt.add(deltas)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
 
 import httpx
 import openai
@@ -92,6 +94,24 @@ def test_chat_stream_shape_and_equality_with_non_streaming(server, client):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes in (["stop"], ["length"])
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_the_role_chunk_goes_out_with_the_first_token(server):
+    """Harnesses time the first chunk, the role chunk: it must come with the first token, not when
+    the prefill starts (before: at 5% of the time to the first token for a 600-token prompt)."""
+    words = " ".join(f"w{uuid.uuid4().hex[:6]}" for _ in range(200))  # fresh: no cached prefix
+    body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 2, "stream": True,
+            "ignore_eos": True}
+    started = time.perf_counter()
+    arrivals = []
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append((time.perf_counter(), json.loads(line[6:])))
+    role_at, first = arrivals[0]
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    token_at = next(t for t, chunk in arrivals[1:] if chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+    assert token_at - role_at < 0.25 * (token_at - started), (role_at - started, token_at - started)
 
 
 def test_chat_stream_raw_frames_match_spec(server):

@@ -94,7 +94,8 @@ class SQLiteStore(StateStore):
             self._conn = None
 
     async def close(self) -> None:
-        await self._run(lambda _conn: self._close())
+        """Closes the connection on its own thread (never opens one to close it)."""
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown(wait=True)
 
     # ---- responses ----

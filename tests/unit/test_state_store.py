@@ -267,3 +267,16 @@ def test_urls(tmp_path):
     default = open_store("", tmp_path, Bounds(1, 1), Bounds(1, 1))
     assert isinstance(default, SQLiteStore) and default.path == tmp_path / "state.db" and not default.durable
     assert _without_password("redis://user:hunter2@host:6379/0") == "redis://user:***@host:6379/0"
+
+
+def test_closing_a_store_never_opened_touches_nothing(tmp_path):
+    """A worker that never used its store (or one with a corrupt file) closes it without opening it."""
+    async def go():
+        path = tmp_path / "state.db"
+        path.write_bytes(b"corrupt" * 100)
+        store = SQLiteStore(path, Bounds(10, 3600), Bounds(10, 3600), durable=True)
+        await store.close()  # no StoreUnavailable from a needless open
+        unused = SQLiteStore(tmp_path / "unused.db", Bounds(10, 3600), Bounds(10, 3600), durable=True)
+        await unused.close()
+        assert not (tmp_path / "unused.db").exists()
+    run(go())

@@ -12,7 +12,7 @@ from asgi.http.access_log import tag_records_with_request_id
 from asgi.http.primitives import ClientDisconnected, read_body, require_json, send_response
 from asgi.http.request_context import RequestContext, set_current
 from asgi.http.router import HTTPRequest, Router
-from asgi.routes import conversations
+from asgi.routes import conversations, messages
 from asgi.routes import stored_responses as stored
 from asgi.routes.chat import chat_completions
 from asgi.routes.completions import completions
@@ -74,6 +74,8 @@ ROUTER = Router([
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/responses", create_response),
     ("POST", "/v1/responses/input_tokens", count_input_tokens),
+    ("POST", "/v1/messages", messages.create_message),  # Anthropic's Messages API
+    ("POST", "/v1/messages/count_tokens", messages.count_tokens),
     ("GET", "/v1/responses/{response_id}", stored.retrieve),
     ("DELETE", "/v1/responses/{response_id}", stored.delete),
     ("GET", "/v1/responses/{response_id}/input_items", stored.list_input_items),
@@ -169,11 +171,14 @@ class App:
                 http.body = await read_body(receive, self.state.settings.max_body_bytes)
             await handler(http)
         except APIError as exc:
-            await send_response(send, exc.status, exc.body(), headers=exc.headers)
+            body = messages.anthropic_error(exc.status, exc.message) if path.startswith(messages.PREFIX) else exc.body()
+            await send_response(send, exc.status, body, headers=exc.headers)
         except ClientDisconnected:
             pass
         except GenerationFailed as exc:
-            await send_response(send, exc.status, error_body(str(exc), "server_error", code="engine_error"))
+            body = messages.anthropic_error(exc.status, str(exc)) if path.startswith(messages.PREFIX) else \
+                error_body(str(exc), "server_error", code="engine_error")
+            await send_response(send, exc.status, body)
         except StoreUnavailable as exc:  # the state store is down: only the routes that need it fail
             await send_response(send, 503, error_body(f"The state store is unavailable: {exc}.", "server_error",
                                                       code="store_unavailable"))

@@ -76,7 +76,8 @@ class ApiKeyGuard:
             return
         token = bearer_token(headers)
         if token is None:
-            raise unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
+            raise unauthorized("Missing API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`, "
+                               "as Anthropic's clients do).")
         presented = digest(token).encode()
         matched = False
         for known in self.digests:  # every digest, always: no early exit
@@ -86,9 +87,13 @@ class ApiKeyGuard:
 
 
 def bearer_token(headers) -> str | None:
+    """The key of `Authorization: Bearer <key>`, else of `x-api-key: <key>` (Anthropic's header)."""
+    api_key = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("utf-8", "replace").strip().partition(" ")
             token = token.strip()
             return token if scheme.lower() == "bearer" and token else None
-    return None
+        if name == b"x-api-key":
+            api_key = value.decode("utf-8", "replace").strip() or None
+    return api_key

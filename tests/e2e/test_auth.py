@@ -9,6 +9,7 @@ import http.client
 import re
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -87,6 +88,23 @@ def test_sdk_works_with_either_key(srv):
         sdk(srv, "sk-not-a-key").completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     assert exc.value.status_code == 401
     assert exc.value.code == "invalid_api_key"
+
+
+def test_anthropic_clients_send_x_api_key(srv):
+    """Anthropic's SDK sends its key as `x-api-key`; a wrong one gets Anthropic's error shape."""
+    claude = anthropic.Anthropic(base_url=srv.base_url, api_key=ENV_KEY, max_retries=0, timeout=60,
+                                 _strict_response_validation=True)
+    message = claude.messages.create(model=MODEL, max_tokens=2, messages=MSGS)
+    assert message.usage.output_tokens > 0
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=srv.base_url, api_key="sk-wrong", max_retries=0).messages.create(
+            model=MODEL, max_tokens=2, messages=MSGS)
+    r = httpx.post(f"{srv.base_url}/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": MSGS},
+                   headers={"x-api-key": "sk-wrong"}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    chat = httpx.post(f"{srv.base_url}/v1/chat/completions", json={"model": MODEL, "messages": MSGS, "max_tokens": 2},
+                      headers={"x-api-key": FILE_KEY}, timeout=60)
+    assert chat.status_code == 200  # the header works on every guarded route
 
 
 def test_probes_stay_open_and_metrics_are_protected(srv):

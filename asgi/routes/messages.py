@@ -1,0 +1,77 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over chat's machinery.
+
+Errors on these paths (the app's too: a 401, a 413) take Anthropic's shape, `anthropic_error`:
+{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}, with the status
+the OpenAI-style error has.
+"""
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from asgi.engine_link.generate import Generation
+from asgi.errors import not_found
+from asgi.http.primitives import send_response
+from asgi.http.request_context import current
+from asgi.http.router import HTTPRequest
+from asgi.output.messages_format import MessageStream, error_event
+from asgi.output.respond import respond
+from asgi.prompt.chat_messages import render_messages
+from asgi.requests.body import decode_json
+from asgi.requests.messages_request import (
+    chat_messages,
+    chat_request,
+    check_unsupported,
+    count_tokens_decoder,
+    messages_decoder,
+)
+from asgi.requests.sampling import sampling_params
+from asgi.requests.schemas import ChatCompletionRequest
+from asgi.state import WorkerState
+
+# Anthropic's error types by HTTP status.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+PREFIX = "/v1/messages"
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return msgspec.json.encode(error_event(message, kind))
+
+
+def _model(state: WorkerState, model: str) -> None:
+    if model != state.model_id:
+        raise not_found(f"The model `{model}` does not exist.", param="model")
+    if (ctx := current()) is not None:
+        ctx.model = state.model_id
+
+
+async def create_message(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_json(messages_decoder, http.body)
+    _model(state, req.model)
+    check_unsupported(req)
+    chat: ChatCompletionRequest = chat_request(req)
+    prompt_ids = await render_messages(state, chat)
+    params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
+                             max_model_len=state.settings.limits.max_model_len, prompt_param="messages",
+                             vocab_size=state.settings.limits.vocab_size)
+    message_id = f"msg_{uuid.uuid4().hex}"
+    make_detok = state.detokenizer(stop=req.stop_sequences or [], skip_special_tokens=True, include_stop=False)
+    gen = Generation(state.client, message_id, [prompt_ids], params, make_detok)
+    await respond(gen, MessageStream(message_id, state.model_id), stream=req.stream, receive=http.receive,
+                  send=http.send, keepalive_s=state.settings.sse_keepalive_s)
+
+
+async def count_tokens(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_json(count_tokens_decoder, http.body)
+    _model(state, req.model)
+    check_unsupported(req)
+    chat = msgspec.convert({"model": req.model, "messages": chat_messages(req)}, ChatCompletionRequest)
+    prompt_ids = await render_messages(state, chat)
+    await send_response(http.send, 200, msgspec.json.encode({"input_tokens": len(prompt_ids)}))

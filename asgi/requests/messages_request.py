@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, from_validation_error
-from asgi.requests.schemas import ChatCompletionRequest
+from asgi.errors import APIError
+from asgi.requests.schemas import ChatCompletionRequest, chat_from
 
 UNSUPPORTED = ("tools", "tool_choice", "thinking", "service_tier", "container", "mcp_servers")
 
@@ -96,9 +96,4 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     body = {"model": req.model, "messages": chat_messages(req), "max_completion_tokens": req.max_tokens,
             "temperature": 1.0 if req.temperature is None else req.temperature, "top_p": req.top_p,
             "top_k": req.top_k, "stop": req.stop_sequences}
-    try:
-        return msgspec.convert(body, ChatCompletionRequest)
-    except msgspec.ValidationError as exc:
-        err = from_validation_error(exc)
-        err.param = "messages"
-        raise err from None
+    return chat_from(body, "messages")

@@ -10,11 +10,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import msgspec
-
-from asgi.errors import APIError, from_validation_error
+from asgi.errors import APIError
 from asgi.requests.responses_request import ResponsesRequest, wants_logprobs
-from asgi.requests.schemas import ChatCompletionRequest
+from asgi.requests.schemas import ChatCompletionRequest, chat_from
 
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -132,12 +130,7 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
             if v is not None}} for t in req.tools]
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
-    try:
-        return msgspec.convert(body, ChatCompletionRequest)
-    except msgspec.ValidationError as exc:
-        err = from_validation_error(exc)
-        err.param = "input"
-        raise err from None
+    return chat_from(body, "input")
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, not_found, unsupported
+from asgi.errors import APIError, from_validation_error, not_found, unsupported
 from asgi.requests.body import decode_json
 from asgi.requests.nvext import NvExt
 
@@ -195,6 +195,17 @@ def stream_usage(req: SamplingFields) -> tuple[bool, bool]:
     opts = req.stream_options
     include = bool(req.stream and opts and opts.include_usage)
     return include, include and opts.continuous_usage_stats
+
+
+def chat_from(body: dict[str, Any], param: str) -> ChatCompletionRequest:
+    """The chat request another API's request was translated into (the Responses and Messages
+    APIs), checked as chat checks its own; a 400 names `param`, the other API's field."""
+    try:
+        return msgspec.convert(body, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        err = from_validation_error(exc)
+        err.param = param
+        raise err from None
 
 
 def stop_strings(req: SamplingFields) -> list[str]:

@@ -27,7 +27,7 @@ from asgi.requests.messages_request import (
     messages_decoder,
 )
 from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import ChatCompletionRequest
+from asgi.requests.schemas import ChatCompletionRequest, chat_from
 from asgi.state import WorkerState
 
 # Anthropic's error types by HTTP status.
@@ -72,6 +72,6 @@ async def count_tokens(http: HTTPRequest) -> None:
     req = decode_json(count_tokens_decoder, http.body)
     _model(state, req.model)
     check_unsupported(req)
-    chat = msgspec.convert({"model": req.model, "messages": chat_messages(req)}, ChatCompletionRequest)
+    chat = chat_from({"model": req.model, "messages": chat_messages(req)}, "messages")
     prompt_ids = await render_messages(state, chat)
     await send_response(http.send, 200, msgspec.json.encode({"input_tokens": len(prompt_ids)}))

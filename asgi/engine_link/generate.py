@@ -61,6 +61,11 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def engine_id(request_id: str, choice: int) -> str:
+    """The engine's id of one choice of a request (each choice is its own engine request)."""
+    return f"{request_id}-{choice}"
+
+
 class Generation:
     """`n` choices per prompt, each its own engine request: choice index = prompt index * n + j."""
 
@@ -75,7 +80,7 @@ class Generation:
         self.mailbox = Mailbox(num_choices)
         self.detokenizers = [make_detokenizer() for _ in range(num_choices)]
         self.finished = [False] * num_choices
-        self.engine_ids = [f"{request_id}-{i}" for i in range(num_choices)]
+        self.engine_ids = [engine_id(request_id, i) for i in range(num_choices)]
         self.disconnected = False
         # What a CANCELLED delta (a cancel from another API worker) does; by default, stop waiting.
         self.on_cancel: Callable[[], None] = self.on_disconnect

@@ -30,17 +30,17 @@ def error_event(message: str, kind: str = "api_error") -> dict[str, Any]:
 
 
 class MessageStream:
-    """The Shape (asgi/output/respond.py) of a Message. message_start goes out with the first
-    token, like chat's role chunk, so a harness timing the first event sees the real TTFT."""
+    """The Shape (asgi/output/respond.py) of a Message; its message_start goes out with the first
+    token, like chat's role chunk."""
 
     ends_with_done = False
+    opens_with_first_token = True
 
     def __init__(self, message_id: str, model: str) -> None:
         self.message_id = message_id
         self.model = model
         self.text: list[str] = []
         self.finish_reason: str | None = None
-        self._held: list[bytes] = []
         self._block_open = False
 
     def _message(self, gen: Generation, content: list[dict], reason: str | None, sequence: str | None) -> dict:
@@ -52,12 +52,7 @@ class MessageStream:
         return gen.detokenizers[0].stop_matched
 
     def opening(self, gen: Generation) -> list[bytes]:
-        self._held = [sse_event({"type": "message_start", "message": self._message(gen, [], None, None)})]
-        return []
-
-    def _with_held(self, frames: list[bytes]) -> list[bytes]:
-        held, self._held = self._held, []
-        return [*held, *frames]
+        return [sse_event({"type": "message_start", "message": self._message(gen, [], None, None)})]
 
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
         out = []
@@ -71,10 +66,10 @@ class MessageStream:
                                       "content_block": {"type": "text", "text": ""}}))
             out.append(sse_event({"type": "content_block_delta", "index": 0,
                                   "delta": {"type": "text_delta", "text": delta.text}}))
-        return self._with_held(out)
+        return out
 
     def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
-        return self._with_held([sse_event(error_event(str(exc)))])
+        return [sse_event(error_event(str(exc)))]
 
     def closing(self, gen: Generation) -> list[bytes] | None:
         if gen.disconnected:
@@ -86,7 +81,7 @@ class MessageStream:
                                         "stop_sequence": sequence},
                               "usage": usage_of(gen.usage())}))
         out.append(sse_event({"type": "message_stop"}))
-        return self._with_held(out)
+        return out
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
         for delta in deltas:

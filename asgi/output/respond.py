@@ -32,6 +32,10 @@ class Shape(Protocol):
     """A route's answer: whole SSE frames for a stream, or the body of a plain request."""
 
     ends_with_done: bool  # `data: [DONE]` closes the stream (chat, completions), else it just ends
+    # The opening frames (made at the start) go out with the first token (chat's role chunk, a
+    # Message's message_start), so a harness timing the first event measures the real TTFT;
+    # keep-alive comments hold the connection until then. False: at once (response.created).
+    opens_with_first_token: bool
 
     def opening(self, gen: Generation) -> list[bytes]: ...
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]: ...
@@ -70,18 +74,22 @@ async def _nothing(failed: bool) -> None:
 async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float, last: BeforeLast) -> bool:
     sse = SSEWriter(send, keepalive_s)
     await sse.start()
-    for raw in shape.opening(gen):
-        await sse.event(raw)
+    held = shape.opening(gen)
+    if not shape.opens_with_first_token:
+        for raw in held:
+            await sse.event(raw)
+        held = []
     try:
         async for item in gen.deltas(sse.keepalive_due_in):
             if item is KEEPALIVE:
                 await sse.keepalive()
             else:
-                for raw in shape.frames(item, gen):
+                for raw in [*held, *shape.frames(item, gen)]:
                     await sse.event(raw)
+                held = []
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
-        frames = shape.failure(exc, gen)
+        frames = [*held, *shape.failure(exc, gen)]
         await last(True)
         for raw in frames:
             await sse.event(raw)
@@ -91,7 +99,7 @@ async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float, last:
     if closing is None:
         return False
     await last(False)
-    for raw in closing:
+    for raw in [*held, *closing]:  # a stream with no token still opens before it closes
         await sse.event(raw)
     await _end(sse, shape)
     return False
@@ -130,6 +138,7 @@ class ChunkStream:
     usage chunk when asked, nvext's annotations and fields, and [DONE]."""
 
     ends_with_done = True
+    opens_with_first_token = True
 
     def __init__(self, fmt: Formatter, *, include_usage: bool, continuous_usage: bool = False,
                  nvext: NvExtReply | None = None) -> None:
@@ -137,28 +146,20 @@ class ChunkStream:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.nvext = nvext  # what the request's nvext asks to be sent back
-        self._held: list[bytes] = []  # the opening frames, until the first token goes out
-
-    def _with_held(self, frames: list[bytes]) -> list[bytes]:
-        held, self._held = self._held, []
-        return [*held, *frames]
 
     def _usage(self, gen: Generation) -> Usage | None:
         return gen.usage() if self.continuous_usage else None
 
     def opening(self, gen: Generation) -> list[bytes]:
-        """Made now (their usage is the prompt's), sent with the first token, as OpenAI and vLLM
-        do: a harness that times the first chunk (the role chunk) then measures the real TTFT,
-        not the time to start a prefill. Keep-alive comments hold the connection until then."""
+        """Made now (their usage is the prompt's); sent with the first token, as OpenAI and vLLM do."""
         events = self.nvext.start_events() if self.nvext else []
-        self._held = [*events, *(frame(chunk) for chunk in self.fmt.opening_chunks(self._usage(gen)))]
-        return []
+        return [*events, *(frame(chunk) for chunk in self.fmt.opening_chunks(self._usage(gen)))]
 
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
-        return self._with_held([frame(chunk) for chunk in self.fmt.chunks(deltas, self._usage(gen))])
+        return [frame(chunk) for chunk in self.fmt.chunks(deltas, self._usage(gen))]
 
     def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
-        return self._with_held([frame(error_body(str(exc), "server_error", code=exc.code))])
+        return [frame(error_body(str(exc), "server_error", code=exc.code))]
 
     def closing(self, gen: Generation) -> list[bytes] | None:
         if gen.disconnected:
@@ -170,7 +171,7 @@ class ChunkStream:
                 out.append(frame(self.fmt.choiceless_chunk(nvext=fields)))
         if self.include_usage:
             out.append(frame(self.fmt.usage_chunk(gen.usage())))
-        return self._with_held(out)  # a stream with no token still opens before it closes
+        return out
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
         self.fmt.add(deltas)

@@ -198,6 +198,7 @@ class ResponseStream:
     POST /v1/responses/{id}/cancel ends `cancelled`, not silently as a client that left."""
 
     ends_with_done = False
+    opens_with_first_token = False  # response.created and in_progress go out at once, as OpenAI sends them
 
     def __init__(self, builder: ResponseBuilder) -> None:
         self.builder = builder

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import msgspec
 
+from asgi.engine_link.generate import engine_id
 from asgi.errors import APIError
 from asgi.http.primitives import send_response
 from asgi.http.router import HTTPRequest
@@ -35,7 +36,7 @@ async def cancel(http: HTTPRequest) -> None:
     if (local := http.state.in_progress.get(response_id)) is not None:
         local()
     else:
-        await http.state.client.cancel([f"{response_id}-0"])  # the Generation's engine id of its one choice
+        await http.state.client.cancel([engine_id(response_id, 0)])  # a response has one choice
     await send_response(http.send, 200, msgspec.json.encode({**entry.response, "status": "cancelled"}))
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from engine_proc.cpu_features import auto_cpu_dtype, cpu_info
+from engine_proc.cpu_features import cpu_info
+from engine_proc.model.choice import choose_dtype, choose_runner, eos_token_ids
 from ipc import protocol as p
 from ipc.channels import RunPaths
 from ipc.logs import configure_logging
@@ -52,6 +53,12 @@ class EngineConfig(msgspec.Struct):
     enable_embeddings: bool = False  # a decoder serves /v1/embeddings too (last-token pooling)
     kv_events_endpoint: str = ""  # a ZeroMQ endpoint to publish KV-cache events on (engine_proc/kv_events.py)
     data_parallel_rank: int = 0  # this engine's rank among --data-parallel-size engines
+    # Tensor parallelism (engine_proc/parallel/): this engine is rank 0 of tensor_parallel_size ranks
+    # over nnodes nodes, meeting at master_addr:master_port (empty / 0: this host, a free port).
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    master_addr: str = ""
+    master_port: int = 0
     kv_events_topic: str = ""
     # Admission control and --request-timeout (engine_proc/sched/admission.py, deadlines.py); 0: none.
     max_queued_requests: int = 0
@@ -77,58 +84,6 @@ def die_with_parent() -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
-def eos_token_ids(model_dir: Path, config) -> list[int]:
-    ids: set[int] = set()
-    for source in (config, _generation_config(model_dir)):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
-    return sorted(ids)
-
-
-def _generation_config(model_dir: Path):
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(model_dir)
-    except OSError:
-        return None
-
-
-def choose_dtype(requested: str, device) -> tuple[str, str]:
-    """(dtype name, why): the user's choice, or what `auto` picks for this device and CPU."""
-    if requested != "auto":
-        return requested, "asked for with --dtype"
-    if device.type == "cuda":
-        return "bfloat16", "--dtype auto on a GPU"
-    return auto_cpu_dtype()
-
-
-MODEL_IMPLS = ("auto", "native", "transformers")
-
-
-def choose_runner(model_impl: str, hf_config):
-    """The runner class for this model, chosen once at start: native where it supports the
-    architecture, else (or when asked) the generic transformers runner."""
-    from engine_proc.model.hf_runner import TransformersRunner
-    from engine_proc.model.llama import check_supported
-    from engine_proc.model.runner import ModelRunner
-
-    if model_impl not in MODEL_IMPLS:
-        raise ValueError(f"model_impl {model_impl!r}: expected one of {MODEL_IMPLS}")
-    if model_impl == "transformers":
-        log.info("model_type %r: using the transformers runner (--model-impl transformers)", hf_config.model_type)
-        return TransformersRunner
-    try:
-        check_supported(hf_config)
-    except ValueError as exc:
-        if model_impl == "native":
-            raise ValueError(f"--model-impl native: {exc}; use --model-impl auto or transformers") from None
-        log.warning("model_type %r has no native implementation (%s): falling back to the transformers "
-                    "runner, which is correct but slower", hf_config.model_type, exc)
-        return TransformersRunner
-    return ModelRunner
-
-
 def run_engine(config: EngineConfig, ready_conn) -> None:
     """Entry point of the engine process. Sends EngineLimits (or an error string) on ready_conn."""
     die_with_parent()
@@ -150,6 +105,8 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
     try:
         core.run_busy_loop()
     finally:
+        if getattr(core.runner, "step_broadcast", None) is not None:
+            core.runner.step_broadcast.stop()
         input_thread, output_thread = threads
         output_thread.publish(None)
         output_thread.join(timeout=5)
@@ -199,6 +156,7 @@ def build_engine(config: EngineConfig):
         raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_bytes} bytes holds no KV block of "
                          f"{config.block_size} tokens for this model; give it more memory")
     started = time.perf_counter()
+    tp = start_tensor_parallel(config, runner_class, model_dir, dtype_name, device, num_blocks, eos_ids)
     runner = runner_class(
         model_dir,
         dtype=dtype,
@@ -211,8 +169,10 @@ def build_engine(config: EngineConfig):
         quantization=config.quantization,
         **({} if runner_class is TransformersRunner else {
             "attention_backend": config.attention_backend, "max_num_seqs": config.max_num_seqs,
-            "compile_decode": not config.enforce_eager, "embeddings": config.enable_embeddings}),
+            "compile_decode": not config.enforce_eager, "embeddings": config.enable_embeddings,
+            "tp_size": config.tensor_parallel_size}),
     )
+    runner.step_broadcast = tp
     compiled_decode = getattr(runner, "decode_graphs", None) is not None  # the transformers runner has none
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=enable_prefix_caching)
@@ -263,6 +223,30 @@ def build_engine(config: EngineConfig):
         embedding_dim=hf_config.hidden_size if config.enable_embeddings else 0,
     )
     return core, threads, limits
+
+
+def start_tensor_parallel(config: EngineConfig, runner_class, model_dir, dtype_name, device, num_blocks, eos_ids):
+    """--tensor-parallel-size > 1: start the other ranks and send them the setup (they load their
+    shards while this process loads its own); None for one rank."""
+    if config.tensor_parallel_size <= 1:
+        return None
+    from engine_proc.model.runner import ModelRunner
+    from engine_proc.parallel.group import RankSetup
+    from engine_proc.parallel.ranks import TensorParallel
+
+    if runner_class is not ModelRunner:
+        raise ValueError("--tensor-parallel-size needs the native runner (a Llama-family model)")
+    if config.enable_embeddings:
+        raise ValueError("--enable-embeddings is not served with --tensor-parallel-size > 1")
+    tp = TensorParallel(config.tensor_parallel_size, config.nnodes, config.master_addr, config.master_port,
+                        device.type, config.log_level, config.log_format)
+    compile_decode = not config.enforce_eager and device.type == "cpu"  # no NCCL inside CUDA graphs
+    tp.share(RankSetup(str(model_dir), dtype_name, device.type, num_blocks, config.block_size, eos_ids,
+                       config.load_format, config.batch_invariant, config.attention_backend, config.quantization,
+                       compile_decode, config.max_num_seqs, config.num_threads, config.nnodes))
+    if not compile_decode:
+        config.enforce_eager = True
+    return tp
 
 
 def kv_event_publisher(config: EngineConfig, blocks, device):

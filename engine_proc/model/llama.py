@@ -20,8 +20,10 @@ from engine_proc.attention.kv_cache import (
     paged_attention,
     write_kv,
 )
-from engine_proc.model import fused_ops
+from engine_proc.model import fused_ops, llama_weights
 from engine_proc.model.fused_ops import rope_heads, silu_mul
+from engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
+from engine_proc.parallel.sharding import Shard
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -94,10 +96,17 @@ class RMSNorm(nn.Module):
         return fused_ops.rms_norm(x, self.weight, self.eps)
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_index: int) -> None:
+    """`reduce`: the all-reduce after o_proj (tensor parallelism: each rank's heads' partial sums)."""
+
+    def __init__(self, config: PretrainedConfig, layer_index: int, reduce=_identity) -> None:
         super().__init__()
         self.layer_index = layer_index
+        self.reduce = reduce
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
@@ -135,7 +144,7 @@ class Attention(nn.Module):
             # With meta.cpu_kernel, the C++ operator (no Python inside the step), else the Python op.
             op = torch.ops.rill_cpu.paged_decode_layer if meta.cpu_kernel else torch.ops.rill.paged_decode_attention
             o = op(q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
-            return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
+            return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.cpu_kernel:  # --batch-invariant on the CPU backend: each token alone, decode or prompt
             o = cpu_attention.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
@@ -146,28 +155,29 @@ class Attention(nn.Module):
             o = invariant_paged_attention(q, k_cache, v_cache, meta)
         else:
             o = paged_attention(q, k, v, k_cache, v_cache, meta)
-        return self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, reduce=_identity) -> None:
         super().__init__()
+        self.reduce = reduce
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return self.reduce(self.down_proj(silu_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_index: int) -> None:
+    def __init__(self, config: PretrainedConfig, layer_index: int, reduce=_identity) -> None:
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config, layer_index)
+        self.attn = Attention(config, layer_index, reduce)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, reduce)
 
     def forward(self, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
         h = h + self.attn(self.input_norm(h), cos, sin, meta, k_cache, v_cache)
@@ -175,17 +185,26 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    """The whole model, or with `shard` one tensor-parallel rank's part of it
+    (engine_proc/parallel/sharding.py): its heads and MLP columns, an all-reduce after each
+    row-parallel layer, its vocabulary rows of the head, whose logits one all-gather joins."""
+
+    def __init__(self, config: PretrainedConfig, shard: Shard | None = None) -> None:
         super().__init__()
         check_supported(config)
-        self.config = config
+        self.shard = shard if shard is not None and shard.size > 1 else None
+        self.config = config = self.shard.local_config() if self.shard else config
+        reduce = tp_all_reduce if self.shard else _identity
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, reduce) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # None when tied: the embedding matrix serves as the head (a packed copy may replace it).
+        # A rank's head is its own vocabulary rows, tied or not.
         self.lm_head = None
-        if not self.tie_word_embeddings:
+        if self.shard:
+            self.lm_head = nn.Linear(config.hidden_size, self.shard.vocab_per_rank, bias=False)
+        elif not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Not a buffer: rebuilt after the module is materialised from the meta device.
         self.inv_freq = rope_inv_freq(config)
@@ -220,79 +239,12 @@ class LlamaForCausalLM(nn.Module):
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             return F.linear(h, self.embed_tokens.weight)
+        if self.shard:
+            return tp_gather_vocab(self.lm_head(h), self.config.vocab_size)
         return self.lm_head(h)
 
-    # ---- weights -------------------------------------------------------------------
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; fail on a missing one."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        num_heads, num_kv_heads = self.config.num_attention_heads, num_kv_heads_of(self.config)
-        head_dim = head_dim_of(self.config)
-        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
-        intermediate = self.config.intermediate_size
-        shards = {  # HF leaf -> (native leaf, row offset, row count) inside the fused weight
-            "self_attn.q_proj": ("attn.qkv_proj", 0, q_dim),
-            "self_attn.k_proj": ("attn.qkv_proj", q_dim, kv_dim),
-            "self_attn.v_proj": ("attn.qkv_proj", q_dim + kv_dim, kv_dim),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0, intermediate),
-            "mlp.up_proj": ("mlp.gate_up_proj", intermediate, intermediate),
-        }
-        renames = {
-            "self_attn.o_proj": "attn.o_proj",
-            "self_attn.q_norm": "attn.q_norm",
-            "self_attn.k_norm": "attn.k_norm",
-            "input_layernorm": "input_norm",
-            "post_attention_layernorm": "post_attn_norm",
-        }
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if "rotary_emb." in name or (name == "lm_head.weight" and self.lm_head is None):
-                continue  # recomputed here / tied to the embedding
-            module_path, _, leaf = name.rpartition(".")  # leaf: weight or bias
-            target, offset, num_rows = module_path, None, None
-            for hf_part, (native_part, row_offset, row_count) in shards.items():
-                if module_path.endswith(hf_part):
-                    target = module_path.removesuffix(hf_part) + native_part
-                    offset, num_rows = row_offset, row_count
-                    break
-            else:
-                for hf_part, native_part in renames.items():
-                    if module_path.endswith(hf_part):
-                        target = module_path.removesuffix(hf_part) + native_part
-                        break
-            param_name = f"{target}.{leaf}"
-            if param_name not in params:
-                raise ValueError(f"unexpected weight {hf_name!r} (no parameter {param_name!r})")
-            dest = params[param_name].data
-            if offset is not None:
-                dest = dest.narrow(0, offset, num_rows)
-            if dest.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
-                )
-            dest.copy_(tensor)
-            loaded.add((param_name, offset))
-        expected = set()
-        for param_name in params:
-            module_path = param_name.rpartition(".")[0]
-            offsets = [off for native, off, _ in shards.values() if module_path.endswith(native)]
-            expected.update((param_name, off) for off in (offsets or [None]))
-        missing = sorted({name for name, _ in expected - loaded})
-        if missing:
-            more = " ..." if len(missing) > 8 else ""
-            raise ValueError(f"weights missing from the checkpoint: {missing[:8]}{more}")
+        llama_weights.load_weights(self, weights)
 
     def init_dummy_weights(self, seed: int = 0) -> None:
-        """Small random weights (normal, std = initializer_range), unit norms: finite activations."""
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-        std = getattr(self.config, "initializer_range", 0.02)
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.data.fill_(1.0)
-            elif name.endswith(".bias"):
-                param.data.zero_()
-            else:
-                values = torch.empty(param.shape, dtype=torch.float32)
-                param.data.copy_(values.normal_(0.0, std, generator=generator))
+        llama_weights.init_dummy_weights(self, seed)

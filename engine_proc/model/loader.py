@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from engine_proc.model.llama import LlamaForCausalLM
 from engine_proc.model.quantization import check_quantization, quantize_linears
+from engine_proc.parallel.sharding import Shard
 
 log = logging.getLogger("rill.model")
 
@@ -56,10 +57,12 @@ def load_model(
     device: torch.device | str = "cpu",
     load_format: str = "auto",
     quantization: str = "none",
+    shard: Shard | None = None,
 ) -> LlamaForCausalLM:
     """The native model with its weights: from safetensors, or random ("dummy") for a config.
 
     `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/model/quantization.py).
+    `shard`: only a tensor-parallel rank's part (engine_proc/parallel/sharding.py).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
@@ -68,7 +71,7 @@ def load_model(
     # Built on the meta device, then given real storage once: no time spent on an
     # initialisation that the checkpoint overwrites anyway.
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, shard)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.inv_freq = model.inv_freq.to(device)
     if load_format == "dummy":

@@ -14,6 +14,7 @@ from engine_proc.model.decode_graphs import DecodeGraphs
 from engine_proc.model.invariant_linear import tile_linears
 from engine_proc.model.loader import load_config, load_model
 from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from engine_proc.parallel.sharding import Shard
 from engine_proc.sample.prompt_logprobs import score_prompts
 from engine_proc.sample.sampler import Sampler, SamplerOutput
 from engine_proc.sched.batch import Batch
@@ -42,9 +43,15 @@ class ModelRunner:
         compile_decode: bool = False,
         max_num_seqs: int = 64,
         embeddings: bool = False,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ) -> None:
         self.embeddings = embeddings
         self.config = load_config(model_dir)
+        # Tensor parallelism: this rank's heads and columns (engine_proc/parallel/sharding.py); rank 0
+        # sends each step to the other ranks (step_broadcast, set by engine_proc/parallel/ranks.py).
+        shard = Shard(tp_rank, tp_size, self.config) if tp_size > 1 else None
+        self.step_broadcast = None
         self.dtype = dtype
         self.device = torch.device(device)
         self.block_size = block_size
@@ -64,12 +71,12 @@ class ModelRunner:
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
             model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format,
-            quantization=quantization,
+            quantization=quantization, shard=shard,
         )
         if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
             tile_linears(self.model)
         self.kv_cache = KVCache(
-            self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
+            self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
         # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
         self.decode_graphs = None
@@ -140,7 +147,18 @@ class ModelRunner:
         then the prompt-scoring rows of step_inputs.logits_rows. `eager`: not through the compiled
         decode graphs (which make only the sampled rows' logits); `hidden_only`: the rows' final
         hidden states, before the head."""
-        if self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch):
+        graphs = self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch)
+        if self.step_broadcast is not None:  # the other tensor-parallel ranks run the same step
+            if hidden_only:
+                raise ValueError("tensor parallelism does not serve embeddings")
+            self.step_broadcast.send(batch, graphs)
+        return self.forward_step(batch, graphs, hidden_only)
+
+    @torch.inference_mode()
+    def forward_step(self, batch: Batch, graphs: bool, hidden_only: bool = False) -> torch.Tensor:
+        """The step through the compiled decode graphs (`graphs`) or eagerly; what every
+        tensor-parallel rank runs (engine_proc/parallel/rank_worker.py)."""
+        if graphs:
             return self.decode_graphs.run(batch)
         if self.attention_backend == "triton" or self.invariant_kernel:
             step = prepare_flat_step(batch, self.block_size, self.device)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
 from engine_proc.core import EngineCore
-from engine_proc.main import choose_runner
+from engine_proc.model.choice import choose_runner
 from engine_proc.model.hf_runner import TransformersRunner
 from engine_proc.model.loader import load_config
 from engine_proc.model.runner import ModelRunner

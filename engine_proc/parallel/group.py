@@ -1,0 +1,68 @@
+"""The tensor-parallel process group: rendezvous over torch.distributed's TCPStore, and what every
+rank must agree on before it builds its shard (sent by rank 0, so nodes cannot disagree)."""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+# An idle server's ranks wait in a collective (the step broadcast to other nodes) for as long as no
+# request comes, so the group's timeout is no watchdog: a rank's death is (its peers' connections
+# close, and each node's launcher watches its processes).
+GROUP_TIMEOUT = datetime.timedelta(days=30)
+
+
+class RankSetup(msgspec.Struct):
+    """Everything a rank builds its runner from, decided once by rank 0."""
+
+    model_dir: str
+    dtype: str
+    device_type: str  # cpu | cuda
+    num_kv_blocks: int
+    block_size: int
+    eos_token_ids: list[int]
+    load_format: str
+    batch_invariant: bool
+    attention_backend: str
+    quantization: str
+    compile_decode: bool
+    max_num_seqs: int
+    num_threads: int | None
+    nnodes: int
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_group(rank: int, world_size: int, master_addr: str, master_port: int, device_type: str) -> None:
+    """Join the group: rank 0 hosts the TCPStore at master_addr:master_port, the others connect."""
+    if device_type == "cuda":  # one GPU per rank of a node; never run (Rill has not run on a GPU)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend_for(device_type), init_method=f"tcp://{master_addr}:{master_port}",
+                            world_size=world_size, rank=rank, timeout=GROUP_TIMEOUT)
+
+
+def share_setup(setup: RankSetup | None) -> RankSetup:
+    """Rank 0 passes its setup; every rank returns it."""
+    box = [msgspec.msgpack.encode(setup) if setup is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return msgspec.msgpack.decode(box[0], type=RankSetup)
+
+
+def remote_group(world_size: int, nnodes: int):
+    """The group of rank 0 and the ranks of the other nodes, which the step reaches over the network
+    (the ranks of rank 0's node read it from shared memory); None on one node. Every rank calls this."""
+    if nnodes <= 1:
+        return None
+    per_node = world_size // nnodes
+    return dist.new_group([0, *range(per_node, world_size)], timeout=GROUP_TIMEOUT)

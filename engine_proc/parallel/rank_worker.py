@@ -1,0 +1,71 @@
+"""A tensor-parallel rank other than 0: its shard of the model and KV cache, each step as rank 0 runs it.
+
+It samples nothing and schedules nothing: rank 0's engine owns the requests. Each step arrives as a
+StepMessage (engine_proc/parallel/step_message.py), from shared memory on rank 0's node and over
+gloo from another node; the rank runs the same forward, and the collectives inside it (an
+all-reduce per row-parallel layer, the head's all-gather) meet rank 0's.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("rill.tp")
+
+
+class RankArgs(msgspec.Struct):
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    device_type: str = "cpu"
+    model_dir: str = ""  # this node's copy of the model; empty: the path rank 0 loads
+    num_threads: int | None = None  # this node's choice; None: rank 0's
+    log_level: str = "INFO"
+    log_format: str = "text"
+
+
+def run_rank(args: RankArgs, reader=None) -> None:
+    """Process entry point. `reader`: the shared-memory broadcast's reader on rank 0's node; None on
+    another node, where the steps come over the network."""
+    from engine_proc.main import die_with_parent
+    from engine_proc.model.runner import ModelRunner
+    from engine_proc.parallel import group
+    from engine_proc.parallel.step_broadcast import GlooBroadcast
+    from engine_proc.parallel.step_message import decoder, replica_batch
+    from ipc.logs import configure_logging
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher (or rank 0) decides when we stop
+    configure_logging(args.log_level, args.log_format, with_transformers=True)
+    group.init_group(args.rank, args.world_size, args.master_addr, args.master_port, args.device_type)
+    setup = group.share_setup(None)
+    remote = group.remote_group(args.world_size, setup.nnodes)
+    threads = args.num_threads or setup.num_threads
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if setup.device_type == "cuda" else "cpu")
+    runner = ModelRunner(
+        args.model_dir or setup.model_dir, dtype=getattr(torch, setup.dtype), num_kv_blocks=setup.num_kv_blocks,
+        block_size=setup.block_size, eos_token_ids=setup.eos_token_ids, load_format=setup.load_format,
+        device=device, batch_invariant=setup.batch_invariant, attention_backend=setup.attention_backend,
+        quantization=setup.quantization, compile_decode=setup.compile_decode, max_num_seqs=setup.max_num_seqs,
+        tp_rank=args.rank, tp_size=args.world_size,
+    )
+    channel = reader if reader is not None else GlooBroadcast(group=remote)
+    log.info("tensor-parallel rank %d of %d ready", args.rank, args.world_size)
+    steps = 0
+    while True:
+        message = decoder.decode(channel.recv())
+        if message.stop:
+            break
+        runner.forward_step(replica_batch(message), message.graphs)
+        steps += 1
+    log.info("tensor-parallel rank %d stopping after %d steps", args.rank, steps)
+    if reader is not None:
+        reader.close()
+    dist.destroy_process_group()

@@ -1,0 +1,94 @@
+"""Tensor parallelism on the CPU (gloo): two ranks' shards give the one-rank model's output.
+
+Rank 0 runs in a spawned process as the engine runs it (engine_proc/parallel/ranks.py starts rank 1
+and sends it every step through shared memory); the test compares its greedy tokens and logits with
+the session's one-rank runner. The bundled model's 3 KV heads split 2 + 1, so the uneven split is
+what is tested. Float32: the all-reduce adds two partial sums where one rank adds one, so logits
+differ by rounding only; the tolerance below is 1e-3 absolute on logits of magnitude ~10-30.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from engine_proc.parallel.sharding import Shard, split_range
+from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.request import EngineRequest
+from ipc.protocol import SamplingParams
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
+
+LOGITS_ATOL = 1e-3
+
+
+def _prompt_logits(runner, prompts):
+    reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]
+    allocator = BlockAllocator(runner.kv_cache.num_blocks, seed=1)
+    for req in reqs:
+        allocator.cover(req, req.num_tokens)
+    return runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))
+
+
+def _rank0(model_dir, prompts, compile_decode, results) -> None:
+    from engine_proc.model.runner import ModelRunner
+    from engine_proc.parallel.group import RankSetup
+    from engine_proc.parallel.ranks import TensorParallel
+
+    torch.set_num_threads(1)
+    tp = TensorParallel(2, 1, "", 0, "cpu", "WARNING", "text")
+    try:
+        tp.share(RankSetup(str(model_dir), "float32", "cpu", 64, BLOCK_SIZE, [EOS_ID], "auto", False, "auto",
+                           "none", compile_decode, 8, 1, 1))
+        runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                             eos_token_ids=[EOS_ID], compile_decode=compile_decode, max_num_seqs=8, tp_size=2)
+        runner.step_broadcast = tp
+        logits = _prompt_logits(runner, prompts)
+        tokens = generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
+        results.put((logits, tokens, runner.kv_cache.num_kv_heads))
+    finally:
+        tp.stop()
+
+
+def run_tp2(model_dir, prompts, compile_decode=False):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_rank0, args=(model_dir, prompts, compile_decode, results))
+    proc.start()
+    out = results.get(timeout=600)
+    proc.join(60)
+    assert proc.exitcode == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp2(model_dir, prompts):
+    return run_tp2(model_dir, prompts)
+
+
+def test_split_range_covers_every_item_once():
+    for total, size in [(3, 2), (9, 2), (1536, 2), (49152, 3), (7, 4)]:
+        parts = [split_range(total, size, r) for r in range(size)]
+        assert parts[0][0] == 0 and parts[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert max(e - s for s, e in parts) - min(e - s for s, e in parts) <= 1
+
+
+def test_shards_hold_whole_kv_heads_and_their_queries(runner):
+    shards = [Shard(r, 2, runner.config) for r in range(2)]
+    assert [s.kv_heads for s in shards] == [(0, 2), (2, 3)]
+    assert [s.q_heads for s in shards] == [(0, 6), (6, 9)]  # 3 query heads per KV head
+    assert shards[1].local_config().num_attention_heads == 3
+    with pytest.raises(ValueError, match="KV heads"):
+        Shard(0, 4, runner.config)
+
+
+def test_two_ranks_give_one_rank_logits(tp2, runner, prompts):
+    logits, _, num_kv_heads = tp2
+    assert num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
+    torch.testing.assert_close(logits, _prompt_logits(runner, prompts), atol=LOGITS_ATOL, rtol=0)
+
+
+def test_two_ranks_give_one_rank_greedy_tokens(tp2, runner, prompts):
+    _, tokens, _ = tp2
+    assert tokens == generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)

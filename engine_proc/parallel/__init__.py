@@ -1,0 +1,1 @@
+"""Tensor parallelism: sharded model, rank processes, the step broadcast."""

@@ -6,6 +6,7 @@ import re
 import sys
 
 from asgi.serving.chat_flags import add_chat_flags, check_chat_flags
+from asgi.serving.parallel_flags import add_parallel_flags, check_parallel_flags
 from asgi.serving.systemd_unit import add_systemd_unit_parser, print_unit
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -91,6 +92,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                         help="run N engine processes, each with its own KV cache, behind the same API workers; "
                              "a request goes to the engine holding its prompt's prefix unless it is overloaded, "
                              "else to the least-loaded one (on a CPU each gets cores / N threads)")
+    add_parallel_flags(engine)
     engine.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
                         help="publish KV-cache events (vLLM's kv_events schema: blocks stored and removed) on this "
                              "ZeroMQ PUB endpoint, e.g. tcp://*:5557, for KV-aware routers")
@@ -217,9 +219,14 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"rill bench needs the bench extra ({e.name} is not installed): pip install 'rill[bench]'")
     args = parser.parse_args(argv)
     if args.command == "serve":
+        check_chat_flags(args, serve)
+        check_parallel_flags(args, serve)
+        if args.headless:
+            from asgi.serving.headless import serve_headless
+
+            sys.exit(serve_headless(args))
         from asgi.serving.launcher import serve as run_serve
 
-        check_chat_flags(args, serve)
         sys.exit(run_serve(args))
     if args.command == "systemd-unit":
         sys.exit(print_unit(args, serve_parser))

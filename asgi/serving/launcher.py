@@ -20,6 +20,7 @@ import zmq
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.serving.chat_flags import chat_settings
 from asgi.serving.engine_monitor import EngineMonitor
+from asgi.serving.parallel_flags import engine_configs
 from asgi.serving.sdnotify import Notifier, ServiceReporter
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from asgi.stores.open import StoreURLError, check_url, describe
@@ -170,6 +171,8 @@ def serve(args) -> int:
         max_queued_tokens=args.max_queued_tokens, request_timeout_s=args.request_timeout,
         enable_embeddings=args.enable_embeddings,
         kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
+        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes, master_addr=args.master_addr,
+        master_port=args.master_port,
     )
     procs = []
     watches: list[EngineWatch] = []
@@ -230,15 +233,6 @@ def serve(args) -> int:
         notifier.close()
         paths.remove_run_dir()
     return 1 if http_failed or any(watch.engine_died for watch in watches) else 0
-
-
-def engine_configs(config: EngineConfig, data_parallel_size: int) -> list[EngineConfig]:
-    """One engine's config per rank; on a CPU without --num-threads, each gets its share of the cores."""
-    if data_parallel_size <= 1:
-        return [config]
-    threads = config.num_threads or max(1, (os.cpu_count() or 1) // data_parallel_size)
-    return [msgspec.structs.replace(config, data_parallel_rank=rank, num_threads=threads)
-            for rank in range(data_parallel_size)]
 
 
 def edge_settings(args) -> dict:

@@ -49,6 +49,10 @@ class TensorParallel:
         log.info("tensor parallelism: %d ranks on %d node(s), rendezvous at %s:%d; local ranks %s",
                  size, nnodes, self.master_addr, self.master_port, [p.pid for p in self.procs])
         group.init_group(0, size, self.master_addr, self.master_port, device_type)
+        if self.shm is not None:
+            # Every local rank mapped the segment before it could join the group: unlinked now, it
+            # leaves nothing in /dev/shm however this process ends (each keeps its mapping).
+            self.shm.path.unlink(missing_ok=True)
         self.remote = None
 
     def share(self, setup: group.RankSetup) -> None:
@@ -61,9 +65,9 @@ class TensorParallel:
     def send(self, batch, graphs: bool) -> None:
         self._publish(encode_step(batch, graphs, self.block_size))
 
-    def _publish(self, payload: bytes) -> None:
+    def _publish(self, payload: bytes, timeout: float | None = None) -> None:
         if self.shm is not None:
-            self.shm.publish(payload)
+            self.shm.publish(payload, timeout)
         if self.remote is not None:
             self.remote.publish(payload)
 
@@ -83,7 +87,7 @@ class TensorParallel:
         """Tell every rank to exit, and wait for this node's."""
         self.stopping = True
         try:
-            self._publish(STOP)
+            self._publish(STOP, timeout=timeout_s)  # a dead rank's full ring must not hang us
         except Exception as exc:  # a rank already gone: the others are killed below
             log.warning("could not tell the ranks to stop: %s", exc)
         for proc in self.procs:

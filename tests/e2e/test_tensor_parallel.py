@@ -1,0 +1,142 @@
+"""End to end: `rill serve --tensor-parallel-size 2` on the CPU (gloo), on one node and over two
+"nodes" (two `rill serve` processes, the second --headless) on loopback and, where this machine
+allows network namespaces, across a veth pair. Every arrangement gives the one-rank model's greedy
+tokens (float32); a rank's death stops the server with status 1 and leaves no process behind."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from bench.servers import RILL, free_port
+from tests.conftest import start_server, stop_server
+from tests.helpers.server import leftovers
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
+
+PROMPTS = [[1, 504, 3458, 282, 4063, 30, 2], [1, 9690, 253, 1345, 2], list(range(600, 700))]
+MAX_TOKENS = 12
+TP2 = ("--tensor-parallel-size", "2", "--dtype", "float32")
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir, tokenizer) -> list[str]:
+    """The one-rank model's greedy texts, from a runner in this process (cheaper than a server)."""
+    from engine_proc.model.runner import ModelRunner
+
+    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=32, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID])
+    return [tokenizer.decode(ids) for ids in generate(runner, PROMPTS, max_tokens=MAX_TOKENS)]
+
+
+def answers(base_url: str) -> list[str]:
+    def one(prompt):
+        r = httpx.post(f"{base_url}/v1/completions", timeout=120, json={
+            "model": "smollm2-135m-instruct", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # batched together in the engine
+        return list(pool.map(one, PROMPTS))
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    srv = start_server(tmp_path_factory, *TP2)
+    yield srv
+    if srv.proc.poll() is None:
+        stop_server(srv)
+
+
+def test_two_ranks_answer_as_one(tp2, expected):
+    assert answers(tp2.base_url) == expected
+
+
+def test_a_ranks_death_stops_the_server_with_a_failure(tp2):
+    engine = httpx.get(f"{tp2.base_url}/stats", timeout=30).json()["engines"][0]["pid"]
+    (rank1,) = children(engine)
+    os.kill(rank1, signal.SIGKILL)
+    assert tp2.proc.wait(60) == 1, tp2.log()
+    assert "tensor-parallel rank died" in tp2.log()
+    time.sleep(0.5)
+    assert not alive(engine) and not alive(rank1)
+    assert leftovers(tp2.proc.pid) == [] and not list(Path("/dev/shm").glob(f"rill-tp_{engine}_*"))
+
+
+def headless(port: int, log_path: Path, *prefix: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*prefix, str(RILL), "serve", "--headless", *TP2, "--nnodes", "2", "--node-rank", "1",
+                             "--master-addr", "127.0.0.1" if not prefix else "10.77.0.1", "--master-port", str(port)],
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
+
+
+def test_two_nodes_on_loopback(tmp_path_factory, tmp_path, expected):
+    port = free_port()
+    node1 = headless(port, tmp_path / "node1.log")
+    try:
+        node0 = start_server(tmp_path_factory, *TP2, "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
+        assert answers(node0.base_url) == expected
+        stop_server(node0)
+        assert node1.wait(60) == 0, (tmp_path / "node1.log").read_text()
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+
+
+def _netns(*args: str) -> bool:
+    return subprocess.run(["ip", *args], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def veth_namespace():
+    """A network namespace joined to this one by a veth pair: 10.77.0.1 here, 10.77.0.2 there."""
+    name, here, there = f"rill{uuid.uuid4().hex[:6]}", f"rv{uuid.uuid4().hex[:6]}", f"rw{uuid.uuid4().hex[:6]}"
+    if os.geteuid() != 0 or not _netns("netns", "add", name):
+        pytest.skip("cannot create network namespaces here (needs root and ip netns)")
+    try:
+        steps = [("link", "add", here, "type", "veth", "peer", "name", there), ("link", "set", there, "netns", name),
+                 ("addr", "add", "10.77.0.1/24", "dev", here), ("link", "set", here, "up"),
+                 ("-n", name, "addr", "add", "10.77.0.2/24", "dev", there), ("-n", name, "link", "set", there, "up"),
+                 ("-n", name, "link", "set", "lo", "up")]
+        if not all(_netns(*step) for step in steps):
+            pytest.skip("cannot join network namespaces with a veth pair here")
+        yield name
+    finally:
+        _netns("link", "del", here)
+        _netns("netns", "del", name)
+
+
+def test_two_nodes_across_a_veth_pair(tmp_path_factory, tmp_path, expected, veth_namespace):
+    """Node 1 in its own network namespace: only the veth pair joins it to node 0 (gloo picks the
+    interface that routes to --master-addr on each side)."""
+    port = free_port()
+    node1 = headless(port, tmp_path / "node1.log", "ip", "netns", "exec", veth_namespace)
+    try:
+        node0 = start_server(tmp_path_factory, *TP2, "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                             "10.77.0.1", "--master-port", str(port))
+        assert answers(node0.base_url) == expected
+        stop_server(node0)
+        assert node1.wait(60) == 0, (tmp_path / "node1.log").read_text()
+    finally:
+        if node1.poll() is None:
+            node1.kill()

@@ -29,9 +29,10 @@ class RankArgs(msgspec.Struct):
     log_format: str = "text"
 
 
-def run_rank(args: RankArgs, reader=None) -> None:
+def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     """Process entry point. `reader`: the shared-memory broadcast's reader on rank 0's node; None on
-    another node, where the steps come over the network."""
+    another node, where the steps come over the network. `all_reduce`: the ShmAllReduce of a group
+    on one node."""
     from engine_proc.main import die_with_parent
     from engine_proc.model.runner import ModelRunner
     from engine_proc.parallel import group
@@ -42,6 +43,11 @@ def run_rank(args: RankArgs, reader=None) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher (or rank 0) decides when we stop
     configure_logging(args.log_level, args.log_format, with_transformers=True)
+    if all_reduce is not None:
+        from engine_proc.parallel.collectives import use_shm_all_reduce
+
+        all_reduce.attach(args.rank)  # before joining: rank 0 unlinks the segment once all have
+        use_shm_all_reduce(all_reduce)
     group.init_group(args.rank, args.world_size, args.master_addr, args.master_port, args.device_type)
     setup = group.share_setup(None)
     remote = group.remote_group(args.world_size, setup.nnodes)

@@ -15,7 +15,9 @@ import os
 import threading
 
 from engine_proc.parallel import group
+from engine_proc.parallel.collectives import use_shm_all_reduce
 from engine_proc.parallel.rank_worker import RankArgs, run_rank
+from engine_proc.parallel.shm_all_reduce import ShmAllReduce
 from engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
 from engine_proc.parallel.step_message import STOP, encode_step
 
@@ -36,23 +38,30 @@ class TensorParallel:
         self.master_port = master_port or group.free_port(self.master_addr)
         ctx = mp.get_context("spawn")
         self.shm = ShmBroadcast.create("rill-tp", per_node - 1, ctx=ctx) if per_node > 1 else None
+        # One node: the all-reduces through shared memory too (engine_proc/parallel/shm_all_reduce.py).
+        self.all_reduce = ShmAllReduce(size, ctx) if nnodes == 1 and device_type == "cpu" else None
         self.procs = []
         for rank in range(1, per_node):
             args = RankArgs(rank, size, self.master_addr, self.master_port, device_type, log_level=log_level,
                             log_format=log_format)
-            proc = ctx.Process(target=run_rank, args=(args, self.shm.reader(rank - 1)), name=f"rill-tp-rank-{rank}",
-                               daemon=True)
+            proc = ctx.Process(target=run_rank, args=(args, self.shm.reader(rank - 1), self.all_reduce),
+                               name=f"rill-tp-rank-{rank}", daemon=True)
             proc.start()
             self.procs.append(proc)
         self.stopping = False
         threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
         log.info("tensor parallelism: %d ranks on %d node(s), rendezvous at %s:%d; local ranks %s",
                  size, nnodes, self.master_addr, self.master_port, [p.pid for p in self.procs])
+        if self.all_reduce is not None:
+            self.all_reduce.attach(0)
+            use_shm_all_reduce(self.all_reduce)
         group.init_group(0, size, self.master_addr, self.master_port, device_type)
+        # Every local rank mapped the segments before it could join the group: unlinked now, they
+        # leave nothing in /dev/shm however this process ends (each keeps its mapping).
         if self.shm is not None:
-            # Every local rank mapped the segment before it could join the group: unlinked now, it
-            # leaves nothing in /dev/shm however this process ends (each keeps its mapping).
             self.shm.path.unlink(missing_ok=True)
+        if self.all_reduce is not None:
+            self.all_reduce.unlink()
         self.remote = None
 
     def share(self, setup: group.RankSetup) -> None:

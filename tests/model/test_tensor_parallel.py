@@ -45,7 +45,7 @@ def _rank0(model_dir, prompts, compile_decode, results) -> None:
         runner.step_broadcast = tp
         logits = _prompt_logits(runner, prompts)
         tokens = generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
-        results.put((logits, tokens, runner.kv_cache.num_kv_heads))
+        results.put((logits.numpy(), tokens, runner.kv_cache.num_kv_heads))  # by value, not by descriptor
     finally:
         tp.stop()
 
@@ -55,10 +55,10 @@ def run_tp2(model_dir, prompts, compile_decode=False):
     results = ctx.Queue()
     proc = ctx.Process(target=_rank0, args=(model_dir, prompts, compile_decode, results))
     proc.start()
-    out = results.get(timeout=600)
+    logits, tokens, num_kv_heads = results.get(timeout=600)
     proc.join(60)
     assert proc.exitcode == 0
-    return out
+    return torch.from_numpy(logits), tokens, num_kv_heads
 
 
 @pytest.fixture(scope="module")

@@ -90,17 +90,23 @@ def headless(port: int, log_path: Path, *prefix: str, env: dict | None = None) -
                             env=None if env is None else {**os.environ, **env})
 
 
-def test_two_nodes_on_loopback(tmp_path_factory, tmp_path, expected):
+def serve_two_nodes(tmp_path_factory, tmp_path, expected, master_addr: str, *prefix: str) -> None:
+    """Node 1 headless (under `prefix`), node 0 serving: the one-rank answers; node 0's stop ends node 1."""
     port = free_port()
-    node1 = headless(port, tmp_path / "node1.log")
+    node1 = headless(port, tmp_path / "node1.log", *prefix)
     try:
-        node0 = start_server(tmp_path_factory, *TP2, "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
+        node0 = start_server(tmp_path_factory, *TP2, "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                             master_addr, "--master-port", str(port))
         assert answers(node0.base_url) == expected
         stop_server(node0)
         assert node1.wait(60) == 0, (tmp_path / "node1.log").read_text()
     finally:
         if node1.poll() is None:
             node1.kill()
+
+
+def test_two_nodes_on_loopback(tmp_path_factory, tmp_path, expected):
+    serve_two_nodes(tmp_path_factory, tmp_path, expected, "127.0.0.1")
 
 
 def _netns(*args: str) -> bool:
@@ -129,14 +135,4 @@ def veth_namespace():
 def test_two_nodes_across_a_veth_pair(tmp_path_factory, tmp_path, expected, veth_namespace):
     """Node 1 in its own network namespace: only the veth pair joins it to node 0 (gloo picks the
     interface that routes to --master-addr on each side)."""
-    port = free_port()
-    node1 = headless(port, tmp_path / "node1.log", "ip", "netns", "exec", veth_namespace)
-    try:
-        node0 = start_server(tmp_path_factory, *TP2, "--nnodes", "2", "--node-rank", "0", "--master-addr",
-                             "10.77.0.1", "--master-port", str(port))
-        assert answers(node0.base_url) == expected
-        stop_server(node0)
-        assert node1.wait(60) == 0, (tmp_path / "node1.log").read_text()
-    finally:
-        if node1.poll() is None:
-            node1.kill()
+    serve_two_nodes(tmp_path_factory, tmp_path, expected, "10.77.0.1", "ip", "netns", "exec", veth_namespace)

@@ -55,7 +55,10 @@ async def engine_stats(http: HTTPRequest) -> None:
     limits = state.settings.limits
     chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
               "cpu": limits.cpu, "compiled_decode": limits.compiled_decode,
-              "attention_backend": limits.attention_backend}
+              "attention_backend": limits.attention_backend, "speculative": limits.speculative}
+    if limits.speculative:  # the share of drafted tokens the target model accepted
+        drafted = stats.num_spec_draft_tokens
+        chosen["spec_acceptance_rate"] = stats.num_spec_accepted_tokens / drafted if drafted else 0.0
     await send_response(http.send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
 
 

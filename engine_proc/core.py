@@ -77,7 +77,9 @@ class EngineCore:
         logprobs_of = {id(s.req): lp for s, lp in zip(batch.sampled_seqs, sampled.logprobs)}
         deltas = self.scheduler.update(batch, sampled)
         for d in deltas:
-            d.logprobs = logprobs_of.get(id(d.req))
+            lp = logprobs_of.get(id(d.req))
+            # A step with drafts may keep tokens past the one that ended the request.
+            d.logprobs = lp if lp is None or lp.num_tokens == len(d.new_ids) else lp.head(len(d.new_ids))
         return deltas
 
     def end_overdue(self) -> list[TokenDelta]:
@@ -174,6 +176,7 @@ class EngineCore:
             num_timed_out=self.num_timed_out,
             num_cached_blocks=blocks.prefix_cache.num_cached_blocks() if blocks.prefix_cache is not None else 0,
             data_parallel_rank=self.rank,
+            **spec_figures(getattr(self.scheduler, "speculator", None)),
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:
@@ -208,3 +211,12 @@ class EngineCore:
                 if d.finish not in _NOT_FINISHED:  # num_aborted, num_timed_out
                     self.num_finished += 1
         self.publish(out)
+
+
+def spec_figures(speculator) -> dict:
+    """EngineStats' speculative-decoding counters ({} when it is off)."""
+    if speculator is None:
+        return {}
+    s = speculator.stats
+    return {"num_spec_drafts": s.num_drafts, "num_spec_draft_tokens": s.num_draft_tokens,
+            "num_spec_accepted_tokens": s.num_accepted_tokens, "spec_accepted_per_pos": list(s.accepted_per_pos)}

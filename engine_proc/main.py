@@ -40,6 +40,7 @@ class EngineConfig(msgspec.Struct):
     attention_backend: str = "auto"  # auto: triton on a GPU; cpu (C++ decode kernel) or torch on the CPU
     load_format: str = "auto"
     quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
+    speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
     enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)
@@ -127,6 +128,7 @@ def build_engine(config: EngineConfig):
     from engine_proc.model.sentence_layout import is_sentence_transformers
     from engine_proc.sched.block_manager import BlockManager
     from engine_proc.sched.scheduler import Scheduler
+    from engine_proc.spec.build import build_speculator
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -189,13 +191,9 @@ def build_engine(config: EngineConfig):
         ", decode steps compiled" if compiled_decode else ", eager",
         f", {runner.attention_backend} attention" if hasattr(runner, "attention_backend") else "",
     )
-    scheduler = Scheduler(
-        blocks,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        eos_token_ids=eos_ids,
-    )
+    speculator, speculative = build_speculator(config.speculative_config, runner, config.tensor_parallel_size)
+    scheduler = Scheduler(blocks, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                          max_model_len=max_model_len, eos_token_ids=eos_ids, speculator=speculator)
     # Structured outputs: bitmasks as wide as the model's logits, compiled off the busy loop.
     core, threads = start_core(config, scheduler, runner, lambda notify: GrammarGate(GrammarCompiler(
         model_dir, vocab_size=runner.vocab_size, stop_token_ids=eos_ids, notify=notify)))
@@ -221,6 +219,7 @@ def build_engine(config: EngineConfig):
         max_queued_tokens=config.max_queued_tokens,
         request_timeout_s=config.request_timeout_s,
         embedding_dim=hf_config.hidden_size if config.enable_embeddings else 0,
+        speculative=speculative,
     )
     return core, threads, limits
 

@@ -36,6 +36,10 @@ class TokenLogprobs:
     def num_top(self) -> int:
         return self.token_ids.shape[1] - 1
 
+    def head(self, num_tokens: int) -> TokenLogprobs:
+        """The first `num_tokens` tokens' logprobs."""
+        return TokenLogprobs(self.token_ids[:num_tokens], self.logprobs[:num_tokens], self.ranks[:num_tokens])
+
     @staticmethod
     def concat(parts: list[TokenLogprobs]) -> TokenLogprobs:
         """Consecutive parts of one request (all with the same num_top) as one."""

@@ -164,6 +164,12 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_timed_out: int = 0  # engine requests ended by --request-timeout, since start
     num_cached_blocks: int = 0  # blocks the prefix cache indexes now (held or evictable)
     data_parallel_rank: int = 0  # which engine answered (--data-parallel-size)
+    # Speculative decoding (--speculative-config), since start: steps' drafts verified, their
+    # tokens, those accepted, and accepted by position (one entry per draft position; [] when off).
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class Verdict(enum.IntEnum):
@@ -211,6 +217,7 @@ class EngineLimits(msgspec.Struct):
     attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
     generates: bool = True  # False: an embedding model (an encoder), which serves /v1/embeddings only
     embedding_dim: int = 0  # the vectors' size; 0: no embeddings (a decoder without --enable-embeddings)
+    speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"
 
 
 input_encoder = msgspec.msgpack.Encoder()

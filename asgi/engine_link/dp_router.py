@@ -76,6 +76,8 @@ def total_stats(per_engine: list[EngineStats]) -> EngineStats:
     """The engines' figures summed (the peak RSS too: the memory they hold together)."""
     if len(per_engine) == 1:
         return per_engine[0]
-    fields = {name: sum(getattr(s, name) for s in per_engine) for name in EngineStats.__struct_fields__}
+    fields = {name: sum(getattr(s, name) for s in per_engine) for name in EngineStats.__struct_fields__
+              if name != "spec_accepted_per_pos"}
+    fields["spec_accepted_per_pos"] = [sum(c) for c in zip(*(s.spec_accepted_per_pos for s in per_engine))]
     fields["data_parallel_rank"] = 0
     return EngineStats(**fields)

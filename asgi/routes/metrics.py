@@ -182,6 +182,14 @@ class EngineFigures:
                     families[metric] = family(f"{self.prefix}:{metric}", doc, labels=["model_name", "engine"])
                 families[metric].add_metric([self.model_name, str(s.data_parallel_rank)], value)
         yield from families.values()
+        if any(s.spec_accepted_per_pos for s in self.per_engine):  # speculative decoding is on
+            per_pos = CounterMetricFamily(f"{self.prefix}:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted draft tokens by their position in the draft.",
+                                          labels=["model_name", "engine", "position"])
+            for s in self.per_engine:
+                for pos, count in enumerate(s.spec_accepted_per_pos):
+                    per_pos.add_metric([self.model_name, str(s.data_parallel_rank), str(pos)], count)
+            yield per_pos
 
     @staticmethod
     def _figures(s: EngineStats):
@@ -198,7 +206,13 @@ class EngineFigures:
              s.num_prefix_hit_tokens),
             (CounterMetricFamily, "num_preemptions", "Cumulative number of preemption from the engine.",
              s.num_preemptions),
-        )
+        ) + (() if not s.spec_accepted_per_pos else (
+            (CounterMetricFamily, "spec_decode_num_drafts", "Number of spec decoding drafts.", s.num_spec_drafts),
+            (CounterMetricFamily, "spec_decode_num_draft_tokens", "Number of draft tokens.",
+             s.num_spec_draft_tokens),
+            (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             s.num_spec_accepted_tokens),
+        ))
 
 
 async def metrics_endpoint(http: HTTPRequest) -> None:

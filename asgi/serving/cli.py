@@ -62,6 +62,11 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                        help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
                             "head, through torch's int8 kernel; a quarter of float32's weight bytes; CPU only "
                             "(see README: Quantization)")
+    model.add_argument("--speculative-config", type=speculative_config, default="",
+                       help='speculative decoding, as vLLM spells it (JSON): {"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} drafts '
+                            'from the request\'s own text; {"method": "draft_model", "model": DIR, '
+                            '"num_speculative_tokens": 4} from a smaller model (see docs/speculative-decoding.md)')
     model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                        help="auto: cuda when torch sees a GPU, else cpu")
     model.add_argument("--attention-backend", default="auto", choices=["auto", "cpu", "torch", "triton"],
@@ -197,6 +202,21 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
     logs.add_argument("--log-requests", action="store_true",
                       help="also log each request's prompt or messages (a debug line on rill.requests, "
                            "shown whatever --log-level); without it no prompt text is ever logged")
+
+
+def speculative_config(text: str) -> str:
+    """--speculative-config checked at once (argparse exits 2 with the message)."""
+    from pathlib import Path
+
+    from engine_proc.spec.config import parse_speculative_config
+
+    try:
+        config = parse_speculative_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--speculative-config: ")) from None
+    if config is not None and config.model and not (Path(config.model) / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"draft model {config.model!r}: no config.json there")
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -161,7 +161,7 @@ def serve(args) -> int:
     config = EngineConfig(
         model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        load_format=args.load_format, quantization=args.quantization,
+        load_format=args.load_format, quantization=args.quantization, speculative_config=args.speculative_config,
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),

@@ -18,6 +18,7 @@ from engine_proc.parallel.sharding import Shard
 from engine_proc.sample.prompt_logprobs import score_prompts
 from engine_proc.sample.sampler import Sampler, SamplerOutput
 from engine_proc.sched.batch import Batch
+from engine_proc.spec import verify as spec_verify
 
 log = logging.getLogger("rill.model")
 
@@ -113,8 +114,8 @@ class ModelRunner:
         sampled_seqs = batch.sampled_seqs
         scoring_seqs = batch.scoring_seqs
         embed_rows = [i for i, s in enumerate(sampled_seqs) if s.req.params.embed] if self.embeddings else []
-        if not scoring_seqs and not embed_rows:
-            return self.sampler.sample(self.compute_logits(batch), sampled_seqs)
+        if not scoring_seqs and not embed_rows:  # with drafts, verified (engine_proc/spec/verify.py)
+            return spec_verify.sample(self.sampler, self.compute_logits(batch), sampled_seqs)
         return self._execute_mixed(batch, sampled_seqs, scoring_seqs, embed_rows)
 
     def _execute_mixed(self, batch: Batch, sampled_seqs, scoring_seqs, embed_rows: list[int]) -> SamplerOutput:
@@ -123,22 +124,31 @@ class ModelRunner:
         (the last token's, L2-normalised, as vLLM pools a decoder for embeddings)."""
         rows = self.compute_logits(batch, eager=True, hidden_only=bool(embed_rows))
         out = SamplerOutput([-1] * len(sampled_seqs))
-        if embed_rows:
-            vectors = torch.nn.functional.normalize(rows[embed_rows].float(), dim=-1).cpu().numpy()
+        if embed_rows:  # an embedding is a prompt: one row each (only decodes have drafts)
+            first_row = [0]
+            for s in sampled_seqs:
+                first_row.append(first_row[-1] + s.num_logits_rows)
+            embed_at = [first_row[i] for i in embed_rows]
+            vectors = torch.nn.functional.normalize(rows[embed_at].float(), dim=-1).cpu().numpy()
             out.embeddings = [(sampled_seqs[i], v) for i, v in zip(embed_rows, vectors)]
-            skip = set(embed_rows)
+            skip = set(embed_at)
             keep = [i for i in range(rows.shape[0]) if i not in skip]
             rows = self.model.lm_logits(rows[keep]) if keep else rows[:0]
         generating = [i for i, s in enumerate(sampled_seqs) if not s.req.params.embed]
-        sampled = self.sampler.sample(rows[: len(generating)], [sampled_seqs[i] for i in generating])
+        num_rows = sum(sampled_seqs[i].num_logits_rows for i in generating)
+        sampled = spec_verify.sample(self.sampler, rows[:num_rows], [sampled_seqs[i] for i in generating])
         for i, token_id in zip(generating, sampled):
             out[i] = token_id
+        if sampled.spec_ids is not None:
+            out.spec_ids = [[token_id] for token_id in out]
+            for i, kept in zip(generating, sampled.spec_ids):
+                out.spec_ids[i] = kept
         if sampled.logprobs is not None:
             out.logprobs = [None] * len(sampled_seqs)
             for i, lp in zip(generating, sampled.logprobs):
                 out.logprobs[i] = lp
         if scoring_seqs:
-            out.prompt_logprobs = list(zip(scoring_seqs, score_prompts(rows[len(generating):], scoring_seqs)))
+            out.prompt_logprobs = list(zip(scoring_seqs, score_prompts(rows[num_rows:], scoring_seqs)))
         return out
 
     @torch.inference_mode()

@@ -128,9 +128,12 @@ def prepare_flat_step(
 
 
 def logits_rows(batch: Batch, start_row: dict[int, int]) -> list[int]:
-    """The last token's row of each sampled seq, in order; then, for each seq of
-    `batch.scoring_seqs` in order, the rows of its `prompt_scored` positions."""
-    rows = [start_row[id(s)] + s.num_new_tokens - 1 for s in batch.sampled_seqs]
+    """The last token's row of each sampled seq, and its drafts' rows, in order; then, for each
+    seq of `batch.scoring_seqs` in order, the rows of its `prompt_scored` positions."""
+    rows = []
+    for s in batch.sampled_seqs:
+        end = start_row[id(s)] + s.num_new_tokens
+        rows.extend(range(end - s.num_logits_rows, end))
     for s in batch.scoring_seqs:
         first = start_row[id(s)] - s.start_pos
         rows.extend(first + pos for pos in s.prompt_scored)

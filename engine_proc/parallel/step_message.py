@@ -20,6 +20,7 @@ class SeqStep(msgspec.Struct, array_like=True, gc=False):
     block_ids: list[int]  # the blocks this step's tokens and context lie in
     needs_sample: bool
     scored: tuple[int, int] = (0, 0)  # prompt positions scored this step: range(*scored)
+    num_logits_rows: int = 1  # a sampled seq's rows of logits: 1 + its drafts (engine_proc/spec/)
 
 
 class StepMessage(msgspec.Struct, array_like=True, gc=False):
@@ -38,7 +39,7 @@ def encode_step(batch: Batch, graphs: bool, block_size: int) -> bytes:
         end = s.start_pos + s.num_new_tokens
         scored = s.prompt_scored
         seqs.append(SeqStep(s.token_ids, s.start_pos, s.req.block_ids[: -(-end // block_size)], s.needs_sample,
-                            (scored.start, scored.stop) if scored else (0, 0)))
+                            (scored.start, scored.stop) if scored else (0, 0), s.num_logits_rows))
     return encoder.encode(StepMessage(seqs, graphs))
 
 
@@ -72,6 +73,7 @@ class ReplicaSeq:
     token_ids: list[int]
     needs_sample: bool
     prompt_scored: range
+    num_logits_rows: int = 1
 
 
 @dataclass(eq=False)
@@ -97,5 +99,6 @@ def replica_batch(message: StepMessage) -> ReplicaBatch:
     for s in message.seqs:
         scored = range(*s.scored)
         req = _ReplicaReq(s.block_ids, s.token_ids, s.start_pos, _Params(1 if scored else None))
-        seqs.append(ReplicaSeq(req, s.start_pos, len(s.token_ids), s.token_ids, s.needs_sample, scored))
+        seqs.append(ReplicaSeq(req, s.start_pos, len(s.token_ids), s.token_ids, s.needs_sample, scored,
+                               s.num_logits_rows))
     return ReplicaBatch(seqs)

@@ -94,6 +94,9 @@ class SamplerOutput(list[int]):
         self.prompt_logprobs: list[tuple[ScheduledSeq, TokenLogprobs]] = []
         # (seq, its vector) per embedding seq (params.embed) of the step: a float32 numpy array each.
         self.embeddings: list[tuple[ScheduledSeq, Any]] = []
+        # A step with drafts (engine_proc/spec/verify.py): per sampled seq, every token it keeps
+        # (the first is self[i]); None in a step without drafts.
+        self.spec_ids: list[list[int]] | None = None
 
 
 class Sampler:

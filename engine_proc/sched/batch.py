@@ -14,16 +14,26 @@ class ScheduledSeq:
 
     req: EngineRequest
     start_pos: int  # == req.num_computed_tokens before this step
-    num_new_tokens: int
+    num_new_tokens: int  # the request's tokens run this step, and its drafts
+    # Speculative decoding (engine_proc/spec/): tokens proposed to follow the request's last one,
+    # run after it in this step and kept while the target model's samples agree.
+    draft_ids: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
-        return self.req.token_ids(self.start_pos, self.start_pos + self.num_new_tokens)
+        end = self.start_pos + self.num_new_tokens - len(self.draft_ids)
+        ids = self.req.token_ids(self.start_pos, end)
+        return ids + self.draft_ids if self.draft_ids else ids
 
     @property
     def needs_sample(self) -> bool:
         """True when this slice reaches the end of the request's known tokens."""
-        return self.start_pos + self.num_new_tokens == self.req.num_tokens
+        return self.start_pos + self.num_new_tokens - len(self.draft_ids) == self.req.num_tokens
+
+    @property
+    def num_logits_rows(self) -> int:
+        """Rows of logits a sampled seq gets: its last token's, and one per draft."""
+        return 1 + len(self.draft_ids)
 
     @property
     def prompt_scored(self) -> range:

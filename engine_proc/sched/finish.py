@@ -27,3 +27,13 @@ def finish_after(req: EngineRequest, token_id: int, *, eos_token_ids: frozenset[
     if num_tokens > cache_len:
         return FinishReason.ERROR
     return None
+
+
+def append_outputs(req: EngineRequest, token_ids: list[int], **limits) -> tuple[list[int], FinishReason | None]:
+    """Appends the step's tokens to req's output up to the first that ends it (a step with drafts
+    may keep several): those appended, and why it ends (None: it goes on)."""
+    for num_new, token_id in enumerate(token_ids, 1):
+        req.output_ids.append(token_id)
+        if (finish := finish_after(req, token_id, **limits)) is not None:
+            return token_ids[:num_new], finish
+    return token_ids, None

@@ -43,6 +43,7 @@ class EngineRequest:
     # theirs, into `prompt_logprobs` (sent with the first token); a recompute does not score them again.
     num_prompt_scored: int = 0
     prompt_logprobs: list[Any] = field(default_factory=list)
+    spec_state: Any = None  # the speculative proposer's own state (engine_proc/spec/ngram.py: NgramIndex)
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
 
     @property

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from engine_proc.sched.batch import Batch, ScheduledSeq, TokenDelta
 from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.finish import finish_after
+from engine_proc.sched.finish import append_outputs
 from engine_proc.sched.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason
 
@@ -41,6 +41,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Sequence[int],
         watermark_blocks: int | None = None,
+        speculator=None,
     ) -> None:
         assert max_num_seqs >= 1 and max_num_batched_tokens >= 1 and max_model_len >= 1
         self.block_manager = block_manager
@@ -48,6 +49,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.speculator = speculator  # speculative decoding's drafts (engine_proc/spec/speculator.py), or None
         # Blocks a newcomer must leave free while others run, so that admitting it does not
         # at once preempt a running request that crosses into a new block next step (1%, as
         # vLLM's watermark, and at least one block).
@@ -160,6 +162,9 @@ class Scheduler:
             req = running[i]
             start_pos = req.num_computed_tokens
             num_new_tokens = min(req.num_tokens - start_pos, budget)
+            draft_ids = [] if self.speculator is None else self.speculator.drafts(
+                req, start_pos, budget, num_live, min(self.max_model_len, self._cache_len + 1))
+            num_new_tokens += len(draft_ids)
             num_new_blocks = block_manager.num_blocks_needed(req, start_pos + num_new_tokens)
             while not block_manager.can_allocate(num_new_blocks):
                 # Out of blocks: recompute the most recently admitted request later. This
@@ -175,7 +180,7 @@ class Scheduler:
             else:
                 if num_new_blocks:  # most decodes stay inside their last block
                     block_manager.allocate(req, start_pos + num_new_tokens)
-                seqs.append(ScheduledSeq(req, start_pos, num_new_tokens))
+                seqs.append(ScheduledSeq(req, start_pos, num_new_tokens, draft_ids))
                 budget -= num_new_tokens
             i += 1
 
@@ -248,8 +253,10 @@ class Scheduler:
         self._num_waiting_tokens += req.num_tokens
 
     def update(self, batch: Batch, sampled: list[int]) -> list[TokenDelta]:
-        """Takes the step's sampled ids (one per `batch.sampled_seqs`, in order); returns deltas."""
+        """Takes the step's sampled ids (one per `batch.sampled_seqs`, in order; in a step with
+        drafts, `sampled.spec_ids` has every token each kept); returns deltas."""
         block_manager = self.block_manager
+        spec_ids = getattr(sampled, "spec_ids", None)
         deltas: list[TokenDelta] = []
         num_sampled = 0
         for seq in batch.seqs:
@@ -257,27 +264,32 @@ class Scheduler:
             # Read before num_computed_tokens and output_ids change.
             needs_sample = seq.needs_sample
             if needs_sample:
-                token_id = sampled[num_sampled]
+                token_ids = spec_ids[num_sampled] if spec_ids is not None else [sampled[num_sampled]]
                 num_sampled += 1
             if req.state is not _RUNNING:
                 continue  # aborted after schedule(): abort()'s caller reports it
             assert seq.start_pos == req.num_computed_tokens, "update() twice for one batch"
-            req.num_computed_tokens += seq.num_new_tokens
-            # Blocks this step filled become findable now, before the request may finish:
-            # another request can share them while this one still runs.
-            block_manager.cache_full_blocks(req)
-            if not needs_sample:
+            num_drafts = len(seq.draft_ids)
+            # The drafts kept are computed; the KV slots of those rejected lie past
+            # num_computed_tokens, and the next step writes over them.
+            req.num_computed_tokens += seq.num_new_tokens - num_drafts
+            if num_drafts:
+                req.num_computed_tokens += len(token_ids) - 1
+                self.speculator.record(seq.draft_ids, len(token_ids) - 1)
+            if not needs_sample or req.params.embed:
+                # Blocks this step filled become findable now, before the request may finish:
+                # another request can share them while this one still runs.
+                block_manager.cache_full_blocks(req)
+                if needs_sample:  # an embedding: pooled (the runner kept its vector), it ends here
+                    self._finish_running(req, FinishReason.STOP)
+                    deltas.append(TokenDelta(req, [], FinishReason.STOP))
                 continue
-            if req.params.embed:  # pooled (the runner kept its vector), not sampled: it ends here
-                self._finish_running(req, FinishReason.STOP)
-                deltas.append(TokenDelta(req, [], FinishReason.STOP))
-                continue
-            req.output_ids.append(token_id)
-            finish = finish_after(req, token_id, eos_token_ids=self.eos_token_ids,
-                                  max_model_len=self.max_model_len, cache_len=self._cache_len)
+            new_ids, finish = append_outputs(req, token_ids, eos_token_ids=self.eos_token_ids,
+                                             max_model_len=self.max_model_len, cache_len=self._cache_len)
+            block_manager.cache_full_blocks(req)  # after the drafts kept joined the output
             if finish is not None:
                 self._finish_running(req, finish)
-            deltas.append(TokenDelta(req, [token_id], finish))
+            deltas.append(TokenDelta(req, new_ids, finish))
         assert num_sampled == len(sampled), "one sampled id per sampled seq"
         return deltas
 

@@ -1,0 +1,42 @@
+"""The engine's speculator from `--speculative-config`, checked against the runner it serves."""
+from __future__ import annotations
+
+import logging
+
+from engine_proc.spec.config import SpeculativeConfig, parse_speculative_config
+from engine_proc.spec.ngram import NgramProposer
+from engine_proc.spec.speculator import Speculator
+
+log = logging.getLogger("rill.engine")
+
+
+def build_speculator(text: str, runner, tensor_parallel_size: int = 1) -> tuple[Speculator | None, str]:
+    """(the speculator, what /stats says of it); (None, "") when the config is empty."""
+    config = parse_speculative_config(text)
+    if config is None:
+        return None, ""
+    from engine_proc.model.runner import ModelRunner
+
+    if not isinstance(runner, ModelRunner):
+        raise ValueError("--speculative-config needs the native runner (a Llama-family model)")
+    if config.method == "ngram":
+        proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+    else:
+        if tensor_parallel_size > 1:
+            raise ValueError("--speculative-config method 'draft_model' is not served with --tensor-parallel-size > 1")
+        from engine_proc.spec.draft_model import DraftModelProposer
+
+        proposer = runner.drafter = DraftModelProposer(config, runner)
+    speculative = describe(config)
+    log.info("speculative decoding: %s", speculative)
+    return Speculator(proposer, config.num_speculative_tokens, config.disable_by_batch_size), speculative
+
+
+def describe(config: SpeculativeConfig) -> str:
+    if config.method == "ngram":
+        text = f"ngram k={config.num_speculative_tokens} n={config.prompt_lookup_min}..{config.prompt_lookup_max}"
+    else:
+        text = f"draft_model {config.model} k={config.num_speculative_tokens}"
+    if config.disable_by_batch_size:
+        text += f", off above {config.disable_by_batch_size} running"
+    return text

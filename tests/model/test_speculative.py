@@ -1,0 +1,91 @@
+"""Speculative decoding through the real model: the same tokens as without it, greedy, seeded,
+penalised and with logprobs, whatever the drafts; the drafts are verified in one step each."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from engine_proc.sched.block_manager import BlockManager
+from engine_proc.sched.request import EngineRequest
+from engine_proc.sched.scheduler import Scheduler
+from engine_proc.spec.ngram import NgramProposer
+from engine_proc.spec.speculator import Speculator
+from ipc.logprobs import TokenLogprobs
+from ipc.protocol import SamplingParams
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES
+
+COPY = ("Repeat this text exactly, word for word: The quick brown fox jumps over the lazy dog near the "
+        "bank of the river, and the dog does not move at all.")
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(model_dir) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"])
+            for m in [COPY, *MESSAGES]]
+
+
+def serve(runner, prompts, params: SamplingParams, speculator=None):
+    """Runs the prompts to their end through a real scheduler; (outputs, logprobs, steps)."""
+    sched = Scheduler(BlockManager(runner.kv_cache.num_blocks, BLOCK_SIZE), max_num_seqs=8,
+                      max_num_batched_tokens=512, max_model_len=1024, eos_token_ids=[EOS_ID], speculator=speculator)
+    reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
+    logprobs = {r.req_id: [] for r in reqs}
+    for r in reqs:
+        sched.add(r)
+    steps = 0
+    while sched.has_work:
+        batch = sched.schedule()
+        sampled = runner.execute(batch)
+        lp_of = {id(s.req): lp for s, lp in zip(batch.sampled_seqs, sampled.logprobs or [])}
+        for d in sched.update(batch, sampled):
+            if (lp := lp_of.get(id(d.req))) is not None:
+                logprobs[d.req.req_id].append(lp.head(len(d.new_ids)))
+        steps += 1
+    return [r.output_ids for r in reqs], [logprobs[r.req_id] for r in reqs], steps
+
+
+def ngram(k=4):
+    return Speculator(NgramProposer(k, 2, 4), k)
+
+
+def test_greedy_output_is_the_same_and_copying_takes_fewer_steps(runner, chat_prompts):
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    plain, _, plain_steps = serve(runner, chat_prompts[:1], params)
+    speculator = ngram()
+    spec, _, spec_steps = serve(runner, chat_prompts[:1], params, speculator)
+    assert spec == plain
+    stats = speculator.stats
+    assert stats.num_accepted_tokens > len(plain[0]) // 3, stats  # the model quotes its prompt
+    assert spec_steps < plain_steps * 0.7, (spec_steps, plain_steps)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.4),
+    SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=1234),
+    SamplingParams(max_tokens=40, temperature=0.7, top_k=20, seed=7, presence_penalty=0.5, min_tokens=30),
+], ids=["penalties", "seeded", "seeded-topk-min-tokens"])
+def test_batched_output_is_the_same_with_drafts(runner, chat_prompts, params):
+    """Several requests in one batch, some drafting and some not in each step: a seeded request's
+    noise, its penalties and min_tokens see each draft row as if the drafts before it were output."""
+    plain, _, _ = serve(runner, chat_prompts, params)
+    speculator = ngram(3)
+    spec, _, _ = serve(runner, chat_prompts, params, speculator)
+    assert spec == plain
+    assert speculator.stats.num_draft_tokens > 0
+
+
+def test_logprobs_are_those_of_the_tokens_kept(runner, chat_prompts):
+    params = SamplingParams(max_tokens=32, temperature=0.0, logprobs=3)
+    plain, plain_lp, _ = serve(runner, chat_prompts[:2], params)
+    speculator = ngram()
+    spec, spec_lp, _ = serve(runner, chat_prompts[:2], params, speculator)
+    assert spec == plain
+    assert speculator.stats.num_accepted_tokens > 0
+    for a, b, tokens in zip(plain_lp, spec_lp, plain):
+        a, b = TokenLogprobs.concat(a), TokenLogprobs.concat(b)
+        assert a.num_tokens == b.num_tokens == len(tokens)
+        assert (a.token_ids == b.token_ids).all() and (a.ranks == b.ranks).all()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-4)

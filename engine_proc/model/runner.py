@@ -27,6 +27,7 @@ class ModelRunner:
     """Owns the model, its KV cache and the sampler; `execute(batch)` is one engine step."""
 
     embeddings = False  # serve embedding requests too (--enable-embeddings); set per instance
+    drafter = None  # --speculative-config's draft model (engine_proc/spec/draft_model.py), set by the engine
 
     def __init__(
         self,
@@ -111,6 +112,8 @@ class ModelRunner:
         """Run the step; one sampled token id per seq of `batch.sampled_seqs`, in that order."""
         if not batch:
             return SamplerOutput([])
+        if self.drafter is not None:  # the draft model's tokens into the slots the scheduler reserved
+            self.drafter.fill(batch)
         sampled_seqs = batch.sampled_seqs
         scoring_seqs = batch.scoring_seqs
         embed_rows = [i for i, s in enumerate(sampled_seqs) if s.req.params.embed] if self.embeddings else []

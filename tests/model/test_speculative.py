@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from bench.truncated_model import write_truncated_model
 from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
+from engine_proc.spec.build import build_speculator
 from engine_proc.spec.ngram import NgramProposer
 from engine_proc.spec.speculator import Speculator
 from ipc.logprobs import TokenLogprobs
@@ -27,9 +29,10 @@ def chat_prompts(model_dir) -> list[list[int]]:
             for m in [COPY, *MESSAGES]]
 
 
-def serve(runner, prompts, params: SamplingParams, speculator=None):
-    """Runs the prompts to their end through a real scheduler; (outputs, logprobs, steps)."""
-    sched = Scheduler(BlockManager(runner.kv_cache.num_blocks, BLOCK_SIZE), max_num_seqs=8,
+def serve(runner, prompts, params: SamplingParams, speculator=None, num_blocks: int | None = None):
+    """Runs the prompts to their end through a real scheduler; (outputs, logprobs, steps).
+    `num_blocks`: fewer KV blocks than the runner's, to force preemptions."""
+    sched = Scheduler(BlockManager(num_blocks or runner.kv_cache.num_blocks, BLOCK_SIZE), max_num_seqs=8,
                       max_num_batched_tokens=512, max_model_len=1024, eos_token_ids=[EOS_ID], speculator=speculator)
     reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
     logprobs = {r.req_id: [] for r in reqs}
@@ -44,6 +47,7 @@ def serve(runner, prompts, params: SamplingParams, speculator=None):
             if (lp := lp_of.get(id(d.req))) is not None:
                 logprobs[d.req.req_id].append(lp.head(len(d.new_ids)))
         steps += 1
+    serve.num_preemptions = sched.num_preemptions
     return [r.output_ids for r in reqs], [logprobs[r.req_id] for r in reqs], steps
 
 
@@ -89,3 +93,41 @@ def test_logprobs_are_those_of_the_tokens_kept(runner, chat_prompts):
         assert a.num_tokens == b.num_tokens == len(tokens)
         assert (a.token_ids == b.token_ids).all() and (a.ranks == b.ranks).all()
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-4)
+
+
+def draft_model(runner, model_dir, k=3) -> Speculator:
+    speculator, _ = build_speculator(f'{{"method": "draft_model", "model": "{model_dir}", '
+                                     f'"num_speculative_tokens": {k}}}', runner)
+    return speculator
+
+
+def test_the_target_as_its_own_draft_model_is_accepted_through_preemptions(runner, model_dir, chat_prompts):
+    """The draft's K/V follow the request (catch-up after rejections, a fresh start after a
+    preemption): with the target itself as the draft model nearly every draft is accepted, which a
+    draft K/V out of step with the tokens would not be. Few blocks: requests are preempted."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, min_tokens=40)
+    plain, _, plain_steps = serve(runner, chat_prompts, params, num_blocks=20)
+    speculator = draft_model(runner, model_dir)
+    try:
+        spec, _, spec_steps = serve(runner, chat_prompts, params, speculator, num_blocks=20)
+        assert serve.num_preemptions > 0
+    finally:
+        runner.drafter = None
+    assert spec == plain
+    stats = speculator.stats
+    # min_tokens holds eos back in the target but not in the draft: a rare rejection.
+    assert stats.num_accepted_tokens >= 0.85 * stats.num_draft_tokens, stats
+    assert spec_steps < 0.6 * plain_steps
+
+
+def test_a_truncated_draft_model_changes_nothing_but_the_steps(runner, model_dir, chat_prompts, tmp_path):
+    draft_dir = write_truncated_model(model_dir, tmp_path / "draft", 4)
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=5)
+    plain, _, _ = serve(runner, chat_prompts, params)
+    speculator = draft_model(runner, draft_dir, k=2)
+    try:
+        spec, _, _ = serve(runner, chat_prompts, params, speculator)
+    finally:
+        runner.drafter = None
+    assert spec == plain
+    assert speculator.stats.num_draft_tokens > 0

@@ -103,34 +103,42 @@ class DecodeGraphs:
             self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True)
 
     def can_run(self, batch: Batch) -> bool:
-        return len(batch.seqs) <= self.max_num_seqs and all(s.num_new_tokens == 1 for s in batch.seqs)
+        """Decode-only: one token per sequence, and its drafts (speculative decoding), each a row."""
+        if not all(s.num_new_tokens == 1 + len(s.draft_ids) for s in batch.seqs):
+            return False
+        return self.sizes is None or batch.num_tokens <= self.sizes[-1]
 
-    def padded_size(self, num_seqs: int) -> int:
+    def padded_size(self, num_rows: int) -> int:
         if self.sizes is None:
-            return num_seqs
-        return next(size for size in self.sizes if size >= num_seqs)
+            return num_rows
+        return next(size for size in self.sizes if size >= num_rows)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
-        """Logits [len(batch.sampled_seqs), vocab] of a batch of one token per sequence."""
-        num_seqs = len(batch.seqs)
-        size = self.padded_size(num_seqs)
-        pad = size - num_seqs
+        """Logits of the rows of batch.sampled_seqs (step_inputs.logits_rows' order) for a batch of
+        one token per sequence, and its drafts: each draft a row of its own at the next position,
+        against the same blocks (the kernel writes every row's K/V before any row attends)."""
         bs = self.block_size
-        positions = [s.start_pos for s in batch.seqs] + [0] * pad
+        input_ids, positions, slots, table, sampled_rows = [], [], [], [], []
+        for s in batch.seqs:
+            if s.needs_sample:
+                sampled_rows.extend(range(len(input_ids), len(input_ids) + s.num_new_tokens))
+            input_ids.extend(s.token_ids)
+            for p in range(s.start_pos, s.start_pos + s.num_new_tokens):
+                positions.append(p)
+                slots.append(s.req.block_ids[p // bs] * bs + p % bs)
+                table.append(s.req.block_ids[: p // bs + 1])
+        num_rows = len(input_ids)
+        pad = self.padded_size(num_rows) - num_rows
         num_blocks = -(-(max(positions) + 1) // bs)
         # Padded rows: token 0 at position 0 in the padding block 0, attending to its slot 0 only.
-        input_ids = [s.req.token_ids(s.start_pos, s.start_pos + 1)[0] for s in batch.seqs] + [0] * pad
-        slots = [s.req.block_ids[p // bs] * bs + p % bs for s, p in zip(batch.seqs, positions)] + [0] * pad
-        table = [s.req.block_ids[: p // bs + 1] for s, p in zip(batch.seqs, positions)]
         table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
-        positions_t = torch.tensor(positions, dtype=torch.long)
-        logits = self._forward(torch.tensor(input_ids, dtype=torch.long), positions_t,
-                               torch.tensor(slots, dtype=torch.long), torch.tensor(table, dtype=torch.long),
+        positions_t = torch.tensor(positions + [0] * pad, dtype=torch.long)
+        logits = self._forward(torch.tensor(input_ids + [0] * pad, dtype=torch.long), positions_t,
+                               torch.tensor(slots + [0] * pad, dtype=torch.long), torch.tensor(table, dtype=torch.long),
                                positions_t + 1)
-        sampled_rows = [row for row, s in enumerate(batch.seqs) if s.needs_sample]
-        if len(sampled_rows) == num_seqs:
-            return logits[:num_seqs]
+        if len(sampled_rows) == num_rows:
+            return logits[:num_rows]
         # A one-token chunk in the middle of a prompt is computed but not sampled.
         return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
 

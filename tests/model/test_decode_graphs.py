@@ -62,3 +62,25 @@ def test_the_graph_and_the_eager_step_agree_on_logits(compiled, runner, prompts)
             q.num_computed_tokens = q.num_tokens - 1
         logits.append(r.compute_logits(Batch([ScheduledSeq(q, q.num_computed_tokens, 1) for q in reqs])))
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=2e-3)
+
+
+def test_drafts_run_as_rows_of_the_graph(compiled, runner, model_dir):
+    """Speculative decoding: a decode and its drafts are rows of one graph step (each its own
+    position, the same blocks): the same greedy tokens as the eager step without drafts."""
+    from transformers import AutoTokenizer
+
+    from ipc.protocol import SamplingParams
+    from tests.model.test_speculative import COPY, ngram, serve
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=True)["input_ids"])
+               for m in [COPY, "Write a haiku about the sea."]]
+    params = SamplingParams(max_tokens=32, temperature=0.0, min_tokens=32)
+    plain, _, _ = serve(runner, prompts, params)
+    speculator = ngram()
+    before = compiled.decode_graphs.num_runs
+    spec, _, steps = serve(compiled, prompts, params, speculator)
+    assert spec == plain
+    assert speculator.stats.num_accepted_tokens > 0
+    assert compiled.decode_graphs.num_runs - before >= steps - 2  # every step but the prefill

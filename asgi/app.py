@@ -13,7 +13,7 @@ from asgi.http.access_log import tag_records_with_request_id
 from asgi.http.primitives import ClientDisconnected, read_body, require_json, send_response
 from asgi.http.request_context import RequestContext, set_current
 from asgi.http.router import HTTPRequest, Router
-from asgi.routes import conversations, messages, router_probes
+from asgi.routes import conversations, lora_admin, messages, router_probes
 from asgi.routes import stored_responses as stored
 from asgi.routes.chat import chat_completions
 from asgi.routes.completions import completions
@@ -63,14 +63,21 @@ async def engine_stats(http: HTTPRequest) -> None:
 
 
 async def list_models(http: HTTPRequest) -> None:
-    await send_response(http.send, 200, dumps({"object": "list", "data": [http.state.model_card()]}))
+    state = http.state
+    if state.settings.allow_runtime_lora_updating:
+        await lora_admin.refresh(state)
+    cards = [state.model_card(), *(state.model_card(name) for name in state.lora_names)]
+    await send_response(http.send, 200, dumps({"object": "list", "data": cards}))
 
 
 async def get_model(http: HTTPRequest) -> None:
     model_id = http.params["model_id"]
-    if model_id != http.state.model_id:
+    state = http.state
+    if model_id != state.model_id and model_id not in state.lora_names and state.settings.allow_runtime_lora_updating:
+        await lora_admin.refresh(state)
+    if model_id != state.model_id and model_id not in state.lora_names:
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    await send_response(http.send, 200, dumps(http.state.model_card()))
+    await send_response(http.send, 200, dumps(state.model_card(None if model_id == state.model_id else model_id)))
 
 
 def generative(handler):
@@ -109,6 +116,8 @@ ROUTER = Router([
     ("POST", "/v1/conversations/{conversation_id}/items", conversations.add_items),
     ("GET", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.get_item),
     ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.delete_item),
+    ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
+    ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),
@@ -204,7 +213,8 @@ class App:
             pass
         except GenerationFailed as exc:
             body = messages.anthropic_error(exc.status, str(exc)) if path.startswith(messages.PREFIX) else \
-                error_body(str(exc), "server_error", code="engine_error")
+                error_body(str(exc), "server_error", code="engine_error") if exc.status != 404 else \
+                error_body(str(exc), "invalid_request_error", param="model", code=exc.code)
             await send_response(send, exc.status, body)
         except StoreUnavailable as exc:  # the state store is down: only the routes that need it fail
             await send_response(send, 503, error_body(f"The state store is unavailable: {exc}.", "server_error",

@@ -66,6 +66,7 @@ class WorkerSettings(msgspec.Struct):
     responses_store_ttl_s: float = 3600.0
     conversations_store_max_entries: int = 1000  # the same for /v1/conversations
     conversations_store_ttl_s: float = 3600.0
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -89,6 +90,9 @@ class WorkerState:
     store: StateStore | None = None
     # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
+    # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
+    # engine (asgi/routes/lora_admin.py refreshes it when a request names one it does not know).
+    lora_names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -104,7 +108,7 @@ class WorkerState:
         limits = settings.limits  # with a queue bound the engine answers each Submit (admission control)
         client = EngineClient(paths, settings.engine_pids or settings.engine_pid,
                               bool(limits.max_queued_requests or limits.max_queued_tokens), block_size=limits.block_size)
-        state = cls(settings, client, tokenizer, template)
+        state = cls(settings, client, tokenizer, template, lora_names=dict(limits.lora_modules))
         state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
         state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
         state.store = open_store(settings.state_store_url, paths.run_dir,
@@ -144,14 +148,17 @@ class WorkerState:
         """A prompt's ids as text, special tokens included (what the model sees)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def model_card(self) -> dict:
+    def model_card(self, adapter: str | None = None) -> dict:
+        """The served model's card, or a LoRA adapter's (its base model as `parent`, as vLLM)."""
+        limits = self.settings.limits
         return {
-            "id": self.model_id,
+            "id": adapter or self.model_id,
             "object": "model",
             "created": self.settings.created or int(time.time()),
             "owned_by": "rill",
-            "root": self.settings.limits.model_dir,
-            "max_model_len": self.settings.limits.max_model_len,
+            "root": self.lora_names[adapter] if adapter else limits.model_dir,
+            "parent": self.model_id if adapter else None,
+            "max_model_len": limits.max_model_len,
         }
 
 

@@ -121,6 +121,11 @@ class EngineCore:
             item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
             self._num_taken += 1
             self._num_taken_tokens += item.num_tokens
+            if item.params.lora and item.params.lora not in getattr(self.runner.lora, "slots", ()):
+                log.warning("request %s: LoRA adapter %r is not loaded", item.req_id, item.params.lora)
+                item.finish = p.FinishReason.NO_ADAPTER  # unloaded since the worker checked
+                self.publish_deltas([TokenDelta(item, [], p.FinishReason.NO_ADAPTER)])
+                return
             if item.params.structured is not None and (failed := self._attach_grammar(item)) is not None:
                 self.publish_deltas([failed])
                 return
@@ -142,6 +147,29 @@ class EngineCore:
             self.running = False
         elif isinstance(item, p.AbortAll):
             self.abort_all()
+        elif isinstance(item, p.LoRAUpdate):
+            self.publish((item.worker_id, self.update_lora(item)))
+
+    def update_lora(self, item: p.LoRAUpdate) -> p.LoRAResult:
+        """Loads or unloads an adapter between two steps; never one that a live request uses."""
+        from engine_proc.lora.adapter import AdapterError
+
+        lora = getattr(self.runner, "lora", None)
+        if lora is None:
+            return p.LoRAResult(item.name, "LoRA adapters are not enabled (--enable-lora)", 400)
+        try:
+            if item.path:
+                lora.load(item.name, item.path)
+            elif item.name not in lora.slots:
+                return p.LoRAResult(item.name, f"The lora adapter '{item.name}' cannot be found.", 404)
+            elif (users := sum(r.lora == item.name for r in self.scheduler.live_requests())):
+                return p.LoRAResult(item.name, f"The lora adapter '{item.name}' is in use by {users} requests; "
+                                               "unload it once they end.", 400)
+            else:
+                lora.unload(item.name)
+        except AdapterError as exc:
+            return p.LoRAResult(item.name, str(exc), 400)
+        return p.LoRAResult(item.name)
 
     def _attach_grammar(self, req: EngineRequest) -> TokenDelta | None:
         """Its grammar, or WAITING_FOR_GRAMMAR while it compiles; an ERROR delta if it cannot have one."""
@@ -176,6 +204,8 @@ class EngineCore:
             num_timed_out=self.num_timed_out,
             num_cached_blocks=blocks.prefix_cache.num_cached_blocks() if blocks.prefix_cache is not None else 0,
             data_parallel_rank=self.rank,
+            lora_modules={name: a.path for name, a in lora.adapters.items()}
+            if (lora := getattr(self.runner, "lora", None)) is not None else {},
             **spec_figures(getattr(self.scheduler, "speculator", None)),
         )
 

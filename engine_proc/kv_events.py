@@ -9,11 +9,14 @@ stream, so a subscriber that saw an earlier engine drops what it knew.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import msgspec
 import zmq
+
+log = logging.getLogger("rill.engine")
 
 
 class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -91,3 +94,22 @@ class KVEventPublisher:
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+def publisher_for(config, blocks, device) -> KVEventPublisher:
+    """--kv-events-endpoint: the prefix cache records its events, published after each step."""
+    if blocks.prefix_cache is None:
+        raise ValueError("--kv-events-endpoint needs prefix caching: the events are the prefix cache's")
+    rank = config.data_parallel_rank
+    publisher = KVEventPublisher(endpoint_for_rank(config.kv_events_endpoint, rank), block_size=config.block_size,
+                                 medium="GPU" if device.type == "cuda" else "CPU", topic=config.kv_events_topic,
+                                 data_parallel_rank=rank)
+    blocks.prefix_cache.events = []
+    log.info("KV-cache events published on %s", config.kv_events_endpoint)
+    return publisher
+
+
+def endpoint_for_rank(endpoint: str, rank: int) -> str:
+    """Engine `rank`'s KV-event endpoint: a TCP port moves up by the rank (as vLLM offsets it)."""
+    host, sep, port = endpoint.rpartition(":")
+    return f"{host}:{int(port) + rank}" if rank and sep and port.isdigit() else endpoint

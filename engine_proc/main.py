@@ -41,6 +41,9 @@ class EngineConfig(msgspec.Struct):
     load_format: str = "auto"
     quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
     speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off
+    max_loras: int = 0  # --enable-lora: slots for LoRA adapters (engine_proc/lora/); 0 off
+    max_lora_rank: int = 16
+    lora_modules: dict[str, str] = {}  # --lora-modules: name -> PEFT adapter directory, loaded at start
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
     enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)
@@ -144,8 +147,8 @@ def build_engine(config: EngineConfig):
         return build_encoder_engine(config, model_dir, dtype_name, dtype_reason, device)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(config.model_impl, hf_config)
-    if runner_class is TransformersRunner and config.enable_embeddings:
-        raise ValueError("--enable-embeddings needs the native runner; the transformers runner does not embed")
+    if runner_class is TransformersRunner and (config.enable_embeddings or config.max_loras):
+        raise ValueError("--enable-embeddings and --enable-lora need the native runner (a Llama-family model)")
     enable_prefix_caching = config.enable_prefix_caching
     if runner_class is TransformersRunner and enable_prefix_caching:
         # Its per-request caches share nothing: a prefix "hit" would still be recomputed,
@@ -172,8 +175,11 @@ def build_engine(config: EngineConfig):
         **({} if runner_class is TransformersRunner else {
             "attention_backend": config.attention_backend, "max_num_seqs": config.max_num_seqs,
             "compile_decode": not config.enforce_eager, "embeddings": config.enable_embeddings,
-            "tp_size": config.tensor_parallel_size}),
+            "tp_size": config.tensor_parallel_size, "max_loras": config.max_loras,
+            "max_lora_rank": config.max_lora_rank}),
     )
+    for name, path in config.lora_modules.items():  # an AdapterError stops the start, naming why
+        runner.lora.load(name, path)
     runner.step_broadcast = tp
     compiled_decode = getattr(runner, "decode_graphs", None) is not None  # the transformers runner has none
     max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
@@ -198,7 +204,9 @@ def build_engine(config: EngineConfig):
     core, threads = start_core(config, scheduler, runner, lambda notify: GrammarGate(GrammarCompiler(
         model_dir, vocab_size=runner.vocab_size, stop_token_ids=eos_ids, notify=notify)))
     if config.kv_events_endpoint:
-        core.kv_events = kv_event_publisher(config, blocks, device)
+        from engine_proc.kv_events import publisher_for
+
+        core.kv_events = publisher_for(config, blocks, device)
     limits = p.EngineLimits(
         model_id=config.model_id,
         model_dir=str(model_dir),
@@ -220,6 +228,7 @@ def build_engine(config: EngineConfig):
         request_timeout_s=config.request_timeout_s,
         embedding_dim=hf_config.hidden_size if config.enable_embeddings else 0,
         speculative=speculative,
+        lora_modules=config.lora_modules,
     )
     return core, threads, limits
 
@@ -246,27 +255,6 @@ def start_tensor_parallel(config: EngineConfig, runner_class, model_dir, dtype_n
     if not compile_decode:
         config.enforce_eager = True
     return tp
-
-
-def kv_event_publisher(config: EngineConfig, blocks, device):
-    """--kv-events-endpoint: the prefix cache records its events, published after each step."""
-    from engine_proc.kv_events import KVEventPublisher
-
-    if blocks.prefix_cache is None:
-        raise ValueError("--kv-events-endpoint needs prefix caching: the events are the prefix cache's")
-    rank = config.data_parallel_rank
-    publisher = KVEventPublisher(endpoint_for_rank(config.kv_events_endpoint, rank), block_size=config.block_size,
-                                 medium="GPU" if device.type == "cuda" else "CPU", topic=config.kv_events_topic,
-                                 data_parallel_rank=rank)
-    blocks.prefix_cache.events = []
-    log.info("KV-cache events published on %s", config.kv_events_endpoint)
-    return publisher
-
-
-def endpoint_for_rank(endpoint: str, rank: int) -> str:
-    """Engine `rank`'s KV-event endpoint: a TCP port moves up by the rank (as vLLM offsets it)."""
-    host, sep, port = endpoint.rpartition(":")
-    return f"{host}:{int(port) + rank}" if rank and sep and port.isdigit() else endpoint
 
 
 def start_core(config: EngineConfig, scheduler, runner, make_grammar_gate=None):

@@ -17,6 +17,7 @@ class FinishReason(enum.IntEnum):
     ERROR = 4  # the engine could not serve it (for example: context full)
     TIMEOUT = 5  # it ran past --request-timeout (engine arrival to now); its blocks are freed
     CANCELLED = 6  # an Abort with notify: another API worker cancelled it (POST /v1/responses/{id}/cancel)
+    NO_ADAPTER = 7  # its LoRA adapter was unloaded after its worker checked the name (a 404)
 
 
 class StructuredKind(enum.IntEnum):
@@ -60,6 +61,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # An embedding request (POST /v1/embeddings): the prompt's pooled hidden state, sent with its
     # STOP delta (RequestDelta.embedding); nothing is sampled.
     embed: bool = False
+    lora: str = ""  # the LoRA adapter the request runs with, by name ("": the base model)
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc_bench.py measured them against ids in a
@@ -99,7 +101,15 @@ class AbortAll(msgspec.Struct, tag=True, array_like=True, gc=False):
     """The launcher's drain ran out of time: end every request now, each with an ABORT delta."""
 
 
-EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll
+class LoRAUpdate(msgspec.Struct, tag=True, array_like=True, gc=False):
+    """POST /v1/load_lora_adapter (a path) or /v1/unload_lora_adapter (no path), answered by a LoRAResult."""
+
+    worker_id: str
+    name: str
+    path: str = ""
+
+
+EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll | LoRAUpdate
 
 
 # ---- engine -> worker (a PUSH per worker on the engine, a PULL bound by each worker) -----
@@ -170,6 +180,7 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_spec_draft_tokens: int = 0
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
+    lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded now, name -> path
 
 
 class Verdict(enum.IntEnum):
@@ -189,7 +200,13 @@ class Admission(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, g
     retry_after_s: int = 0  # whole seconds, at least 1 on a refusal
 
 
-EngineOutput = StepOutputs | EngineStats | Admission
+class LoRAResult(msgspec.Struct, tag=True, array_like=True, gc=False):
+    name: str
+    error: str = ""  # "": done
+    status: int = 200  # the HTTP status of the error: 400, or 404 for an adapter not loaded
+
+
+EngineOutput = StepOutputs | EngineStats | Admission | LoRAResult
 
 
 class EngineLimits(msgspec.Struct):
@@ -217,6 +234,7 @@ class EngineLimits(msgspec.Struct):
     attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
     generates: bool = True  # False: an embedding model (an encoder), which serves /v1/embeddings only
     embedding_dim: int = 0  # the vectors' size; 0: no embeddings (a decoder without --enable-embeddings)
+    lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded at start, name -> path
     speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"
 
 

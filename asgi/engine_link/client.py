@@ -51,6 +51,7 @@ class EngineClient:
         self._routes: dict[str, tuple[Mailbox, int]] = {}
         self._engine_of: dict[str, int] = {}  # req_id -> engine rank, with several engines
         self._stats_waiters: list[tuple[asyncio.Future, dict[int, p.EngineStats]]] = []
+        self._lora_waiters: dict[str, asyncio.Future] = {}  # adapter name -> its LoRAResult
         self.chooser = EngineChooser(len(self.engine_pids), block_size)
         self._ctx = zmq.asyncio.Context()
         self._outs = [make_socket(self._ctx, zmq.PUSH, paths.engine_input_for(rank), bind=False)
@@ -124,6 +125,19 @@ class EngineClient:
             await out.send(p.input_encoder.encode(p.StatsQuery(self.worker_id)))
         return await asyncio.wait_for(fut, timeout_s)
 
+    async def update_lora(self, name: str, path: str = "", timeout_s: float = 120.0) -> p.LoRAResult:
+        """Loads (a path) or unloads (none) a LoRA adapter in the engine, between two of its steps."""
+        if not self.alive:
+            raise EngineDead
+        if name in self._lora_waiters:
+            return p.LoRAResult(name, f"The lora adapter '{name}' is being loaded or unloaded already.", 400)
+        fut = self._lora_waiters[name] = asyncio.get_running_loop().create_future()
+        try:
+            await self._outs[0].send(p.input_encoder.encode(p.LoRAUpdate(self.worker_id, name, path)))
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._lora_waiters.pop(name, None)
+
     async def _read_outputs(self) -> None:
         while True:
             frame = await self._in.recv(copy=False)
@@ -135,6 +149,10 @@ class EngineClient:
                 continue
             if isinstance(msg, p.EngineStats):
                 self._answer_stats(msg)
+                continue
+            if isinstance(msg, p.LoRAResult):
+                if (fut := self._lora_waiters.get(msg.name)) is not None and not fut.done():
+                    fut.set_result(msg)
                 continue
             self.chooser.reported(msg.data_parallel_rank, msg.num_running, msg.num_waiting)
             ids = msg.ids

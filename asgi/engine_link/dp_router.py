@@ -77,7 +77,8 @@ def total_stats(per_engine: list[EngineStats]) -> EngineStats:
     if len(per_engine) == 1:
         return per_engine[0]
     fields = {name: sum(getattr(s, name) for s in per_engine) for name in EngineStats.__struct_fields__
-              if name != "spec_accepted_per_pos"}
+              if name not in ("spec_accepted_per_pos", "lora_modules")}
+    fields["lora_modules"] = per_engine[0].lora_modules
     fields["spec_accepted_per_pos"] = [sum(c) for c in zip(*(s.spec_accepted_per_pos for s in per_engine))]
     fields["data_parallel_rank"] = 0
     return EngineStats(**fields)

@@ -166,6 +166,9 @@ class Generation:
             if choice.finish is FinishReason.TIMEOUT:  # the engine freed it: nothing to abort
                 self.failure_reason = "timeout"
                 raise GenerationFailed(REQUEST_TIMEOUT, status=504, code="request_timeout")
+            if choice.finish is FinishReason.NO_ADAPTER:  # unloaded since this worker last heard
+                raise GenerationFailed("The model (a LoRA adapter) does not exist any more.", status=404,
+                                       code="model_not_found")
             if choice.finish not in FINISH_REASONS:
                 raise GenerationFailed("The engine failed to complete the request.")
             text += detok.flush()

@@ -118,6 +118,8 @@ async def _aggregate(gen: Generation, shape: Shape, send, last: BeforeLast) -> N
         async for item in gen.deltas():
             shape.add(item)
     except GenerationFailed as exc:
+        if exc.status == 404:  # its LoRA adapter was unloaded meanwhile
+            raise APIError(404, str(exc), param="model", code=exc.code) from None
         raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
     body = shape.body(gen)
     if body is not None:

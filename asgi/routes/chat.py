@@ -12,17 +12,18 @@ from asgi.parsers.chat_parsing import parser_factory
 from asgi.prompt.chat_messages import render_messages
 from asgi.requests.nvext import NvExtReply
 from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import chat_decoder, decode_request, stop_strings, stream_usage
+from asgi.requests.schemas import chat_decoder, stop_strings, stream_usage
 from asgi.requests.structured import load_checker
 from asgi.requests.tool_choice import forced_spec, plan_tools
+from asgi.routes.lora_admin import decode_for_model
 from asgi.state import WorkerState
 
 
 async def chat_completions(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = decode_request(chat_decoder, http.body, state.model_id)
+    req = await decode_for_model(state, chat_decoder, http.body)  # the served model or a LoRA adapter
     if (ctx := current()) is not None:
-        ctx.model = state.model_id
+        ctx.model = req.model
     log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     settings = state.settings
@@ -38,13 +39,14 @@ async def chat_completions(http: HTTPRequest) -> None:
     params.structured = forced_spec(tool_plan, params.structured)  # tool_choice required or named
     make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
                                  reasoning_parser=settings.reasoning_parser)
+    params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
     request_id = new_request_id("chatcmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)
     n = req.n or 1
     gen = Generation(state.client, request_id, [prompt_ids], params, make_detok, n=n)
     include_usage, continuous_usage = stream_usage(req)
-    fmt = ChatFormatter(request_id, state.model_id, n, include_usage, make_parser=make_parser,
+    fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top),
                         prompt_scores=None if req.prompt_logprobs is None else (state.token_texts, req.prompt_logprobs))
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,

@@ -11,8 +11,9 @@ from asgi.output.respond import ChunkStream, respond
 from asgi.prompt.encoding import tokenize_prompts
 from asgi.requests.nvext import NvExtReply
 from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import completion_decoder, decode_request, prompt_batch, stop_strings, stream_usage
+from asgi.requests.schemas import completion_decoder, prompt_batch, stop_strings, stream_usage
 from asgi.requests.structured import load_checker
+from asgi.routes.lora_admin import decode_for_model
 from asgi.state import WorkerState
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -20,9 +21,9 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 async def completions(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = decode_request(completion_decoder, http.body, state.model_id)
+    req = await decode_for_model(state, completion_decoder, http.body)  # the served model or a LoRA adapter
     if (ctx := current()) is not None:
-        ctx.model = state.model_id
+        ctx.model = req.model
     log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
@@ -37,6 +38,7 @@ async def completions(http: HTTPRequest) -> None:
     params = sampling_params(req, max_tokens=max_tokens, prompt_len=longest, max_model_len=max_model_len,
                              prompt_param="prompt", vocab_size=state.settings.limits.vocab_size,
                              logprobs=num_top, prompt_logprobs=max(wanted, default=None))
+    params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
     request_id = new_request_id("cmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)
@@ -48,7 +50,7 @@ async def completions(http: HTTPRequest) -> None:
         texts = batch if isinstance(batch[0], str) else state.tokenizer.decode_batch(
             batch, skip_special_tokens=req.skip_special_tokens)
         echo = Echo(texts, [ids[0] for ids in prompts])
-    fmt = CompletionFormatter(request_id, state.model_id, gen.num_choices, include_usage, n=n, echo=echo,
+    fmt = CompletionFormatter(request_id, req.model, gen.num_choices, include_usage, n=n, echo=echo,
                               make_logprobs=None if num_top is None else
                               (lambda: CompletionLogprobs(state.token_texts, num_top)),
                               prompt_scores=None if req.prompt_logprobs is None else

@@ -6,6 +6,7 @@ import re
 import sys
 
 from asgi.serving.chat_flags import add_chat_flags, check_chat_flags
+from asgi.serving.lora_flags import add_lora_flags, check_lora_flags
 from asgi.serving.parallel_flags import add_parallel_flags, check_parallel_flags
 from asgi.serving.systemd_unit import add_systemd_unit_parser, print_unit
 
@@ -98,6 +99,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                              "a request goes to the engine holding its prompt's prefix unless it is overloaded, "
                              "else to the least-loaded one (on a CPU each gets cores / N threads)")
     add_parallel_flags(engine)
+    add_lora_flags(ap)
     engine.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
                         help="publish KV-cache events (vLLM's kv_events schema: blocks stored and removed) on this "
                              "ZeroMQ PUB endpoint, e.g. tcp://*:5557, for KV-aware routers")
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "serve":
         check_chat_flags(args, serve)
         check_parallel_flags(args, serve)
+        check_lora_flags(args, serve)
         if args.headless:
             from asgi.serving.headless import serve_headless
 

@@ -20,6 +20,7 @@ import zmq
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.serving.chat_flags import chat_settings
 from asgi.serving.engine_monitor import EngineMonitor
+from asgi.serving.lora_flags import lora_modules
 from asgi.serving.parallel_flags import engine_configs
 from asgi.serving.sdnotify import Notifier, ServiceReporter
 from asgi.state import SETTINGS_ENV, WorkerSettings
@@ -162,6 +163,8 @@ def serve(args) -> int:
         model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         load_format=args.load_format, quantization=args.quantization, speculative_config=args.speculative_config,
+        max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
+        lora_modules=lora_modules(args),
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         num_threads=args.num_threads, log_level=args.log_level.upper(),
@@ -195,7 +198,7 @@ def serve(args) -> int:
             limits=limits, sse_keepalive_s=args.sse_keepalive,
  max_body_bytes=args.max_request_body,
             chat_template=args.chat_template, created=int(time.time()), **edge, **chat_settings(args),
-            metrics_prefix=args.metrics_prefix,
+            metrics_prefix=args.metrics_prefix, allow_runtime_lora_updating=args.allow_runtime_lora_updating,
             state_store_url=args.state_store,
             responses_store_max_entries=max(args.responses_store_max_entries, 0),
             responses_store_ttl_s=max(args.responses_store_ttl, 0.0),

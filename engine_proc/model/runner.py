@@ -47,6 +47,8 @@ class ModelRunner:
         embeddings: bool = False,
         tp_rank: int = 0,
         tp_size: int = 1,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
     ) -> None:
         self.embeddings = embeddings
         self.config = load_config(model_dir)
@@ -77,6 +79,13 @@ class ModelRunner:
         )
         if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
             tile_linears(self.model)
+        self.lora = None  # --enable-lora: adapters in slots, applied per row (engine_proc/lora/)
+        if max_loras:
+            if shard is not None:
+                raise ValueError("--enable-lora is not served with --tensor-parallel-size > 1")
+            from engine_proc.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, self.model.config, max_loras, max_lora_rank, dtype, self.device)
         self.kv_cache = KVCache(
             self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
@@ -160,7 +169,9 @@ class ModelRunner:
         then the prompt-scoring rows of step_inputs.logits_rows. `eager`: not through the compiled
         decode graphs (which make only the sampled rows' logits); `hidden_only`: the rows' final
         hidden states, before the head."""
-        graphs = self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch)
+        # A step with an adapter runs eagerly: the compiled graph holds the base linears alone.
+        uses_lora = self.lora is not None and any(s.req.lora for s in batch.seqs)
+        graphs = self.decode_graphs is not None and not eager and not uses_lora and self.decode_graphs.can_run(batch)
         if self.step_broadcast is not None:  # the other tensor-parallel ranks run the same step
             if hidden_only:
                 raise ValueError("tensor parallelism does not serve embeddings")
@@ -184,7 +195,18 @@ class ModelRunner:
             step = prepare_step(batch, self.block_size, self.device, self.context_pad,
                                 decode_lens=self.attention_backend == "cpu")
         input_ids, positions, meta, logits_indices = step
-        return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
+        if self.lora is None:
+            return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
+        # Token rows in the order the step laid them out: the flat step keeps the batch's order,
+        # prepare_step puts one-token decodes first.
+        flat = self.attention_backend == "triton" or self.invariant_kernel
+        ordered = batch.seqs if flat else ([s for s in batch.seqs if s.num_new_tokens == 1]
+                                           + [s for s in batch.seqs if s.num_new_tokens > 1])
+        self.lora.set_rows(ordered)
+        try:
+            return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
+        finally:
+            self.lora.clear()
 
 
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")

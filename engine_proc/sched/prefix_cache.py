@@ -57,6 +57,7 @@ class PrefixCache:
         self._block_id_by_hash: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # by block id
         self._live_serials: set[int] = {ROOT_SERIAL}
+        self._lora_roots: dict[str, tuple[int, int]] = {}  # adapter name -> its chains' root
         # Free blocks that were cached when freed, least recently used first: O(1) to append,
         # to take out of the middle when a hit revives one, and to pop the oldest.
         self._free_lru: OrderedDict[int, None] = OrderedDict()
@@ -91,7 +92,7 @@ class PrefixCache:
         """Ids of the cached blocks holding req's longest prefix of full blocks (at most max_num_blocks)."""
         block_size = self.block_size
         hits: list[int] = []
-        parent_hash, parent_serial = ROOT_HASH, ROOT_SERIAL
+        parent_hash, parent_serial = self._root(req)
         for i in range(max_num_blocks):
             token_ids = tuple(req.token_ids(i * block_size, (i + 1) * block_size))
             block_hash = self._hash_fn((parent_hash, token_ids))
@@ -104,6 +105,17 @@ class PrefixCache:
             hits.append(block_id)
             parent_hash, parent_serial = block_hash, entry.serial
         return hits
+
+    def _root(self, req: EngineRequest) -> tuple[int, int]:
+        """(hash, serial) a request's first block chains to: the base model's, or its LoRA
+        adapter's own (the same tokens under another adapter are other K/V)."""
+        if not req.lora:
+            return ROOT_HASH, ROOT_SERIAL
+        root = self._lora_roots.get(req.lora)
+        if root is None:  # a serial of its own, never evicted, below every block's
+            root = self._lora_roots[req.lora] = (self._hash_fn(("lora", req.lora)), -1 - len(self._lora_roots))
+            self._live_serials.add(root[1])
+        return root
 
     # ---- one request's chain --------------------------------------------------------------------
 
@@ -131,7 +143,7 @@ class PrefixCache:
         if chain is None:
             if num_full_blocks == 0:
                 return
-            chain = self._chains[req.req_id] = _Chain(0, ROOT_HASH, ROOT_SERIAL)
+            chain = self._chains[req.req_id] = _Chain(0, *self._root(req))
         if chain.num_blocks >= num_full_blocks:
             return
         if chain.last_serial not in self._live_serials:

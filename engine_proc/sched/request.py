@@ -47,6 +47,11 @@ class EngineRequest:
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
 
     @property
+    def lora(self) -> str:
+        """The LoRA adapter it runs with, by name ("": the base model; engine_proc/lora/)."""
+        return self.params.lora
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 

@@ -95,6 +95,9 @@ class Scheduler:
         """Every request not finished yet: running, then waiting."""
         return [*self._running, *self._waiting]
 
+    def live_requests(self) -> list[EngineRequest]:
+        return [*self._running.values(), *self._waiting.values()]
+
     # ---- requests in and out ----------------------------------------------------------------
 
     def add(self, req: EngineRequest) -> None:

@@ -209,3 +209,18 @@ def test_no_events_are_kept_unless_asked() -> None:
     bm = BlockManager(4, BS)
     computed(bm, make_req("a", ids(100, 8)))
     assert bm.prefix_cache.events is None and bm.prefix_cache.take_events() == []
+
+
+def test_blocks_are_keyed_by_lora_adapter() -> None:
+    """The same tokens under another adapter (or none) are other K/V: no hit across adapters."""
+    bm = BlockManager(20, BS)
+
+    def req(req_id: str, lora: str) -> EngineRequest:
+        return EngineRequest(req_id, "w0", ids(100, 12), SamplingParams(max_tokens=4, lora=lora))
+
+    computed(bm, req("base", ""))
+    computed(bm, req("a", "adapter-a"))
+    assert len(bm.find_cached_blocks(req("b", "adapter-b"), 3)) == 0
+    assert len(bm.find_cached_blocks(req("a2", "adapter-a"), 3)) == 3
+    assert len(bm.find_cached_blocks(req("base2", ""), 3)) == 3
+    assert bm.prefix_cache.num_cached_blocks() == 6  # both copies cached, side by side

@@ -1,11 +1,17 @@
 """The base model's linears with LoRA deltas added per row, and the slots adapters are loaded into.
 
 Rill fuses q, k and v into one linear and gate and up into another; PEFT's adapters target each
-part. A `LoRALinear` holds, per slot, one A [r_total, in] and one B [out, r_total] for the whole
-fused layer: the parts' A stacked by rows, their B placed block-diagonally at their columns, so a
-fused layer's delta is still two matmuls. A step sets `LoRAState.groups`: for each adapter in the
-step, its slot and the token rows that use it. Rows of the base model pay nothing; with no
-adapter in the step the layer is its base linear alone (which the compiled decode graph holds).
+part. A `LoRALinear` holds every slot's adapter in one A [slots * width, in] and one B [out,
+slots * width]: slot s owns columns [s * width, (s + 1) * width) of the rank dimension, where width
+is the layer's parts times --max-lora-rank. In a slot, the parts' A are stacked by rows and their B
+placed at their output columns, the scaling folded in; unused columns are zero. Both are kept
+transposed, in float32.
+
+A step with adapters sets `LoRAState.masks`: per width, [rows, slots * width], 1 where a row's own
+slot's columns lie. The delta is then `((x A^T) * mask) B^T` over all rows at once: three ops a
+layer whatever the mix of adapters (measured on 2 cores, 32 rows, 3 adapters: 69 µs a layer
+against 184 for gathering each adapter's rows and adding them back). A step without adapters sets
+no mask, and its layers are their base linears alone (which the compiled decode graph holds).
 """
 from __future__ import annotations
 
@@ -16,50 +22,52 @@ from engine_proc.lora.adapter import LoRAAdapter
 
 
 class LoRAState:
-    """The step's (slot, token rows) pairs, shared by every LoRALinear of the model."""
+    """The step's row masks by width (empty: no adapter in the step), shared by every LoRALinear."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[int, torch.Tensor]] = []
+        self.masks: dict[int, torch.Tensor] = {}
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Module, layer: int, parts: list[tuple[str, int, int]], state: LoRAState,
-                 max_loras: int) -> None:
+    def __init__(self, base: nn.Module, layer: int, in_features: int, parts: list[tuple[str, int, int]],
+                 state: LoRAState, max_loras: int, max_rank: int, device) -> None:
         """`parts`: (PEFT module name, first output column, columns) of each part of this layer."""
         super().__init__()
         self.base = base
         self.layer = layer
         self.parts = parts
         self.state = state
-        self.out_features = sum(size for _, _, size in parts)
-        self.a: list[torch.Tensor | None] = [None] * max_loras
-        self.b: list[torch.Tensor | None] = [None] * max_loras
+        self.width = len(parts) * max_rank
+        out_features = sum(size for _, _, size in parts)
+        # Transposed and in float32: at one row (a decode at concurrency 1) a bfloat16 matmul of these
+        # shapes took 57 µs against 18 in float32, and at 32 rows 70 against 72 (2 cores).
+        self.at = torch.zeros(in_features, max_loras * self.width, device=device)
+        self.bt = torch.zeros(max_loras * self.width, out_features, device=device)
 
-    def set_slot(self, slot: int, adapter: LoRAAdapter | None, dtype: torch.dtype, device) -> None:
-        pairs = [(adapter.weights.get((self.layer, name)), start, size) for name, start, size in self.parts] \
-            if adapter is not None else []
-        pairs = [(w, start, size) for w, start, size in pairs if w is not None]
-        if not pairs:
-            self.a[slot] = self.b[slot] = None
+    def set_slot(self, slot: int, adapter: LoRAAdapter | None) -> None:
+        columns = slice(slot * self.width, (slot + 1) * self.width)
+        self.at[:, columns] = 0
+        self.bt[columns] = 0
+        if adapter is None:
             return
-        a = torch.cat([w[0] for w, _, _ in pairs])
-        b = torch.zeros(self.out_features, a.shape[0])
-        row = 0
-        for (wa, wb), start, size in pairs:
-            b[start : start + size, row : row + wa.shape[0]] = wb
-            row += wa.shape[0]
-        self.a[slot], self.b[slot] = a.to(device, dtype), b.to(device, dtype)
+        row = slot * self.width
+        for name, start, size in self.parts:
+            pair = adapter.weights.get((self.layer, name))
+            if pair is None:
+                continue
+            a, b = pair
+            self.at[:, row : row + a.shape[0]] = a.t()
+            self.bt[row : row + a.shape[0], start : start + size] = b.t()
+            row += a.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        for slot, rows in self.state.groups:
-            a = self.a[slot]
-            if a is not None:
-                y.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ self.b[slot].t())
+        if self.state.masks:
+            y = y + (((x.float() @ self.at) * self.state.masks[self.width]) @ self.bt).to(y.dtype)
         return y
 
 
-def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int) -> list[LoRALinear]:
+def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: int, device) -> list[LoRALinear]:
     """Replaces the attention and MLP linears of every layer by LoRALinears; returns them."""
     config = model.config
     head_dim = model.layers[0].attn.head_dim
@@ -69,13 +77,15 @@ def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int) -> list[LoR
     wrapped = []
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
-        for parent, attr, parts in [
-            (attn, "qkv_proj", [("q_proj", 0, q_out), ("k_proj", q_out, kv_out), ("v_proj", q_out + kv_out, kv_out)]),
-            (attn, "o_proj", [("o_proj", 0, config.hidden_size)]),
-            (mlp, "gate_up_proj", [("gate_proj", 0, inter), ("up_proj", inter, inter)]),
-            (mlp, "down_proj", [("down_proj", 0, config.hidden_size)]),
+        hidden = config.hidden_size
+        for parent, attr, in_features, parts in [
+            (attn, "qkv_proj", hidden, [("q_proj", 0, q_out), ("k_proj", q_out, kv_out),
+                                        ("v_proj", q_out + kv_out, kv_out)]),
+            (attn, "o_proj", q_out, [("o_proj", 0, hidden)]),
+            (mlp, "gate_up_proj", hidden, [("gate_proj", 0, inter), ("up_proj", inter, inter)]),
+            (mlp, "down_proj", inter, [("down_proj", 0, hidden)]),
         ]:
-            module = LoRALinear(getattr(parent, attr), i, parts, state, max_loras)
+            module = LoRALinear(getattr(parent, attr), i, in_features, parts, state, max_loras, max_rank, device)
             setattr(parent, attr, module)
             wrapped.append(module)
     return wrapped

@@ -18,7 +18,8 @@ class LoRAManager:
         self.max_rank = max_rank
         self.dtype, self.device = dtype, device
         self.state = LoRAState()
-        self.layers = wrap_linears(model, self.state, max_loras)
+        self.layers = wrap_linears(model, self.state, max_loras, max_rank, device)
+        self.widths = sorted({layer.width for layer in self.layers})
         self.slots: dict[str, int] = {}  # adapter name -> its slot
         self.adapters: dict[str, LoRAAdapter] = {}
 
@@ -31,7 +32,7 @@ class LoRAManager:
         adapter = load_adapter(name, path, self.config, self.max_rank)
         slot = min(set(range(self.max_loras)) - set(self.slots.values()))
         for layer in self.layers:
-            layer.set_slot(slot, adapter, self.dtype, self.device)
+            layer.set_slot(slot, adapter)
         self.slots[name] = slot
         self.adapters[name] = adapter
         log.info("LoRA adapter %s (rank %d, %d modules) loaded from %s into slot %d", name, adapter.rank,
@@ -44,21 +45,25 @@ class LoRAManager:
             raise AdapterError(f"LoRA adapter {name!r} is not loaded")
         del self.adapters[name]
         for layer in self.layers:
-            layer.set_slot(slot, None, self.dtype, self.device)
+            layer.set_slot(slot, None)
         log.info("LoRA adapter %s unloaded", name)
 
     def set_rows(self, seqs) -> bool:
-        """Groups the step's token rows by adapter, `seqs` in the order of their rows; False (and
-        no groups) when no seq uses one."""
-        rows: dict[int, list[int]] = {}
-        first = 0
+        """The step's row masks, `seqs` in the order of their token rows; False (and no masks)
+        when no seq uses an adapter."""
+        slot_of_row = []
         for s in seqs:
-            if s.req.lora:
-                rows.setdefault(self.slots[s.req.lora], []).extend(range(first, first + s.num_new_tokens))
-            first += s.num_new_tokens
-        self.state.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self.device))
-                             for slot, r in rows.items()]
-        return bool(rows)
+            slot_of_row.extend([self.slots[s.req.lora] if s.req.lora else -1] * s.num_new_tokens)
+        if max(slot_of_row, default=-1) < 0:
+            self.state.masks = {}
+            return False
+        slots = torch.tensor(slot_of_row)
+        self.state.masks = {}
+        for width in self.widths:  # row i keeps columns [slot * width, (slot + 1) * width)
+            column_slot = torch.arange(self.max_loras * width) // width
+            mask = (column_slot.unsqueeze(0) == slots.unsqueeze(1)).float()
+            self.state.masks[width] = mask.to(self.device)
+        return True
 
     def clear(self) -> None:
-        self.state.groups = []
+        self.state.masks = {}

@@ -18,7 +18,7 @@ from schemathesis import GenerationMode
 
 from tests.conftest import TINY_MODEL
 from tests.helpers.openapi import spec_path, validate
-from tests.helpers.responses_events import check_stream, parse_sse
+from tests.helpers.responses_events import check_stream, parse_sse, sse_lines
 
 
 def aimed(case, use_served_model: bool):
@@ -47,7 +47,7 @@ def test_create_response_never_gets_a_5xx(tiny_server, mode):
         if resp.status_code >= 400:
             validate("ErrorResponse", resp.json())
         elif resp.headers["content-type"][0].startswith("text/event-stream"):
-            check_stream(parse_sse(resp.text.splitlines()))
+            check_stream(parse_sse(sse_lines(resp.text)))
         else:
             validate("Response", resp.json())
         statuses.append(resp.status_code)

@@ -19,6 +19,7 @@ from schemathesis import GenerationMode
 
 from tests.conftest import TINY_MODEL
 from tests.helpers.openapi import spec_path, validate
+from tests.helpers.responses_events import sse_lines
 
 # operationId -> the schema of its 200 body
 OPERATIONS = {
@@ -55,7 +56,7 @@ def check(case, resp, ok_schema: str) -> int:
         return resp.status_code
     assert resp.status_code == 200, f"{where} -> {resp.status_code}"
     if resp.headers["content-type"][0].startswith("text/event-stream"):  # header values come as lists
-        events = [line for line in resp.text.splitlines() if line.startswith("data:")]
+        events = [line for line in sse_lines(resp.text) if line.startswith("data:")]
         assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events[:-1]), where
     else:
         validate(ok_schema, resp.json())

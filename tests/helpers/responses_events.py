@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tests.helpers.openapi import load_spec, validate
 
@@ -16,6 +17,12 @@ def event_schemas() -> dict[str, str]:
         name = ref["$ref"].rsplit("/", 1)[-1]
         out[schemas[name]["properties"]["type"]["enum"][0]] = name
     return out
+
+
+def sse_lines(text: str) -> list[str]:
+    """A stream's lines as SSE ends them: at CR LF, CR or LF only. str.splitlines() would also
+    split at U+2028, U+0085 and the like, which JSON carries raw inside a data line."""
+    return re.split(r"\r\n|\r|\n", text)
 
 
 def parse_sse(lines) -> list[tuple[str | None, dict]]:

@@ -121,7 +121,7 @@ class EngineCore:
             item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
             self._num_taken += 1
             self._num_taken_tokens += item.num_tokens
-            if item.params.lora and item.params.lora not in getattr(self.runner.lora, "slots", ()):
+            if item.params.lora and item.params.lora not in getattr(getattr(self.runner, "lora", None), "slots", ()):
                 log.warning("request %s: LoRA adapter %r is not loaded", item.req_id, item.params.lora)
                 item.finish = p.FinishReason.NO_ADAPTER  # unloaded since the worker checked
                 self.publish_deltas([TokenDelta(item, [], p.FinishReason.NO_ADAPTER)])

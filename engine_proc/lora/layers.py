@@ -15,10 +15,12 @@ no mask, and its layers are their base linears alone (which the compiled decode 
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
-from engine_proc.lora.adapter import LoRAAdapter
+from engine_proc.lora.adapter import LoRAAdapter, module_shapes
 
 
 class LoRAState:
@@ -69,23 +71,20 @@ class LoRALinear(nn.Module):
 
 def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: int, device) -> list[LoRALinear]:
     """Replaces the attention and MLP linears of every layer by LoRALinears; returns them."""
-    config = model.config
-    head_dim = model.layers[0].attn.head_dim
-    q_out = config.num_attention_heads * head_dim
-    kv_out = model.layers[0].attn.num_kv_heads * head_dim
-    inter = config.intermediate_size
+    shapes = module_shapes(model.config)  # PEFT module name -> (in_features, out_features)
+
+    def parts_of(names):  # (name, first output column, columns) of the parts fused in one linear
+        starts = itertools.accumulate((shapes[n][1] for n in names), initial=0)
+        return [(n, start, shapes[n][1]) for n, start in zip(names, starts)]
+
+    fused = [("attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("attn", "o_proj", ("o_proj",)),
+             ("mlp", "gate_up_proj", ("gate_proj", "up_proj")), ("mlp", "down_proj", ("down_proj",))]
     wrapped = []
     for i, layer in enumerate(model.layers):
-        attn, mlp = layer.attn, layer.mlp
-        hidden = config.hidden_size
-        for parent, attr, in_features, parts in [
-            (attn, "qkv_proj", hidden, [("q_proj", 0, q_out), ("k_proj", q_out, kv_out),
-                                        ("v_proj", q_out + kv_out, kv_out)]),
-            (attn, "o_proj", q_out, [("o_proj", 0, hidden)]),
-            (mlp, "gate_up_proj", hidden, [("gate_proj", 0, inter), ("up_proj", inter, inter)]),
-            (mlp, "down_proj", inter, [("down_proj", 0, hidden)]),
-        ]:
-            module = LoRALinear(getattr(parent, attr), i, in_features, parts, state, max_loras, max_rank, device)
+        for parent_name, attr, names in fused:
+            parent = getattr(layer, parent_name)
+            module = LoRALinear(getattr(parent, attr), i, shapes[names[0]][0], parts_of(names), state, max_loras,
+                                max_rank, device)
             setattr(parent, attr, module)
             wrapped.append(module)
     return wrapped

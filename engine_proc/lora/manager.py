@@ -12,14 +12,16 @@ log = logging.getLogger("rill.engine")
 
 
 class LoRAManager:
-    def __init__(self, model, config, max_loras: int, max_rank: int, dtype: torch.dtype, device) -> None:
+    def __init__(self, model, config, max_loras: int, max_rank: int, device) -> None:
         self.config = config
         self.max_loras = max_loras
         self.max_rank = max_rank
-        self.dtype, self.device = dtype, device
+        self.device = device
         self.state = LoRAState()
         self.layers = wrap_linears(model, self.state, max_loras, max_rank, device)
-        self.widths = sorted({layer.width for layer in self.layers})
+        # Per layer width, the slot each rank column belongs to: row masks compare against it.
+        self.column_slots = {width: (torch.arange(max_loras * width) // width).unsqueeze(0)
+                             for width in {layer.width for layer in self.layers}}
         self.slots: dict[str, int] = {}  # adapter name -> its slot
         self.adapters: dict[str, LoRAAdapter] = {}
 
@@ -48,22 +50,15 @@ class LoRAManager:
             layer.set_slot(slot, None)
         log.info("LoRA adapter %s unloaded", name)
 
-    def set_rows(self, seqs) -> bool:
-        """The step's row masks, `seqs` in the order of their token rows; False (and no masks)
-        when no seq uses an adapter."""
+    def set_rows(self, seqs) -> None:
+        """The step's row masks, `seqs` (some using an adapter) in the order of their token rows:
+        row i keeps columns [slot * width, (slot + 1) * width) of its own slot."""
         slot_of_row = []
         for s in seqs:
             slot_of_row.extend([self.slots[s.req.lora] if s.req.lora else -1] * s.num_new_tokens)
-        if max(slot_of_row, default=-1) < 0:
-            self.state.masks = {}
-            return False
-        slots = torch.tensor(slot_of_row)
-        self.state.masks = {}
-        for width in self.widths:  # row i keeps columns [slot * width, (slot + 1) * width)
-            column_slot = torch.arange(self.max_loras * width) // width
-            mask = (column_slot.unsqueeze(0) == slots.unsqueeze(1)).float()
-            self.state.masks[width] = mask.to(self.device)
-        return True
+        slots = torch.tensor(slot_of_row).unsqueeze(1)
+        self.state.masks = {width: (columns == slots).float().to(self.device)
+                            for width, columns in self.column_slots.items()}
 
     def clear(self) -> None:
         self.state.masks = {}

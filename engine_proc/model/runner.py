@@ -85,7 +85,7 @@ class ModelRunner:
                 raise ValueError("--enable-lora is not served with --tensor-parallel-size > 1")
             from engine_proc.lora.manager import LoRAManager
 
-            self.lora = LoRAManager(self.model, self.model.config, max_loras, max_lora_rank, dtype, self.device)
+            self.lora = LoRAManager(self.model, self.model.config, max_loras, max_lora_rank, self.device)
         self.kv_cache = KVCache(
             self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
@@ -184,7 +184,8 @@ class ModelRunner:
         tensor-parallel rank runs (engine_proc/parallel/rank_worker.py)."""
         if graphs:
             return self.decode_graphs.run(batch)
-        if self.attention_backend == "triton" or self.invariant_kernel:
+        flat = self.attention_backend == "triton" or self.invariant_kernel
+        if flat:
             step = prepare_flat_step(batch, self.block_size, self.device)
             if self.invariant_kernel:  # each token a row of the kernel: its own table, built once a step
                 meta = step[2]
@@ -195,11 +196,10 @@ class ModelRunner:
             step = prepare_step(batch, self.block_size, self.device, self.context_pad,
                                 decode_lens=self.attention_backend == "cpu")
         input_ids, positions, meta, logits_indices = step
-        if self.lora is None:
+        if self.lora is None or not any(s.req.lora for s in batch.seqs):
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
         # Token rows in the order the step laid them out: the flat step keeps the batch's order,
         # prepare_step puts one-token decodes first.
-        flat = self.attention_backend == "triton" or self.invariant_kernel
         ordered = batch.seqs if flat else ([s for s in batch.seqs if s.num_new_tokens == 1]
                                            + [s for s in batch.seqs if s.num_new_tokens > 1])
         self.lora.set_rows(ordered)

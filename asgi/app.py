@@ -23,6 +23,7 @@ from asgi.routes.responses import count_input_tokens, create_response
 from asgi.routes.tokenize import detokenize, get_version, tokenize
 from asgi.state import WorkerSettings, WorkerState, dumps
 from asgi.stores.base import StoreUnavailable
+from ipc.lifetime import die_with_parent
 
 log = logging.getLogger("rill.api")
 
@@ -159,6 +160,7 @@ class App:
             if message["type"] == "lifespan.startup":
                 try:
                     leave_launcher_group()
+                    die_with_parent()  # out of the launcher's group, so `kill -9 -PGID` misses us
                     self.state = WorkerState.load(WorkerSettings.from_env())
                     tag_records_with_request_id()
                     self.state.client.start()

@@ -1,12 +1,10 @@
 """The engine process: build the model and scheduler, say READY with real limits, loop."""
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from engine_proc.cpu_features import cpu_info
 from engine_proc.model.choice import choose_dtype, choose_runner, eos_token_ids
 from ipc import protocol as p
 from ipc.channels import RunPaths
+from ipc.lifetime import die_with_parent
 from ipc.logs import configure_logging
 
 log = logging.getLogger("rill.engine")
@@ -70,22 +69,6 @@ class EngineConfig(msgspec.Struct):
     request_timeout_s: float = 0.0
     log_level: str = "INFO"
     log_format: str = "text"  # text | json (ipc/logs.py)
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to kill us when the launcher dies, however it dies."""
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: fall back to watching the parent
-        parent = os.getppid()
-
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(0.5)
-            os._exit(1)
-
-        threading.Thread(target=watch, daemon=True).start()
 
 
 def run_engine(config: EngineConfig, ready_conn) -> None:

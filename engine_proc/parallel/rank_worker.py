@@ -33,11 +33,11 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     """Process entry point. `reader`: the shared-memory broadcast's reader on rank 0's node; None on
     another node, where the steps come over the network. `all_reduce`: the ShmAllReduce of a group
     on one node."""
-    from engine_proc.main import die_with_parent
     from engine_proc.model.runner import ModelRunner
     from engine_proc.parallel import group
     from engine_proc.parallel.step_broadcast import GlooBroadcast
     from engine_proc.parallel.step_message import decoder, replica_batch
+    from ipc.lifetime import die_with_parent
     from ipc.logs import configure_logging
 
     die_with_parent()

@@ -245,11 +245,40 @@ def test_shutdown_timeout_ends_the_rest_with_an_error_event(model_dir, tmp_path_
     assert leftovers(srv.proc.pid) == []
 
 
+def child_pids(parent: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(entry.name))
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever reaps orphans here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_restart_after_sigkill_leaves_nothing(model_dir, tmp_path_factory):
     srv = start_server(tmp_path_factory)
     httpx.post(f"{srv.base_url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
-    os.killpg(srv.proc.pid, signal.SIGKILL)  # launcher, engine and workers: no cleanup runs
+    children = child_pids(srv.proc.pid)  # the engine and the API worker, each a child of the launcher
+    assert len(children) >= 2, children
+    os.killpg(srv.proc.pid, signal.SIGKILL)  # the launcher's group: no cleanup runs
     srv.stop()
+    # The worker left the launcher's group (so a Ctrl-C reaches the launcher alone), so the kill
+    # missed it: it must die with the launcher, or it holds the port and a later run fails to bind.
+    deadline = time.monotonic() + 20
+    while (alive := [pid for pid in children if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive == [], f"processes of the killed server still running: {alive}"
     assert leftovers(srv.proc.pid), "a killed run leaves its socket directory (so the sweep is tested)"
     again = start_server(tmp_path_factory)  # sweeps what the dead run left
     assert leftovers(srv.proc.pid) == []

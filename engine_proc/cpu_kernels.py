@@ -29,7 +29,8 @@ import torch
 log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp", "prefill_attention.cpp", "float_bits.h")
+SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp",
+           "float_bits.h")
 # No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
 # the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
 # -ffast-math's start-up code would set flush-to-zero for the whole process.
@@ -150,6 +151,10 @@ def _register_fakes() -> None:
     def _(x, weight, eps):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
+    @lib.register_fake("rill_cpu::add_rms_norm")
+    def _(x, residual, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(x, memory_format=torch.contiguous_format)
+
     @lib.register_fake("rill_cpu::silu_mul")
     def _(gate_up):
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
@@ -157,6 +162,10 @@ def _register_fakes() -> None:
     @lib.register_fake("rill_cpu::prefill_attention")
     def _(q, k, v):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @lib.register_fake("rill_cpu::amx_linear")
+    def _(x, packed, bias, out_features):
+        return x.new_empty(x.shape[0], out_features)
 
     @lib.register_fake("rill_cpu::int8_linear")
     def _(x, weight_int8, scale, in_features):

@@ -5,7 +5,7 @@
 // same arithmetic into its own loops. Math in float32, rounded once to the output's dtype, as
 // Inductor does; each row is computed alone, the same whatever else is in the step.
 //
-// ops.cpp wraps them as rill_cpu::rms_norm, rill_cpu::rope_ and rill_cpu::silu_mul.
+// ops.cpp wraps them as rill_cpu::rms_norm, rill_cpu::add_rms_norm, rill_cpu::rope_ and rill_cpu::silu_mul.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,11 +22,22 @@ using rill_float::store;
 using rill_float::to_float;
 
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n; x rows `x_stride` apart, y contiguous.
+// With `add` and `sum` (contiguous): the row is first x[t] + add[t], rounded to T and written to
+// sum[t] (the residual stream's next value), and the norm is of that rounded sum: the bits of an
+// add followed by rms_norm, in one pass instead of two.
 template <typename T>
-void rms_norm(T* y, const T* x, int64_t x_stride, const T* w, int64_t rows, int64_t n, float eps) {
+void rms_norm(T* y, const T* x, int64_t x_stride, const T* w, int64_t rows, int64_t n, float eps,
+              const T* add = nullptr, T* sum = nullptr) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows; ++t) {
         const T* xr = x + t * x_stride;
+        if (add) {
+            T* sr = sum + t * n;
+            const T* ar = add + t * n;
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i) store(sr + i, to_float(xr[i]) + to_float(ar[i]));
+            xr = sr;
+        }
         float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < n; ++i) ss += to_float(xr[i]) * to_float(xr[i]);

@@ -10,9 +10,11 @@
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
 
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "amx_linear.cpp"
 #include "elementwise.cpp"
 #include "int8_gemv.cpp"
 #include "paged_decode.cpp"
@@ -154,6 +156,27 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     return y;
 }
 
+// (residual + x, rms_norm(residual + x)): the sum rounded once, as the two ops give it.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                                double eps) {
+    check_float(x, "add_rms_norm");
+    const int64_t n = x.size(-1);
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == n &&
+                    residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(),
+                "add_rms_norm: x and residual of one shape and dtype, a contiguous weight [n] in it");
+    const at::Tensor x2 = x.reshape({-1, n}).contiguous(), r2 = residual.reshape({-1, n}).contiguous();
+    at::Tensor sum = at::empty(x.sizes(), x.options()), y = at::empty(x.sizes(), x.options());
+    if (x.scalar_type() == at::kFloat)
+        rill_elementwise::rms_norm(y.data_ptr<float>(), x2.data_ptr<float>(), n, weight.data_ptr<float>(), x2.size(0), n,
+                                   static_cast<float>(eps), r2.data_ptr<float>(), sum.data_ptr<float>());
+    else
+        rill_elementwise::rms_norm(reinterpret_cast<uint16_t*>(y.data_ptr()), reinterpret_cast<const uint16_t*>(x2.data_ptr()),
+                                   n, reinterpret_cast<const uint16_t*>(weight.data_ptr()), x2.size(0), n,
+                                   static_cast<float>(eps), reinterpret_cast<const uint16_t*>(r2.data_ptr()),
+                                   reinterpret_cast<uint16_t*>(sum.data_ptr()));
+    return {sum, y};
+}
+
 void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads) {
     check_float(x, "rope_");
     TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && num_heads <= x.size(1), "rope_: x [T, heads, D], rows contiguous");
@@ -208,6 +231,41 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
     return out;
 }
 
+// ---- amx_linear.cpp: bfloat16 linear layers through AMX micro-kernels, weights packed once ----
+
+bool amx_linear_supported() { return rill_amx_linear::supported(); }
+
+at::Tensor amx_linear_pack(const at::Tensor& weight) {
+    TORCH_CHECK(rill_amx_linear::supported(), "amx_linear_pack: this CPU has no AMX-BF16");
+    TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(1) % 2 == 0,
+                "amx_linear_pack: a bfloat16 weight [out, in] with an even number of inputs");
+    const at::Tensor w = weight.contiguous();
+    const int64_t N = w.size(0), K = w.size(1);
+    at::Tensor out = at::empty({rill_amx_linear::num_panels(N), K * rill_amx_linear::kPanel}, w.options());
+    rill_amx_linear::pack(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                          N, K);
+    return out;
+}
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && packed.scalar_type() == at::kBFloat16,
+                "amx_linear: bfloat16 x [rows, in] and a weight from amx_linear_pack");
+    const int64_t M = x.size(0), K = x.size(1);
+    TORCH_CHECK(packed.size(0) == rill_amx_linear::num_panels(out_features) &&
+                    packed.size(1) == K * rill_amx_linear::kPanel,
+                "amx_linear: the packed weight is not [ceil(out / 64), in * 64] for this x");
+    at::Tensor out = at::empty({M, out_features}, x.options());
+    if (M == 0) return out;
+    const at::Tensor xc = x.contiguous();
+    at::Tensor b;
+    if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
+    rill_amx_linear::linear(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
+                            reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K);
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rill_cpu, m) {
@@ -219,10 +277,14 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+    m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int num_heads) -> ()");
     m.def("silu_mul(Tensor gate_up) -> Tensor");
     m.def("prefill_attention_supported() -> bool");
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
+    m.def("amx_linear_supported() -> bool");
+    m.def("amx_linear_pack(Tensor weight) -> Tensor");
+    m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -231,12 +293,16 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("int8_gemv", &int8_gemv);
     m.impl("int8_linear", &int8_linear);
     m.impl("rms_norm", &rms_norm);
+    m.impl("add_rms_norm", &add_rms_norm);
     m.impl("rope_", &rope_);
     m.impl("silu_mul", &silu_mul);
     m.impl("prefill_attention", &prefill_attention);
+    m.impl("amx_linear_pack", &amx_linear_pack);
+    m.impl("amx_linear", &amx_linear);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("set_kv_caches", &set_kv_caches);
     m.impl("prefill_attention_supported", &prefill_attention_supported);
+    m.impl("amx_linear_supported", &amx_linear_supported);
 }

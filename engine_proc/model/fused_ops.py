@@ -27,6 +27,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): the residual stream's next value and its norm, in one
+    pass where fused (the same bits as the add, then the norm)."""
+    if (_fused(x) and weight.dtype == x.dtype and residual.dtype == x.dtype and x.stride(-1) == 1
+            and residual.stride(-1) == 1):
+        total, normed = torch.ops.rill_cpu.add_rms_norm(x, residual, weight, eps)
+        return normed, total
+    total = residual + x
+    return rms_norm(total, weight, eps), total
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE (the Hugging Face layout) on [T, heads, D] with cos/sin [T, 1, D/2]."""
     half = x.shape[-1] // 2

@@ -77,4 +77,6 @@ def tile_linears(model: nn.Module, tile_rows: int = TILE_ROWS) -> int:
 
 
 def _is_linear(module: nn.Module) -> bool:
-    return hasattr(module, "out_features") and not any(True for _ in module.children())
+    """A linear layer that needs tiling: not one invariant by construction (loader.AmxLinear)."""
+    return (hasattr(module, "out_features") and not any(True for _ in module.children())
+            and not getattr(module, "row_invariant", False))

@@ -95,6 +95,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fused_ops.rms_norm(x, self.weight, self.eps)
 
+    def forward_with_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x)."""
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
@@ -179,9 +183,16 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, reduce)
 
-    def forward(self, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), cos, sin, meta, k_cache, v_cache)
-        return h + self.mlp(self.post_attn_norm(h))
+    def forward(self, h, residual, cos, sin, meta, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): `h` is the previous layer's MLP
+        output, not yet added to `residual` (the embeddings, and None, for the first layer). Each
+        add is fused into the norm that follows it (fused_ops.add_rms_norm)."""
+        if residual is None:
+            residual, x = h, self.input_norm(h)
+        else:
+            x, residual = self.input_norm.forward_with_add(h, residual)
+        x, residual = self.post_attn_norm.forward_with_add(self.attn(x, cos, sin, meta, k_cache, v_cache), residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -228,12 +239,12 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] for the chosen tokens of the flattened step
         (`hidden_only`: their final hidden states [len(logits_indices), hidden], before the head)."""
-        h = self.embed_tokens(input_ids)
+        h, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rope_cos_sin(positions, h.dtype)
         for layer, k_cache, v_cache in zip(self.layers, kv_cache.k_caches, kv_cache.v_caches):
-            h = layer(h, cos, sin, meta, k_cache, v_cache)
-        # The final norm is per token: normalising only the rows we sample from is the same.
-        h = self.norm(h.index_select(0, logits_indices))
+            h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache)
+        # The last add and the final norm are per token: only the rows we sample from need them.
+        h, _ = self.norm.forward_with_add(h.index_select(0, logits_indices), residual.index_select(0, logits_indices))
         return h if hidden_only else self.lm_logits(h)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:

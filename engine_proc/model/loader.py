@@ -12,6 +12,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from engine_proc import cpu_kernels
 from engine_proc.model.llama import LlamaForCausalLM
 from engine_proc.model.quantization import check_quantization, quantize_linears
 from engine_proc.parallel.sharding import Shard
@@ -58,6 +59,7 @@ def load_model(
     load_format: str = "auto",
     quantization: str = "none",
     shard: Shard | None = None,
+    batch_invariant: bool = False,
 ) -> LlamaForCausalLM:
     """The native model with its weights: from safetensors, or random ("dummy") for a config.
 
@@ -83,7 +85,7 @@ def load_model(
         num_quantized = quantize_linears(model)
         log.info("int8 weights (per-channel scales) for %d linear layers, the head included", num_quantized)
     elif torch.device(device).type == "cpu":
-        pack_linears_for_cpu(model)
+        pack_linears_for_cpu(model, batch_invariant)
     log.info("loaded %s (%s, %s, quantization %s) in %.1f s", model_dir, load_format, dtype, quantization,
              time.monotonic() - start_s)
     return model
@@ -113,20 +115,63 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-def pack_linears_for_cpu(model: LlamaForCausalLM) -> None:
-    """Swap every nn.Linear (and the tied head) for a PackedLinear where oneDNN supports it."""
+class AmxLinear(nn.Module):
+    """A bfloat16 linear layer on a CPU with AMX: Rill's kernel (csrc/amx_linear.cpp) over a
+    weight packed once into 64-column panels. Batch invariant by construction (every kernel call
+    has the same shape), so --batch-invariant leaves it untiled (invariant_linear.tile_linears)."""
+
+    row_invariant = True
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.packed_weight = torch.ops.rill_cpu.amx_linear_pack(weight.detach())
+        self.bias = None if bias is None else bias.detach()
+
+    @staticmethod
+    def applies(weight: torch.Tensor) -> bool:
+        return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.shape[1] % 2 == 0
+                and cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.ops.rill_cpu.amx_linear(rows, self.packed_weight, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): the layers
+# with as many outputs as the model's width, where oneDNN's inner product took 1.2-1.4x as long at
+# prompt sizes (a 512-token prompt's o_proj and down_proj: 7 ms of its 110). At decode sizes both
+# kernels stream the weights at about the same speed (down_proj at 1 to 8 rows: oneDNN's faster);
+# on qkv, gate_up and the head oneDNN is as fast or faster at every size.
+AMX_DEFAULT_LAYERS = ("o_proj", "down_proj")
+
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool) -> nn.Module:
+    """The packed form of linear layer `name` on this CPU: AmxLinear where it applies and is the
+    faster (every layer under --batch-invariant, which it serves without row tiles), else oneDNN's."""
+    if (batch_invariant or name in AMX_DEFAULT_LAYERS) and AmxLinear.applies(weight):
+        return AmxLinear(weight, bias)
+    return PackedLinear(weight, bias)
+
+
+def pack_linears_for_cpu(model: LlamaForCausalLM, batch_invariant: bool = False) -> None:
+    """Swap every nn.Linear (and the tied head) for a packed layer (packed_linear) where the CPU
+    supports one."""
     if not torch.backends.mkldnn.is_available():
         return
     try:
         replacements = [
-            (parent, child_name, PackedLinear(child.weight, child.bias))
+            (parent, child_name, packed_linear(child.weight, child.bias, child_name, batch_invariant))
             for parent in model.modules()
             for child_name, child in parent.named_children()
             if type(child) is nn.Linear
         ]
         # A packed copy of the tied embedding: +vocab x hidden weights, for a head that
         # is about a fifth of a small model's weight reads per step.
-        tied_head = PackedLinear(model.embed_tokens.weight, None) if model.lm_head is None else None
+        tied_head = None
+        if model.lm_head is None:
+            tied_head = packed_linear(model.embed_tokens.weight, None, "lm_head", batch_invariant)
     except (RuntimeError, AttributeError) as e:  # bf16 on a CPU without AVX512; an older torch
         dtype = model.embed_tokens.weight.dtype
         log.info("keeping plain F.linear: oneDNN cannot pack %s weights here (%s)", dtype, e)

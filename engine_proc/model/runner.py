@@ -75,7 +75,7 @@ class ModelRunner:
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
             model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format,
-            quantization=quantization, shard=shard,
+            quantization=quantization, shard=shard, batch_invariant=batch_invariant,
         )
         if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
             tile_linears(self.model)

@@ -22,8 +22,9 @@ SELECT = "not runner and not quick and not load_model and not cli"
 @pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
 def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
     env = {**os.environ, "RILL_CPU_ARCH": arch}
-    # The prompt attention's AMX path (torch's micro-kernels, called from code built for the target).
-    amx = ["tests/unit/test_cpu_prefill_attention.py"] if torch.ops.rill_cpu.prefill_attention_supported() else []
+    # The AMX paths, prompt attention and linears (torch's micro-kernels, called from code built for the target).
+    amx = (["tests/unit/test_cpu_prefill_attention.py", "tests/unit/test_amx_linear.py"]
+           if torch.ops.rill_cpu.prefill_attention_supported() else [])
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *amx, "-k", SELECT],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -43,6 +43,17 @@ def test_rms_norm(dtype):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_gives_the_bits_of_the_add_then_the_norm(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x, residual = ((torch.randn(37, 576, generator=gen) * 3).to(dtype) for _ in range(2))
+    w = torch.randn(576, generator=gen).to(dtype)
+    normed, total = fused_ops.add_rms_norm(x, residual, w, 1e-5)
+    assert torch.equal(total, residual + x)
+    assert torch.equal(normed, fused_ops.rms_norm(residual + x, w, 1e-5))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul(dtype):
     gen = torch.Generator().manual_seed(1)
     gate_up = (torch.randn(33, 2 * 1536, generator=gen) * 4).to(dtype)

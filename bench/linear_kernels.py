@@ -1,0 +1,105 @@
+"""`python -m bench.linear_kernels`: Rill's AMX linear against oneDNN's, per layer and row count.
+
+For every linear shape of the bundled model in bfloat16 and M rows of activations, the time of one
+call of `amx` (loader.AmxLinear: csrc/amx_linear.cpp over 64-column panels) and `onednn`
+(loader.PackedLinear: oneDNN's inner product over its own prepacked weight). Weights are cold as
+in a real step, where a layer's weights have left the caches since it last ran: each timed call
+goes to the next of COPIES copies of the weight, whose sum is larger than the caches. Calls are
+interleaved over rounds; the median round is reported (the machines are noisy), and the result
+decides which layers loader.AMX_DEFAULT_LAYERS gives the AMX kernel by default.
+
+Needs a CPU with AMX-BF16 (else it says so and exits).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.markdown import table
+from bench.provenance import provenance, save_results
+from bench.quant_linears import SHAPES
+from engine_proc import cpu_kernels
+from engine_proc.model.loader import AmxLinear, PackedLinear
+
+ROWS = [1, 8, 32, 128, 512]
+COPIES = 24  # the bundled model's gate_up x 24 is 85 MB
+
+
+def layers_for_shape(n: int, k: int, gen: torch.Generator) -> dict[str, list]:
+    copies = max(2, COPIES * 3072 * 576 // (n * k))  # the LM head is big enough with two
+    weights = [(torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16) for _ in range(copies)]
+    return {"amx": [AmxLinear(w, None) for w in weights], "onednn": [PackedLinear(w, None) for w in weights]}
+
+
+def time_kernel(layers: list, x: torch.Tensor) -> float:
+    """Mean ms of one call, each call on the next copy of the weight."""
+    for layer in layers[:2]:
+        layer(x)  # oneDNN builds its primitive on the first call
+    start = time.perf_counter()
+    for layer in layers:
+        layer(x)
+    return (time.perf_counter() - start) / len(layers) * 1000
+
+
+def run(rows_list: list[int], rounds: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    with torch.inference_mode():
+        for name, n, k in SHAPES:
+            layers = layers_for_shape(n, k, gen)
+            for rows in rows_list:
+                if name == "lm_head" and rows > 32:
+                    continue  # the head runs on the sampled rows only
+                x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+                samples = {kind: [] for kind in layers}
+                for r in range(rounds):
+                    for kind in (list(layers) if r % 2 else list(layers)[::-1]):
+                        samples[kind].append(time_kernel(layers[kind], x))
+                ms = {kind: statistics.median(v) for kind, v in samples.items()}
+                results.append({"shape": name, "out_features": n, "in_features": k, "rows": rows, "ms": ms})
+            del layers
+    return results
+
+
+def markdown(report: dict) -> str:
+    machine = report["machine"]
+    rows = [[r["shape"], f"{r['out_features']} x {r['in_features']}", r["rows"], f"{r['ms']['amx']:.3f}",
+             f"{r['ms']['onednn']:.3f}", f"{r['ms']['amx'] / r['ms']['onednn']:.2f}x"] for r in report["results"]]
+    return "\n".join([
+        "# bfloat16 linears: Rill's AMX kernel against oneDNN's, one call (ms, cold weights)", "",
+        f"- command: `{report['command']}`", f"- date: {report['date']}",
+        f"- machine: {machine.get('cpu_model')} ({' '.join(machine.get('cpu_flags', []))}), "
+        f"{report['params']['torch_threads']} torch threads, torch {machine.get('torch')}",
+        f"- {report['params']['rounds']} interleaved rounds, medians", "",
+        table(["layer", "out x in", "rows", "amx ms", "onednn ms", "amx / onednn"], rows), "",
+        __doc__.split("\n\n", 1)[1],
+    ])
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    ap = argparse.ArgumentParser(prog="python -m bench.linear_kernels", description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
+    ap.add_argument("--quick", action="store_true", help="rows 1 and 32, 1 round: checks that it runs")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/linear_kernels-cpu.json"))
+    args = ap.parse_args(argv)
+    if not (cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported()):
+        print("this CPU has no AMX-BF16 (or the CPU kernels could not be built): nothing to compare")
+        return None
+    rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
+    rounds = 1 if args.quick else args.rounds
+    report = {"benchmark": "linear_kernels", **provenance("bench.linear_kernels", argv, None),
+              "params": {"rows": rows_list, "rounds": rounds, "torch_threads": torch.get_num_threads()},
+              "results": run(rows_list, rounds)}
+    text = markdown(report)
+    save_results(args.out, report, text)
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

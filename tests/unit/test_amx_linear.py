@@ -1,0 +1,72 @@
+"""bfloat16 linear layers through AMX micro-kernels (csrc/amx_linear.cpp, loader.AmxLinear).
+
+It runs only where the CPU has AMX-BF16 (elsewhere these tests skip and oneDNN's layers serve)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_proc import cpu_kernels
+from engine_proc.model.loader import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
+
+
+def supported() -> bool:
+    return cpu_kernels.available() and bool(torch.ops.rill_cpu.amx_linear_supported())
+
+
+pytestmark = pytest.mark.skipif(not supported(), reason="no AMX-BF16 on this CPU (or no built kernels)")
+
+
+def layer(out_features: int, in_features: int, bias: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(out_features, in_features, generator=gen) * in_features**-0.5).to(torch.bfloat16)
+    b = torch.randn(out_features, generator=gen).to(torch.bfloat16) if bias else None
+    return weight, b
+
+
+# Shapes of the bundled model, an output width that is not a multiple of 64, and rows that fill
+# no tile, one tile, and tiles plus a partial one.
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (576, 1536), (100, 64)])
+@pytest.mark.parametrize("rows", [1, 32, 77])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_torch_within_bfloat16_rounding(out_features, in_features, rows, bias):
+    weight, b = layer(out_features, in_features, bias)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    got = AmxLinear(weight, b)(x)
+    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # float32 accumulation, one rounding to bfloat16: within half a bfloat16 step of the exact sum
+    # (plus float32's own error), and no worse than torch's bfloat16 linear.
+    err = (got.double() - exact).abs()
+    assert (err <= exact.abs() * 2**-8 + 1e-3).all(), err.max().item()
+    torch_err = (F.linear(x, weight, b).double() - exact).abs().max()
+    assert err.max() <= torch_err * 1.01 + 1e-6
+
+
+def test_a_row_gets_the_same_bits_whatever_else_is_in_the_call():
+    """--batch-invariant serves these layers without row tiles: a row alone, in a partial tile,
+    in a full one or among many must give the same bits."""
+    weight, b = layer(576, 1536, bias=True)
+    amx = AmxLinear(weight, b)
+    x = torch.randn(200, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    full = amx(x)
+    for start, count in [(0, 1), (5, 1), (199, 1), (3, 7), (0, 32), (10, 33), (40, 160)]:
+        assert torch.equal(amx(x[start:start + count]), full[start:start + count]), (start, count)
+
+
+def test_three_dimensional_inputs_keep_their_shape():
+    weight, _ = layer(128, 64, bias=False)
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+    assert torch.equal(AmxLinear(weight, None)(x), AmxLinear(weight, None)(x.reshape(10, 64)).view(2, 5, 128))
+
+
+def test_which_layers_get_the_amx_kernel():
+    weight, _ = layer(128, 64, bias=False)
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
+        chosen = type(packed_linear(weight, None, name, batch_invariant=False))
+        assert chosen is (AmxLinear if name in AMX_DEFAULT_LAYERS else PackedLinear), name
+        assert type(packed_linear(weight, None, name, batch_invariant=True)) is AmxLinear  # invariant as built
+    assert type(packed_linear(weight.float(), None, "o_proj", batch_invariant=True)) is PackedLinear
+    assert isinstance(AmxLinear(weight, None), nn.Module) and AmxLinear.row_invariant

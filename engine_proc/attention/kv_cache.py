@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
+from engine_proc import cpu_kernels
 from engine_proc.attention import cpu as cpu_attention
 
 
@@ -71,7 +72,12 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store the step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots."""
+    """Store the step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots (in one C++
+    call on the CPU where the kernels are built: index_copy_ took 2.5 ms of a 512-token prefill)."""
+    if (k_cache.device.type == "cpu" and cpu_kernels.loaded() and not torch.compiler.is_compiling()
+            and k.stride(-1) == 1 and v.stride(-1) == 1):
+        torch.ops.rill_cpu.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return
     num_kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
@@ -158,6 +164,8 @@ def paged_attention(
         if chunk.block_table is None or chunk.context_len == chunk.start_pos + chunk_len:
             o = cpu_attention.prefill(q[chunk.token_start : chunk.token_end], k_ctx, v_ctx)
         if o is not None:
+            if chunk_len == num_tokens:  # the step's only chunk: no copy
+                return o
             out[chunk.token_start : chunk.token_end] = o
             continue
         q_chunk = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)

@@ -10,6 +10,7 @@
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -66,6 +67,35 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
         lens.data_ptr<int64_t>(), B, Hq, k_cache.size(2), D, k_cache.size(1), 1.0f / std::sqrt(static_cast<float>(D)));
     TORCH_CHECK(status == 0, "paged_decode: query heads must be a multiple of the KV heads");
     return out;
+}
+
+// The step's new K/V [T, H_kv, D] (each head's row contiguous) into their slots of the caches
+// [blocks, block_size, H_kv, D]: one copy per token, head and tensor, tokens shared among the
+// threads. aten's index_copy_ took about 40 us a layer for a 512-token prompt.
+void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping) {
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 && k.dim() == 3 &&
+                    k.sizes() == v.sizes() && k.size(1) == k_cache.size(2) && k.size(2) == k_cache.size(3) &&
+                    k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                    k.stride(2) == 1 && v.stride(2) == 1 && slot_mapping.size(0) == k.size(0),
+                "write_kv: contiguous caches [blocks, block_size, H_kv, D], k and v [T, H_kv, D] of their dtype with "
+                "contiguous rows, a slot per token");
+    const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+    const int64_t T = k.size(0), H = k.size(1), row = k.size(2) * k.element_size();
+    const int64_t* s = slots.data_ptr<int64_t>();
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    for (int64_t t = 0; t < T; ++t) TORCH_CHECK(s[t] >= 0 && s[t] < num_slots, "write_kv: a slot past the cache");
+    auto* kc = static_cast<char*>(k_cache.data_ptr());
+    auto* vc = static_cast<char*>(v_cache.data_ptr());
+    const auto* kp = static_cast<const char*>(k.data_ptr());
+    const auto* vp = static_cast<const char*>(v.data_ptr());
+    const int64_t es = k.element_size();
+#pragma omp parallel for schedule(static) if (T > 16)
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(kc + (s[t] * H + h) * row, kp + (t * k.stride(0) + h * k.stride(1)) * es, row);
+            std::memcpy(vc + (s[t] * H + h) * row, vp + (t * v.stride(0) + h * v.stride(1)) * es, row);
+        }
 }
 
 // The KV cache of each layer, set once by the engine (engine_proc/model/decode_graphs.py): the compiled
@@ -272,6 +302,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, "
           "Tensor? k_new=None, Tensor? v_new=None, Tensor? slot_mapping=None) -> Tensor");
     m.def("set_kv_caches(Tensor[] k, Tensor[] v) -> ()");
+    m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
     m.def("paged_decode_layer(Tensor q, Tensor k, Tensor v, Tensor slot_mapping, Tensor block_table, "
           "Tensor context_lens, int layer) -> Tensor");
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
@@ -290,6 +321,7 @@ TORCH_LIBRARY(rill_cpu, m) {
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("paged_decode", &paged_decode);
     m.impl("paged_decode_layer", &paged_decode_layer);
+    m.impl("write_kv", &write_kv);
     m.impl("int8_gemv", &int8_gemv);
     m.impl("int8_linear", &int8_linear);
     m.impl("rms_norm", &rms_norm);

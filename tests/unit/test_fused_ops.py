@@ -91,3 +91,23 @@ def test_where_not_fused_the_torch_ops_run():
     assert torch.equal(fused_ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
     gate_up = torch.randn(4, 16, generator=gen).to(torch.float16)
     assert torch.equal(fused_ops.silu_mul(gate_up), F.silu(gate_up[:, :8]) * gate_up[:, 8:])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_stores_each_token_at_its_slot(dtype):
+    """The C++ write (kv_cache.write_kv on the CPU) against index_copy_, from views of a fused qkv
+    as the model passes them, to scattered slots."""
+    from engine_proc.attention.kv_cache import write_kv
+
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(21, 9 + 2 * 3, 64, generator=gen).to(dtype)
+    k, v = qkv[:, 9:12], qkv[:, 12:]
+    slots = torch.randperm(10 * 16, generator=gen)[:21]
+    caches = [torch.zeros(10, 16, 3, 64, dtype=dtype) for _ in range(4)]
+    write_kv(caches[0], caches[1], k, v, slots)
+    caches[2].view(-1, 3, 64).index_copy_(0, slots, k)
+    caches[3].view(-1, 3, 64).index_copy_(0, slots, v)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(RuntimeError, match="slot past the cache"):
+        torch.ops.rill_cpu.write_kv(caches[0], caches[1], k, v, slots + 1000)

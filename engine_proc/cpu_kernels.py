@@ -164,7 +164,7 @@ def _register_fakes() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @lib.register_fake("rill_cpu::amx_linear")
-    def _(x, packed, bias, out_features):
+    def _(x, packed, bias, out_features, fixed_tiles=False):
         return x.new_empty(x.shape[0], out_features)
 
     @lib.register_fake("rill_cpu::int8_linear")

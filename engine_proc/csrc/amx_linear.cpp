@@ -7,10 +7,13 @@
 // fast where the layer has 960 or 3,072 outputs and a third faster where it has 576, for which
 // oneDNN's inner product picks a poor blocking.
 //
-// Every brgemm call has the same shape: kTile rows (a last partial tile is copied into a
-// zero-padded buffer), one panel, the whole reduction. So a row's result never depends on how
-// many other rows share the call, nor on its place among them: the layer is batch invariant by
-// construction (--batch-invariant needs no row tiling around it).
+// With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: kTile rows (a last
+// partial tile is copied into a zero-padded buffer), one panel, the whole reduction. So a row's
+// result never depends on how many other rows share the call, nor on its place among them: the
+// layer is batch invariant by construction (no row tiling around it). Without, a partial tile is
+// a call of its own rows: the copy cost a decode step at batch 1 about 1 ms of 17. (AMX computes
+// each row alone in the same order whatever the row count, so on the CPUs tested the bits are
+// the same either way; the padding makes it hold by construction.)
 //
 // ops.cpp wraps it as rill_cpu::amx_linear_pack and rill_cpu::amx_linear; callers check
 // amx_linear_supported() (the same AMX-BF16 check as prefill_attention.cpp).
@@ -67,13 +70,13 @@ void pack(uint16_t* out, const uint16_t* w, int64_t N, int64_t K) {
 // each thread reads its panels once, whatever M is.
 
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
-            int64_t K) {
+            int64_t K, bool fixed_tiles) {
     using at::BFloat16;
     const int64_t P = num_panels(N), num_tiles = (M + kTile - 1) / kTile, tail_rows = M - (num_tiles - 1) * kTile;
     const int64_t panel_elems = K * kPanel;
-    // The last tile's rows, then zeros: every call reads kTile rows.
+    // With fixed_tiles, the last tile's rows, then zeros: every call reads kTile rows.
     std::vector<uint16_t> tail;
-    if (tail_rows < kTile) {
+    if (fixed_tiles && tail_rows < kTile) {
         tail.assign(kTile * K, 0);
         std::memcpy(tail.data(), x + (num_tiles - 1) * kTile * K, tail_rows * K * sizeof(uint16_t));
     }
@@ -83,14 +86,15 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // Tile t of panel u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
             const int64_t rows = t == num_tiles - 1 ? tail_rows : kTile;
-            const uint16_t* a = rows < kTile ? tail.data() : x + t * kTile * K;
+            const bool padded = fixed_tiles && rows < kTile;
+            const uint16_t* a = padded ? tail.data() : x + t * kTile * K;
             if (n > 1 && u + 1 < P) {  // this tile's share of the next panel, towards L2
                 const char* next = reinterpret_cast<const char*>(packed + (u + 1) * panel_elems);
                 const int64_t bytes = panel_elems * 2, share = (bytes + n - 1) / n;
                 for (int64_t off = i_th * share; off < std::min(bytes, (i_th + 1) * share); off += 64)
                     __builtin_prefetch(next + off, 0, 2);
             }
-            at::native::cpublas::brgemm(kTile, kPanel, K, K, kPanel, kPanel, false, reinterpret_cast<const BFloat16*>(a),
+            at::native::cpublas::brgemm(fixed_tiles ? kTile : rows, kPanel, K, K, kPanel, kPanel, false, reinterpret_cast<const BFloat16*>(a),
                                         reinterpret_cast<const BFloat16*>(packed + u * panel_elems), c.data());
             const int64_t n0 = u * kPanel, cols = std::min(kPanel, N - n0);
             for (int64_t i = 0; i < rows; ++i) {

@@ -278,7 +278,7 @@ at::Tensor amx_linear_pack(const at::Tensor& weight) {
 }
 
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                      int64_t out_features) {
+                      int64_t out_features, bool fixed_tiles) {
     TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && packed.scalar_type() == at::kBFloat16,
                 "amx_linear: bfloat16 x [rows, in] and a weight from amx_linear_pack");
     const int64_t M = x.size(0), K = x.size(1);
@@ -292,7 +292,7 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::
     if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
     rill_amx_linear::linear(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
                             reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K);
+                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles);
     return out;
 }
 
@@ -315,7 +315,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
     m.def("amx_linear_supported() -> bool");
     m.def("amx_linear_pack(Tensor weight) -> Tensor");
-    m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+    m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {

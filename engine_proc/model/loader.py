@@ -117,14 +117,14 @@ class PackedLinear(nn.Module):
 
 class AmxLinear(nn.Module):
     """A bfloat16 linear layer on a CPU with AMX: Rill's kernel (csrc/amx_linear.cpp) over a
-    weight packed once into 64-column panels. Batch invariant by construction (every kernel call
-    has the same shape), so --batch-invariant leaves it untiled (invariant_linear.tile_linears)."""
+    weight packed once into 64-column panels. With `fixed_tiles` (--batch-invariant) every kernel
+    call has the same shape, so it is batch invariant by construction and tile_linears leaves it
+    untiled (`row_invariant`)."""
 
-    row_invariant = True
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fixed_tiles: bool = False) -> None:
         super().__init__()
         self.out_features = weight.shape[0]
+        self.fixed_tiles = self.row_invariant = fixed_tiles
         self.packed_weight = torch.ops.rill_cpu.amx_linear_pack(weight.detach())
         self.bias = None if bias is None else bias.detach()
 
@@ -134,24 +134,24 @@ class AmxLinear(nn.Module):
                 and cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.rill_cpu.amx_linear(rows, self.packed_weight, self.bias, self.out_features)
-        return out.view(*x.shape[:-1], self.out_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        out = torch.ops.rill_cpu.amx_linear(rows, self.packed_weight, self.bias, self.out_features, self.fixed_tiles)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
 
-# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): the layers
-# with as many outputs as the model's width, where oneDNN's inner product took 1.2-1.4x as long at
-# prompt sizes (a 512-token prompt's o_proj and down_proj: 7 ms of its 110). At decode sizes both
-# kernels stream the weights at about the same speed (down_proj at 1 to 8 rows: oneDNN's faster);
-# on qkv, gate_up and the head oneDNN is as fast or faster at every size.
-AMX_DEFAULT_LAYERS = ("o_proj", "down_proj")
+# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every layer
+# but gate_up_proj and the head. At decode sizes it took 0.8-0.9x oneDNN's time on all four
+# layers (oneDNN's per-call overhead weighs on a small layer); at prompt sizes 0.71x and 0.78x on
+# o_proj and down_proj, whose 576 outputs oneDNN's inner product blocks poorly, even on qkv_proj,
+# but 1.37x on the wide gate_up_proj, which therefore stays with oneDNN, as does the head.
+AMX_DEFAULT_LAYERS = ("qkv_proj", "o_proj", "down_proj")
 
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool) -> nn.Module:
     """The packed form of linear layer `name` on this CPU: AmxLinear where it applies and is the
     faster (every layer under --batch-invariant, which it serves without row tiles), else oneDNN's."""
     if (batch_invariant or name in AMX_DEFAULT_LAYERS) and AmxLinear.applies(weight):
-        return AmxLinear(weight, bias)
+        return AmxLinear(weight, bias, fixed_tiles=batch_invariant)
     return PackedLinear(weight, bias)
 
 

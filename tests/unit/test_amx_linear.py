@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from engine_proc import cpu_kernels
 from engine_proc.model.loader import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
@@ -45,11 +44,14 @@ def test_matches_torch_within_bfloat16_rounding(out_features, in_features, rows,
     assert err.max() <= torch_err * 1.01 + 1e-6
 
 
-def test_a_row_gets_the_same_bits_whatever_else_is_in_the_call():
-    """--batch-invariant serves these layers without row tiles: a row alone, in a partial tile,
-    in a full one or among many must give the same bits."""
+@pytest.mark.parametrize("fixed_tiles", [True, False])
+def test_a_row_gets_the_same_bits_whatever_else_is_in_the_call(fixed_tiles):
+    """--batch-invariant serves these layers without row tiles (fixed_tiles: a partial tile padded,
+    every call the same shape): a row alone, in a partial tile, in a full one or among many must
+    give the same bits. Without the padding it holds too on the AMX CPUs tested (AMX computes each
+    row alone), which this checks on whatever CPU runs it."""
     weight, b = layer(576, 1536, bias=True)
-    amx = AmxLinear(weight, b)
+    amx = AmxLinear(weight, b, fixed_tiles=fixed_tiles)
     x = torch.randn(200, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     full = amx(x)
     for start, count in [(0, 1), (5, 1), (199, 1), (3, 7), (0, 32), (10, 33), (40, 160)]:
@@ -67,6 +69,7 @@ def test_which_layers_get_the_amx_kernel():
     for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
         chosen = type(packed_linear(weight, None, name, batch_invariant=False))
         assert chosen is (AmxLinear if name in AMX_DEFAULT_LAYERS else PackedLinear), name
-        assert type(packed_linear(weight, None, name, batch_invariant=True)) is AmxLinear  # invariant as built
+        invariant = packed_linear(weight, None, name, batch_invariant=True)
+        assert type(invariant) is AmxLinear and invariant.fixed_tiles and invariant.row_invariant  # invariant as built
     assert type(packed_linear(weight.float(), None, "o_proj", batch_invariant=True)) is PackedLinear
-    assert isinstance(AmxLinear(weight, None), nn.Module) and AmxLinear.row_invariant
+    assert not AmxLinear(weight, None).row_invariant  # tile_linears would tile it

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from bench.servers import ServerProcess, rill_server  # noqa: E402
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
-from tests.helpers.server import leftovers  # noqa: E402
+from tests.helpers.server import leftovers, sdk_client  # noqa: E402
 
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
 
@@ -85,10 +85,7 @@ def tiny_server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", _strict_response_validation=True,
-                  max_retries=0, timeout=120)
+    return sdk_client(server)
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,11 @@
 // accumulation) over weights packed once, at load, into panels of 64 output columns.
 //
 // Measured on a 2-core Sapphire Rapids against oneDNN's inner product over its own prepacked
-// weights (what loader.PackedLinear calls), per call: at 1 to 32 rows (decode) 2 to 4 times
-// faster, oneDNN's per-call overhead being most of a small layer's time; at 512 rows (prefill) as
-// fast where the layer has 960 or 3,072 outputs and a third faster where it has 576, for which
-// oneDNN's inner product picks a poor blocking.
+// weights (what loader.PackedLinear calls), one call with cold weights (python -m
+// bench.linear_kernels): at 1 to 32 rows (decode) 0.8-0.9x its time, oneDNN's per-call overhead
+// weighing on a small layer; at 512 rows (prefill) 0.7-0.8x where the layer has 576 outputs, for
+// which oneDNN's inner product picks a poor blocking, even at 960, but 1.37x at 3,072
+// (loader.AMX_DEFAULT_LAYERS follows these).
 //
 // With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: kTile rows (a last
 // partial tile is copied into a zero-padded buffer), one panel, the whole reduction. So a row's
@@ -33,7 +34,7 @@ namespace rill_amx_linear {
 
 constexpr int64_t kPanel = 64;  // output columns per packed panel (the width oneDNN's pack writes)
 // Rows per brgemm call. Measured per layer at 512 rows: 16 rows 20-50% slower than 32 or 64,
-// which were within a few percent of each other; 32 pads a decode step of one row less.
+// which were within a few percent of each other; 32 pads a fixed_tiles decode step less.
 constexpr int64_t kTile = 32;
 
 bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }

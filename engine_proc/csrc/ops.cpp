@@ -70,8 +70,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
 }
 
 // The step's new K/V [T, H_kv, D] (each head's row contiguous) into their slots of the caches
-// [blocks, block_size, H_kv, D]: one copy per token, head and tensor, tokens shared among the
-// threads. aten's index_copy_ took about 40 us a layer for a 512-token prompt.
+// [blocks, block_size, H_kv, D] (paged_decode.cpp's write_slots, which the decode kernel uses for
+// its own rows). aten's index_copy_ took about 40 us a layer for a 512-token prompt.
 void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& slot_mapping) {
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 && k.dim() == 3 &&
@@ -81,21 +81,13 @@ void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Te
                 "write_kv: contiguous caches [blocks, block_size, H_kv, D], k and v [T, H_kv, D] of their dtype with "
                 "contiguous rows, a slot per token");
     const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
-    const int64_t T = k.size(0), H = k.size(1), row = k.size(2) * k.element_size();
     const int64_t* s = slots.data_ptr<int64_t>();
     const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
-    for (int64_t t = 0; t < T; ++t) TORCH_CHECK(s[t] >= 0 && s[t] < num_slots, "write_kv: a slot past the cache");
-    auto* kc = static_cast<char*>(k_cache.data_ptr());
-    auto* vc = static_cast<char*>(v_cache.data_ptr());
-    const auto* kp = static_cast<const char*>(k.data_ptr());
-    const auto* vp = static_cast<const char*>(v.data_ptr());
-    const int64_t es = k.element_size();
-#pragma omp parallel for schedule(static) if (T > 16)
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-            std::memcpy(kc + (s[t] * H + h) * row, kp + (t * k.stride(0) + h * k.stride(1)) * es, row);
-            std::memcpy(vc + (s[t] * H + h) * row, vp + (t * v.stride(0) + h * v.stride(1)) * es, row);
-        }
+    for (int64_t t = 0; t < k.size(0); ++t) TORCH_CHECK(s[t] >= 0 && s[t] < num_slots, "write_kv: a slot past the cache");
+    rill_paged::write_slots(static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr()),
+                            static_cast<const char*>(k.data_ptr()), k.stride(0), k.stride(1),
+                            static_cast<const char*>(v.data_ptr()), v.stride(0), v.stride(1), s, k.size(0), k.size(1),
+                            k.size(2), k.element_size());
 }
 
 // The KV cache of each layer, set once by the engine (engine_proc/model/decode_graphs.py): the compiled

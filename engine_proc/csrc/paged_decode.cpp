@@ -477,6 +477,21 @@ void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_ca
     }
 }
 
+// The step's new K/V rows (token t, head h at k + t*k_tok + h*k_head, D contiguous elements of
+// `elem` bytes) into slot slots[t] of caches [slots, H_kv, D]. Tokens shared among the threads
+// when there are enough of them (a prompt); the decode kernel's few rows stay on this thread.
+inline void write_slots(char* k_cache, char* v_cache, const char* k, int64_t k_tok, int64_t k_head, const char* v,
+                        int64_t v_tok, int64_t v_head, const int64_t* slots, int64_t T, int64_t Hkv, int64_t D,
+                        int64_t elem) {
+    const int64_t row = D * elem;
+#pragma omp parallel for schedule(static) if (T > 16)
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < Hkv; ++h) {
+            std::memcpy(k_cache + (slots[t] * Hkv + h) * row, k + (t * k_tok + h * k_head) * elem, row);
+            std::memcpy(v_cache + (slots[t] * Hkv + h) * row, v + (t * v_tok + h * v_head) * elem, row);
+        }
+}
+
 template <typename T>
 int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64_t kn_tok, int64_t kn_head,
         const T* v_new, int64_t vn_tok, int64_t vn_head, T* k_cache, T* v_cache, const int64_t* slots,
@@ -484,13 +499,10 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
         int64_t Hkv, int64_t D, int64_t block_size, float scale) {
     if (Hkv <= 0 || Hq % Hkv != 0) return 1;
     const int64_t group = Hq / Hkv;
-    if (k_new != nullptr) {
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < Hkv; ++h) {
-                std::memcpy(k_cache + (slots[b] * Hkv + h) * D, k_new + b * kn_tok + h * kn_head, D * sizeof(T));
-                std::memcpy(v_cache + (slots[b] * Hkv + h) * D, v_new + b * vn_tok + h * vn_head, D * sizeof(T));
-            }
-    }
+    if (k_new != nullptr)
+        write_slots(reinterpret_cast<char*>(k_cache), reinterpret_cast<char*>(v_cache),
+                    reinterpret_cast<const char*>(k_new), kn_tok, kn_head, reinterpret_cast<const char*>(v_new), vn_tok,
+                    vn_head, slots, B, Hkv, D, sizeof(T));
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();

@@ -87,7 +87,7 @@ inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_k
     return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 #else  // never runs (no AMX without AVX-512 BF16), but the library builds on every CPU
-inline float softmax_row(float* s, uint16_t* p, int64_t limit, int64_t n_keys, float scale) {
+inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_keys, float scale) {
     float mx = limit ? s[0] : 0.0f;
     for (int64_t j = 1; j < limit; ++j) mx = s[j] > mx ? s[j] : mx;
     float sum = 0.0f;

@@ -124,9 +124,14 @@ class AmxLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fixed_tiles: bool = False) -> None:
         super().__init__()
         self.out_features = weight.shape[0]
-        self.fixed_tiles = self.row_invariant = fixed_tiles
+        self.fixed_tiles = fixed_tiles
         self.packed_weight = torch.ops.rill_cpu.amx_linear_pack(weight.detach())
-        self.bias = None if bias is None else bias.detach()
+        # float32 once here, as the kernel adds it, not converted on every call
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    @property
+    def row_invariant(self) -> bool:
+        return self.fixed_tiles
 
     @staticmethod
     def applies(weight: torch.Tensor) -> bool:

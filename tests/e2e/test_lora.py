@@ -15,6 +15,7 @@ from openai import NotFoundError, OpenAI
 from bench.lora_adapters import make_adapter
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.server import sdk_client
 from tests.model.test_lora import ADAPTERS
 
 MODEL = "smollm2-135m-instruct"
@@ -46,8 +47,7 @@ def lora_server(tmp_path_factory, adapters):
 
 @pytest.fixture(scope="module")
 def client(lora_server) -> OpenAI:
-    return OpenAI(base_url=f"{lora_server.base_url}/v1", api_key="unused", _strict_response_validation=True,
-                  max_retries=0, timeout=120)
+    return sdk_client(lora_server)
 
 
 def test_models_lists_the_adapters_with_their_base_as_parent(lora_server, adapters):

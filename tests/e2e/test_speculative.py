@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.server import sdk_client
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
 MODEL = "smollm2-135m-instruct"
@@ -48,8 +49,7 @@ def spec_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(spec_server) -> OpenAI:
-    return OpenAI(base_url=f"{spec_server.base_url}/v1", api_key="unused", _strict_response_validation=True,
-                  max_retries=0, timeout=120)
+    return sdk_client(spec_server)
 
 
 def test_greedy_texts_are_the_models_own(spec_server, client, prompts, expected):

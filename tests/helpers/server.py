@@ -15,3 +15,11 @@ def leftovers(run_id: int) -> list[str]:
 
 def stats(server: ServerProcess) -> dict:
     return httpx.get(f"{server.base_url}/stats", timeout=10).json()
+
+
+def sdk_client(server: ServerProcess):
+    """The OpenAI SDK against `server`, validating every response strictly, no retries."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", _strict_response_validation=True,
+                  max_retries=0, timeout=120)

@@ -30,7 +30,7 @@ log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp",
-           "float_bits.h")
+           "float_bits.h", "bf16_simd.h")
 # No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
 # the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
 # -ffast-math's start-up code would set flush-to-zero for the whole process.
@@ -166,6 +166,10 @@ def _register_fakes() -> None:
     @lib.register_fake("rill_cpu::amx_linear")
     def _(x, packed, bias, out_features, fixed_tiles=False):
         return x.new_empty(x.shape[0], out_features)
+
+    @lib.register_fake("rill_cpu::amx_linear_silu_mul")
+    def _(x, packed, bias, out_features, fixed_tiles=False):
+        return x.new_empty(x.shape[0], out_features // 2)
 
     @lib.register_fake("rill_cpu::int8_linear")
     def _(x, weight_int8, scale, in_features):

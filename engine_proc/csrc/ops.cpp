@@ -269,23 +269,37 @@ at::Tensor amx_linear_pack(const at::Tensor& weight) {
     return out;
 }
 
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                      int64_t out_features, bool fixed_tiles) {
+// x [rows, in] times a weight from amx_linear_pack (plus bias): [rows, out_features], or with
+// silu_mul silu(gate) * up of it, [rows, out_features / 2] (gate the first half of the outputs).
+at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                           int64_t out_features, bool fixed_tiles, bool silu_mul) {
     TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && packed.scalar_type() == at::kBFloat16,
                 "amx_linear: bfloat16 x [rows, in] and a weight from amx_linear_pack");
     const int64_t M = x.size(0), K = x.size(1);
     TORCH_CHECK(packed.size(0) == rill_amx_linear::num_panels(out_features) &&
                     packed.size(1) == K * rill_amx_linear::kPanel,
                 "amx_linear: the packed weight is not [ceil(out / 64), in * 64] for this x");
-    at::Tensor out = at::empty({M, out_features}, x.options());
+    TORCH_CHECK(!silu_mul || out_features % (2 * rill_amx_linear::kPanel) == 0,
+                "amx_linear_silu_mul: out_features must be a multiple of 128 (gate and up of 64-column panels)");
+    at::Tensor out = at::empty({M, silu_mul ? out_features / 2 : out_features}, x.options());
     if (M == 0) return out;
     const at::Tensor xc = x.contiguous();
     at::Tensor b;
     if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
     rill_amx_linear::linear(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
                             reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles);
+                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles, silu_mul);
     return out;
+}
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features, bool fixed_tiles) {
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, false);
+}
+
+at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                               int64_t out_features, bool fixed_tiles) {
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, true);
 }
 
 }  // namespace
@@ -308,6 +322,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("amx_linear_supported() -> bool");
     m.def("amx_linear_pack(Tensor weight) -> Tensor");
     m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
+    m.def("amx_linear_silu_mul(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -323,6 +338,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("prefill_attention", &prefill_attention);
     m.impl("amx_linear_pack", &amx_linear_pack);
     m.impl("amx_linear", &amx_linear);
+    m.impl("amx_linear_silu_mul", &amx_linear_silu_mul);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {

@@ -18,10 +18,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
+#include "bf16_simd.h"
 #include "float_bits.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -45,25 +43,10 @@ bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }  // 
 
 // Row r of the probabilities: p[j] = e^((s[j] - max) * scale) as bfloat16 for the first `limit`
 // keys, zeros up to n_keys; returns 1 / their sum (0 for a padding row).
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#ifdef RILL_BF16_SIMD
 // Every CPU with AMX has these. Written out, as GCC's vectorisation of the loops below took
 // about half of a 512-token prompt's attention time (the rounding to bfloat16 by integer
 // arithmetic, the three passes): here one pass finds the maximum, one makes, sums and stores.
-inline __m512 exp512(__m512 x) {  // exp_clamped's polynomial, 16 lanes; scalef applies 2^n
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(87.0f)), _mm512_set1_ps(-87.0f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 q = _mm512_set1_ps(1.535336188319500e-4f);
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.339887440266574e-3f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.618437357674640e-3f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.550332471162809e-2f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402264791363012e-1f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931472028550421e-1f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(q, n);
-}
-
 inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_keys, float scale) {
     std::memset(p + limit, 0, (n_keys - limit) * sizeof(uint16_t));
     if (!limit) return 0.0f;
@@ -75,12 +58,12 @@ inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_k
     const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(_mm512_reduce_max_ps(vmax) * scale);
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t j = 0; j < full; j += 16) {
-        const __m512 e = exp512(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, vshift));
+        const __m512 e = rill_simd::exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, vshift));
         vsum = _mm512_add_ps(vsum, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
     if (tail) {
-        const __m512 e = _mm512_maskz_mov_ps(tail, exp512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(tail, s + full), vscale, vshift)));
+        const __m512 e = _mm512_maskz_mov_ps(tail, rill_simd::exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(tail, s + full), vscale, vshift)));
         vsum = _mm512_add_ps(vsum, e);
         _mm256_mask_storeu_epi16(p + full, tail, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }

@@ -133,7 +133,9 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention output of every token, or of the tokens `rows` only (after all K/V are written)."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
@@ -159,7 +161,8 @@ class Attention(nn.Module):
             o = invariant_paged_attention(q, k_cache, v_cache, meta)
         else:
             o = paged_attention(q, k, v, k_cache, v_cache, meta)
-        return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
+        o = o.reshape(num_tokens, self.num_heads * self.head_dim)
+        return self.reduce(self.o_proj(o if rows is None else o.index_select(0, rows)))
 
 
 class MLP(nn.Module):
@@ -172,6 +175,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self.gate_up_proj, "fuses_silu_mul", False):  # an AmxLinear: the SiLU in its epilogue
+            return self.reduce(self.down_proj(self.gate_up_proj.silu_mul(x)))
         return self.reduce(self.down_proj(silu_mul(self.gate_up_proj(x))))
 
 
@@ -183,15 +188,19 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, reduce)
 
-    def forward(self, h, residual, cos, sin, meta, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h, residual, cos, sin, meta, k_cache, v_cache, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): `h` is the previous layer's MLP
         output, not yet added to `residual` (the embeddings, and None, for the first layer). Each
-        add is fused into the norm that follows it (fused_ops.add_rms_norm)."""
+        add is fused into the norm that follows it (fused_ops.add_rms_norm). With `rows`, past the
+        K/V writes only those tokens go on (the last layer: the rows the head reads)."""
         if residual is None:
             residual, x = h, self.input_norm(h)
         else:
             x, residual = self.input_norm.forward_with_add(h, residual)
-        x, residual = self.post_attn_norm.forward_with_add(self.attn(x, cos, sin, meta, k_cache, v_cache), residual)
+        a = self.attn(x, cos, sin, meta, k_cache, v_cache, rows)
+        if rows is not None:
+            residual = residual.index_select(0, rows)
+        x, residual = self.post_attn_norm.forward_with_add(a, residual)
         return self.mlp(x), residual
 
 
@@ -219,6 +228,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Not a buffer: rebuilt after the module is materialised from the meta device.
         self.inv_freq = rope_inv_freq(config)
+        # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
+        # the last layer goes past its K/V writes with the rows the head reads alone.
+        self.all_rows_to_the_end = False
 
     def rope_cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -241,10 +253,17 @@ class LlamaForCausalLM(nn.Module):
         (`hidden_only`: their final hidden states [len(logits_indices), hidden], before the head)."""
         h, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rope_cos_sin(positions, h.dtype)
-        for layer, k_cache, v_cache in zip(self.layers, kv_cache.k_caches, kv_cache.v_caches):
-            h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache)
-        # The last add and the final norm are per token: only the rows we sample from need them.
-        h, _ = self.norm.forward_with_add(h.index_select(0, logits_indices), residual.index_select(0, logits_indices))
+        # Past the last layer's K/V writes every op is per token: only the rows the head reads need
+        # them (a 512-token prompt's last layer then runs its o_proj and MLP on one row). Compiled
+        # decode steps read every row.
+        trim = (not self.all_rows_to_the_end and not torch.compiler.is_compiling()
+                and logits_indices.shape[0] < input_ids.shape[0])
+        last = len(self.layers) - 1
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, kv_cache.k_caches, kv_cache.v_caches)):
+            h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache, logits_indices if trim and i == last else None)
+        if not trim:
+            h, residual = h.index_select(0, logits_indices), residual.index_select(0, logits_indices)
+        h, _ = self.norm.forward_with_add(h, residual)
         return h if hidden_only else self.lm_logits(h)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -139,9 +139,22 @@ class AmxLinear(nn.Module):
                 and cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call(torch.ops.rill_cpu.amx_linear, x, self.out_features)
+
+    @property
+    def fuses_silu_mul(self) -> bool:
+        """Whether silu_mul applies: gate and up each whole 64-column panels."""
+        return self.out_features % 128 == 0
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this gate_up projection's output, in one pass (the bits of
+        fused_ops.silu_mul(self(x)), without writing the projection out)."""
+        return self._call(torch.ops.rill_cpu.amx_linear_silu_mul, x, self.out_features // 2)
+
+    def _call(self, op, x: torch.Tensor, width: int) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        out = torch.ops.rill_cpu.amx_linear(rows, self.packed_weight, self.bias, self.out_features, self.fixed_tiles)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
+        out = op(rows, self.packed_weight, self.bias, self.out_features, self.fixed_tiles)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
 
 
 # Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every layer
@@ -149,7 +162,7 @@ class AmxLinear(nn.Module):
 # layers (oneDNN's per-call overhead weighs on a small layer); at prompt sizes 0.71x and 0.78x on
 # o_proj and down_proj, whose 576 outputs oneDNN's inner product blocks poorly, even on qkv_proj,
 # but 1.37x on the wide gate_up_proj, which therefore stays with oneDNN, as does the head.
-AMX_DEFAULT_LAYERS = ("qkv_proj", "o_proj", "down_proj")
+AMX_DEFAULT_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool) -> nn.Module:

@@ -106,6 +106,26 @@ def test_prompt_logits_match_transformers(runner, prompts, hf_model):
             torch.testing.assert_close(row, expected, atol=2e-4, rtol=1e-4)
 
 
+def test_the_last_layer_runs_past_its_kv_writes_on_the_head_rows_alone(runner, prompts):
+    """A prefill's last layer: o_proj and the MLP see only the rows the head reads, and the logits
+    are those of the full layer (LoRA's per-row masks keep every row: all_rows_to_the_end)."""
+    reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts[:2])]
+    allocator = BlockAllocator(runner.kv_cache.num_blocks, seed=1)
+    for req in reqs:
+        allocator.cover(req, req.num_tokens)
+    seen = []
+    hook = runner.model.layers[-1].mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    try:
+        trimmed = runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))
+        runner.model.all_rows_to_the_end = True
+        full = runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))
+    finally:
+        runner.model.all_rows_to_the_end = False
+        hook.remove()
+    assert seen == [2, sum(r.num_tokens for r in reqs)]
+    torch.testing.assert_close(trimmed, full, atol=1e-5, rtol=1e-5)
+
+
 def test_kv_blocks_for_memory(model_dir):
     per_block = 2 * 30 * BLOCK_SIZE * 3 * 64 * 4  # K and V, 30 layers, 3 KV heads of 64, fp32
     num_blocks = ModelRunner.num_kv_blocks_for_memory(model_dir, dtype=torch.float32, block_size=BLOCK_SIZE, memory_bytes=2**30)

@@ -73,3 +73,31 @@ def test_which_layers_get_the_amx_kernel():
         assert type(invariant) is AmxLinear and invariant.fixed_tiles and invariant.row_invariant  # invariant as built
     assert type(packed_linear(weight.float(), None, "o_proj", batch_invariant=True)) is PackedLinear
     assert not AmxLinear(weight, None).row_invariant  # tile_linears would tile it
+
+
+@pytest.mark.parametrize("rows", [1, 32, 77, 512])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("fixed_tiles", [False, True])
+def test_the_fused_silu_mul_gives_the_bits_of_the_layer_then_silu_mul(rows, bias, fixed_tiles):
+    """The gate_up projection with SiLU(gate) * up in its epilogue: the same bits as the layer's
+    bfloat16 output fed to the separate silu_mul, and within bfloat16 rounding of the exact."""
+    weight, b = layer(2 * 192, 576, bias)
+    amx = AmxLinear(weight, b, fixed_tiles=fixed_tiles)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    assert amx.fuses_silu_mul
+    got = amx.silu_mul(x)
+    assert got.shape == (rows, 192)
+    assert torch.equal(got, torch.ops.rill_cpu.silu_mul(amx(x)))
+    gate, up = F.linear(x.double(), weight.double(), None if b is None else b.double()).split(192, dim=-1)
+    exact = F.silu(gate) * up
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-6 + 2e-2).all()
+    if rows > 1:  # a row's bits do not depend on the others in the call
+        assert torch.equal(amx.silu_mul(x[rows // 2:rows // 2 + 1]), got[rows // 2:rows // 2 + 1])
+
+
+def test_silu_mul_needs_whole_panels_of_gate_and_up():
+    weight, _ = layer(2 * 96, 64, bias=False)  # 96 columns each: gate's last panel would hold up's first
+    amx = AmxLinear(weight, None)
+    assert not amx.fuses_silu_mul
+    with pytest.raises(RuntimeError, match="multiple of 128"):
+        amx.silu_mul(torch.randn(4, 64).to(torch.bfloat16))

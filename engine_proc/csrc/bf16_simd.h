@@ -1,0 +1,53 @@
+// 16-lane float helpers for CPUs with AVX-512 BF16 (every CPU with AMX has it; so do Zen 4 and
+// Cooper Lake): e^x, SiLU(gate) * up, and bfloat16 in and out. RILL_BF16_SIMD says whether this
+// build has them; the code that uses them keeps a scalar loop for the other builds.
+//
+// Rounding to bfloat16 is the hardware's (vcvtneps2bf16: to nearest even, as torch rounds, except
+// that it flushes subnormal floats, below 1.2e-38, to zero).
+#pragma once
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define RILL_BF16_SIMD 1
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace rill_simd {
+
+inline __m512 load_bf16(const uint16_t* p, __mmask16 m = 0xffff) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+inline __m256i to_bf16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
+
+inline void store_bf16(uint16_t* p, __m512 x, __mmask16 m = 0xffff) { _mm256_mask_storeu_epi16(p, m, to_bf16(x)); }
+
+// x rounded to bfloat16 and back: what a bfloat16 tensor between two ops would hold.
+inline __m512 round_bf16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
+}
+
+// e^x with x clamped to [-87, 87]: float_bits.h's exp_clamped polynomial; scalef applies 2^n.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(87.0f)), _mm512_set1_ps(-87.0f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 q = _mm512_set1_ps(1.535336188319500e-4f);
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.339887440266574e-3f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.618437357674640e-3f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.550332471162809e-2f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402264791363012e-1f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931472028550421e-1f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(q, n);
+}
+
+// silu(g) * u = g / (1 + e^-g) * u. elementwise.cpp's silu_mul and amx_linear.cpp's fused
+// gate_up epilogue both call this, so the two give the same bits.
+inline __m512 silu_mul(__m512 g, __m512 u) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+}  // namespace rill_simd
+#endif

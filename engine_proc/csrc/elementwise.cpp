@@ -27,26 +27,52 @@ using rill_float::to_float;
 // sum[t] (the residual stream's next value), and the norm is of that rounded sum: the bits of an
 // add followed by rms_norm, in one pass instead of two.
 template <typename T>
+inline void rms_norm_row(T* yr, const T* xr, const T* w, int64_t n, float eps, const T* ar, T* sr) {
+    if (ar) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) store(sr + i, to_float(xr[i]) + to_float(ar[i]));
+        xr = sr;
+    }
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i) ss += to_float(xr[i]) * to_float(xr[i]);
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) store(yr + i, to_float(xr[i]) * r * to_float(w[i]));
+}
+#ifdef RILL_BF16_SIMD
+// In bfloat16, written out: GCC's vectorisation of the rounding above took about half the time.
+// The sum of squares is 16 partial sums, then their total: a fixed order, whatever the batch.
+template <>
+inline void rms_norm_row(uint16_t* yr, const uint16_t* xr, const uint16_t* w, int64_t n, float eps,
+                         const uint16_t* ar, uint16_t* sr) {
+    auto mask = [n](int64_t i) { return n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1); };
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = mask(i);
+        __m512 v = rill_simd::load_bf16(xr + i, m);
+        if (ar) {
+            v = rill_simd::round_bf16(_mm512_add_ps(v, rill_simd::load_bf16(ar + i, m)));
+            rill_simd::store_bf16(sr + i, v, m);
+        }
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(n) + eps));
+    const uint16_t* src = ar ? sr : xr;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = mask(i);
+        const __m512 v = _mm512_mul_ps(_mm512_mul_ps(rill_simd::load_bf16(src + i, m), r), rill_simd::load_bf16(w + i, m));
+        rill_simd::store_bf16(yr + i, v, m);
+    }
+}
+#endif
+
+template <typename T>
 void rms_norm(T* y, const T* x, int64_t x_stride, const T* w, int64_t rows, int64_t n, float eps,
               const T* add = nullptr, T* sum = nullptr) {
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < rows; ++t) {
-        const T* xr = x + t * x_stride;
-        if (add) {
-            T* sr = sum + t * n;
-            const T* ar = add + t * n;
-#pragma omp simd
-            for (int64_t i = 0; i < n; ++i) store(sr + i, to_float(xr[i]) + to_float(ar[i]));
-            xr = sr;
-        }
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < n; ++i) ss += to_float(xr[i]) * to_float(xr[i]);
-        const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-        T* yr = y + t * n;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) store(yr + i, to_float(xr[i]) * r * to_float(w[i]));
-    }
+    for (int64_t t = 0; t < rows; ++t)
+        rms_norm_row(y + t * n, x + t * x_stride, w, n, eps, add ? add + t * n : nullptr, add ? sum + t * n : nullptr);
 }
 
 // In place on the first `heads` heads of x [T, *, D] (token stride x_tok, head stride x_head):

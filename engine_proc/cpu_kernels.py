@@ -1,6 +1,6 @@
 """Rill's C++ CPU kernels (engine_proc/csrc/), built at first use for this CPU, as torch operators.
 
-csrc/ops.cpp (which includes paged_decode.cpp, int8_gemv.cpp and elementwise.cpp) is compiled with the system's
+csrc/ops.cpp (which includes the other files of csrc/) is compiled with the system's
 C++ compiler (`-O3 -march=native`, about ten seconds; Inductor needs the same compiler) against the
 running torch's headers, into Rill's cache folder: one file per sources, flags, compiler, torch
 and CPU, so a restart loads it and another CPU builds its own. Loaded, it registers the operators
@@ -30,7 +30,7 @@ log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "paged_decode.cpp", "int8_gemv.cpp", "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp",
-           "float_bits.h", "bf16_simd.h")
+           "amx_ops.cpp", "float_bits.h", "bf16_simd.h")
 # No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
 # the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
 # -ffast-math's start-up code would set flush-to-zero for the whole process.

@@ -43,3 +43,8 @@ def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):
     removed = cpu_kernels.prune(tmp_path, keep=keep, now=now)
     assert sorted(removed) == sorted([stale, legacy])
     assert fresh.exists() and keep.exists() and not stale.exists() and not legacy.exists()
+
+
+def test_the_build_key_covers_every_source_file():
+    """A change to any file of csrc/ must make a new build (its text is part of the cache key)."""
+    assert set(cpu_kernels.SOURCES) == {p.name for p in cpu_kernels.CSRC.iterdir() if p.suffix in (".cpp", ".h")}

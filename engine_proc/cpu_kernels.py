@@ -167,6 +167,10 @@ def _register_fakes() -> None:
     def _(x, packed, bias, out_features, fixed_tiles=False):
         return x.new_empty(x.shape[0], out_features)
 
+    @lib.register_fake("rill_cpu::amx_linear_rope")
+    def _(x, packed, bias, out_features, fixed_tiles, cos, sin, rope_cols):
+        return x.new_empty(x.shape[0], out_features)
+
     @lib.register_fake("rill_cpu::amx_linear_silu_mul")
     def _(x, packed, bias, out_features, fixed_tiles=False):
         return x.new_empty(x.shape[0], out_features // 2)

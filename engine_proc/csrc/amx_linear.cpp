@@ -88,6 +88,48 @@ inline void store_tile(uint16_t* dst, int64_t ld, const float* c, const float* b
     }
 }
 
+// With Rope, a layer's first `cols` outputs are heads of 64 (a panel each) that leave rotated by
+// RoPE, with cos and sin [M, 32] (rows `stride` apart): the bits of elementwise.cpp's rope_ on the
+// layer's bfloat16 output (qkv_proj's q and k heads), without a second pass over them.
+struct Rope {
+    const uint16_t* cos;
+    const uint16_t* sin;
+    int64_t stride;
+    int64_t cols;
+};
+
+inline void store_rope_tile(uint16_t* dst, int64_t ld, const float* c, const float* bias, int64_t rows,
+                            const uint16_t* cos, const uint16_t* sin, int64_t cs_stride) {
+    constexpr int64_t half = kPanel / 2;
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* cr = c + i * kPanel;
+        const uint16_t *cs = cos + i * cs_stride, *sn = sin + i * cs_stride;
+#ifdef RILL_BF16_SIMD
+        for (int64_t j = 0; j < half; j += 16) {
+            __m512 x1 = _mm512_loadu_ps(cr + j), x2 = _mm512_loadu_ps(cr + half + j), y1, y2;
+            if (bias) {
+                x1 = _mm512_add_ps(x1, _mm512_loadu_ps(bias + j));
+                x2 = _mm512_add_ps(x2, _mm512_loadu_ps(bias + half + j));
+            }
+            rill_simd::rope16(rill_simd::round_bf16(x1), rill_simd::round_bf16(x2), rill_simd::load_bf16(cs + j),
+                              rill_simd::load_bf16(sn + j), y1, y2);
+            rill_simd::store_bf16(dst + i * ld + j, y1);
+            rill_simd::store_bf16(dst + i * ld + half + j, y2);
+        }
+#else  // never runs (no AMX without AVX-512 BF16)
+        for (int64_t j = 0; j < half; ++j) {
+            uint16_t b1, b2;
+            rill_float::store(&b1, cr[j] + (bias ? bias[j] : 0.0f));
+            rill_float::store(&b2, cr[half + j] + (bias ? bias[half + j] : 0.0f));
+            const float x1 = rill_float::to_float(b1), x2 = rill_float::to_float(b2);
+            const float ci = rill_float::to_float(cs[j]), si = rill_float::to_float(sn[j]);
+            rill_float::store(dst + i * ld + j, x1 * ci - x2 * si);
+            rill_float::store(dst + i * ld + half + j, x2 * ci + x1 * si);
+        }
+#endif
+    }
+}
+
 // silu(gate) * up of a tile, each rounded to bfloat16 first (the bits of the layer's output fed
 // to elementwise.cpp's silu_mul); gate_bias and up_bias may be null.
 inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const float* cu, const float* gate_bias,
@@ -128,7 +170,7 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 // read it). Work is (unit, row tile) pairs, unit-major, where a unit is one panel, or with silu_mul
 // a gate panel and its up panel; each thread reads its units once, whatever M is.
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
-            int64_t K, bool fixed_tiles, bool silu_mul = false) {
+            int64_t K, bool fixed_tiles, bool silu_mul = false, const Rope* rope = nullptr) {
     using at::BFloat16;
     const int64_t P = num_panels(N), num_tiles = (M + kTile - 1) / kTile, tail_rows = M - (num_tiles - 1) * kTile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;
@@ -167,6 +209,9 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
                 gemm(a, rows, u + units, c2.data());
                 store_silu_tile(dst, out_cols, c.data(), c2.data(), bias ? bias + n0 : nullptr,
                                 bias ? bias + out_cols + n0 : nullptr, rows);
+            } else if (rope && n0 < rope->cols) {
+                store_rope_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows,
+                                rope->cos + t * kTile * rope->stride, rope->sin + t * kTile * rope->stride, rope->stride);
             } else {
                 store_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
             }

@@ -54,7 +54,8 @@ at::Tensor amx_linear_pack(const at::Tensor& weight) {
 // x [rows, in] times a weight from amx_linear_pack (plus bias): [rows, out_features], or with
 // silu_mul silu(gate) * up of it, [rows, out_features / 2] (gate the first half of the outputs).
 at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                           int64_t out_features, bool fixed_tiles, bool silu_mul) {
+                           int64_t out_features, bool fixed_tiles, bool silu_mul,
+                           const rill_amx_linear::Rope* rope = nullptr) {
     TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && packed.scalar_type() == at::kBFloat16,
                 "amx_linear: bfloat16 x [rows, in] and a weight from amx_linear_pack");
     const int64_t M = x.size(0), K = x.size(1);
@@ -70,13 +71,28 @@ at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& packed, const 
     if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
     rill_amx_linear::linear(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
                             reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles, silu_mul);
+                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles, silu_mul, rope);
     return out;
 }
 
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features, bool fixed_tiles) {
     return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, false);
+}
+
+// The layer with its first rope_cols outputs (heads of 64: q's and k's) rotated by RoPE, cos and sin
+// [rows, 1, 32] in bfloat16 as rope_ takes them: the bits of amx_linear, then rope_ on those heads.
+at::Tensor amx_linear_rope(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                           int64_t out_features, bool fixed_tiles, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t rope_cols) {
+    const int64_t M = x.size(0), half = rill_amx_linear::kPanel / 2;
+    TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.numel() == M * half &&
+                    sin.numel() == M * half && rope_cols % rill_amx_linear::kPanel == 0 && rope_cols <= out_features,
+                "amx_linear_rope: bfloat16 cos and sin [rows, 1, 32] (heads of 64), rope_cols whole heads of the outputs");
+    const at::Tensor c = cos.reshape({M, half}).contiguous(), s = sin.reshape({M, half}).contiguous();
+    const rill_amx_linear::Rope rope{reinterpret_cast<const uint16_t*>(c.data_ptr()),
+                                     reinterpret_cast<const uint16_t*>(s.data_ptr()), half, rope_cols};
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, false, &rope);
 }
 
 at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

@@ -1,5 +1,5 @@
 // 16-lane float helpers for CPUs with AVX-512 BF16 (every CPU with AMX has it; so do Zen 4 and
-// Cooper Lake): e^x, SiLU(gate) * up, and bfloat16 in and out. RILL_BF16_SIMD says whether this
+// Cooper Lake): e^x, SiLU(gate) * up, RoPE, and bfloat16 in and out. RILL_BF16_SIMD says whether this
 // build has them; the code that uses them keeps a scalar loop for the other builds.
 //
 // Rounding to bfloat16 is the hardware's (vcvtneps2bf16: to nearest even, as torch rounds, except
@@ -47,6 +47,13 @@ inline __m512 exp16(__m512 x) {
 inline __m512 silu_mul(__m512 g, __m512 u) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+// One step of rotate-half RoPE on 16 lanes: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). elementwise.cpp's
+// rope_ and amx_linear.cpp's fused qkv epilogue both call this, so the two give the same bits.
+inline void rope16(__m512 x1, __m512 x2, __m512 c, __m512 s, __m512& y1, __m512& y2) {
+    y1 = _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s));
+    y2 = _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s));
 }
 
 }  // namespace rill_simd

@@ -78,24 +78,36 @@ void rms_norm(T* y, const T* x, int64_t x_stride, const T* w, int64_t rows, int6
 // In place on the first `heads` heads of x [T, *, D] (token stride x_tok, head stride x_head):
 // (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos, sin [T, D/2] (rows cs_stride apart).
 template <typename T>
-void rope(T* x, int64_t x_tok, int64_t x_head, const T* cos, const T* sin, int64_t cs_stride, int64_t rows,
-          int64_t heads, int64_t D) {
-    const int64_t half = D / 2;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < rows; ++t) {
-        const T* c = cos + t * cs_stride;
-        const T* s = sin + t * cs_stride;
-        for (int64_t h = 0; h < heads; ++h) {
-            T* xr = x + t * x_tok + h * x_head;
-#pragma omp simd
-            for (int64_t i = 0; i < half; ++i) {
-                const float x1 = to_float(xr[i]), x2 = to_float(xr[half + i]);
-                const float ci = to_float(c[i]), si = to_float(s[i]);
-                store(xr + i, x1 * ci - x2 * si);
-                store(xr + half + i, x2 * ci + x1 * si);
+inline void rope_head(T* xr, const T* c, const T* s, int64_t half) {
+#ifdef RILL_BF16_SIMD
+    if constexpr (sizeof(T) == 2) {
+        if (half % 16 == 0) {  // written out, as silu_mul_row: the same arithmetic as the fused epilogue
+            for (int64_t i = 0; i < half; i += 16) {
+                __m512 y1, y2;
+                rill_simd::rope16(rill_simd::load_bf16(xr + i), rill_simd::load_bf16(xr + half + i),
+                                  rill_simd::load_bf16(c + i), rill_simd::load_bf16(s + i), y1, y2);
+                rill_simd::store_bf16(xr + i, y1);
+                rill_simd::store_bf16(xr + half + i, y2);
             }
+            return;
         }
     }
+#endif
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+        const float x1 = to_float(xr[i]), x2 = to_float(xr[half + i]);
+        const float ci = to_float(c[i]), si = to_float(s[i]);
+        store(xr + i, x1 * ci - x2 * si);
+        store(xr + half + i, x2 * ci + x1 * si);
+    }
+}
+
+template <typename T>
+void rope(T* x, int64_t x_tok, int64_t x_head, const T* cos, const T* sin, int64_t cs_stride, int64_t rows,
+          int64_t heads, int64_t D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < rows; ++t)
+        for (int64_t h = 0; h < heads; ++h) rope_head(x + t * x_tok + h * x_head, cos + t * cs_stride, sin + t * cs_stride, D / 2);
 }
 
 // One row of silu(g) * u.

@@ -250,6 +250,8 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("amx_linear_pack(Tensor weight) -> Tensor");
     m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
     m.def("amx_linear_silu_mul(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
+    m.def("amx_linear_rope(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles, Tensor cos, "
+          "Tensor sin, int rope_cols) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -266,6 +268,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("amx_linear_pack", &amx_linear_pack);
     m.impl("amx_linear", &amx_linear);
     m.impl("amx_linear_silu_mul", &amx_linear_silu_mul);
+    m.impl("amx_linear_rope", &amx_linear_rope);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {

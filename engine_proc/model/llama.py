@@ -125,6 +125,17 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
+    def _qkv_rope(self, x, cos, sin, heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v [T, heads, D], q and k rotated (after their per-head norms where the model has them)."""
+        qkv = self.qkv_proj(x).view(x.shape[0], sum(heads), self.head_dim)
+        q, k, v = qkv.split(heads, dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+            return rope_heads(q, self.num_heads, cos, sin), rope_heads(k, self.num_kv_heads, cos, sin), v
+        # Without per-head norms q and k rotate together in one pass (in qkv itself where fused).
+        q, k = rope_heads(qkv, self.num_heads + self.num_kv_heads, cos, sin).split(heads[:2], dim=1)
+        return q, k, v
+
     def forward(
         self,
         x: torch.Tensor,
@@ -137,15 +148,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The attention output of every token, or of the tokens `rows` only (after all K/V are written)."""
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-            q, k = rope_heads(q, self.num_heads, cos, sin), rope_heads(k, self.num_kv_heads, cos, sin)
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        if self.q_norm is None and self.head_dim == 64 and getattr(self.qkv_proj, "fuses_rope", False) and cos.dtype == x.dtype:
+            # q and k leave the kernel rotated (its epilogue): no second pass over them
+            qkv = self.qkv_proj.rope(x, cos, sin, self.num_heads + self.num_kv_heads).view(num_tokens, sum(heads), 64)
+            q, k, v = qkv.split(heads, dim=1)
         else:
-            # Without per-head norms q and k rotate together in one pass (in qkv itself where fused).
-            qk = rope_heads(qkv, self.num_heads + self.num_kv_heads, cos, sin)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k, v = self._qkv_rope(x, cos, sin, heads)
         if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
             # With meta.cpu_kernel, the C++ operator (no Python inside the step), else the Python op.
             op = torch.ops.rill_cpu.paged_decode_layer if meta.cpu_kernel else torch.ops.rill.paged_decode_attention

@@ -151,6 +151,14 @@ class AmxLinear(nn.Module):
         fused_ops.silu_mul(self(x)), without writing the projection out)."""
         return self._call(torch.ops.rill_cpu.amx_linear_silu_mul, x, self.out_features // 2)
 
+    fuses_rope = True  # rope() below, for heads of 64
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """The output with its first num_heads heads of 64 rotated by RoPE (cos, sin [rows, 1, 32]) in
+        the kernel's epilogue: the bits of fused_ops.rope_heads on self(x), in one pass."""
+        return torch.ops.rill_cpu.amx_linear_rope(x, self.packed_weight, self.bias, self.out_features,
+                                                  self.fixed_tiles, cos, sin, num_heads * 64)
+
     def _call(self, op, x: torch.Tensor, width: int) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         out = op(rows, self.packed_weight, self.bias, self.out_features, self.fixed_tiles)

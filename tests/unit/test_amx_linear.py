@@ -101,3 +101,22 @@ def test_silu_mul_needs_whole_panels_of_gate_and_up():
     assert not amx.fuses_silu_mul
     with pytest.raises(RuntimeError, match="multiple of 128"):
         amx.silu_mul(torch.randn(4, 64).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [1, 32, 77])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("fixed_tiles", [False, True])
+def test_the_fused_rope_gives_the_bits_of_the_layer_then_rope(rows, bias, fixed_tiles):
+    """qkv_proj with its q and k heads (of 64) rotated in the epilogue: the bits of the layer's
+    output rotated in place by rope_, v's heads untouched."""
+    weight, b = layer(15 * 64, 576, bias)
+    amx = AmxLinear(weight, b, fixed_tiles=fixed_tiles)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    angles = (torch.arange(rows, dtype=torch.float32)[:, None] + 3) * torch.rand(32, generator=torch.Generator().manual_seed(5))
+    cos, sin = angles.cos().to(torch.bfloat16)[:, None], angles.sin().to(torch.bfloat16)[:, None]
+    expected = amx(x).view(rows, 15, 64)
+    plain = expected.clone()
+    torch.ops.rill_cpu.rope_(expected, cos, sin, 12)
+    got = amx.rope(x, cos, sin, 12).view(rows, 15, 64)
+    assert torch.equal(got, expected)
+    assert torch.equal(got[:, 12:], plain[:, 12:]) and not torch.equal(got[:, :12], plain[:, :12])

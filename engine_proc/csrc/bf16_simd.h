@@ -26,19 +26,20 @@ inline __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
 }
 
-// e^x with x clamped to [-87, 87]: float_bits.h's exp_clamped polynomial; scalef applies 2^n.
+// e^x to about 3e-6 relative (a degree-4 fit of 2^f on [-0.5, 0.5]; what it feeds is rounded to
+// bfloat16, whose steps are 4e-3): x below -87 gives about 0, and scalef makes a large x +inf.
+// Fewer operations than float_bits.h's exp_clamped (a degree-6 Cephes polynomial, both clamps),
+// which measured a sixth of a 512-token prompt's attention time.
 inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(87.0f)), _mm512_set1_ps(-87.0f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 q = _mm512_set1_ps(1.535336188319500e-4f);
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.339887440266574e-3f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.618437357674640e-3f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.550332471162809e-2f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402264791363012e-1f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931472028550421e-1f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f));
+    __m512 q = _mm512_set1_ps(9.560510206e-03f);
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.591703917e-02f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402498111e-01f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931219677e-01f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.999991909e-01f));
     return _mm512_scalef_ps(q, n);
 }
 

@@ -101,30 +101,37 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
     auto v_panel = [&](int64_t g, int64_t c) { return v_packed.data() + (g * d_blocks + c) * Tk_pad * kBlock; };
 #pragma omp parallel
     {
-        std::vector<uint16_t> tmp(std::max(D, kBlock) * kBlock);
         // One task per (KV head, 64 keys): its K^T panel, and its 64 rows of each V panel (packed in
-        // pairs of rows, so 64 rows are a slice of their own of the packed panel).
+        // pairs of rows, so 64 rows are a slice of their own of the packed panel). Written straight
+        // in brgemm's pair layout (what cpublas::pack writes: element (r, n) of a [R, 64] matrix at
+        // (r / 2) * 128 + n * 2 + r % 2), which took half the time of a transpose and pack.
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < KV * key_blocks; ++task) {
             const int64_t g = task / key_blocks, b = task % key_blocks;
-            for (int64_t j = 0; j < kBlock; ++j) {  // tmp[d * 64 + j] = K[b * 64 + j, d]
+            // K^T [D, 64 keys]: the pair (K[j, 2i], K[j, 2i + 1]) is 32-bit word i * 64 + j.
+            uint32_t* kt = reinterpret_cast<uint32_t*>(kt_panel(g, b));
+            for (int64_t j = 0; j < kBlock; ++j) {
                 const int64_t t = b * kBlock + j;
                 const uint16_t* kr = k + t * k_tok + g * k_head;
-                for (int64_t d = 0; d < D; ++d) tmp[d * kBlock + j] = t < Tk ? kr[d] : 0;
-            }
-            at::native::cpublas::pack(D, kBlock, kBlock, kBlock, at::kBFloat16, at::kBFloat16, tmp.data(),
-                                      kt_panel(g, b));
-            for (int64_t c = 0; c < d_blocks; ++c) {
-                for (int64_t j = 0; j < kBlock; ++j) {
-                    const int64_t t = b * kBlock + j;
-                    uint16_t* row = tmp.data() + j * kBlock;
-                    if (t < Tk)
-                        std::memcpy(row, v + t * v_tok + g * v_head + c * kBlock, kBlock * sizeof(uint16_t));
-                    else
-                        std::memset(row, 0, kBlock * sizeof(uint16_t));
+                for (int64_t i = 0; i < D / 2; ++i) {
+                    uint32_t w = 0;
+                    if (t < Tk) std::memcpy(&w, kr + 2 * i, 4);
+                    kt[i * kBlock + j] = w;
                 }
-                at::native::cpublas::pack(kBlock, kBlock, kBlock, kBlock, at::kBFloat16, at::kBFloat16, tmp.data(),
-                                          v_panel(g, c) + b * kBlock * kBlock);
+            }
+            // V [keys, 64 of D]: keys 2i and 2i + 1 interleaved, column by column.
+            for (int64_t c = 0; c < d_blocks; ++c) {
+                uint16_t* vp = v_panel(g, c) + b * kBlock * kBlock;
+                for (int64_t i = 0; i < kBlock / 2; ++i) {
+                    const int64_t t = b * kBlock + 2 * i;
+                    const uint16_t* v0 = v + t * v_tok + g * v_head + c * kBlock;
+                    const uint16_t* v1 = v0 + v_tok;
+                    uint16_t* dst = vp + i * 2 * kBlock;
+                    for (int64_t n = 0; n < kBlock; ++n) {
+                        dst[2 * n] = t < Tk ? v0[n] : 0;
+                        dst[2 * n + 1] = t + 1 < Tk ? v1[n] : 0;
+                    }
+                }
             }
         }
         std::vector<uint16_t> a(M * D), p(M * Tk_pad);

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "bf16_simd.h"
 #include "float_bits.h"
@@ -38,6 +38,9 @@ constexpr int64_t kBlock = 64;  // the padding of key counts, and the packed pan
 constexpr int64_t kQBlock = 32;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+template <typename T>
+std::unique_ptr<T[]> buffer(int64_t n) { return std::unique_ptr<T[]>(new T[n]); }  // uninitialised
 
 bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }  // AMX-BF16
 
@@ -96,9 +99,11 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
     // Packed as brgemm reads them (VNNI pairs), in 64-column panels (the widths oneDNN's pack
     // writes): K^T [D, 64] per 64 keys, and V [Tk_pad, 64] per 64 of the head dimension.
     const int64_t key_blocks = Tk_pad / kBlock, d_blocks = D / kBlock;
-    std::vector<uint16_t> kt_packed(KV * key_blocks * D * kBlock), v_packed(KV * d_blocks * Tk_pad * kBlock);
-    auto kt_panel = [&](int64_t g, int64_t b) { return kt_packed.data() + (g * key_blocks + b) * D * kBlock; };
-    auto v_panel = [&](int64_t g, int64_t c) { return v_packed.data() + (g * d_blocks + c) * Tk_pad * kBlock; };
+    // Buffers left uninitialised (every element is written before it is read): zeroing them was a
+    // serial pass of about 400 KB a layer before the parallel part.
+    const auto kt_packed = buffer<uint16_t>(KV * key_blocks * D * kBlock), v_packed = buffer<uint16_t>(KV * d_blocks * Tk_pad * kBlock);
+    auto kt_panel = [&](int64_t g, int64_t b) { return kt_packed.get() + (g * key_blocks + b) * D * kBlock; };
+    auto v_panel = [&](int64_t g, int64_t c) { return v_packed.get() + (g * d_blocks + c) * Tk_pad * kBlock; };
 #pragma omp parallel
     {
         // One task per (KV head, 64 keys): its K^T panel, and its 64 rows of each V panel (packed in
@@ -134,8 +139,8 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
                 }
             }
         }
-        std::vector<uint16_t> a(M * D), p(M * Tk_pad);
-        std::vector<float> s(M * Tk_pad), o(M * D), inv_sum(M);
+        const auto a = buffer<uint16_t>(M * D), p = buffer<uint16_t>(M * Tk_pad);
+        const auto s = buffer<float>(M * Tk_pad), o = buffer<float>(M * D), inv_sum = buffer<float>(M);
         // The costliest blocks (the last queries see the most keys) first, one at a time.
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < KV * num_q_blocks; ++task) {
@@ -145,7 +150,7 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
             // A [G * 64, D]: row hl * 64 + i is query token t0 + i of head g * G + hl (padding rows 0).
             for (int64_t hl = 0; hl < G; ++hl)
                 for (int64_t i = 0; i < kQBlock; ++i) {
-                    uint16_t* ar = a.data() + (hl * kQBlock + i) * D;
+                    uint16_t* ar = a.get() + (hl * kQBlock + i) * D;
                     if (i < m)
                         std::memcpy(ar, q + (t0 + i) * q_tok + (g * G + hl) * q_head, D * sizeof(uint16_t));
                     else
@@ -153,21 +158,21 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
                 }
             for (int64_t b = 0; b < n_keys / kBlock; ++b)
                 at::native::cpublas::brgemm(M, kBlock, D, D, kBlock, n_keys, false,
-                                            reinterpret_cast<const BFloat16*>(a.data()),
-                                            reinterpret_cast<const BFloat16*>(kt_panel(g, b)), s.data() + b * kBlock);
+                                            reinterpret_cast<const BFloat16*>(a.get()),
+                                            reinterpret_cast<const BFloat16*>(kt_panel(g, b)), s.get() + b * kBlock);
             for (int64_t r = 0; r < M; ++r) {
                 const int64_t i = r % kQBlock;
                 const int64_t limit = i < m ? offset + t0 + i + 1 : 0;  // keys this query sees
-                inv_sum[r] = softmax_row(s.data() + r * n_keys, p.data() + r * n_keys, limit, n_keys, scale);
+                inv_sum[r] = softmax_row(s.get() + r * n_keys, p.get() + r * n_keys, limit, n_keys, scale);
             }
             for (int64_t c = 0; c < d_blocks; ++c)
                 at::native::cpublas::brgemm(M, kBlock, n_keys, n_keys, kBlock, D, false,
-                                            reinterpret_cast<const BFloat16*>(p.data()),
-                                            reinterpret_cast<const BFloat16*>(v_panel(g, c)), o.data() + c * kBlock);
+                                            reinterpret_cast<const BFloat16*>(p.get()),
+                                            reinterpret_cast<const BFloat16*>(v_panel(g, c)), o.get() + c * kBlock);
             for (int64_t hl = 0; hl < G; ++hl)
                 for (int64_t i = 0; i < m; ++i) {
                     const int64_t r = hl * kQBlock + i;
-                    const float* orow = o.data() + r * D;
+                    const float* orow = o.get() + r * D;
                     uint16_t* dst = out + ((t0 + i) * H + g * G + hl) * D;
 #pragma omp simd
                     for (int64_t d = 0; d < D; ++d) store(dst + d, orow[d] * inv_sum[r]);

@@ -6,7 +6,9 @@ call of `amx` (loader.AmxLinear: csrc/amx_linear.cpp over 64-column panels) and 
 in a real step, where a layer's weights have left the caches since it last ran: each timed call
 goes to the next of COPIES copies of the weight, whose sum is larger than the caches. Calls are
 interleaved over rounds; the median round is reported (the machines are noisy), and the result
-decides which layers loader.AMX_DEFAULT_LAYERS gives the AMX kernel by default.
+decides which layers loader.AMX_DEFAULT_LAYERS gives the AMX kernel by default. gate_up_proj also
+runs as the MLP uses it, followed by SiLU(gate) * up (`gate_up_proj + silu_mul`): in the AMX
+kernel's epilogue against oneDNN's layer and the separate silu_mul.
 
 Needs a CPU with AMX-BF16 (else it says so and exits).
 """
@@ -35,14 +37,27 @@ def layers_for_shape(n: int, k: int, gen: torch.Generator) -> dict[str, list]:
     return {"amx": [AmxLinear(w, None) for w in weights], "onednn": [PackedLinear(w, None) for w in weights]}
 
 
-def time_kernel(layers: list, x: torch.Tensor) -> float:
+def time_kernel(layers: list, x: torch.Tensor, call=lambda layer, x: layer(x)) -> float:
     """Mean ms of one call, each call on the next copy of the weight."""
     for layer in layers[:2]:
-        layer(x)  # oneDNN builds its primitive on the first call
+        call(layer, x)  # oneDNN builds its primitive on the first call
     start = time.perf_counter()
     for layer in layers:
-        layer(x)
+        call(layer, x)
     return (time.perf_counter() - start) / len(layers) * 1000
+
+
+# What the MLP runs: gate_up_proj then SiLU(gate) * up, which the AMX kernel does in its epilogue
+# (AmxLinear.silu_mul) and oneDNN's layer leaves to the separate rill_cpu::silu_mul.
+SILU_CALLS = {"amx": lambda layer, x: layer.silu_mul(x), "onednn": lambda layer, x: torch.ops.rill_cpu.silu_mul(layer(x))}
+
+
+def measure(layers: dict, x: torch.Tensor, rounds: int, calls: dict | None = None) -> dict:
+    samples = {kind: [] for kind in layers}
+    for r in range(rounds):
+        for kind in (list(layers) if r % 2 else list(layers)[::-1]):
+            samples[kind].append(time_kernel(layers[kind], x, *([calls[kind]] if calls else [])))
+    return {kind: statistics.median(v) for kind, v in samples.items()}
 
 
 def run(rows_list: list[int], rounds: int) -> list[dict]:
@@ -55,12 +70,11 @@ def run(rows_list: list[int], rounds: int) -> list[dict]:
                 if name == "lm_head" and rows > 32:
                     continue  # the head runs on the sampled rows only
                 x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-                samples = {kind: [] for kind in layers}
-                for r in range(rounds):
-                    for kind in (list(layers) if r % 2 else list(layers)[::-1]):
-                        samples[kind].append(time_kernel(layers[kind], x))
-                ms = {kind: statistics.median(v) for kind, v in samples.items()}
-                results.append({"shape": name, "out_features": n, "in_features": k, "rows": rows, "ms": ms})
+                results.append({"shape": name, "out_features": n, "in_features": k, "rows": rows,
+                                "ms": measure(layers, x, rounds)})
+                if name == "gate_up_proj":
+                    results.append({"shape": "gate_up_proj + silu_mul", "out_features": n, "in_features": k,
+                                    "rows": rows, "ms": measure(layers, x, rounds, SILU_CALLS)})
             del layers
     return results
 

@@ -3,12 +3,12 @@
 //
 // Measured on a 2-core Sapphire Rapids against oneDNN's inner product over its own prepacked
 // weights (what loader.PackedLinear calls), one call with cold weights (python -m
-// bench.linear_kernels): at 1 to 32 rows (decode) 0.8-0.9x its time, oneDNN's per-call overhead
-// weighing on a small layer; at 512 rows (prefill) 0.7-0.8x where the layer has 576 outputs, for
-// which oneDNN's inner product picks a poor blocking, even at 960, but 1.37x at 3,072
-// (loader.AMX_DEFAULT_LAYERS follows these).
+// bench.linear_kernels): at 1 to 32 rows (decode) 0.76-0.99x its time, oneDNN's per-call overhead
+// weighing on a small layer; at 512 rows (prefill) 0.70x where the layer has 576 outputs, for
+// which oneDNN's inner product picks a poor blocking, 1.03x at 960, 1.36x at 3,072 (gate_up_proj,
+// which takes it anyway for its SiLU epilogue: see loader.AMX_DEFAULT_LAYERS).
 //
-// With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: kTile rows (a last
+// With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: kFixedTile rows (a last
 // partial tile is copied into a zero-padded buffer), one panel, the whole reduction. So a row's
 // result never depends on how many other rows share the call, nor on its place among them: the
 // layer is batch invariant by construction (no row tiling around it). Without, a partial tile is
@@ -16,8 +16,9 @@
 // each row alone in the same order whatever the row count, so on the CPUs tested the bits are
 // the same either way; the padding makes it hold by construction.)
 //
-// ops.cpp wraps it as rill_cpu::amx_linear_pack and rill_cpu::amx_linear; callers check
-// amx_linear_supported() (the same AMX-BF16 check as prefill_attention.cpp).
+// amx_ops.cpp wraps it as rill_cpu::amx_linear_pack, amx_linear, amx_linear_silu_mul and
+// amx_linear_rope; callers check amx_linear_supported() (the same AMX-BF16 check as
+// prefill_attention.cpp).
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -37,6 +38,11 @@ constexpr int64_t kPanel = 64;  // output columns per packed panel (the width on
 // Rows per brgemm call. Measured per layer at 512 rows: 16 rows 20-50% slower than 32 or 64,
 // which were within a few percent of each other; 32 pads a fixed_tiles decode step less.
 constexpr int64_t kTile = 32;
+// Rows per call with fixed_tiles: one AMX tile's height. A decode step's rows are padded to it, so
+// the padded rows cost half what 32 did (the LM head's most of all): a --batch-invariant decode
+// step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against 23.9; a 512-token prefill 159 against
+// 157 ms (python -m bench.engine_step --dtype bfloat16).
+constexpr int64_t kFixedTile = 16;
 
 bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }
 
@@ -172,19 +178,20 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
             int64_t K, bool fixed_tiles, bool silu_mul = false, const Rope* rope = nullptr) {
     using at::BFloat16;
-    const int64_t P = num_panels(N), num_tiles = (M + kTile - 1) / kTile, tail_rows = M - (num_tiles - 1) * kTile;
+    const int64_t tile = fixed_tiles ? kFixedTile : kTile;
+    const int64_t P = num_panels(N), num_tiles = (M + tile - 1) / tile, tail_rows = M - (num_tiles - 1) * tile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;
-    // With fixed_tiles, the last tile's rows, then zeros: every call reads kTile rows.
+    // With fixed_tiles, the last tile's rows, then zeros: every call reads tile rows.
     std::vector<uint16_t> tail;
-    if (fixed_tiles && tail_rows < kTile) {
-        tail.assign(kTile * K, 0);
-        std::memcpy(tail.data(), x + (num_tiles - 1) * kTile * K, tail_rows * K * sizeof(uint16_t));
+    if (fixed_tiles && tail_rows < tile) {
+        tail.assign(tile * K, 0);
+        std::memcpy(tail.data(), x + (num_tiles - 1) * tile * K, tail_rows * K * sizeof(uint16_t));
     }
 #pragma omp parallel
     {
         std::vector<float> c(kTile * kPanel), c2(silu_mul ? kTile * kPanel : 0);
         auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc) {
-            at::native::cpublas::brgemm(fixed_tiles ? kTile : rows, kPanel, K, K, kPanel, kPanel, false,
+            at::native::cpublas::brgemm(fixed_tiles ? tile : rows, kPanel, K, K, kPanel, kPanel, false,
                                         reinterpret_cast<const BFloat16*>(a),
                                         reinterpret_cast<const BFloat16*>(packed + panel * panel_elems), acc);
         };
@@ -196,22 +203,22 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         };
         // Tile t of unit u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
-            const int64_t rows = t == num_tiles - 1 ? tail_rows : kTile;
-            const uint16_t* a = fixed_tiles && rows < kTile ? tail.data() : x + t * kTile * K;
+            const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
+            const uint16_t* a = fixed_tiles && rows < tile ? tail.data() : x + t * tile * K;
             if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
             }
             gemm(a, rows, u, c.data());
             const int64_t n0 = u * kPanel;
-            uint16_t* dst = out + t * kTile * out_cols + n0;
+            uint16_t* dst = out + t * tile * out_cols + n0;
             if (silu_mul) {
                 gemm(a, rows, u + units, c2.data());
                 store_silu_tile(dst, out_cols, c.data(), c2.data(), bias ? bias + n0 : nullptr,
                                 bias ? bias + out_cols + n0 : nullptr, rows);
             } else if (rope && n0 < rope->cols) {
                 store_rope_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows,
-                                rope->cos + t * kTile * rope->stride, rope->sin + t * kTile * rope->stride, rope->stride);
+                                rope->cos + t * tile * rope->stride, rope->sin + t * tile * rope->stride, rope->stride);
             } else {
                 store_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
             }

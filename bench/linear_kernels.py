@@ -37,7 +37,7 @@ def layers_for_shape(n: int, k: int, gen: torch.Generator) -> dict[str, list]:
     return {"amx": [AmxLinear(w, None) for w in weights], "onednn": [PackedLinear(w, None) for w in weights]}
 
 
-def time_kernel(layers: list, x: torch.Tensor, call=lambda layer, x: layer(x)) -> float:
+def time_kernel(layers: list, x: torch.Tensor, call) -> float:
     """Mean ms of one call, each call on the next copy of the weight."""
     for layer in layers[:2]:
         call(layer, x)  # oneDNN builds its primitive on the first call
@@ -47,16 +47,17 @@ def time_kernel(layers: list, x: torch.Tensor, call=lambda layer, x: layer(x)) -
     return (time.perf_counter() - start) / len(layers) * 1000
 
 
+LAYER_CALLS = {"amx": lambda layer, x: layer(x), "onednn": lambda layer, x: layer(x)}
 # What the MLP runs: gate_up_proj then SiLU(gate) * up, which the AMX kernel does in its epilogue
 # (AmxLinear.silu_mul) and oneDNN's layer leaves to the separate rill_cpu::silu_mul.
 SILU_CALLS = {"amx": lambda layer, x: layer.silu_mul(x), "onednn": lambda layer, x: torch.ops.rill_cpu.silu_mul(layer(x))}
 
 
-def measure(layers: dict, x: torch.Tensor, rounds: int, calls: dict | None = None) -> dict:
+def measure(layers: dict, x: torch.Tensor, rounds: int, calls: dict) -> dict:
     samples = {kind: [] for kind in layers}
     for r in range(rounds):
         for kind in (list(layers) if r % 2 else list(layers)[::-1]):
-            samples[kind].append(time_kernel(layers[kind], x, *([calls[kind]] if calls else [])))
+            samples[kind].append(time_kernel(layers[kind], x, calls[kind]))
     return {kind: statistics.median(v) for kind, v in samples.items()}
 
 
@@ -71,7 +72,7 @@ def run(rows_list: list[int], rounds: int) -> list[dict]:
                     continue  # the head runs on the sampled rows only
                 x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
                 results.append({"shape": name, "out_features": n, "in_features": k, "rows": rows,
-                                "ms": measure(layers, x, rounds)})
+                                "ms": measure(layers, x, rounds, LAYER_CALLS)})
                 if name == "gate_up_proj":
                     results.append({"shape": "gate_up_proj + silu_mul", "out_features": n, "in_features": k,
                                     "rows": rows, "ms": measure(layers, x, rounds, SILU_CALLS)})

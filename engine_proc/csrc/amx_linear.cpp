@@ -122,15 +122,16 @@ inline void store_rope_tile(uint16_t* dst, int64_t ld, const float* c, const flo
             rill_simd::store_bf16(dst + i * ld + j, y1);
             rill_simd::store_bf16(dst + i * ld + half + j, y2);
         }
-#else  // never runs (no AMX without AVX-512 BF16)
+#else  // no AMX without AVX-512 BF16, but the AVX2 and SSE2 test builds run it
         for (int64_t j = 0; j < half; ++j) {
             uint16_t b1, b2;
+            float y1, y2;
             rill_float::store(&b1, cr[j] + (bias ? bias[j] : 0.0f));
             rill_float::store(&b2, cr[half + j] + (bias ? bias[half + j] : 0.0f));
-            const float x1 = rill_float::to_float(b1), x2 = rill_float::to_float(b2);
-            const float ci = rill_float::to_float(cs[j]), si = rill_float::to_float(sn[j]);
-            rill_float::store(dst + i * ld + j, x1 * ci - x2 * si);
-            rill_float::store(dst + i * ld + half + j, x2 * ci + x1 * si);
+            rill_float::rope(rill_float::to_float(b1), rill_float::to_float(b2), rill_float::to_float(cs[j]),
+                             rill_float::to_float(sn[j]), y1, y2);
+            rill_float::store(dst + i * ld + j, y1);
+            rill_float::store(dst + i * ld + half + j, y2);
         }
 #endif
     }
@@ -148,16 +149,14 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
             if (up_bias) u = _mm512_add_ps(u, _mm512_loadu_ps(up_bias + j));
             rill_simd::store_bf16(dst + i * ld + j, rill_simd::silu_mul(rill_simd::round_bf16(g), rill_simd::round_bf16(u)));
         }
-#else  // never runs (no AMX without AVX-512 BF16)
+#else  // no AMX without AVX-512 BF16, but the AVX2 and SSE2 test builds run it
         uint16_t g[kPanel], u[kPanel];
         for (int64_t j = 0; j < kPanel; ++j) {
             rill_float::store(g + j, cg[i * kPanel + j] + (gate_bias ? gate_bias[j] : 0.0f));
             rill_float::store(u + j, cu[i * kPanel + j] + (up_bias ? up_bias[j] : 0.0f));
         }
-        for (int64_t j = 0; j < kPanel; ++j) {
-            const float a = rill_float::to_float(g[j]);
-            rill_float::store(dst + i * ld + j, a / (1.0f + rill_float::exp_clamped(-a)) * rill_float::to_float(u[j]));
-        }
+        for (int64_t j = 0; j < kPanel; ++j)
+            rill_float::store(dst + i * ld + j, rill_float::silu_mul(rill_float::to_float(g[j]), rill_float::to_float(u[j])));
 #endif
     }
 }

@@ -13,6 +13,11 @@
 
 namespace rill_simd {
 
+// The first `remaining` of 16 lanes (all 16 when at least 16 remain): a loop's tail.
+inline __mmask16 tail_mask(int64_t remaining) {
+    return remaining >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
 inline __m512 load_bf16(const uint16_t* p, __mmask16 m = 0xffff) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }

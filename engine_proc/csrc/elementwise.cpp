@@ -18,7 +18,6 @@
 
 namespace rill_elementwise {
 
-using rill_float::exp_clamped;
 using rill_float::store;
 using rill_float::to_float;
 
@@ -46,10 +45,9 @@ inline void rms_norm_row(T* yr, const T* xr, const T* w, int64_t n, float eps, c
 template <>
 inline void rms_norm_row(uint16_t* yr, const uint16_t* xr, const uint16_t* w, int64_t n, float eps,
                          const uint16_t* ar, uint16_t* sr) {
-    auto mask = [n](int64_t i) { return n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1); };
     __m512 ss = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = mask(i);
+        const __mmask16 m = rill_simd::tail_mask(n - i);
         __m512 v = rill_simd::load_bf16(xr + i, m);
         if (ar) {
             v = rill_simd::round_bf16(_mm512_add_ps(v, rill_simd::load_bf16(ar + i, m)));
@@ -60,7 +58,7 @@ inline void rms_norm_row(uint16_t* yr, const uint16_t* xr, const uint16_t* w, in
     const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(n) + eps));
     const uint16_t* src = ar ? sr : xr;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = mask(i);
+        const __mmask16 m = rill_simd::tail_mask(n - i);
         const __m512 v = _mm512_mul_ps(_mm512_mul_ps(rill_simd::load_bf16(src + i, m), r), rill_simd::load_bf16(w + i, m));
         rill_simd::store_bf16(yr + i, v, m);
     }
@@ -95,10 +93,10 @@ inline void rope_head(T* xr, const T* c, const T* s, int64_t half) {
 #endif
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-        const float x1 = to_float(xr[i]), x2 = to_float(xr[half + i]);
-        const float ci = to_float(c[i]), si = to_float(s[i]);
-        store(xr + i, x1 * ci - x2 * si);
-        store(xr + half + i, x2 * ci + x1 * si);
+        float y1, y2;
+        rill_float::rope(to_float(xr[i]), to_float(xr[half + i]), to_float(c[i]), to_float(s[i]), y1, y2);
+        store(xr + i, y1);
+        store(xr + half + i, y2);
     }
 }
 
@@ -114,10 +112,7 @@ void rope(T* x, int64_t x_tok, int64_t x_head, const T* cos, const T* sin, int64
 template <typename T>
 inline void silu_mul_row(T* y, const T* g, const T* u, int64_t n) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-        const float a = to_float(g[i]);
-        store(y + i, a / (1.0f + exp_clamped(-a)) * to_float(u[i]));
-    }
+    for (int64_t i = 0; i < n; ++i) store(y + i, rill_float::silu_mul(to_float(g[i]), to_float(u[i])));
 }
 #ifdef RILL_BF16_SIMD
 // In bfloat16, written out (GCC's vectorisation of the loop above took 2-3x the time): the same
@@ -125,7 +120,7 @@ inline void silu_mul_row(T* y, const T* g, const T* u, int64_t n) {
 template <>
 inline void silu_mul_row(uint16_t* y, const uint16_t* g, const uint16_t* u, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __mmask16 m = rill_simd::tail_mask(n - i);
         const __m512 a = rill_simd::load_bf16(g + i, m), b = rill_simd::load_bf16(u + i, m);
         rill_simd::store_bf16(y + i, rill_simd::silu_mul(a, b), m);
     }

@@ -50,4 +50,14 @@ inline float exp_clamped(float x) {
     return p * scale;
 }
 
+// silu(g) * u and a step of rotate-half RoPE, one lane: elementwise.cpp's loops and the scalar
+// epilogues of amx_linear.cpp both call these (as their AVX-512 paths share bf16_simd.h's), so a
+// fused op and the separate ones give the same bits on every build.
+inline float silu_mul(float g, float u) { return g / (1.0f + exp_clamped(-g)) * u; }
+
+inline void rope(float x1, float x2, float c, float s, float& y1, float& y2) {
+    y1 = x1 * c - x2 * s;
+    y2 = x2 * c + x1 * s;
+}
+
 }  // namespace rill_float

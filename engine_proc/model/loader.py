@@ -121,6 +121,8 @@ class AmxLinear(nn.Module):
     call has the same shape, so it is batch invariant by construction and tile_linears leaves it
     untiled (`row_invariant`)."""
 
+    fuses_rope = True  # rope(): qkv_proj's q and k heads (of 64) rotated in the epilogue
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fixed_tiles: bool = False) -> None:
         super().__init__()
         self.out_features = weight.shape[0]
@@ -150,8 +152,6 @@ class AmxLinear(nn.Module):
         """silu(gate) * up of this gate_up projection's output, in one pass (the bits of
         fused_ops.silu_mul(self(x)), without writing the projection out)."""
         return self._call(torch.ops.rill_cpu.amx_linear_silu_mul, x, self.out_features // 2)
-
-    fuses_rope = True  # rope() below, for heads of 64
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
         """The output with its first num_heads heads of 64 rotated by RoPE (cos, sin [rows, 1, 32]) in

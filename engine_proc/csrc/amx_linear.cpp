@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned.h"
 #include "bf16_simd.h"
 #include "float_bits.h"
 #ifdef _OPENMP
@@ -181,14 +182,15 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
     const int64_t P = num_panels(N), num_tiles = (M + tile - 1) / tile, tail_rows = M - (num_tiles - 1) * tile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;
     // With fixed_tiles, the last tile's rows, then zeros: every call reads tile rows.
-    std::vector<uint16_t> tail;
+    rill_mem::Buffer<uint16_t> tail;
     if (fixed_tiles && tail_rows < tile) {
-        tail.assign(tile * K, 0);
-        std::memcpy(tail.data(), x + (num_tiles - 1) * tile * K, tail_rows * K * sizeof(uint16_t));
+        tail = rill_mem::buffer<uint16_t>(tile * K);
+        std::memcpy(tail.get(), x + (num_tiles - 1) * tile * K, tail_rows * K * sizeof(uint16_t));
+        std::memset(tail.get() + tail_rows * K, 0, (tile - tail_rows) * K * sizeof(uint16_t));
     }
 #pragma omp parallel
     {
-        std::vector<float> c(kTile * kPanel), c2(silu_mul ? kTile * kPanel : 0);
+        const auto c = rill_mem::buffer<float>(kTile * kPanel), c2 = rill_mem::buffer<float>(silu_mul ? kTile * kPanel : 0);
         auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc) {
             at::native::cpublas::brgemm(fixed_tiles ? tile : rows, kPanel, K, K, kPanel, kPanel, false,
                                         reinterpret_cast<const BFloat16*>(a),
@@ -203,23 +205,23 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // Tile t of unit u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
             const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
-            const uint16_t* a = fixed_tiles && rows < tile ? tail.data() : x + t * tile * K;
+            const uint16_t* a = fixed_tiles && rows < tile ? tail.get() : x + t * tile * K;
             if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
             }
-            gemm(a, rows, u, c.data());
+            gemm(a, rows, u, c.get());
             const int64_t n0 = u * kPanel;
             uint16_t* dst = out + t * tile * out_cols + n0;
             if (silu_mul) {
-                gemm(a, rows, u + units, c2.data());
-                store_silu_tile(dst, out_cols, c.data(), c2.data(), bias ? bias + n0 : nullptr,
+                gemm(a, rows, u + units, c2.get());
+                store_silu_tile(dst, out_cols, c.get(), c2.get(), bias ? bias + n0 : nullptr,
                                 bias ? bias + out_cols + n0 : nullptr, rows);
             } else if (rope && n0 < rope->cols) {
-                store_rope_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows,
+                store_rope_tile(dst, out_cols, c.get(), bias ? bias + n0 : nullptr, rows,
                                 rope->cos + t * tile * rope->stride, rope->sin + t * tile * rope->stride, rope->stride);
             } else {
-                store_tile(dst, out_cols, c.data(), bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
+                store_tile(dst, out_cols, c.get(), bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
             }
         };
         // A prompt: each thread its own rows, all units (the rows it reads and the outputs it

@@ -17,8 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 
+#include "aligned.h"
 #include "bf16_simd.h"
 #include "float_bits.h"
 #ifdef _OPENMP
@@ -39,8 +39,47 @@ constexpr int64_t kQBlock = 32;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-template <typename T>
-std::unique_ptr<T[]> buffer(int64_t n) { return std::unique_ptr<T[]>(new T[n]); }  // uninitialised
+#ifdef RILL_BF16_SIMD
+// dst[i * ld + j] = src[j * ls + i] for i, j < 16: a 16 x 16 block of 32-bit words transposed.
+inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ls);
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int k = 0; k < 4; ++k) {
+            t[8 * i + k] = _mm512_shuffle_i32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+            t[8 * i + 4 + k] = _mm512_shuffle_i32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
+        }
+    for (int k = 0; k < 8; ++k) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld, r[i]);
+}
+
+// dst[2n] = v0[n], dst[2n + 1] = v1[n] for n < 64: two rows of V interleaved, as brgemm reads B.
+inline void interleave64(const uint16_t* v0, const uint16_t* v1, uint16_t* dst) {
+    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int h = 0; h < 2; ++h) {
+        const __m512i a = _mm512_loadu_si512(v0 + 32 * h), b = _mm512_loadu_si512(v1 + 32 * h);
+        _mm512_storeu_si512(dst + 64 * h, _mm512_permutex2var_epi16(a, lo, b));
+        _mm512_storeu_si512(dst + 64 * h + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+#endif
+
+using rill_mem::buffer;
 
 bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }  // AMX-BF16
 
@@ -53,24 +92,33 @@ bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }  // 
 inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_keys, float scale) {
     std::memset(p + limit, 0, (n_keys - limit) * sizeof(uint16_t));
     if (!limit) return 0.0f;
-    const int64_t full = limit / 16 * 16;
+    // Two independent chains in each pass: one max or add waits on the last (4 cycles), which
+    // bounded the row at about 0.25 ns a key.
+    const int64_t full = limit / 16 * 16, pairs = limit / 32 * 32;
     const __mmask16 tail = static_cast<__mmask16>((1u << (limit - full)) - 1);
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < full; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
-    if (tail) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, s + full));
-    const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(_mm512_reduce_max_ps(vmax) * scale);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < full; j += 16) {
-        const __m512 e = rill_simd::exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, vshift));
-        vsum = _mm512_add_ps(vsum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    __m512 vmax0 = _mm512_set1_ps(-INFINITY), vmax1 = vmax0;
+    for (int64_t j = 0; j < pairs; j += 32) {
+        vmax0 = _mm512_max_ps(vmax0, _mm512_loadu_ps(s + j));
+        vmax1 = _mm512_max_ps(vmax1, _mm512_loadu_ps(s + j + 16));
     }
-    if (tail) {
-        const __m512 e = _mm512_maskz_mov_ps(tail, rill_simd::exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(tail, s + full), vscale, vshift)));
-        vsum = _mm512_add_ps(vsum, e);
-        _mm256_mask_storeu_epi16(p + full, tail, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    if (full > pairs) vmax0 = _mm512_max_ps(vmax0, _mm512_loadu_ps(s + pairs));
+    if (tail) vmax1 = _mm512_mask_max_ps(vmax1, tail, vmax1, _mm512_maskz_loadu_ps(tail, s + full));
+    const float log2_scale = scale * 1.44269504088896341f;
+    const __m512 vscale = _mm512_set1_ps(log2_scale);
+    const __m512 vshift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(vmax0, vmax1)) * log2_scale);
+    auto exp_at = [&](int64_t j, __mmask16 m) {  // e^((s - max) * scale) of 16 keys, stored; masked lanes 0
+        const __m512 e = _mm512_maskz_mov_ps(m, rill_simd::exp2_16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), vscale, vshift)));
+        _mm256_mask_storeu_epi16(p + j, m, rill_simd::to_bf16(e));
+        return e;
+    };
+    __m512 vsum0 = _mm512_setzero_ps(), vsum1 = vsum0;
+    for (int64_t j = 0; j < pairs; j += 32) {
+        vsum0 = _mm512_add_ps(vsum0, exp_at(j, 0xffff));
+        vsum1 = _mm512_add_ps(vsum1, exp_at(j + 16, 0xffff));
     }
-    return 1.0f / _mm512_reduce_add_ps(vsum);
+    if (full > pairs) vsum0 = _mm512_add_ps(vsum0, exp_at(pairs, 0xffff));
+    if (tail) vsum1 = _mm512_add_ps(vsum1, exp_at(full, tail));
+    return 1.0f / _mm512_reduce_add_ps(_mm512_add_ps(vsum0, vsum1));
 }
 #else  // never runs (no AMX without AVX-512 BF16), but the library builds on every CPU
 inline float softmax_row(const float* s, uint16_t* p, int64_t limit, int64_t n_keys, float scale) {
@@ -104,6 +152,8 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
     const auto kt_packed = buffer<uint16_t>(KV * key_blocks * D * kBlock), v_packed = buffer<uint16_t>(KV * d_blocks * Tk_pad * kBlock);
     auto kt_panel = [&](int64_t g, int64_t b) { return kt_packed.get() + (g * key_blocks + b) * D * kBlock; };
     auto v_panel = [&](int64_t g, int64_t c) { return v_packed.get() + (g * d_blocks + c) * Tk_pad * kBlock; };
+    // K's rows as whole 32-bit words (even strides, an aligned start): the vector transpose applies.
+    const bool words = k_tok % 2 == 0 && k_head % 2 == 0 && reinterpret_cast<uintptr_t>(k) % 4 == 0;
 #pragma omp parallel
     {
         // One task per (KV head, 64 keys): its K^T panel, and its 64 rows of each V panel (packed in
@@ -115,6 +165,21 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
             const int64_t g = task / key_blocks, b = task % key_blocks;
             // K^T [D, 64 keys]: the pair (K[j, 2i], K[j, 2i + 1]) is 32-bit word i * 64 + j.
             uint32_t* kt = reinterpret_cast<uint32_t*>(kt_panel(g, b));
+            const bool whole = (b + 1) * kBlock <= Tk;  // no padding key in this block
+#ifdef RILL_BF16_SIMD
+            if (whole && words) {  // in 16 x 16 blocks of words, and V two rows at a time
+                for (int64_t j0 = 0; j0 < kBlock; j0 += 16)
+                    for (int64_t i0 = 0; i0 < D / 2; i0 += 16)
+                        transpose16(reinterpret_cast<const uint32_t*>(k + (b * kBlock + j0) * k_tok + g * k_head) + i0,
+                                    k_tok / 2, kt + i0 * kBlock + j0, kBlock);
+                for (int64_t c = 0; c < d_blocks; ++c)
+                    for (int64_t i = 0; i < kBlock / 2; ++i) {
+                        const uint16_t* v0 = v + (b * kBlock + 2 * i) * v_tok + g * v_head + c * kBlock;
+                        interleave64(v0, v0 + v_tok, v_panel(g, c) + b * kBlock * kBlock + i * 2 * kBlock);
+                    }
+                continue;
+            }
+#endif
             for (int64_t j = 0; j < kBlock; ++j) {
                 const int64_t t = b * kBlock + j;
                 const uint16_t* kr = k + t * k_tok + g * k_head;
@@ -139,14 +204,17 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
                 }
             }
         }
-        const auto a = buffer<uint16_t>(M * D), p = buffer<uint16_t>(M * Tk_pad);
-        const auto s = buffer<float>(M * Tk_pad), o = buffer<float>(M * D), inv_sum = buffer<float>(M);
+        const auto a = buffer<uint16_t>(M * D), p = buffer<uint16_t>(M * (Tk_pad + 32));
+        const auto s = buffer<float>(M * (Tk_pad + 16)), o = buffer<float>(M * D), inv_sum = buffer<float>(M);
         // The costliest blocks (the last queries see the most keys) first, one at a time.
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < KV * num_q_blocks; ++task) {
             const int64_t qb = num_q_blocks - 1 - task / KV, g = task % KV;
             const int64_t t0 = qb * kQBlock, m = std::min(kQBlock, Tq - t0);
             const int64_t n_keys = round_up(std::min(Tk, offset + t0 + m), kBlock);
+            // Row strides of the scores and probabilities 64 bytes past a multiple of the keys: at
+            // 512 keys, score rows 2 KB apart (cache-set conflicts) made the Q K^T brgemm 1.4x slower.
+            const int64_t ls = n_keys + 16, lp = n_keys + 32;
             // A [G * 64, D]: row hl * 64 + i is query token t0 + i of head g * G + hl (padding rows 0).
             for (int64_t hl = 0; hl < G; ++hl)
                 for (int64_t i = 0; i < kQBlock; ++i) {
@@ -157,16 +225,16 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
                         std::memset(ar, 0, D * sizeof(uint16_t));
                 }
             for (int64_t b = 0; b < n_keys / kBlock; ++b)
-                at::native::cpublas::brgemm(M, kBlock, D, D, kBlock, n_keys, false,
+                at::native::cpublas::brgemm(M, kBlock, D, D, kBlock, ls, false,
                                             reinterpret_cast<const BFloat16*>(a.get()),
                                             reinterpret_cast<const BFloat16*>(kt_panel(g, b)), s.get() + b * kBlock);
             for (int64_t r = 0; r < M; ++r) {
                 const int64_t i = r % kQBlock;
                 const int64_t limit = i < m ? offset + t0 + i + 1 : 0;  // keys this query sees
-                inv_sum[r] = softmax_row(s.get() + r * n_keys, p.get() + r * n_keys, limit, n_keys, scale);
+                inv_sum[r] = softmax_row(s.get() + r * ls, p.get() + r * lp, limit, n_keys, scale);
             }
             for (int64_t c = 0; c < d_blocks; ++c)
-                at::native::cpublas::brgemm(M, kBlock, n_keys, n_keys, kBlock, D, false,
+                at::native::cpublas::brgemm(M, kBlock, n_keys, lp, kBlock, D, false,
                                             reinterpret_cast<const BFloat16*>(p.get()),
                                             reinterpret_cast<const BFloat16*>(v_panel(g, c)), o.get() + c * kBlock);
             for (int64_t hl = 0; hl < G; ++hl)
@@ -174,8 +242,14 @@ void attention(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, 
                     const int64_t r = hl * kQBlock + i;
                     const float* orow = o.get() + r * D;
                     uint16_t* dst = out + ((t0 + i) * H + g * G + hl) * D;
+#ifdef RILL_BF16_SIMD
+                    const __m512 scale_r = _mm512_set1_ps(inv_sum[r]);
+                    for (int64_t d = 0; d < D; d += 16)
+                        rill_simd::store_bf16(dst + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), scale_r));
+#else
 #pragma omp simd
                     for (int64_t d = 0; d < D; ++d) store(dst + d, orow[d] * inv_sum[r]);
+#endif
                 }
         }
         at::native::cpublas::brgemm_release();

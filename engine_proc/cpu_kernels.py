@@ -30,8 +30,8 @@ log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "paged_decode.cpp", "paged_decode_tiled.cpp", "paged_decode_bf16.cpp", "int8_gemv.cpp",
-           "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp", "amx_ops.cpp", "float_bits.h", "bf16_simd.h",
-           "aligned.h")
+           "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp", "amx_ops.cpp", "prefill_layer.cpp",
+           "float_bits.h", "bf16_simd.h", "aligned.h")
 # No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
 # the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
 # -ffast-math's start-up code would set flush-to-zero for the whole process.

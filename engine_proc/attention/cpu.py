@@ -56,12 +56,12 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor |
     the caller runs SDPA."""
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] % 64 or k.dtype != q.dtype
             or q.shape[1] % k.shape[1] or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
-            or torch.compiler.is_compiling() or not _prefill_supported()):
+            or torch.compiler.is_compiling() or not prefill_supported()):
         return None
     return torch.ops.rill_cpu.prefill_attention(q, k, v)
 
 
-def _prefill_supported() -> bool:
+def prefill_supported() -> bool:
     # Asked only once the kernels are loaded: a call before must not fix the answer at False.
     return cpu_kernels.loaded() and _cpu_has_amx_bf16()
 

@@ -19,6 +19,7 @@
 #include "elementwise.cpp"
 #include "int8_gemv.cpp"
 #include "paged_decode.cpp"
+#include "prefill_layer.cpp"
 
 namespace {
 
@@ -252,6 +253,9 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("amx_linear_silu_mul(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
     m.def("amx_linear_rope(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles, Tensor cos, "
           "Tensor sin, int rope_cols) -> Tensor");
+    m.def("prefill_layer(Tensor h, Tensor? residual, Tensor[] weights, Tensor?[] biases, int[] out_features, float eps, "
+          "Tensor cos, Tensor sin, int num_heads, int num_kv_heads, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+          "Tensor slot_mapping, int[] bounds, Tensor? rows) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
@@ -269,6 +273,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("amx_linear", &amx_linear);
     m.impl("amx_linear_silu_mul", &amx_linear_silu_mul);
     m.impl("amx_linear_rope", &amx_linear_rope);
+    m.impl("prefill_layer", &prefill_layer);
 }
 
 TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {

@@ -20,7 +20,7 @@ from engine_proc.attention.kv_cache import (
     paged_attention,
     write_kv,
 )
-from engine_proc.model import fused_ops, llama_weights
+from engine_proc.model import fused_ops, llama_weights, prefill_layers
 from engine_proc.model.fused_ops import rope_heads, silu_mul
 from engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from engine_proc.parallel.sharding import Shard
@@ -240,6 +240,7 @@ class LlamaForCausalLM(nn.Module):
         # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
+        self.prefill_layer_args: list | None = None  # prefill_layers.run's per-layer arguments, built on first use
 
     def rope_cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -267,9 +268,17 @@ class LlamaForCausalLM(nn.Module):
         # decode steps read every row.
         trim = (not self.all_rows_to_the_end and not torch.compiler.is_compiling()
                 and logits_indices.shape[0] < input_ids.shape[0])
-        last = len(self.layers) - 1
-        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, kv_cache.k_caches, kv_cache.v_caches)):
-            h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache, logits_indices if trim and i == last else None)
+        last_rows = logits_indices if trim else None
+        # A step of fresh prompts on the AMX path: each layer one C++ call (prefill_layers.py).
+        done = None
+        if (bounds := prefill_layers.step_bounds(meta, h, cos)) is not None:
+            done = prefill_layers.run(self, h, cos, sin, meta, kv_cache, bounds, last_rows)
+        if done is not None:
+            h, residual = done
+        else:
+            last = len(self.layers) - 1
+            for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, kv_cache.k_caches, kv_cache.v_caches)):
+                h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache, last_rows if i == last else None)
         if not trim:
             h, residual = h.index_select(0, logits_indices), residual.index_select(0, logits_indices)
         h, _ = self.norm.forward_with_add(h, residual)

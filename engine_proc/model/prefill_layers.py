@@ -1,0 +1,56 @@
+"""Prompt steps' decoder layers as one C++ operator each (rill_cpu::prefill_layer, csrc/prefill_layer.cpp).
+
+A 512-token prefill of the bundled model spent about 5 ms of its ~90 in Python between a layer's
+nine kernel calls, the second core idle meanwhile. Where a step is fresh prompts only and every
+layer runs on the AMX path, each layer is one call with the same kernels in the same order (the
+same bits); anything else takes DecoderLayer.forward.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine_proc import cpu_kernels
+from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.kv_cache import AttentionMetadata
+
+
+def layer_args(layer) -> tuple | None:
+    """(weights, biases, out_features) of a layer the operator can run, else None."""
+    attn, mlp = layer.attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if (attn.q_norm is not None or attn.head_dim != 64
+            or not all(getattr(lin, "packed_weight", None) is not None and not lin.fixed_tiles for lin in linears)
+            or not (attn.qkv_proj.fuses_rope and mlp.gate_up_proj.fuses_silu_mul)):
+        return None
+    weights = [layer.input_norm.weight, attn.qkv_proj.packed_weight, attn.o_proj.packed_weight,
+               layer.post_attn_norm.weight, mlp.gate_up_proj.packed_weight, mlp.down_proj.packed_weight]
+    return weights, [lin.bias for lin in linears], [lin.out_features for lin in linears]
+
+
+def step_bounds(meta: AttentionMetadata, h: torch.Tensor, cos: torch.Tensor) -> list[int] | None:
+    """The prompts' first rows and the token count, where the step can take the operator: bfloat16
+    on a CPU with the AMX kernels, fresh prompts only (each attends to its own tokens)."""
+    if (h.dtype != torch.bfloat16 or h.device.type != "cpu" or cos.dtype != h.dtype or meta.num_decode_tokens
+            or not meta.prefills or meta.batch_invariant or meta.graph_decode or meta.cpu_kernel
+            or meta.seq_of_token is not None or torch.compiler.is_compiling() or not cpu_kernels.loaded()
+            or not cpu_attention.prefill_supported()
+            or any(chunk.block_table is not None for chunk in meta.prefills)):
+        return None
+    return [chunk.token_start for chunk in meta.prefills] + [meta.prefills[-1].token_end]
+
+
+def run(model, h, cos, sin, meta: AttentionMetadata, kv_cache, bounds: list[int], last_rows) -> tuple | None:
+    """(hidden, residual) after every layer through the operator, or None where a layer cannot take it
+    (then nothing has run). `last_rows`: the rows the last layer keeps past its K/V writes (or None)."""
+    if model.prefill_layer_args is None:  # built once: the layers' modules do not change after loading
+        model.prefill_layer_args = [layer_args(layer) for layer in model.layers]
+    args = model.prefill_layer_args
+    if model.shard is not None or any(a is None for a in args):
+        return None
+    op, first = torch.ops.rill_cpu.prefill_layer, model.layers[0]
+    eps, num_heads, num_kv_heads = first.input_norm.eps, first.attn.num_heads, first.attn.num_kv_heads
+    residual, last = None, len(args) - 1
+    for i, ((weights, biases, outs), k_cache, v_cache) in enumerate(zip(args, kv_cache.k_caches, kv_cache.v_caches)):
+        h, residual = op(h, residual, weights, biases, outs, eps, cos, sin, num_heads, num_kv_heads, k_cache, v_cache,
+                         meta.slot_mapping, bounds, last_rows if i == last else None)
+    return h, residual

@@ -30,9 +30,11 @@ def layer_args(layer) -> tuple | None:
 def step_bounds(meta: AttentionMetadata, h: torch.Tensor, cos: torch.Tensor) -> list[int] | None:
     """The prompts' first rows and the token count, where the step can take the operator: bfloat16
     on a CPU with the AMX kernels, fresh prompts only (each attends to its own tokens)."""
-    if (h.dtype != torch.bfloat16 or h.device.type != "cpu" or cos.dtype != h.dtype or meta.num_decode_tokens
-            or not meta.prefills or meta.batch_invariant or meta.graph_decode or meta.cpu_kernel
-            or meta.seq_of_token is not None or torch.compiler.is_compiling() or not cpu_kernels.loaded()
+    # is_compiling() first: a compiled decode step must not read (and so guard on) the step's metadata
+    # here, which recompiled its graph for each batch size (13 s each on this machine).
+    if (torch.compiler.is_compiling() or h.dtype != torch.bfloat16 or h.device.type != "cpu" or cos.dtype != h.dtype
+            or meta.num_decode_tokens or not meta.prefills or meta.batch_invariant or meta.graph_decode
+            or meta.cpu_kernel or meta.seq_of_token is not None or not cpu_kernels.loaded()
             or not cpu_attention.prefill_supported()
             or any(chunk.block_table is not None for chunk in meta.prefills)):
         return None

@@ -84,3 +84,35 @@ def test_drafts_run_as_rows_of_the_graph(compiled, runner, model_dir):
     assert spec == plain
     assert speculator.stats.num_accepted_tokens > 0
     assert compiled.decode_graphs.num_runs - before >= steps - 2  # every step but the prefill
+
+
+
+def test_no_batch_size_compiles_a_new_graph(tmp_path):
+    """On the CPU one graph takes every batch size (dynamic shapes, compiled at start): steps of sizes
+    not seen at start must not recompile it (a check of the step's metadata in the model's forward
+    once did, 13 s a size for the bundled model). bfloat16, as `--dtype auto` picks on most CPUs."""
+    import torch._dynamo.utils
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from engine_proc.sched.batch import Batch, ScheduledSeq
+    from engine_proc.sched.request import EngineRequest
+    from ipc.protocol import SamplingParams
+    from tests.model.test_model_runner import BlockAllocator
+
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    compiled = ModelRunner(tmp_path, dtype=torch.bfloat16, num_kv_blocks=32, block_size=BLOCK_SIZE,
+                           eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
+    assert compiled.decode_graphs is not None
+    allocator = BlockAllocator(compiled.kv_cache.num_blocks)
+    reqs = [EngineRequest(f"g{i}", "w", list(range(3, 13 + i)), SamplingParams(max_tokens=4)) for i in range(8)]
+    for req in reqs:
+        allocator.cover(req, req.num_tokens)
+        req.num_computed_tokens = req.num_tokens - 1  # the KV before it need not be real here
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for size in (1, 2, 5, 8):
+        batch = Batch([ScheduledSeq(r, r.num_computed_tokens, 1) for r in reqs[:size]])
+        assert compiled.decode_graphs.can_run(batch)
+        compiled.compute_logits(batch)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs

@@ -209,7 +209,8 @@ def markdown(report: dict) -> str:
             for case, row in report["results"].items()]
     out = [f"# Engine step: native ModelRunner vs transformers ({m['name']})", "",
            f"- command: `{report['command']}`", f"- date: {report['date']}",
-           f"- machine: {m['cpu_count']} CPUs, {m['cpu_model']}, torch {m['torch']} ({p['torch_threads']} threads), "
+           f"- machine: {m['cpu_count']} CPUs, {m['cpu_model']} (flags: {' '.join(m.get('cpu_flags', []))}), "
+           f"torch {m['torch']} ({p['torch_threads']} threads), "
            f"transformers {m['transformers']}, load {m['load_avg_1m_start']:.2f} at start",
            f"- model: {p['model']} ({p['dtype']}), {p['rounds']} interleaved rounds x {p['num_steps']} steps, medians",
            "", "Ratios native/transformers: below 1 in time, above 1 in tokens/s means ours is faster.", "",

@@ -31,26 +31,11 @@ inline __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
 }
 
-// e^x to about 3e-6 relative (a degree-4 fit of 2^f on [-0.5, 0.5]; what it feeds is rounded to
-// bfloat16, whose steps are 4e-3): x below -87 gives about 0, and scalef makes a large x +inf.
+// 2^t to about 3e-6 relative (a degree-4 fit of 2^f on [-0.5, 0.5]; what it feeds is rounded to
+// bfloat16, whose steps are 4e-3); e^x is 2^(x * log2(e)), the factor folded into the caller's
+// own multiply. Past the float range scalef gives 0 (t below about -150) or +inf, so no clamp.
 // Fewer operations than float_bits.h's exp_clamped (a degree-6 Cephes polynomial, both clamps),
 // which measured a sixth of a 512-token prompt's attention time.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 q = _mm512_set1_ps(9.560510206e-03f);
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.591703917e-02f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402498111e-01f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931219677e-01f));
-    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.999991909e-01f));
-    return _mm512_scalef_ps(q, n);
-}
-
-// 2^t for t <= 0 (a softmax's exponent, already scaled by log2(e)): the polynomial of exp16 without
-// its clamp and its scaling, which cost a softmax row two of its thirteen operations. A t below
-// -150 gives 0 (scalef underflows), as the exponent of a score far under its row's maximum should.
 inline __m512 exp2_16(__m512 t) {
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
@@ -62,10 +47,11 @@ inline __m512 exp2_16(__m512 t) {
     return _mm512_scalef_ps(q, n);
 }
 
-// silu(g) * u = g / (1 + e^-g) * u. elementwise.cpp's silu_mul and amx_linear.cpp's fused
+// silu(g) * u = g / (1 + e^-g) * u, e^-g as 2^(g * -log2(e)) (the bits of e^x with a clamp at -87,
+// as 1 + e^-g is 1 either way past it). elementwise.cpp's silu_mul and amx_linear.cpp's fused
 // gate_up epilogue both call this, so the two give the same bits.
 inline __m512 silu_mul(__m512 g, __m512 u) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 e = exp2_16(_mm512_mul_ps(g, _mm512_set1_ps(-1.44269504088896341f)));
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 

@@ -76,3 +76,27 @@ def test_a_chunk_on_cached_tokens_takes_the_python_layers(runner):
     runner.compute_logits(Batch([ScheduledSeq(req, 0, 50)]))  # the first 50 tokens into the cache
     _, fast_calls, _, _ = logits_both_ways(runner, lambda: Batch([ScheduledSeq(req, 50, 40)]))
     assert fast_calls == 1
+
+
+def test_lora_layers_take_the_python_path(runner, tmp_path):
+    """With --enable-lora every projection is a LoRALinear (per-row adapters): a fresh prompt must
+    not go around them through the operator, even after a prompt took it before they were wrapped."""
+    from engine_proc.lora.layers import LoRAState, wrap_linears
+
+    model = runner.model
+    (req,) = requests(runner, [60])
+    runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))
+    assert model.prefill_layer_args is not None and all(a is not None for a in model.prefill_layer_args)
+    originals = [(layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+                 for layer in model.layers]
+    wrap_linears(model, LoRAState(), max_loras=1, max_rank=8, device="cpu")
+    calls = []
+    hook = model.layers[0].register_forward_hook(lambda *args: calls.append(1))
+    try:
+        runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))
+    finally:
+        hook.remove()
+        for layer, (qkv, o, gate_up, down) in zip(model.layers, originals):
+            layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj = qkv, o, gate_up, down
+        model.all_rows_to_the_end, model.prefill_layer_args = False, None
+    assert calls == [1]

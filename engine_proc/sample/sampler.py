@@ -247,7 +247,10 @@ def gather_logprobs(
     token whose logprob is >= the chosen one's, so a tie ranks the chosen token last (as vLLM).
     """
     max_top = min(max(nums_top), raw_logprobs.shape[1])
-    top_logprobs, top_ids = raw_logprobs.topk(max_top, dim=-1)
+    # A stable sort, not topk: among tied logprobs (common with bfloat16 logits) the lowest id comes
+    # first, as greedy argmax picks it, so a greedy token is its own top entry.
+    top_logprobs, top_ids = raw_logprobs.sort(dim=-1, descending=True, stable=True)
+    top_logprobs, top_ids = top_logprobs[:, :max_top], top_ids[:, :max_top]
     chosen = token_ids.unsqueeze(1)
     chosen_logprobs = raw_logprobs.gather(1, chosen)
     ranks = (raw_logprobs >= chosen_logprobs).sum(dim=-1).to(torch.int32).cpu().numpy()

@@ -136,3 +136,19 @@ def test_logprobs_travel_from_the_sampler_to_the_mailbox(tmp_path):
         assert np.array_equal(lp.logprobs[0], np.array([raw[greedy], *top.values], dtype=np.float32))
         assert lp.ranks.tolist() == [1]
     assert taken[1] == [([greedy], None), ([greedy], None)]
+
+
+def test_tied_top_logprobs_list_the_lowest_id_first_as_greedy_picks_it():
+    """bfloat16 logits tie often: the top entries must order ties as argmax does (lowest id first),
+    so that a greedy token is its own first top entry."""
+    import torch
+
+    from engine_proc.sample.sampler import gather_logprobs
+
+    logits = torch.full((1, 4096), -5.0)
+    logits[0, [7, 3000, 1500]] = 2.0  # a three-way tie at the top
+    raw = logits.log_softmax(dim=-1)
+    greedy = raw.max(dim=-1).indices
+    (lp,) = gather_logprobs(raw, greedy, [3])
+    assert greedy.item() == 7
+    assert lp.token_ids[0, 1:].tolist() == [7, 1500, 3000]

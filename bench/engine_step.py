@@ -1,6 +1,6 @@
 """Engine step time: our ModelRunner against transformers' own model, interleaved in one process.
 
-    python -m bench.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32]
+    python -m bench.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32] [--device cpu]
 
 Decode: each batch row has a context of 128 to 256 tokens (spread evenly; 192 at batch 1) and
 runs one token per step; the step's time is `ModelRunner.execute` (inputs, model, greedy
@@ -14,6 +14,8 @@ Two more runners over the same weights run every case too: one in the --batch-in
 `rill serve` runs them by default (decode only: prefill runs eagerly there too). So what the
 mode costs and what compiling saves are measured against the eager default in the same run.
 The two alternate step by step, who goes first alternating by round; medians over all timed steps.
+With --device cuda both sides run on the GPU (Rill with its Triton kernels, its compiled runner with
+a CUDA graph per padded batch size), without the --batch-invariant runner, which has no GPU path.
 """
 from __future__ import annotations
 
@@ -98,19 +100,19 @@ class HFDecode:
     """The same rows in transformers: left-padded to the longest, a DynamicCache, a 2D mask."""
 
     def __init__(self, model, lens: list[int]):
-        config, dtype = model.config, model.dtype
+        config, dtype, device = model.config, model.dtype, model.device
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         gen = torch.Generator().manual_seed(len(lens))
         self.model, self.num_cached = model, max(lens) - 1
         self.cache = DynamicCache(config=config)
         shape = (len(lens), config.num_key_value_heads, self.num_cached, head_dim)
         for layer in range(config.num_hidden_layers):
-            self.cache.update(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype),
-                              layer)
+            self.cache.update(torch.randn(shape, generator=gen).to(device, dtype),
+                              torch.randn(shape, generator=gen).to(device, dtype), layer)
         key_pos = torch.arange(self.num_cached)
-        self.start_mask = (key_pos >= self.num_cached - torch.tensor(lens).unsqueeze(1) + 1).long()
-        self.start_positions = torch.tensor(lens).unsqueeze(1) - 1
-        self.next_ids = torch.randint(3, config.vocab_size, (len(lens), 1), generator=gen)
+        self.start_mask = (key_pos >= self.num_cached - torch.tensor(lens).unsqueeze(1) + 1).long().to(device)
+        self.start_positions = (torch.tensor(lens).unsqueeze(1) - 1).to(device)
+        self.next_ids = torch.randint(3, config.vocab_size, (len(lens), 1), generator=gen).to(device)
         self.reset()
 
     def reset(self) -> None:
@@ -122,7 +124,7 @@ class HFDecode:
     @torch.inference_mode()
     def step(self) -> float:
         start_s = time.perf_counter()
-        self.mask = torch.cat([self.mask, torch.ones(len(self.mask), 1, dtype=torch.long)], dim=1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.mask), 1)], dim=1)
         out = self.model(input_ids=self.next_ids, attention_mask=self.mask, position_ids=self.positions,
                          past_key_values=self.cache, use_cache=True)
         next_ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
@@ -148,7 +150,7 @@ class NativePrefill:
 
 class HFPrefill:
     def __init__(self, model, prompt_ids: list[int]):
-        self.model, self.input_ids = model, torch.tensor([prompt_ids])
+        self.model, self.input_ids = model, torch.tensor([prompt_ids], device=model.device)
 
     @torch.inference_mode()
     def step(self) -> float:
@@ -191,7 +193,8 @@ def summarize(times: dict, tokens_per_step: dict[str, int]) -> dict:
         row["native/transformers"] = {
             "ms_per_step": row["native"]["ms_per_step"] / row["transformers"]["ms_per_step"],
             "tokens_per_s": row["native"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]}
-        row["invariant/native"] = {"ms_per_step": row["invariant"]["ms_per_step"] / row["native"]["ms_per_step"]}
+        if "invariant" in row:  # not on a GPU: --batch-invariant is not built for the Triton path
+            row["invariant/native"] = {"ms_per_step": row["invariant"]["ms_per_step"] / row["native"]["ms_per_step"]}
         if "compiled" in row:  # decode steps only: prefill runs eagerly in `rill serve` too
             row["compiled/native"] = {"ms_per_step": row["compiled"]["ms_per_step"] / row["native"]["ms_per_step"]}
         out[case] = row
@@ -203,16 +206,18 @@ def markdown(report: dict) -> str:
     rows = [[case, number(row["native"]["ms_per_step"]), number(row["transformers"]["ms_per_step"]),
              number(row["native"]["tokens_per_s"]), number(row["transformers"]["tokens_per_s"]),
              f"{row['native/transformers']['ms_per_step']:.2f}", f"{row['native/transformers']['tokens_per_s']:.2f}",
-             number(row["invariant"]["ms_per_step"]), f"{row['invariant/native']['ms_per_step']:.2f}",
+             number(row["invariant"]["ms_per_step"]) if "invariant" in row else "–",
+             f"{row['invariant/native']['ms_per_step']:.2f}" if "invariant" in row else "–",
              number(row["compiled"]["ms_per_step"]) if "compiled" in row else "–",
              f"{row['compiled/native']['ms_per_step']:.2f}" if "compiled" in row else "–"]
             for case, row in report["results"].items()]
     out = [f"# Engine step: native ModelRunner vs transformers ({m['name']})", "",
            f"- command: `{report['command']}`", f"- date: {report['date']}",
            f"- machine: {m['cpu_count']} CPUs, {m['cpu_model']} (flags: {' '.join(m.get('cpu_flags', []))}), "
+           + (f"GPU {m['gpu']}, " if m.get("gpu") else "") +
            f"torch {m['torch']} ({p['torch_threads']} threads), "
            f"transformers {m['transformers']}, load {m['load_avg_1m_start']:.2f} at start",
-           f"- model: {p['model']} ({p['dtype']}), {p['rounds']} interleaved rounds x {p['num_steps']} steps, medians",
+           f"- model: {p['model']} ({p['dtype']}, on {p.get('device', 'cpu')}), {p['rounds']} interleaved rounds x {p['num_steps']} steps, medians",
            "", "Ratios native/transformers: below 1 in time, above 1 in tokens/s means ours is faster.", "",
            table(["case", "native ms/step", "transformers ms/step", "native tok/s", "transformers tok/s",
                   "time native/transformers", "tok/s native/transformers", "--batch-invariant ms/step",
@@ -221,45 +226,48 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def load_both(model_dir: Path, dtype: torch.dtype, num_blocks: int) -> tuple[ModelRunner, torch.nn.Module]:
+def load_both(model_dir: Path, dtype: torch.dtype, num_blocks: int,
+              device: str = "cpu") -> tuple[ModelRunner, torch.nn.Module]:
     """The two models from one directory; random weights in both when it holds none (a tiny config)."""
     has_weights = any(model_dir.glob("*.safetensors"))
     runner = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE, eos_token_ids=[2],
-                         load_format="auto" if has_weights else "dummy")
+                         load_format="auto" if has_weights else "dummy", device=device)
     hf_logging.disable_progress_bar()
     if has_weights:
-        return runner, AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    return runner, AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype).eval()
+        return runner, AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().to(device)
+    return runner, AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype).eval().to(device)
 
 
 def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int, num_steps: int,
-        prefill_len: int) -> tuple[dict, dict]:
+        prefill_len: int, device: str = "cpu") -> tuple[dict, dict]:
     num_blocks = num_blocks_needed(batch_sizes, num_steps, prefill_len)
-    runner, hf = load_both(model_dir, dtype, num_blocks)
-    # The --batch-invariant mode (padded contexts and row-tiled linears) and the compiled decode
-    # steps of `rill serve`'s default: runners of their own over the same weights' files.
+    runner, hf = load_both(model_dir, dtype, num_blocks, device)
+    # The --batch-invariant mode (padded contexts and row-tiled linears; CPU only) and the compiled
+    # decode steps of `rill serve`'s default (CUDA graphs on a GPU): runners of their own over the
+    # same weights' files.
     load_format = "auto" if any(model_dir.glob("*.safetensors")) else "dummy"
-    invariant = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,
-                            eos_token_ids=[2], load_format=load_format, batch_invariant=True)
-    compiled = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,
-                           eos_token_ids=[2], load_format=load_format, compile_decode=True,
-                           max_num_seqs=max(batch_sizes))
-    counters = {"native": BlockCounter(), "invariant": BlockCounter(), "compiled": BlockCounter()}  # a cache each
+    make = lambda **kw: ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,  # noqa: E731
+                                    eos_token_ids=[2], load_format=load_format, device=device, **kw)
+    runners = {"native": runner, "compiled": make(compile_decode=True, max_num_seqs=max(batch_sizes))}
+    if device == "cpu":
+        runners["invariant"] = make(batch_invariant=True)
+    counters = {name: BlockCounter() for name in runners}  # a cache each
     pairs, tokens_per_step = {}, {}
     for b in batch_sizes:
         lens = context_lens(b)
         pairs[f"decode batch {b}"] = {"native": NativeDecode(runner, lens, num_steps, counters["native"]),
                                       "transformers": HFDecode(hf, lens),
-                                      "invariant": NativeDecode(invariant, lens, num_steps, counters["invariant"]),
-                                      "compiled": NativeDecode(compiled, lens, num_steps, counters["compiled"])}
+                                      **{name: NativeDecode(r, lens, num_steps, counters[name])
+                                         for name, r in runners.items() if name != "native"}}
         tokens_per_step[f"decode batch {b}"] = b
     prompt_ids = torch.randint(3, runner.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0))
     case = f"prefill {prefill_len} tokens"
     pairs[case] = {"native": NativePrefill(runner, prompt_ids.tolist(), counters["native"]),
-                   "transformers": HFPrefill(hf, prompt_ids.tolist()),
-                   "invariant": NativePrefill(invariant, prompt_ids.tolist(), counters["invariant"])}
+                   "transformers": HFPrefill(hf, prompt_ids.tolist())}
+    if "invariant" in runners:
+        pairs[case]["invariant"] = NativePrefill(runners["invariant"], prompt_ids.tolist(), counters["invariant"])
     tokens_per_step[case] = prefill_len
-    params = {"model": str(model_dir), "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
+    params = {"model": str(model_dir), "device": device, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
               "context_lens": {b: context_lens(b) for b in batch_sizes},
               "hf_attn_implementation": hf.config._attn_implementation}
     return summarize(measure(pairs, rounds, num_steps), tokens_per_step), params
@@ -273,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="decode steps per round (default 8, quick 2)")
     ap.add_argument("--prefill-len", type=int, default=None, help="prefill prompt tokens (default 512, quick 64)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: both sides on the GPU, Rill with its Triton kernels and CUDA-graph decode steps")
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     ap.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled SmolLM2-135M); "
                     "without weight files both sides get random weights")
@@ -286,13 +296,17 @@ def main(argv: list[str] | None = None) -> dict:
     prefill_len = args.prefill_len or (64 if args.quick else 512)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     model_dir = args.model or ensure_bundled_model()
-    results, extra = run(model_dir, batch_sizes, getattr(torch, args.dtype), rounds, num_steps, prefill_len)
+    results, extra = run(model_dir, batch_sizes, getattr(torch, args.dtype), rounds, num_steps, prefill_len,
+                         args.device)
     report = {"benchmark": "engine_step", **provenance("bench.engine_step", argv, args.machine),
               "params": {"dtype": args.dtype, "batch_sizes": batch_sizes, "rounds": rounds,
                                              "num_steps": num_steps, "prefill_len": prefill_len, "quick": args.quick,
                                              "torch_threads": torch.get_num_threads(), **extra},
               "results": results}
-    out = args.out or Path(f"bench/results/engine_step-{args.dtype}-{report['machine']['name']}.json")
+    if args.device == "cuda":
+        report["machine"]["gpu"] = torch.cuda.get_device_name()
+    suffix = "" if args.device == "cpu" else f"-{args.device}"
+    out = args.out or Path(f"bench/results/engine_step-{args.dtype}{suffix}-{report['machine']['name']}.json")
     save_results(out, report, markdown(report))
     print(markdown(report))
     return report

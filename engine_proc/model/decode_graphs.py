@@ -48,10 +48,16 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
     row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
-    blocks of `block_table` [B, num_blocks]: the torch path with an additive mask (the "cpu"
-    backend's graphs call the C++ operator rill_cpu::paged_decode_layer instead)."""
+    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernel, on the CPU the torch path
+    with an additive mask (the "cpu" backend's graphs call the C++ operator rill_cpu::paged_decode_layer
+    instead)."""
     k_cache, v_cache = _kv_caches[layer]
     write_kv(k_cache, v_cache, k, v, slot_mapping)
+    if q.is_cuda:  # the Triton kernel reads each row's blocks up to its length: no gather, no mask
+        from engine_proc.attention.triton import paged_attention_triton
+
+        rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
+        return paged_attention_triton(q, k_cache, v_cache, block_table, rows, context_lens, q.shape[-1] ** -0.5)
     return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
 
 
@@ -71,11 +77,11 @@ def default_cache_dir_env() -> None:
 class DecodeGraphs:
     """The model's forward compiled for decode-only batches; `run(batch)` gives their logits.
 
-    On the CPU one graph serves every batch size and context length (both dimensions dynamic):
-    measured, it is as fast at batch 1 as a graph compiled for that size alone, and one compile
-    instead of one per size keeps start-up short. Batch size 1 gets a graph of its own (torch
-    specialises dimensions of size 1). On a GPU each batch is padded to the next of `CUDA_SIZES`,
-    one CUDA graph per size, as vLLM captures them; that path has never run on a GPU.
+    One compiled graph serves every batch size: on the CPU every context length too (both
+    dimensions dynamic); measured there, it is as fast at batch 1 as a graph compiled for that size
+    alone, and one compile instead of one per size keeps start-up short. On a GPU each batch is
+    padded to the next of `CUDA_SIZES` and the block table to the model's longest context, and a
+    CUDA graph is recorded per padded size at start, as vLLM captures them.
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
@@ -91,7 +97,11 @@ class DecodeGraphs:
         self.block_size = block_size
         self.device = device
         self.max_num_seqs = max_num_seqs
+        # A CUDA graph replays fixed shapes: the block table is as wide as the longest sequence's
+        # (the kernel reads each row only up to its length); on the CPU its width follows the step.
+        self.table_width = None
         if device.type == "cuda":
+            self.table_width = -(-model.config.max_position_embeddings // block_size)
             self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
             self.compiled = torch.compile(model.forward, mode="reduce-overhead", dynamic=False, fullgraph=True)
         else:
@@ -130,7 +140,7 @@ class DecodeGraphs:
                 table.append(s.req.block_ids[: p // bs + 1])
         num_rows = len(input_ids)
         pad = self.padded_size(num_rows) - num_rows
-        num_blocks = -(-(max(positions) + 1) // bs)
+        num_blocks = self.table_width or -(-(max(positions) + 1) // bs)
         # Padded rows: token 0 at position 0 in the padding block 0, attending to its slot 0 only.
         table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
         positions_t = torch.tensor(positions + [0] * pad, dtype=torch.long)
@@ -149,25 +159,30 @@ class DecodeGraphs:
                                  cpu_kernel=self.cpu_kernel)
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
-        # The context dimension varies step to step inside one graph; on the CPU the batch too.
-        # Unbacked: no graph of its own for a size of 1 (one block, one row), which a plain
-        # dynamic dimension gets.
+        # One compiled graph for every batch size (on a GPU, one CUDA graph recorded from it per
+        # padded size) and, on the CPU, every context width. Unbacked: no graph of its own for a
+        # size of 1 (one block, one row), which a plain dynamic dimension gets.
         mark = torch._dynamo.decorators.mark_unbacked
-        mark(meta.decode_block_table, 1)
-        if self.sizes is None:
-            for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_lens, logits_indices):
-                mark(t, 0)
+        if self.table_width is None:
+            mark(meta.decode_block_table, 1)
+        for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_lens, logits_indices):
+            mark(t, 0)
+        if self.sizes is not None:  # a new step: the last step's outputs (in the graphs' pool) are consumed
+            torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(*args)
 
     @torch.inference_mode()
     def warm_up(self) -> float:
         """Compile (or load from the disk cache) now, on padding rows; the seconds it took."""
         started = time.perf_counter()
-        for size in self.sizes or (1, 3):
-            for num_blocks in (1, 3):  # two context lengths: that dimension is dynamic
-                zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
-                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
-                              torch.ones(size, dtype=torch.long))
+        # On a GPU a size's first call compiles and its second records the CUDA graph; on the CPU
+        # two context widths, since that dimension is dynamic there.
+        calls = [(size, self.table_width) for size in self.sizes for _ in range(2)] if self.sizes else \
+            [(size, num_blocks) for size in (1, 3) for num_blocks in (1, 3)]
+        for size, num_blocks in calls:
+            zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
+            self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
+                          torch.ones(size, dtype=torch.long))
         elapsed = time.perf_counter() - started
         log.info("decode graphs compiled in %.1f s (%s)", elapsed,
                  "one for every batch size" if self.sizes is None else f"batch sizes {list(self.sizes)}")

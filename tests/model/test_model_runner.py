@@ -26,10 +26,12 @@ MESSAGES = [
 
 
 class BlockAllocator:
-    """Hands out block ids in a shuffled order, so block tables are neither contiguous nor sorted."""
+    """Hands out block ids in a shuffled order, so block tables are neither contiguous nor sorted.
+    Never block 0: as in the engine's block manager it is the null block, which the padding rows of
+    a CUDA graph's decode step write."""
 
     def __init__(self, num_blocks: int, seed: int = 0) -> None:
-        self.free_ids = list(range(num_blocks))
+        self.free_ids = list(range(1, num_blocks))
         random.Random(seed).shuffle(self.free_ids)
 
     def cover(self, req: EngineRequest, num_tokens: int) -> None:

@@ -17,7 +17,7 @@ namespace {
 bool prefill_attention_supported() { return rill_prefill::supported(); }
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    TORCH_CHECK(rill_prefill::supported(), "prefill_attention: this CPU has no AMX-BF16 (see prefill_attention_supported)");
+    TORCH_CHECK(rill_prefill::supported(), "prefill_attention: this CPU has neither AMX-BF16 nor AVX-512 BF16 (see prefill_attention_supported)");
     TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
                 "prefill_attention: bfloat16 q, k and v");
     TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 &&

@@ -16,10 +16,12 @@ from engine_proc.attention.kv_cache import AttentionMetadata
 
 def layer_args(layer) -> tuple | None:
     """(weights, biases, out_features) of a layer the operator can run, else None."""
+    from engine_proc.model.loader import AmxLinear  # (the loader imports the model, which imports this)
+
     attn, mlp = layer.attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if (attn.q_norm is not None or attn.head_dim != 64
-            or not all(getattr(lin, "packed_weight", None) is not None and not lin.fixed_tiles for lin in linears)
+            or not all(isinstance(lin, AmxLinear) and not lin.fixed_tiles for lin in linears)
             or not (attn.qkv_proj.fuses_rope and mlp.gate_up_proj.fuses_silu_mul)):
         return None
     weights = [layer.input_norm.weight, attn.qkv_proj.packed_weight, attn.o_proj.packed_weight,

@@ -14,9 +14,11 @@ from tests.e2e.test_sampling_options import stream_chunks
 from tests.helpers.openapi import validate
 
 TEXT = "The sea is calm tonight, and the moon is bright over the water."
-# Two code paths (a decode step, a prefill) or two batches agree to this in bfloat16; a logprob
-# of the wrong token or position is off by far more.
-BF16_TOLERANCE = 0.1
+# Two code paths (a decode step, a prefill) or two batches agree to this in bfloat16: their GEMM
+# kernels differ by row count, and a bfloat16 logit between 16 and 32 is rounded to steps of 0.125
+# (seen on a Zen 4: 0.139 apart at one position of a 14- and a 15-token prefill). A logprob of the
+# wrong token or position is off by far more.
+BF16_TOLERANCE = 0.25
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ def supported() -> bool:
     return cpu_kernels.available() and bool(torch.ops.rill_cpu.prefill_attention_supported())
 
 
-pytestmark = pytest.mark.skipif(not supported(), reason="no AMX-BF16 on this CPU (or no built kernels): SDPA serves")
+pytestmark = pytest.mark.skipif(not supported(), reason="neither AMX-BF16 nor AVX-512 BF16 on this CPU (or no built kernels): SDPA serves")
 
 
 def chunk(num_q: int, num_k: int, heads: int, kv_heads: int, head_dim: int, seed: int = 0):

@@ -8,7 +8,7 @@
 // which oneDNN's inner product picks a poor blocking, 1.03x at 960, 1.36x at 3,072 (gate_up_proj,
 // which takes it anyway for its SiLU epilogue: see loader.AMX_DEFAULT_LAYERS).
 //
-// With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: kFixedTile rows (a last
+// With `fixed_tiles` (--batch-invariant), every brgemm call has the same shape: fixed_tile() rows (a last
 // partial tile is copied into a zero-padded buffer), one panel, the whole reduction. So a row's
 // result never depends on how many other rows share the call, nor on its place among them: the
 // layer is batch invariant by construction (no row tiling around it). Without, a partial tile is
@@ -17,12 +17,13 @@
 // the same either way; the padding makes it hold by construction.)
 //
 // amx_ops.cpp wraps it as rill_cpu::amx_linear_pack, amx_linear, amx_linear_silu_mul and
-// amx_linear_rope; callers check amx_linear_supported() (the same AMX-BF16 check as
+// amx_linear_rope; callers check amx_linear_supported() (the same check as
 // prefill_attention.cpp).
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -39,31 +40,43 @@ constexpr int64_t kPanel = 64;  // output columns per packed panel (the width on
 // Rows per brgemm call. Measured per layer at 512 rows: 16 rows 20-50% slower than 32 or 64,
 // which were within a few percent of each other; 32 pads a fixed_tiles decode step less.
 constexpr int64_t kTile = 32;
-// Rows per call with fixed_tiles: one AMX tile's height. A decode step's rows are padded to it, so
-// the padded rows cost half what 32 did (the LM head's most of all): a --batch-invariant decode
-// step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against 23.9; a 512-token prefill 159 against
-// 157 ms (python -m bench.engine_step --dtype bfloat16).
-constexpr int64_t kFixedTile = 16;
+// Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
+// step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
+// all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
+// 23.9; a 512-token prefill 159 against 157 ms (python -m bench.engine_step --dtype bfloat16). With
+// AVX-512 BF16 alone each padded row costs its full arithmetic (16 rows of the bundled model are
+// about 4 GFLOP a step, 12 ms on a 2-core Zen 4), so fewer: RILL_FIXED_TILE_ROWS overrides.
+int64_t fixed_tile() {
+    static const int64_t rows = [] {
+        if (const char* env = std::getenv("RILL_FIXED_TILE_ROWS")) return std::clamp<int64_t>(std::atoll(env), 1, kTile);
+        return at::native::cpublas::could_pack(at::kBFloat16) ? int64_t{16} : int64_t{4};
+    }();
+    return rows;
+}
 
-bool supported() { return at::native::cpublas::could_pack(at::kBFloat16); }
+// AMX-BF16, or a build for a CPU with AVX-512 BF16 (as prefill_attention.cpp's supported()).
+bool supported() {
+#ifdef RILL_BF16_SIMD
+    return true;
+#else
+    return at::native::cpublas::could_pack(at::kBFloat16);
+#endif
+}
 
 int64_t num_panels(int64_t N) { return (N + kPanel - 1) / kPanel; }
 
 // w [N, K] (bfloat16 bits, rows contiguous) into out [num_panels(N), K * 64]: panel p holds
-// columns p*64.. as brgemm reads them (VNNI pairs of K), columns past N zero. K must be even.
+// columns p*64.. as brgemm reads them, columns past N zero. K must be even. Written here rather
+// than by cpublas::pack, which packs only where AMX is: the pairs of K of each column, element
+// (k, j) of the panel at (k / 2) * 128 + j * 2 + k % 2, the layout both AMX and AVX-512 BF16 read.
 void pack(uint16_t* out, const uint16_t* w, int64_t N, int64_t K) {
     const int64_t P = num_panels(N);
-#pragma omp parallel
-    {
-        std::vector<uint16_t> tmp(K * kPanel);
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < P; ++p) {
-            for (int64_t j = 0; j < kPanel; ++j) {  // tmp[k * 64 + j] = w[p * 64 + j, k]
-                const int64_t n = p * kPanel + j;
-                for (int64_t k = 0; k < K; ++k) tmp[k * kPanel + j] = n < N ? w[n * K + k] : 0;
-            }
-            at::native::cpublas::pack(K, kPanel, kPanel, kPanel, at::kBFloat16, at::kBFloat16, tmp.data(),
-                                      out + p * K * kPanel);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < P; ++p) {
+        uint16_t* panel = out + p * K * kPanel;
+        for (int64_t j = 0; j < kPanel; ++j) {
+            const int64_t n = p * kPanel + j;
+            for (int64_t k = 0; k < K; ++k) panel[(k / 2) * 2 * kPanel + j * 2 + k % 2] = n < N ? w[n * K + k] : 0;
         }
     }
 }
@@ -123,7 +136,7 @@ inline void store_rope_tile(uint16_t* dst, int64_t ld, const float* c, const flo
             rill_simd::store_bf16(dst + i * ld + j, y1);
             rill_simd::store_bf16(dst + i * ld + half + j, y2);
         }
-#else  // no AMX without AVX-512 BF16, but the AVX2 and SSE2 test builds run it
+#else  // an AMX CPU running a build for an older one (the AVX2 and SSE2 test builds)
         for (int64_t j = 0; j < half; ++j) {
             uint16_t b1, b2;
             float y1, y2;
@@ -150,7 +163,7 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
             if (up_bias) u = _mm512_add_ps(u, _mm512_loadu_ps(up_bias + j));
             rill_simd::store_bf16(dst + i * ld + j, rill_simd::silu_mul(rill_simd::round_bf16(g), rill_simd::round_bf16(u)));
         }
-#else  // no AMX without AVX-512 BF16, but the AVX2 and SSE2 test builds run it
+#else  // an AMX CPU running a build for an older one (the AVX2 and SSE2 test builds)
         uint16_t g[kPanel], u[kPanel];
         for (int64_t j = 0; j < kPanel; ++j) {
             rill_float::store(g + j, cg[i * kPanel + j] + (gate_bias ? gate_bias[j] : 0.0f));
@@ -178,7 +191,7 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
             int64_t K, bool fixed_tiles, bool silu_mul = false, const Rope* rope = nullptr) {
     using at::BFloat16;
-    const int64_t tile = fixed_tiles ? kFixedTile : kTile;
+    const int64_t tile = fixed_tiles ? fixed_tile() : kTile;
     const int64_t P = num_panels(N), num_tiles = (M + tile - 1) / tile, tail_rows = M - (num_tiles - 1) * tile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;
     // With fixed_tiles, the last tile's rows, then zeros: every call reads tile rows.

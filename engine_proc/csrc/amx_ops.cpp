@@ -40,7 +40,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 bool amx_linear_supported() { return rill_amx_linear::supported(); }
 
 at::Tensor amx_linear_pack(const at::Tensor& weight) {
-    TORCH_CHECK(rill_amx_linear::supported(), "amx_linear_pack: this CPU has no AMX-BF16");
+    TORCH_CHECK(rill_amx_linear::supported(), "amx_linear_pack: this CPU has neither AMX-BF16 nor AVX-512 BF16");
     TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(1) % 2 == 0,
                 "amx_linear_pack: a bfloat16 weight [out, in] with an even number of inputs");
     const at::Tensor w = weight.contiguous();

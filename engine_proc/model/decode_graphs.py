@@ -108,8 +108,9 @@ class DecodeGraphs:
         if device.type == "cuda":
             self.table_width = -(-model.config.max_position_embeddings // block_size)
             self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
-            self.compiled = torch.compile(model.forward, mode="reduce-overhead", dynamic=False, fullgraph=True,
-                                          options=GUARDS)
+            # mode="reduce-overhead" is these options (torch takes a mode or options, not both)
+            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
+                                          options={**GUARDS, "triton.cudagraphs": True})
         else:
             import torch._inductor.config as inductor_config
 

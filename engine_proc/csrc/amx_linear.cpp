@@ -240,8 +240,10 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // A prompt: each thread its own rows, all units (the rows it reads and the outputs it
         // writes stay in its L2; both threads read each panel at about the same time, the second
         // from L3). A decode step: each thread its own units, so the weights are read once.
+        // Decided on 32-row tiles whatever the tile: with --batch-invariant's small ones a decode step
+        // of 32 rows is 8 tiles, and split by rows each thread read every weight (the LM head's too).
         const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-        if (num_tiles >= 2 * nt) {
+        if ((M + kTile - 1) / kTile >= 2 * nt) {
             const int64_t t_begin = num_tiles * me / nt, t_end = num_tiles * (me + 1) / nt;
             for (int64_t u = 0; u < units; ++u)
                 for (int64_t t = t_begin; t < t_end; ++t) run(u, t, t - t_begin, t_end - t_begin);

@@ -54,7 +54,8 @@ int64_t fixed_tile() {
     return rows;
 }
 
-// AMX-BF16, or a build for a CPU with AVX-512 BF16 (as prefill_attention.cpp's supported()).
+// AMX-BF16, or a build for a CPU with AVX-512 BF16 (Zen 4, Cooper Lake): there oneDNN's brgemm takes
+// the same packed pairs and multiplies them with vdpbf16ps. prefill_attention.cpp asks this too.
 bool supported() {
 #ifdef RILL_BF16_SIMD
     return true;

@@ -10,10 +10,9 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine_proc.model.runner import ModelRunner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, _tiny_config, generate
+from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate, save_tiny_model
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -22,13 +21,8 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_tiny_config("llama3-rope-untied"), dtype=torch.float32).eval()
-    with torch.no_grad():
-        for param in hf.parameters():
-            param.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp("tiny-llama")
-    hf.save_pretrained(path)
+    save_tiny_model("llama3-rope-untied", path)
     return path
 
 

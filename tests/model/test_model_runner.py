@@ -162,14 +162,20 @@ def _tiny_config(kind: str):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])
-def test_tiny_architectures_match_transformers(kind, tmp_path):
+def save_tiny_model(kind: str, path):
+    """A tiny model of `kind` (_tiny_config) with seeded random weights, saved at `path`; returned."""
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(_tiny_config(kind), dtype=torch.float32).eval()
     with torch.no_grad():
         for param in hf.parameters():  # biases and norms too, so that loading each is checked
             param.normal_(0.0, 0.2)
-    hf.save_pretrained(tmp_path)
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])
+def test_tiny_architectures_match_transformers(kind, tmp_path):
+    hf = save_tiny_model(kind, tmp_path)
     runner = ModelRunner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
     ids = torch.randint(3, 128, (1, 70)).tolist()[0]
     with torch.inference_mode():

@@ -10,14 +10,13 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine_proc.model.runner import ModelRunner, resolve_attention_backend
 from engine_proc.sample.sampler import Sampler
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
-from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator, _tiny_config
+from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator, save_tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e .[test] on Linux)")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,13 +24,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_tiny_config("qwen2"), dtype=torch.float32).eval()
-    with torch.no_grad():
-        for param in hf.parameters():
-            param.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp("tiny-qwen2")
-    hf.save_pretrained(path)
+    save_tiny_model("qwen2", path)
     return path
 
 

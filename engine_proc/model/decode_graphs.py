@@ -30,8 +30,8 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 # No guards on the model's modules, whose checks ran on every step (0.8 ms of a 17 ms decode step at
-# batch 1 on a Zen 4): the modules do not change once loaded (a step with a LoRA adapter, whose
-# wrapped linears the graph does not hold, runs eagerly).
+# batch 1 on a Zen 4): the modules do not change after the compile (LoRA wraps its linears when the
+# runner is built, before it; adapters load into slots of those, and their steps run eagerly).
 GUARDS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 # The KV cache of each layer, registered by DecodeGraphs. The op reads and writes it by layer

@@ -81,7 +81,7 @@ def init_group(rank: int, world_size: int, master_addr: str, master_port: int, d
         if name is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = name
             log.debug("gloo on interface %s (the route to %s)", name, master_addr)
-    if device_type == "cuda":  # one GPU per rank of a node; never run (Rill has not run on a GPU)
+    if device_type == "cuda":  # one GPU per rank of a node; never run (one GPU was lent, never several)
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend_for(device_type), init_method=f"tcp://{master_addr}:{master_port}",
                             world_size=world_size, rank=rank, timeout=GROUP_TIMEOUT)

@@ -226,28 +226,24 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def load_both(model_dir: Path, dtype: torch.dtype, num_blocks: int,
-              device: str = "cpu") -> tuple[ModelRunner, torch.nn.Module]:
-    """The two models from one directory; random weights in both when it holds none (a tiny config)."""
-    has_weights = any(model_dir.glob("*.safetensors"))
-    runner = ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE, eos_token_ids=[2],
-                         load_format="auto" if has_weights else "dummy", device=device)
+def load_transformers(model_dir: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """transformers' model from the directory; random weights when it holds none (a tiny config)."""
     hf_logging.disable_progress_bar()
-    if has_weights:
-        return runner, AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().to(device)
-    return runner, AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype).eval().to(device)
+    if any(model_dir.glob("*.safetensors")):
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().to(device)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype).eval().to(device)
 
 
 def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int, num_steps: int,
         prefill_len: int, device: str = "cpu") -> tuple[dict, dict]:
     num_blocks = num_blocks_needed(batch_sizes, num_steps, prefill_len)
-    runner, hf = load_both(model_dir, dtype, num_blocks, device)
-    # The --batch-invariant mode (padded contexts and row-tiled linears; CPU only) and the compiled
-    # decode steps of `rill serve`'s default (CUDA graphs on a GPU): runners of their own over the
-    # same weights' files.
+    # Our runners over the same weights' files (random, as transformers' are, when it holds none): the
+    # eager default, the compiled decode steps of `rill serve`'s default (CUDA graphs on a GPU), and
+    # the --batch-invariant mode (padded contexts and row-tiled linears; CPU only).
     load_format = "auto" if any(model_dir.glob("*.safetensors")) else "dummy"
     make = lambda **kw: ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,  # noqa: E731
                                     eos_token_ids=[2], load_format=load_format, device=device, **kw)
+    runner, hf = make(), load_transformers(model_dir, dtype, device)
     runners = {"native": runner, "compiled": make(compile_decode=True, max_num_seqs=max(batch_sizes))}
     if device == "cpu":
         runners["invariant"] = make(batch_invariant=True)

@@ -10,13 +10,11 @@
 set -u
 OUT=${OUT:-gpu-tier-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PWD:/tmp/site"
-fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:/tmp/site"
+mkdir -p /tmp/site
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # Not installed here: the top-level templates/ folder as the package an install names rill_templates.
-mkdir -p /tmp/site && ln -sfn "$PWD/templates" /tmp/site/rill_templates && export PYTHONPATH="$PWD:/tmp/site"
+ln -sfn "$PWD/templates" /tmp/site/rill_templates
 STAGES=${STAGES:-tests engine_step serve}  # a rerun can name fewer
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,

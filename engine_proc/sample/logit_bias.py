@@ -3,27 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sched.batch import ScheduledSeq
+from engine_proc.sample.prepared import SamplePrep
 
 
-def uses_logit_bias(seqs: list[ScheduledSeq]) -> bool:
+def biased_rows(preps: list[SamplePrep]) -> list[int]:
     """One attribute read per row: a step where no row asks does no tensor work."""
-    return any(s.req.params.logit_bias for s in seqs)
+    return [i for i, prep in enumerate(preps) if prep.bias_ids is not None]
 
 
-def add_logit_bias(logits: torch.Tensor, seqs: list[ScheduledSeq]) -> None:
-    """In place: each row's bias added to its tokens' logits (ids past the vocabulary skipped)."""
-    rows: list[int] = []
-    cols: list[int] = []
-    values: list[float] = []
-    vocab_size = logits.shape[1]
-    for i, s in enumerate(seqs):
-        for token_id, bias in s.req.params.logit_bias.items():
-            if 0 <= token_id < vocab_size:  # checked against the tokenizer's vocabulary at the edge
-                rows.append(i)
-                cols.append(token_id)
-                values.append(bias)
-    if rows:
-        device = logits.device
-        logits.index_put_((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
-                          torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+def add_logit_bias(logits: torch.Tensor, rows: list[int], preps: list[SamplePrep]) -> None:
+    """In place: each of `rows` gets its bias added to its tokens' logits, one op per row
+    whatever the bias's size (its ids and values were made tensors once, in SamplePrep)."""
+    for i in rows:
+        prep = preps[i]
+        logits[i].index_add_(0, prep.bias_ids, prep.bias_values.to(logits.dtype))

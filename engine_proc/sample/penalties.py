@@ -51,28 +51,45 @@ def apply_penalties(
 
 
 def penalize(logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
-    """The logits [len(reqs), V] of requests that use penalties, penalised (a new tensor)."""
+    """The logits [len(reqs), V] of requests that use penalties, penalised (a new tensor).
+
+    The prompt's ids are a tensor made once (SamplePrep.prompt_ids); the output's are converted
+    each step (it grows), in C: no Python loop over a row's tokens.
+    """
     seen_rows = []
+    output_rows = []
     for r in reqs:
+        output = torch.tensor(r.output_ids, dtype=torch.long)
+        output_rows.append(output)
         if r.params.repetition_penalty == 1.0:
-            seen_rows.append(r.output_ids)
+            seen_rows.append(output)
         else:
             assert r.prompt_ids, "a repetition penalty needs a prompt: padding relies on it"
-            seen_rows.append(r.output_ids + r.prompt_ids)
+            seen_rows.append(torch.cat([output, _prompt_ids(r)]))
     params = [r.params for r in reqs]
     device = logits.device
     return apply_penalties(
         logits,
         _padded(seen_rows, pad=None).to(device),
-        _padded([r.output_ids for r in reqs], pad=logits.shape[1]).to(device),
+        _padded(output_rows, pad=logits.shape[1]).to(device),
         torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device),
         torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device),
         torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
     )
 
 
-def _padded(rows: list[list[int]], pad: int | None) -> torch.Tensor:
+def _prompt_ids(req) -> torch.Tensor:
+    prep = getattr(req, "sample_prep", None)
+    if prep is not None and prep.prompt_ids is not None:
+        return prep.prompt_ids
+    return torch.tensor(req.prompt_ids, dtype=torch.long)
+
+
+def _padded(rows: list[torch.Tensor], pad: int | None) -> torch.Tensor:
     """Rows as one [len(rows), longest] long tensor; pad None repeats each row's first id (0 if empty)."""
     width = max(1, max(len(r) for r in rows))
-    padded = [r + [(r[0] if r else 0) if pad is None else pad] * (width - len(r)) for r in rows]
-    return torch.tensor(padded, dtype=torch.long)
+    out = torch.empty(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+        out[i, len(row) :] = (row[0] if len(row) else 0) if pad is None else pad
+    return out

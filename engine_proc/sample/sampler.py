@@ -6,8 +6,9 @@ from typing import Any
 import torch
 
 from engine_proc.grammar.bitmask import GrammarMasker
-from engine_proc.sample.logit_bias import add_logit_bias, uses_logit_bias
+from engine_proc.sample.logit_bias import add_logit_bias, biased_rows
 from engine_proc.sample.penalties import penalize, uses_penalties
+from engine_proc.sample.prepared import SamplePrep, prepared
 from engine_proc.sched.batch import ScheduledSeq
 from ipc.logprobs import TokenLogprobs
 
@@ -163,38 +164,37 @@ class Sampler:
         return out
 
     def _processed(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """logit_bias, min_tokens' held-back ids, then penalties; on a copy, only when a row needs them."""
-        rows, cols = self._stop_ids_to_block(seqs, logits.shape[1])
+        """logit_bias, min_tokens' held-back ids, then penalties; on a copy, only when a row needs them.
+
+        Per row a constant number of attribute reads and at most one torch op per feature: the
+        client-sized parts (stop ids, logit_bias, the prompt) are tensors made once (SamplePrep).
+        """
+        vocab_size = logits.shape[1]
+        preps = [prepared(s.req, self.eos_token_ids, vocab_size, self.device) for s in seqs]
+        held_rows = self._held_rows(seqs, preps)
         penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
-        biased = uses_logit_bias(seqs)
-        if not rows and not penalised_rows and not biased:
+        bias_rows = biased_rows(preps)
+        if not held_rows and not penalised_rows and not bias_rows:
             return logits
         logits = logits.clone()  # the caller's logits stay as they were
-        if biased:
-            add_logit_bias(logits, seqs)
-        if rows:
-            logits[rows, cols] = float("-inf")
+        if bias_rows:
+            add_logit_bias(logits, bias_rows, preps)
+        for i in held_rows:
+            logits[i].index_fill_(0, preps[i].held_ids, float("-inf"))
         if penalised_rows:
             reqs = [seqs[i].req for i in penalised_rows]
             logits[penalised_rows] = penalize(logits[penalised_rows], reqs)
         return logits
 
-    def _stop_ids_to_block(self, seqs: list[ScheduledSeq], vocab_size: int) -> tuple[list[int], list[int]]:
-        """Before min_tokens, a request may not end: (rows, cols) of its stop ids (and eos)."""
-        rows: list[int] = []
-        cols: list[int] = []
-        for i, s in enumerate(seqs):
-            p = s.req.params
+    @staticmethod
+    def _held_rows(seqs: list[ScheduledSeq], preps: list[SamplePrep]) -> list[int]:
+        """Rows before their min_tokens: their stop ids (and eos) may not be sampled yet."""
+        rows = []
+        for i, (s, prep) in enumerate(zip(seqs, preps)):
             # A grammar decides where its request may end (its mask allows eos only there).
-            if len(s.req.output_ids) >= p.min_tokens or s.req.grammar is not None:
-                continue
-            # With ignore_eos, eos is an ordinary token and is not held back (as in vLLM).
-            stop_ids = p.stop_token_ids if p.ignore_eos else [*self.eos_token_ids, *p.stop_token_ids]
-            for token_id in stop_ids:
-                if 0 <= token_id < vocab_size:
-                    rows.append(i)
-                    cols.append(token_id)
-        return rows, cols
+            if prep.held_ids is not None and len(s.req.output_ids) < s.req.params.min_tokens and s.req.grammar is None:
+                rows.append(i)
+        return rows
 
     def _sample_rows(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """Sample rows whose temperature is > 0: logits [len(seqs), V]."""

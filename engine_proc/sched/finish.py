@@ -15,7 +15,7 @@ def finish_after(req: EngineRequest, token_id: int, *, eos_token_ids: frozenset[
         return req.grammar.finish
     num_output_ids = len(req.output_ids)
     if num_output_ids >= params.min_tokens and (
-        (token_id in eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids
+        (token_id in eos_token_ids and not params.ignore_eos) or token_id in req.stop_id_set
     ):
         return FinishReason.STOP
     num_tokens = req.num_tokens

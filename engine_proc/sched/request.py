@@ -45,6 +45,14 @@ class EngineRequest:
     prompt_logprobs: list[Any] = field(default_factory=list)
     spec_state: Any = None  # the speculative proposer's own state (engine_proc/spec/ngram.py: NgramIndex)
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
+    # Prepared once here, read every step: a client may send thousands of stop ids, and a set
+    # keeps finish_after() O(1) per token (a list was scanned per token).
+    stop_id_set: frozenset[int] = field(init=False, repr=False)
+    # The sampler's tensors for it (engine_proc/sample/prepared.py), built at its first sample.
+    sample_prep: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.stop_id_set = frozenset(self.params.stop_token_ids)
 
     @property
     def lora(self) -> str:

@@ -34,6 +34,7 @@ class _RowRequest:
     prompt_ids: list[int]
     output_ids: list[int]
     grammar: Any = None
+    sample_prep: Any = None  # its request's (engine_proc/sample/prepared.py): built once, not per row
 
 
 @dataclass(eq=False, slots=True)
@@ -51,7 +52,8 @@ def sample(sampler: Sampler, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> 
         rows.append(s)
         req = s.req
         for j in range(1, len(s.draft_ids) + 1):
-            rows.append(_Row(_RowRequest(req.params, req.prompt_ids, req.output_ids + s.draft_ids[:j])))
+            rows.append(_Row(_RowRequest(req.params, req.prompt_ids, req.output_ids + s.draft_ids[:j],
+                                          sample_prep=req.sample_prep)))
     row_out = sampler.sample(logits, rows)
     out = SamplerOutput([])
     out.spec_ids = []

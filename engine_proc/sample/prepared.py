@@ -1,0 +1,49 @@
+"""A request's fixed sampling inputs as tensors, built at its first sample and reused every step."""
+from __future__ import annotations
+
+import torch
+
+from ipc.protocol import SamplingParams
+
+
+class SamplePrep:
+    """What the sampler would otherwise rebuild from client-sized lists on every step.
+
+    A client may send thousands of stop ids or logit_bias entries and a prompt of max_model_len
+    tokens: turned into tensors once here, each step costs one torch op per row that uses them,
+    never a Python loop over their entries (docs/admission-control.md has the measured bound).
+
+    held_ids: the ids min_tokens holds back (its stop ids, and eos unless ignore_eos), or None.
+    bias_ids, bias_values: logit_bias, or None. prompt_ids: for a repetition penalty, or None.
+    Ids outside the vocabulary are dropped (the API worker refuses them; this is the engine's
+    own guard, so that no such id ever reaches an index op).
+    """
+
+    __slots__ = ("held_ids", "bias_ids", "bias_values", "prompt_ids")
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], eos_token_ids: list[int], vocab_size: int,
+                 device: torch.device) -> None:
+        self.held_ids = None
+        if params.min_tokens > 0:
+            # With ignore_eos, eos is an ordinary token and is not held back (as in vLLM).
+            held = set(params.stop_token_ids) if params.ignore_eos else {*eos_token_ids, *params.stop_token_ids}
+            held = sorted(i for i in held if 0 <= i < vocab_size)
+            if held:
+                self.held_ids = torch.tensor(held, dtype=torch.long, device=device)
+        self.bias_ids = self.bias_values = None
+        if params.logit_bias:
+            pairs = [(i, b) for i, b in params.logit_bias.items() if 0 <= i < vocab_size]
+            if pairs:
+                self.bias_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)
+                self.bias_values = torch.tensor([b for _, b in pairs], dtype=torch.float32, device=device)
+        # On the CPU, where penalize() assembles its rows before one copy to the device.
+        self.prompt_ids = (torch.tensor(prompt_ids, dtype=torch.long) if params.repetition_penalty != 1.0 and prompt_ids
+                           else None)
+
+
+def prepared(req, eos_token_ids: list[int], vocab_size: int, device: torch.device) -> SamplePrep:
+    """req's SamplePrep, built and kept on it the first time (`req.sample_prep`)."""
+    prep = req.sample_prep
+    if prep is None:
+        prep = req.sample_prep = SamplePrep(req.params, req.prompt_ids, eos_token_ids, vocab_size, device)
+    return prep

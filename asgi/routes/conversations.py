@@ -2,32 +2,40 @@
 
 A response created with `conversation` reads the conversation's items before its input, and
 when it ends its input and output items are appended. Conversations are bounded by their own
-count and TTL (from creation), enforced by the store across every API worker.
+count, TTL (from creation) and bytes, enforced by the store across every API worker; lists read
+one page from the store.
 """
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 import msgspec
+from msgspec import Meta
 
 from asgi.errors import APIError
 from asgi.http.primitives import send_response
 from asgi.http.router import HTTPRequest
 from asgi.requests.body import decode_json
 from asgi.requests.responses_input import items_to_messages, typed_items
-from asgi.requests.responses_request import check_metadata
 from asgi.state import WorkerState
-from asgi.stores.base import Conversation
+from asgi.stores.base import MAX_CONVERSATION_ITEMS, MAX_PAGE, Conversation, Order, Page
+from asgi.stores.items import Refused, stored_items
 
-MAX_ITEMS_PER_CALL = 20  # as OpenAI: items of one create call
+log = logging.getLogger("rill.store")
+
+MAX_ITEMS_PER_CALL = 20  # as OpenAI: items of one create or add call
+# OpenAI's metadata: 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+                     Meta(max_length=16)]
 
 
 class ConversationBody(msgspec.Struct):
-    items: list[dict[str, Any]] | None = None
-    metadata: dict[str, str] | None = None
+    items: Annotated[list[dict[str, Any]], Meta(max_length=MAX_ITEMS_PER_CALL)] | None = None
+    metadata: Metadata | None = None
 
 
 _body = msgspec.json.Decoder(ConversationBody)
@@ -35,12 +43,9 @@ _body = msgspec.json.Decoder(ConversationBody)
 
 def _decode(body: bytes) -> ConversationBody:
     req = decode_json(_body, body or b"{}")
-    check_metadata(req.metadata)
-    if req.items is not None and len(req.items) > MAX_ITEMS_PER_CALL:
-        raise APIError(400, f"At most {MAX_ITEMS_PER_CALL} items can be added at once.", param="items")
     items = typed_items(req.items or [], "items")
     items_to_messages(items, "items")  # the same checks a response's input gets
-    req.items = items
+    req.items = stored_items(items, "items")  # what the store keeps, and so what is echoed
     return req
 
 
@@ -66,15 +71,27 @@ async def conversation_or_404(state: WorkerState, conversation_id: str, param: s
 
 
 async def items_or_404(state: WorkerState, conversation_id: str, param: str | None = None) -> list[dict[str, Any]]:
-    items = await state.store.list_items(conversation_id)
-    if items is None:
+    """Every item, for a response's prompt: a 400 before any work if the conversation has no
+    room left for the turn (it is full in items or bytes)."""
+    got = await state.store.all_items(conversation_id)
+    if got is None:
         raise _gone(conversation_id, param)
+    items, num_bytes = got
+    if len(items) >= MAX_CONVERSATION_ITEMS or num_bytes >= state.store.conversations.max_entry_bytes:
+        raise APIError(400, f"The conversation `{conversation_id}` is full ({len(items)} items, {num_bytes} bytes; "
+                            f"at most {MAX_CONVERSATION_ITEMS} items and {state.store.conversations.max_entry_bytes} "
+                            "bytes): start another.", param=param, code="conversation_full")
     return items
 
 
 async def append_items(state: WorkerState, conversation_id: str, items: list[dict[str, Any]]) -> None:
-    """A finished response's input and output items join its conversation (if it is still stored)."""
-    await state.store.add_items(conversation_id, items)
+    """A finished response's input and output items join its conversation (if it is still stored
+    and has room: the client has its answer already, so a turn that does not fit is logged and
+    not kept)."""
+    try:
+        await state.store.add_items(conversation_id, items)
+    except Refused as exc:
+        log.warning("a turn of conversation %s was not kept: %s", conversation_id, exc.message)
 
 
 async def create(http: HTTPRequest) -> None:
@@ -119,7 +136,7 @@ async def add_items(http: HTTPRequest) -> None:
         raise APIError(400, "`items` must hold at least one item.", param="items")
     if not await http.state.store.add_items(conversation_id, req.items):
         raise _gone(conversation_id)
-    await send_response(http.send, 200, msgspec.json.encode(page(req.items, len(req.items))))
+    await send_response(http.send, 200, msgspec.json.encode(page(Page(req.items, False))))
 
 
 def _item_404(conversation_id: str, item_id: str) -> APIError:
@@ -128,8 +145,8 @@ def _item_404(conversation_id: str, item_id: str) -> APIError:
 
 async def get_item(http: HTTPRequest) -> None:
     conversation_id, item_id = http.params["conversation_id"], http.params["item_id"]
-    items = await items_or_404(http.state, conversation_id)
-    item = next((item for item in items if item["id"] == item_id), None)
+    await conversation_or_404(http.state, conversation_id)
+    item = await http.state.store.get_item(conversation_id, item_id)
     if item is None:
         raise _item_404(conversation_id, item_id)
     await send_response(http.send, 200, msgspec.json.encode(item))
@@ -145,32 +162,27 @@ async def delete_item(http: HTTPRequest) -> None:
 
 async def list_items(http: HTTPRequest) -> None:
     conversation_id = http.params["conversation_id"]
-    items = await items_or_404(http.state, conversation_id)
-    await send_response(http.send, 200, msgspec.json.encode(list_page(items, http.query, conversation_id)))
+    got = await http.state.store.page_items(conversation_id, *page_query(http.query))
+    if got is None:
+        raise _gone(conversation_id)
+    await send_response(http.send, 200, msgspec.json.encode(page(got)))
 
 
-def page(items: list[dict], limit: int) -> dict:
-    shown = items[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(items) > limit}
+def page(got: Page) -> dict:
+    return {"object": "list", "data": got.items, "first_id": got.items[0]["id"] if got.items else None,
+            "last_id": got.items[-1]["id"] if got.items else None, "has_more": got.has_more}
 
 
-def list_page(all_items: list[dict], query: bytes, owner: str) -> dict:
+def page_query(query: bytes) -> tuple[int, Order, str | None]:
     """OpenAI's list: `limit` (1 to 100, default 20), `order` (desc by default), `after` an item id."""
     args = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
     try:
         limit = int(args.get("limit", "20"))
     except ValueError:
         limit = 0
-    if not 1 <= limit <= 100:
-        raise APIError(400, "`limit` must be an integer from 1 to 100.", param="limit")
+    if not 1 <= limit <= MAX_PAGE:
+        raise APIError(400, f"`limit` must be an integer from 1 to {MAX_PAGE}.", param="limit")
     order = args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise APIError(400, "`order` must be asc or desc.", param="order")
-    items = all_items if order == "asc" else all_items[::-1]
-    if (after := args.get("after")) is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise APIError(400, f"`after` names no item of `{owner}`.", param="after")
-        items = items[ids.index(after) + 1:]
-    return page(items, limit)
+    return limit, order, args.get("after")

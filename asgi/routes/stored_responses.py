@@ -7,8 +7,9 @@ from asgi.engine_link.generate import engine_id
 from asgi.errors import APIError
 from asgi.http.primitives import send_response
 from asgi.http.router import HTTPRequest
-from asgi.routes.conversations import list_page
+from asgi.routes.conversations import page, page_query
 from asgi.routes.responses import stored_or_404
+from asgi.stores.base import Page
 
 
 async def retrieve(http: HTTPRequest) -> None:
@@ -41,7 +42,11 @@ async def cancel(http: HTTPRequest) -> None:
 
 
 async def list_input_items(http: HTTPRequest) -> None:
-    """OpenAI's page: `limit` (1 to 100, default 20), `order` (desc by default), `after` an item id."""
+    """OpenAI's page (`limit`, `order`, `after`), read as one page from the store."""
     response_id = http.params["response_id"]
-    entry = await stored_or_404(http.state, response_id)
-    await send_response(http.send, 200, msgspec.json.encode(list_page(entry.input_items, http.query, response_id)))
+    store = http.state.store
+    got = await store.page_response_items(response_id, *page_query(http.query)) if store.responses.enabled else None
+    if got is None:
+        await stored_or_404(http.state, response_id)  # raises its 404, which says why
+        got = Page([], False)  # stored between the two reads
+    await send_response(http.send, 200, msgspec.json.encode(page(got)))

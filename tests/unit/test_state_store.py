@@ -61,17 +61,14 @@ class Backend:
             with sqlite3.connect(self.tmp_path / "state.db") as conn:
                 return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
         if what == "items":
-            keys = self.redis.command("KEYS", "rill:conv:*:items").count(b"rill:conv:")
-            return sum(int(self.redis.command("LLEN", f"rill:conv:{cid}:items")[1:].split(b"\r")[0])
-                       for cid in self._ids("rill:conv:*:items")) if keys else 0
-        pattern = {"responses": "rill:resp:resp_*", "conversations": "rill:conv:conv_*"}[what]
-        return len([k for k in self._ids(pattern) if not k.endswith(":items")])
+            return sum(int(self.redis.command("LLEN", f"rill:conv-items:{cid}")[1:].split(b"\r")[0])
+                       for cid in self._ids("rill:conv-items:*"))
+        return len(self._ids({"responses": "rill:resp:*", "conversations": "rill:conv:*"}[what]))
 
     def _ids(self, pattern: str) -> list[str]:
         reply = self.redis.command("KEYS", pattern).decode()
         names = [line for line in reply.split("\r\n") if line and not line.startswith(("*", "$"))]
-        return [n.split(":", 2)[2].removesuffix(":items") if pattern.endswith(":items") else n.split(":", 2)[2]
-                for n in names]
+        return [n.split(":", 2)[2] for n in names]
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -79,25 +76,32 @@ def backend(request, tmp_path):
     return Backend(request.param, tmp_path, request)
 
 
-def response(i: int, text: str = "hello") -> StoredResponse:
+def response(i: int, text: str = "hello", items: bool = True) -> StoredResponse:
+    """As written; as read back, `items=False` (get_response leaves the input items to their pages)."""
     return StoredResponse(id=f"resp_{i}", response={"id": f"resp_{i}", "status": "completed", "text": text},
-                          input_items=[{"id": f"msg_{i}", "type": "message"}],
-                          messages=[{"role": "user", "content": text}])
+                          input_items=[item(i)] if items else [], messages=[{"role": "user", "content": text}])
 
 
 def conversation(i: int) -> Conversation:
     return Conversation(id=f"conv_{i}", created_at=1, metadata={"k": str(i)})
 
 
-def item(i: int) -> dict:
-    return {"id": f"item_{i}", "type": "message", "role": "user", "content": [{"type": "input_text", "text": str(i)}]}
+def item(i: int, text: str | None = None) -> dict:
+    return {"id": f"item_{i}", "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": str(i) if text is None else text}]}
+
+
+async def item_ids(store, conversation_id: str) -> list[str] | None:
+    got = await store.all_items(conversation_id)
+    return None if got is None else [i["id"] for i in got[0]]
 
 
 def test_response_round_trip_and_delete(backend):
     async def go():
         store = backend.store()
         await store.put_response(response(1))
-        assert await store.get_response("resp_1") == response(1)
+        assert await store.get_response("resp_1") == response(1, items=False)
+        assert (await store.page_response_items("resp_1", 20, "asc", None)).items == [item(1)]
         assert await store.get_response("resp_2") is None
         assert await store.delete_response("resp_1") is True
         assert await store.delete_response("resp_1") is False
@@ -130,9 +134,10 @@ def test_a_reader_sees_the_other_workers_later_writes(backend):
         await b.put_response(response(2))
         assert await a.get_response("resp_2") is not None
         await b.put_conversation(conversation(1), [item(1)])
-        assert await a.list_items("conv_1") is not None and await a.get_conversation("conv_1") is not None
+        assert await item_ids(a, "conv_1") is not None and await a.get_conversation("conv_1") is not None
         await b.add_items("conv_1", [item(2)])
-        assert len(await a.list_items("conv_1")) == 2
+        assert len(await item_ids(a, "conv_1")) == 2
+        assert len((await a.page_items("conv_1", 5, "desc", None)).items) == 2
         await a.close()
         await b.close()
     run(go())
@@ -159,18 +164,19 @@ def test_conversation_items(backend):
         store = backend.store()
         await store.put_conversation(conversation(1), [item(1), item(2)])
         assert await store.add_items("conv_1", [item(3)]) is True
-        assert [i["id"] for i in await store.list_items("conv_1")] == ["item_1", "item_2", "item_3"]
+        assert await item_ids(store, "conv_1") == ["item_1", "item_2", "item_3"]
+        assert await store.get_item("conv_1", "item_2") == item(2)
         assert await store.delete_item("conv_1", "item_2") is True
         assert await store.delete_item("conv_1", "item_2") is False
         updated = conversation(1)
         updated.metadata = {"k": "new"}
         await store.put_conversation(updated)  # metadata only: the items stay
         assert (await store.get_conversation("conv_1")).metadata == {"k": "new"}
-        assert [i["id"] for i in await store.list_items("conv_1")] == ["item_1", "item_3"]
+        assert await item_ids(store, "conv_1") == ["item_1", "item_3"]
         assert await store.add_items("conv_9", [item(9)]) is False
-        assert await store.list_items("conv_9") is None
+        assert await item_ids(store, "conv_9") is None
         assert await store.delete_conversation("conv_1") is True
-        assert await store.get_conversation("conv_1") is None and await store.list_items("conv_1") is None
+        assert await store.get_conversation("conv_1") is None and await item_ids(store, "conv_1") is None
         assert backend.count("items") == 0
         await store.close()
     run(go())
@@ -209,8 +215,8 @@ def test_sqlite_keeps_everything_across_a_restart(tmp_path):
         await first.put_conversation(conversation(1), [item(1)])
         await first.close()
         second = SQLiteStore(path, Bounds(10, 3600), Bounds(10, 3600), durable=True)
-        assert await second.get_response("resp_1") == response(1)
-        assert [i["id"] for i in await second.list_items("conv_1")] == ["item_1"]
+        assert await second.get_response("resp_1") == response(1, items=False)
+        assert await item_ids(second, "conv_1") == ["item_1"]
         await second.close()
     run(go())
 
@@ -222,7 +228,7 @@ def test_sqlite_delete_leaves_no_copy_on_disk(tmp_path):
         store = SQLiteStore(path, Bounds(10, 3600), Bounds(10, 3600), durable=True)
         await store.put_response(response(1, text="SECRET-PASSAGE-41"))
         await store.put_response(response(2, text="kept"))
-        await store.put_conversation(conversation(1), [{**item(1), "secret": "SECRET-ITEM-77"}])
+        await store.put_conversation(conversation(1), [item(1, "SECRET-ITEM-77")])
         on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir())
         assert b"SECRET-PASSAGE-41" in on_disk and b"SECRET-ITEM-77" in on_disk  # the check can see it
         assert await store.delete_response("resp_1")
@@ -243,7 +249,7 @@ def test_a_corrupt_sqlite_file_is_unavailable_not_fatal(tmp_path):
             await store.get_response("resp_1")
         path.unlink()  # fixed: the next call opens it again
         await store.put_response(response(1))
-        assert await store.get_response("resp_1") == response(1)
+        assert await store.get_response("resp_1") == response(1, items=False)
         await store.close()
     run(go())
 

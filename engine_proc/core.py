@@ -146,7 +146,7 @@ class EngineCore:
         elif isinstance(item, p.Shutdown):
             self.running = False
         elif isinstance(item, p.AbortAll):
-            self.abort_all()
+            self.abort_all(item.worker_id)
         elif isinstance(item, p.LoRAUpdate):
             self.publish((item.worker_id, self.update_lora(item)))
 
@@ -178,9 +178,11 @@ class EngineCore:
             return TokenDelta(req, [], p.FinishReason.ERROR)
         return self.grammar_gate.admit(req)
 
-    def abort_all(self) -> None:
-        """Ends every request with an ABORT delta, which its worker turns into an error event."""
-        reqs = [r for req_id in self.scheduler.live_req_ids() if (r := self.scheduler.abort(req_id))]
+    def abort_all(self, worker_id: str = "") -> None:
+        """Ends every request (or every one of API worker `worker_id`, which died) with an ABORT
+        delta, which its worker turns into an error event."""
+        doomed = [r.req_id for r in self.scheduler.live_requests() if not worker_id or r.worker_id == worker_id]
+        reqs = [r for req_id in doomed if (r := self.scheduler.abort(req_id))]
         self.num_aborted += len(reqs)
         self.publish_deltas([TokenDelta(req, [], p.FinishReason.ABORT) for req in reqs])
 

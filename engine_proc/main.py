@@ -83,10 +83,10 @@ def freeze_startup_heap() -> None:
 def run_engine(config: EngineConfig, ready_conn) -> None:
     """Entry point of the engine process. Sends EngineLimits (or an error string) on ready_conn."""
     die_with_parent()
-    # The launcher decides when we stop (after the HTTP workers drained); a Ctrl-C that
-    # reaches the whole process group must not kill in-flight requests.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The launcher decides when we stop (after the HTTP workers drained); a Ctrl-C or a terminal
+    # hangup (SIGHUP) that reaches the whole process group must not kill in-flight requests.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     configure_logging(config.log_level, config.log_format, with_transformers=True)
     for name, value in ONEDNN_CACHE_CAPACITY.items():
         os.environ.setdefault(name, value)

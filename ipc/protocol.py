@@ -98,7 +98,10 @@ class StatsQuery(msgspec.Struct, tag=True, array_like=True, gc=False):
 
 
 class AbortAll(msgspec.Struct, tag=True, array_like=True, gc=False):
-    """The launcher's drain ran out of time: end every request now, each with an ABORT delta."""
+    """The launcher's drain ran out of time: end every request now, each with an ABORT delta.
+    With a worker id: that API worker died, so end its requests alone."""
+
+    worker_id: str = ""
 
 
 class LoRAUpdate(msgspec.Struct, tag=True, array_like=True, gc=False):

@@ -65,9 +65,9 @@ class EngineMonitor(threading.Thread):
         time.sleep(FLUSH_S)
         return True
 
-    def abort_all(self) -> None:
-        """Have the engine end every request now (see p.AbortAll)."""
-        self._outbox.put(p.AbortAll())
+    def abort_all(self, worker_id: str = "") -> None:
+        """Have the engine end every request now, or every one of API worker `worker_id` (see p.AbortAll)."""
+        self._outbox.put(p.AbortAll(worker_id))
 
     def stop(self) -> None:
         self._stopped.set()

@@ -3,7 +3,8 @@
 Node 0's `rill serve` holds rank 0 (the engine) and serves HTTP; every other node runs this, which
 starts the node's ranks (engine_proc/parallel/rank_worker.py), and they meet rank 0 at
 --master-addr:--master-port. Exit status: 0 when rank 0 told the ranks to stop (node 0 stopped) or
-on SIGTERM/SIGINT; 1 when a rank died or could not join, so a supervisor restarts the node.
+on SIGTERM/SIGINT/SIGHUP (the ranks ignore SIGHUP and SIGINT: this process decides); 1 when a
+rank died or could not join, so a supervisor restarts the node.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def serve_headless(args) -> int:
         signalled.set()
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a hangup stops the node as SIGTERM does
         signal.signal(sig, on_signal)
     # Woken when the first rank exits: at rank 0's stop message all of them do, at a death one does.
     threading.Thread(target=lambda: (multiprocessing.connection.wait([p.sentinel for p in procs]), stop.set()),

@@ -1,7 +1,10 @@
 """`rill serve`: resolve the model, start the engine, wait for READY, run Granian, clean up.
 
-Exit status: 0 after a normal stop (SIGTERM/SIGINT), 1 when the engine died or failed to
-start (so a supervisor restarts us), 2 for a bad command line.
+Signals: SIGTERM, SIGINT and SIGHUP drain in-flight requests, then stop (a second one stops at
+once); the engine, the ranks and the API workers ignore SIGHUP (the launcher decides). An API
+worker that dies is replaced, and the engine ends the requests it had (docs/systemd.md).
+Exit status: 0 after a normal stop, 1 when the engine died or failed to start, or a worker
+kept dying (so a supervisor restarts us), 2 for a bad command line.
 """
 from __future__ import annotations
 
@@ -53,7 +56,13 @@ def start_engine(config: EngineConfig, timeout_s: float = 600.0):
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=run_engine, args=(config, child_conn), name="rill-engine", daemon=False)
-    proc.start()
+    # Started with SIGHUP ignored, which exec keeps: the engine sets that itself, but the first
+    # start also launches multiprocessing's resource tracker, which a terminal hangup killed.
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        proc.start()
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     child_conn.close()
     deadline = time.monotonic() + timeout_s
     while not parent_conn.poll(0.2):
@@ -82,7 +91,8 @@ def stop_engine(proc, paths: RunPaths, timeout_s: float = 10.0, rank: int = 0) -
 
 
 def make_draining_granian():
-    """Granian, but SIGTERM/SIGINT first drain in-flight requests, then stop the workers.
+    """Granian, but SIGTERM/SIGINT/SIGHUP first drain in-flight requests, then stop the workers,
+    and a worker that died is replaced after its engine requests were ended.
 
     Granian's own worker shutdown stops the worker's event loop while it waits for open
     connections, so a stream in progress could never finish there; we finish them first.
@@ -105,6 +115,31 @@ def make_draining_granian():
                 return super().signal_handler_interrupt()
             self.drain_thread = threading.Thread(target=self._drain_then_stop, name="drain", daemon=True)
             self.drain_thread.start()
+
+        def signal_handler_reload(self, *args, **kwargs):
+            """SIGHUP (a terminal hangup, `kill -HUP`): a drain and a stop, as SIGTERM. Granian's
+            reload respawned the workers with no drain: streams were cut without an error event or
+            [DONE], and their engine requests ran on for nobody. Nothing here is reloadable
+            without a restart (the flags, the model), so a stop is what the signal can mean."""
+            if os.getpid() != self.pid:  # a worker, forked with this handler: not its call to make
+                return
+            log.info("SIGHUP: stopping as on SIGTERM")
+            self.signal_handler_interrupt()
+
+        def _respawn_workers(self, workers, *args, **kwargs):
+            """A worker that died (Granian's respawn_failed_workers) leaves engine requests whose
+            deltas go nowhere: the engine ends them (each engine request names its worker, whose
+            id is its pid)."""
+            old = [self.wrks[idx].inner for idx in workers]
+            for proc in old:
+                if not proc.is_alive():
+                    log.error("API worker %d died (exit code %s); ending its requests, starting another",
+                              proc.pid, proc.exitcode)
+                    self.monitor.abort_all(worker_id=str(proc.pid))
+            alive = [proc for proc in old if proc.is_alive()]
+            super()._respawn_workers(workers, *args, **kwargs)
+            for proc in alive:  # replaced alive: Granian stopped it, and its streams with it
+                self.monitor.abort_all(worker_id=str(proc.pid))
 
         def _drain_then_stop(self) -> None:
             self.paths.draining_flag.touch()
@@ -157,8 +192,7 @@ def serve(args) -> int:
     notifier.send("STATUS=loading the model")
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
-    paths = RunPaths.for_run(str(os.getpid()))
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths = RunPaths.create(str(os.getpid()))
     config = EngineConfig(
         model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
@@ -281,6 +315,9 @@ def run_granian(args, paths: RunPaths, monitor: EngineMonitor, reporter: Service
         log_dictconfig=log_config,  # the run's format in Granian's own lines and in every worker
         http1_settings=http1_settings(args.timeout_keep_alive),
         workers_kill_timeout=5,  # requests were drained before the workers are told to stop
+        # A worker that dies (killed, out of memory) is replaced rather than stopping the server; one
+        # that dies again within 5.5 s of its start stops it, with exit status 1 (a crash loop).
+        respawn_failed_workers=True,
         backlog=2048,
     )
     try:

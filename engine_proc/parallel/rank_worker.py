@@ -41,7 +41,8 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     from ipc.logs import configure_logging
 
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher (or rank 0) decides when we stop
+    for sig in (signal.SIGINT, signal.SIGHUP):  # the launcher (or rank 0) decides when we stop
+        signal.signal(sig, signal.SIG_IGN)
     configure_logging(args.log_level, args.log_format, with_transformers=True)
     if all_reduce is not None:
         from engine_proc.parallel.collectives import use_shm_all_reduce

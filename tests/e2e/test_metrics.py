@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from ipc.channels import run_dirs_of
 from tests.conftest import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
@@ -129,7 +130,7 @@ def test_every_worker_counts_and_any_worker_answers(srv):
     totals = {scrape(srv)[counter("http_responses_total", status="200")] for _ in range(8)}
     assert totals == {before + 32}
     # Each worker's own file: both served some, and the scrape is their sum.
-    per_worker = worker_counts(Path(f"/tmp/rill-{srv.proc.pid}/metrics"), "rill:http_responses_total")
+    per_worker = worker_counts(run_dirs_of(srv.proc.pid)[0] / "metrics", "rill:http_responses_total")
     assert len(per_worker) == 2 and all(per_worker.values()), per_worker
     assert sum(per_worker.values()) == before + 32
 

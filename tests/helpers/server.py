@@ -6,11 +6,12 @@ from pathlib import Path
 import httpx
 
 from bench.servers import ServerProcess
+from ipc.channels import run_dirs_of
 
 
 def leftovers(run_id: int) -> list[str]:
     """What a run of `rill serve` (run id: the launcher's pid) left in /dev/shm or /tmp."""
-    return sorted(str(p) for p in [*Path("/dev/shm").glob(f"rill_{run_id}_*"), *Path("/tmp").glob(f"rill-{run_id}")])
+    return sorted(str(p) for p in [*Path("/dev/shm").glob(f"rill_{run_id}_*"), *run_dirs_of(run_id)])
 
 
 def stats(server: ServerProcess) -> dict:

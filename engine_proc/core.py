@@ -41,6 +41,7 @@ class EngineCore:
         self.running = True
         self.kv_events = None  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
         self.rank = 0  # --data-parallel-size: this engine's rank
+        self._prompt_checked: list[int] | None = None  # the last prompt found inside the vocabulary
 
     def run_busy_loop(self) -> None:
         while True:
@@ -117,21 +118,20 @@ class EngineCore:
             pass
 
     def handle(self, item) -> None:
+        """One input; an exception while handling it fails that input alone (an ERROR delta, a
+        500 LoRAResult) and the loop goes on: no request or admin call can stop the engine."""
+        try:
+            self._handle(item)
+        except Exception:  # noqa: BLE001  (anything: a bug, or input nobody foresaw)
+            log.exception("handling %s failed; failing it alone", _describe(item))
+            try:
+                self._fail_input(item)
+            except Exception:  # noqa: BLE001
+                log.exception("failing %s failed too", _describe(item))
+
+    def _handle(self, item) -> None:
         if isinstance(item, EngineRequest):
-            item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
-            self._num_taken += 1
-            self._num_taken_tokens += item.num_tokens
-            if item.params.lora and item.params.lora not in getattr(getattr(self.runner, "lora", None), "slots", ()):
-                log.warning("request %s: LoRA adapter %r is not loaded", item.req_id, item.params.lora)
-                item.finish = p.FinishReason.NO_ADAPTER  # unloaded since the worker checked
-                self.publish_deltas([TokenDelta(item, [], p.FinishReason.NO_ADAPTER)])
-                return
-            if item.params.structured is not None and (failed := self._attach_grammar(item)) is not None:
-                self.publish_deltas([failed])
-                return
-            self.scheduler.add(item)
-            if item.finish is None:  # not errored out in add()
-                self.deadlines.add(item.req_id, item.arrival_s)
+            self.take_request(item)
         elif isinstance(item, p.Abort):
             for req_id in item.req_ids:
                 self.deadlines.discard(req_id)
@@ -150,6 +150,58 @@ class EngineCore:
         elif isinstance(item, p.LoRAUpdate):
             self.publish((item.worker_id, self.update_lora(item)))
 
+    def take_request(self, item: EngineRequest) -> None:
+        item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
+        self._num_taken += 1
+        self._num_taken_tokens += item.num_tokens
+        if item.params.lora:
+            lora = getattr(self.runner, "lora", None)
+            adapter = None if lora is None else lora.adapters.get(item.params.lora)
+            if adapter is None:
+                log.warning("request %s: LoRA adapter %r is not loaded", item.req_id, item.params.lora)
+                item.finish = p.FinishReason.NO_ADAPTER  # unloaded since the worker checked
+                self.publish_deltas([TokenDelta(item, [], p.FinishReason.NO_ADAPTER)])
+                return
+            item.lora_load_id = adapter.load_id
+        if not self._prompt_in_vocabulary(item.prompt_ids):
+            # The API worker refuses these (a 400); in a step they would fail the whole batch.
+            log.error("request %s: a prompt token id is outside the vocabulary; ending it", item.req_id)
+            self.publish_deltas([self._errored(item)])
+            return
+        if item.params.structured is not None and (failed := self._attach_grammar(item)) is not None:
+            self.publish_deltas([failed])
+            return
+        self.scheduler.add(item)
+        if item.finish is None:  # not errored out in add()
+            self.deadlines.add(item.req_id, item.arrival_s)
+
+    def _prompt_in_vocabulary(self, prompt_ids: list[int]) -> bool:
+        """Checked once per prompt (a prompt's n choices share its list), in C: min and max."""
+        vocab_size = getattr(self.runner, "vocab_size", None)
+        if vocab_size is None or not prompt_ids or prompt_ids is self._prompt_checked:
+            return True
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+            return False
+        self._prompt_checked = prompt_ids
+        return True
+
+    def _errored(self, req: EngineRequest) -> TokenDelta:
+        req.finish = p.FinishReason.ERROR
+        return TokenDelta(req, [], p.FinishReason.ERROR)
+
+    def _fail_input(self, item) -> None:
+        """What an input whose handling raised gets: its request ends with ERROR, its admin call a 500."""
+        if isinstance(item, EngineRequest):
+            self.deadlines.discard(item.req_id)
+            if self.scheduler.holds(item):
+                self.scheduler.abort(item.req_id)
+            if item.finish is None or item.finish is p.FinishReason.ABORT:
+                self.publish_deltas([self._errored(item)])
+        elif isinstance(item, p.LoRAUpdate):
+            self.publish((item.worker_id, p.LoRAResult(
+                item.name, f"The engine failed to {'load' if item.path else 'unload'} LoRA adapter '{item.name}' "
+                           "(see the server log); the engine goes on.", 500)))
+
     def update_lora(self, item: p.LoRAUpdate) -> p.LoRAResult:
         """Loads or unloads an adapter between two steps; never one that a live request uses."""
         from engine_proc.lora.adapter import AdapterError
@@ -157,14 +209,18 @@ class EngineCore:
         lora = getattr(self.runner, "lora", None)
         if lora is None:
             return p.LoRAResult(item.name, "LoRA adapters are not enabled (--enable-lora)", 400)
+        replacing = bool(item.path) and item.load_inplace and item.name in lora.slots
         try:
-            if item.path:
+            if item.path and not replacing:
                 lora.load(item.name, item.path)
-            elif item.name not in lora.slots:
+            elif not item.path and item.name not in lora.slots:
                 return p.LoRAResult(item.name, f"The lora adapter '{item.name}' cannot be found.", 404)
             elif (users := sum(r.lora == item.name for r in self.scheduler.live_requests())):
+                what = "replace it in place" if replacing else "unload it"
                 return p.LoRAResult(item.name, f"The lora adapter '{item.name}' is in use by {users} requests; "
-                                               "unload it once they end.", 400)
+                                               f"{what} once they end.", 400)
+            elif replacing:
+                lora.load(item.name, item.path, inplace=True)
             else:
                 lora.unload(item.name)
         except AdapterError as exc:
@@ -243,6 +299,15 @@ class EngineCore:
                 if d.finish not in _NOT_FINISHED:  # num_aborted, num_timed_out
                     self.num_finished += 1
         self.publish(out)
+
+
+def _describe(item) -> str:
+    """An input, for the log (never its prompt: it may be megabytes, and it is the user's)."""
+    if isinstance(item, EngineRequest):
+        return f"request {item.req_id}"
+    if isinstance(item, p.LoRAUpdate):
+        return f"LoRA update {item.name!r}"
+    return type(item).__name__
 
 
 def spec_figures(speculator) -> dict:

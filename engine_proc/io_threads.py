@@ -54,7 +54,8 @@ class InputThread(threading.Thread):
         verdict = admission.admit(len(msg.req_ids), msg.n * sum(len(ids) for ids in msg.prompts))
         if admission.enabled:
             retry_after_s = 0 if verdict is p.Verdict.ADMITTED else admission.retry_after_s()
-            self.publish((msg.worker_id, p.Admission(msg.req_ids[0], verdict, retry_after_s)))
+            limit = admission.limit_of(verdict)
+            self.publish((msg.worker_id, p.Admission(msg.req_ids[0], verdict, retry_after_s, limit)))
         if verdict is not p.Verdict.ADMITTED:
             return
         arrival_s = time.monotonic()

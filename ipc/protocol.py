@@ -110,6 +110,8 @@ class LoRAUpdate(msgspec.Struct, tag=True, array_like=True, gc=False):
     worker_id: str
     name: str
     path: str = ""
+    # vLLM's load_inplace: a loaded adapter of this name is replaced (once no request uses it).
+    load_inplace: bool = False
 
 
 EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll | LoRAUpdate
@@ -192,6 +194,11 @@ class Verdict(enum.IntEnum):
     ADMITTED = 0
     QUEUE_FULL = 1  # --max-queued-requests: the waiting queue has no room for its requests
     QUEUE_TOKENS_FULL = 2  # --max-queued-tokens: nor for its prompt tokens
+    # Larger than a bound on its own, so no wait would ever admit it (a 400, not a 429): more
+    # engine requests (prompts x n) than --max-num-seqs + --max-queued-requests, or more tokens
+    # than --max-queued-tokens. Admission.limit carries that bound.
+    TOO_MANY_REQUESTS = 3
+    TOO_MANY_TOKENS = 4
 
 
 class Admission(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):
@@ -201,6 +208,7 @@ class Admission(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, g
     req_id: str  # the Submit's first req_id
     verdict: Verdict = Verdict.ADMITTED
     retry_after_s: int = 0  # whole seconds, at least 1 on a refusal
+    limit: int = 0  # TOO_MANY_*: the bound the Submit passes on its own
 
 
 class LoRAResult(msgspec.Struct, tag=True, array_like=True, gc=False):

@@ -125,15 +125,17 @@ class EngineClient:
             await out.send(p.input_encoder.encode(p.StatsQuery(self.worker_id)))
         return await asyncio.wait_for(fut, timeout_s)
 
-    async def update_lora(self, name: str, path: str = "", timeout_s: float = 120.0) -> p.LoRAResult:
-        """Loads (a path) or unloads (none) a LoRA adapter in the engine, between two of its steps."""
+    async def update_lora(self, name: str, path: str = "", timeout_s: float = 120.0, *,
+                          load_inplace: bool = False) -> p.LoRAResult:
+        """Loads (a path) or unloads (none) a LoRA adapter in the engine, between two of its steps;
+        `load_inplace` replaces one loaded under that name."""
         if not self.alive:
             raise EngineDead
         if name in self._lora_waiters:
             return p.LoRAResult(name, f"The lora adapter '{name}' is being loaded or unloaded already.", 400)
         fut = self._lora_waiters[name] = asyncio.get_running_loop().create_future()
         try:
-            await self._outs[0].send(p.input_encoder.encode(p.LoRAUpdate(self.worker_id, name, path)))
+            await self._outs[0].send(p.input_encoder.encode(p.LoRAUpdate(self.worker_id, name, path, load_inplace)))
             return await asyncio.wait_for(fut, timeout_s)
         finally:
             self._lora_waiters.pop(name, None)

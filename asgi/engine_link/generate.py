@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from asgi.engine_link.client import ENGINE_DEAD, EngineClient, EngineDead
 from asgi.engine_link.mailbox import Mailbox
-from asgi.errors import engine_unavailable, queue_full
+from asgi.errors import APIError, engine_unavailable, queue_full
 from asgi.http.request_context import current
 from asgi.output.detokenizer import Detokenizer
 from ipc.logprobs import TokenLogprobs
@@ -109,7 +109,21 @@ class Generation:
         if admission is not None and admission.verdict is not Verdict.ADMITTED:
             self.rejected = True
             self.finished = [True] * self.num_choices
+            if admission.verdict in (Verdict.TOO_MANY_REQUESTS, Verdict.TOO_MANY_TOKENS):
+                raise self._too_large(admission)
             raise queue_full(admission.verdict is Verdict.QUEUE_TOKENS_FULL, admission.retry_after_s)
+
+    def _too_large(self, admission) -> APIError:
+        """400: larger than a queue bound on its own, so no retry would ever be admitted."""
+        if admission.verdict is Verdict.TOO_MANY_REQUESTS:
+            what = (f"{self.num_choices} sequences ({len(self.prompts)} prompts x n={self.n})" if len(self.prompts) > 1
+                    else f"{self.num_choices} sequences (n={self.n})")
+            return APIError(400, f"This request asks for {what}; this server runs and queues at most {admission.limit} "
+                                 "at a time (--max-num-seqs + --max-queued-requests).", param="n",
+                            code="request_too_large")
+        num_tokens = self.n * sum(len(ids) for ids in self.prompts)
+        return APIError(400, f"This request brings {num_tokens} prompt tokens (all prompts x n); this server queues "
+                             f"at most {admission.limit} (--max-queued-tokens).", code="request_too_large")
 
     def on_disconnect(self) -> None:
         self.disconnected = True

@@ -55,7 +55,7 @@ async def load_lora_adapter(http: HTTPRequest) -> None:
         raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name")
     if req.lora_name == state.model_id:
         raise APIError(400, f"'{req.lora_name}' is the served model's name.", param="lora_name")
-    await _update(state, req.lora_name, req.lora_path)
+    await _update(state, req.lora_name, req.lora_path, req.load_inplace)
     state.lora_names[req.lora_name] = req.lora_path
     await send_response(http.send, 200, f"Success: LoRA adapter '{req.lora_name}' added successfully.".encode(),
                         content_type=b"text/plain; charset=utf-8")
@@ -78,11 +78,13 @@ def _runtime_updates(http: HTTPRequest) -> WorkerState:
     return state
 
 
-async def _update(state: WorkerState, name: str, path: str) -> None:
+async def _update(state: WorkerState, name: str, path: str, load_inplace: bool = False) -> None:
     try:
-        result = await state.client.update_lora(name, path)
+        result = await state.client.update_lora(name, path, load_inplace=load_inplace)
     except Exception:  # noqa: BLE001  (EngineDead, a timeout)
         raise engine_unavailable() from None
+    if result.status >= 500:  # the engine failed on it, logged it, and went on
+        raise APIError(result.status, result.error, type="server_error", code="lora_update_failed")
     if result.error:
         raise APIError(result.status, result.error, param="lora_name" if result.status == 404 else "lora_path",
                        type="not_found_error" if result.status == 404 else "invalid_request_error")

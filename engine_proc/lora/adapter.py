@@ -1,9 +1,12 @@
 """A PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) read and checked.
 
 Refused with a message naming what is wrong (a 400 at runtime loading, exit 2 at start): not a
-directory of PEFT's layout, another PEFT type, a rank above --max-lora-rank, a target module the
-native Llama-family model does not have, DoRA, trained biases or modules_to_save, per-module
-rank or alpha patterns, and weights whose shapes are not the base model's.
+directory of PEFT's layout, files that cannot be read, a config that is not a JSON object, a
+truncated or corrupt safetensors file, another PEFT type, a rank above --max-lora-rank, a target
+module the native Llama-family model does not have, DoRA, trained biases or modules_to_save,
+per-module rank or alpha patterns, and weights that are not finite or whose shapes are not the
+base model's. Whatever the files hold, loading raises AdapterError and nothing else that a
+reader of files can cause (the engine answers anything else with a 500 and goes on).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 
 from engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
@@ -22,7 +25,8 @@ from engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
 # The linears LoRA may target, by PEFT's module name: where each lies in Rill's fused layers.
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+MAX_CONFIG_BYTES = 1 << 20  # PEFT writes about 1 KB; this is read whole, on the engine's busy loop
+_KEY = re.compile(r"layers\.(\d{1,9})\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
 class AdapterError(ValueError):
@@ -35,6 +39,9 @@ class LoRAAdapter:
     path: str
     rank: int
     scaling: float  # lora_alpha / r (/ sqrt(r) with use_rslora): folded into B at load
+    # Unique per load (LoRAManager numbers them): the prefix cache keys an adapter's blocks by it,
+    # so weights loaded again under the same name never meet K/V computed with the old ones.
+    load_id: int = 0
     # (layer index, module name) -> (A [r, in], B * scaling [out, r])
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -50,15 +57,25 @@ def module_shapes(config: PretrainedConfig) -> dict[str, tuple[int, int]]:
 
 
 def load_adapter(name: str, path: str | Path, config: PretrainedConfig, max_rank: int) -> LoRAAdapter:
-    path = Path(path)
+    try:
+        return _load(name, Path(path), config, max_rank)
+    except OSError as exc:  # no permission, a name too long, a file that is a directory, EIO
+        raise AdapterError(f"LoRA adapter {name!r}: cannot read {path}: {exc.strerror or exc}") from None
+    except SafetensorError as exc:  # truncated, or not safetensors at all
+        raise AdapterError(f"LoRA adapter {name!r}: adapter_model.safetensors is not a valid safetensors "
+                           f"file ({exc})") from None
+    except AdapterError:
+        raise
+    except (ValueError, TypeError, RuntimeError) as exc:  # a tensor torch cannot take (its dtype, its size)
+        raise AdapterError(f"LoRA adapter {name!r}: its files cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+
+def _load(name: str, path: Path, config: PretrainedConfig, max_rank: int) -> LoRAAdapter:
     config_file, weights_file = path / "adapter_config.json", path / "adapter_model.safetensors"
     if not config_file.is_file() or not weights_file.is_file():
         raise AdapterError(f"LoRA adapter {name!r}: {path} is not a PEFT adapter directory "
                            "(adapter_config.json and adapter_model.safetensors)")
-    try:
-        peft = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdapterError(f"LoRA adapter {name!r}: adapter_config.json is not JSON ({exc})") from None
+    peft = _read_config(name, config_file)
     rank = _check_config(name, peft, max_rank)
     alpha = float(peft.get("lora_alpha") or rank)
     scaling = alpha / math.sqrt(rank) if peft.get("use_rslora") else alpha / rank
@@ -76,7 +93,10 @@ def load_adapter(name: str, path: str | Path, config: PretrainedConfig, max_rank
             if layer >= config.num_hidden_layers:
                 raise AdapterError(f"LoRA adapter {name!r}: layer {layer} is past the model's "
                                    f"{config.num_hidden_layers} layers")
-            pairs.setdefault((layer, module), {})[which] = f.get_tensor(key).float()
+            tensor = f.get_tensor(key)
+            if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):
+                raise AdapterError(f"LoRA adapter {name!r}: weight {key!r} must be floating point and finite")
+            pairs.setdefault((layer, module), {})[which] = tensor.float()
     for (layer, module), pair in pairs.items():
         in_features, out_features = shapes[module]
         a, b = pair.get("A"), pair.get("B")
@@ -89,12 +109,31 @@ def load_adapter(name: str, path: str | Path, config: PretrainedConfig, max_rank
     return adapter
 
 
+def _read_config(name: str, config_file: Path) -> dict:
+    """adapter_config.json as a JSON object, or AdapterError."""
+    with config_file.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise AdapterError(f"LoRA adapter {name!r}: adapter_config.json is over {MAX_CONFIG_BYTES} bytes")
+    try:
+        peft = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the parser's depth
+        raise AdapterError(f"LoRA adapter {name!r}: adapter_config.json is not JSON ({exc})") from None
+    if not isinstance(peft, dict):
+        raise AdapterError(f"LoRA adapter {name!r}: adapter_config.json must be a JSON object, "
+                           f"not {type(peft).__name__}")
+    return peft
+
+
 def _check_config(name: str, peft: dict, max_rank: int) -> int:
     if peft.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"LoRA adapter {name!r}: peft_type {peft.get('peft_type')!r} is not LORA")
     rank = peft.get("r")
-    if not isinstance(rank, int) or rank < 1:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise AdapterError(f"LoRA adapter {name!r}: r must be a positive integer")
+    alpha = peft.get("lora_alpha")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha)):
+        raise AdapterError(f"LoRA adapter {name!r}: lora_alpha must be a number")
     if rank > max_rank:
         raise AdapterError(f"LoRA adapter {name!r}: rank {rank} is above --max-lora-rank {max_rank}")
     if peft.get("use_dora"):

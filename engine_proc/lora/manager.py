@@ -1,6 +1,7 @@
 """The engine's adapters: names to slots (at most --max-loras), loaded at start or at runtime."""
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -24,21 +25,36 @@ class LoRAManager:
                              for width in {layer.width for layer in self.layers}}
         self.slots: dict[str, int] = {}  # adapter name -> its slot
         self.adapters: dict[str, LoRAAdapter] = {}
+        self._load_ids = itertools.count(1)
 
-    def load(self, name: str, path: str) -> LoRAAdapter:
-        """Loads `path` as adapter `name` into a free slot; AdapterError if it cannot be served."""
-        if name in self.slots:
+    def load(self, name: str, path: str, *, inplace: bool = False) -> LoRAAdapter:
+        """Loads `path` as adapter `name` into a free slot; AdapterError if it cannot be served.
+
+        `inplace` (vLLM's load_inplace): `name` may be loaded already, and the new weights take
+        its slot; the caller makes sure no request uses it. The files are read and checked first,
+        so a refused load leaves the old adapter as it was.
+        """
+        replacing = name in self.slots
+        if replacing and not inplace:
             raise AdapterError(f"LoRA adapter {name!r} is already loaded")
-        if len(self.slots) >= self.max_loras:
+        if not replacing and len(self.slots) >= self.max_loras:
             raise AdapterError(f"--max-loras {self.max_loras} adapters are loaded already; unload one first")
         adapter = load_adapter(name, path, self.config, self.max_rank)
-        slot = min(set(range(self.max_loras)) - set(self.slots.values()))
-        for layer in self.layers:
-            layer.set_slot(slot, adapter)
+        adapter.load_id = next(self._load_ids)
+        slot = self.slots[name] if replacing else min(set(range(self.max_loras)) - set(self.slots.values()))
+        try:
+            for layer in self.layers:
+                layer.set_slot(slot, adapter)
+        except BaseException:  # never half loaded: the slot is emptied, the name forgotten
+            for layer in self.layers:
+                layer.set_slot(slot, None)
+            self.slots.pop(name, None)
+            self.adapters.pop(name, None)
+            raise
         self.slots[name] = slot
         self.adapters[name] = adapter
-        log.info("LoRA adapter %s (rank %d, %d modules) loaded from %s into slot %d", name, adapter.rank,
-                 len(adapter.weights), path, slot)
+        log.info("LoRA adapter %s (rank %d, %d modules) %s from %s into slot %d", name, adapter.rank,
+                 len(adapter.weights), "replaced in place" if replacing else "loaded", path, slot)
         return adapter
 
     def unload(self, name: str) -> None:

@@ -24,9 +24,11 @@ class AdmissionControl:
 
     A Submit is refused when its requests would make more than `max_queued_requests` wait (seats
     free in the running batch absorb as many, while nothing else waits), or when the waiting
-    requests' tokens would pass `max_queued_tokens`. A Submit that finds nothing waiting is
-    always admitted: a request larger than a bound (a long prompt, a long prompt list) is served
-    on its own rather than refused forever.
+    requests' tokens would pass `max_queued_tokens`. Its real size counts even when nothing
+    waits: a Submit that passes a bound on its own (more requests, prompts x n, than
+    `max_num_seqs + max_queued_requests`, or more tokens than `max_queued_tokens`) could never
+    be admitted within it, and is refused with TOO_MANY_REQUESTS or TOO_MANY_TOKENS (a 400: no
+    retry helps) rather than let in to hold the whole engine.
     """
 
     def __init__(self, max_queued_requests: int = 0, max_queued_tokens: int = 0, *, max_num_seqs: int = 0,
@@ -34,6 +36,7 @@ class AdmissionControl:
         assert max_queued_requests >= 0 and max_queued_tokens >= 0
         self.max_queued_requests = max_queued_requests
         self.max_queued_tokens = max_queued_tokens
+        self.max_num_seqs = max_num_seqs
         self.clock = clock
         self._lock = threading.Lock()
         # The busy loop's figures as of its last update().
@@ -59,18 +62,33 @@ class AdmissionControl:
         """Requests waiting as the loop last saw them, plus those admitted since."""
         return self._num_waiting + self._num_pending
 
+    def too_large(self, num_requests: int, num_tokens: int) -> Verdict | None:
+        """TOO_MANY_* for a Submit that passes a bound on its own; None if it fits."""
+        if self.max_queued_requests and num_requests > self.limit_of(Verdict.TOO_MANY_REQUESTS):
+            return Verdict.TOO_MANY_REQUESTS
+        if self.max_queued_tokens and num_tokens > self.max_queued_tokens:
+            return Verdict.TOO_MANY_TOKENS
+        return None
+
+    def limit_of(self, verdict: Verdict) -> int:
+        """The bound a TOO_MANY_* Submit passes on its own (0 for other verdicts)."""
+        if verdict is Verdict.TOO_MANY_REQUESTS:
+            return self.max_queued_requests + self.max_num_seqs  # every seat taken, the queue full
+        return self.max_queued_tokens if verdict is Verdict.TOO_MANY_TOKENS else 0
+
     def admit(self, num_requests: int, num_tokens: int) -> Verdict:
         """Admits (and counts) or refuses one Submit of `num_requests` requests, `num_tokens` tokens."""
         with self._lock:
             num_queued = self._num_waiting + self._num_pending
             num_queued_tokens = self._num_waiting_tokens + self._num_pending_tokens
             verdict = Verdict.ADMITTED
-            if num_queued:
-                room = self.max_queued_requests + (0 if self._num_waiting else self._num_free_seats)
-                if self.max_queued_requests and num_queued + num_requests > room:
-                    verdict = Verdict.QUEUE_FULL
-                elif self.max_queued_tokens and num_queued_tokens + num_tokens > self.max_queued_tokens:
-                    verdict = Verdict.QUEUE_TOKENS_FULL
+            if (too_large := self.too_large(num_requests, num_tokens)) is not None:
+                verdict = too_large
+            elif self.max_queued_requests and num_queued + num_requests > (
+                    self.max_queued_requests + (0 if self._num_waiting else self._num_free_seats)):
+                verdict = Verdict.QUEUE_FULL
+            elif self.max_queued_tokens and num_queued_tokens + num_tokens > self.max_queued_tokens:
+                verdict = Verdict.QUEUE_TOKENS_FULL
             if verdict is Verdict.ADMITTED:
                 self._num_pending += num_requests
                 self._num_pending_tokens += num_tokens

@@ -57,7 +57,9 @@ class PrefixCache:
         self._block_id_by_hash: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # by block id
         self._live_serials: set[int] = {ROOT_SERIAL}
-        self._lora_roots: dict[str, tuple[int, int]] = {}  # adapter name -> its chains' root
+        # (adapter name, its load id) -> its chains' root: one per load, so that weights loaded again
+        # under the same name never find blocks computed with the old ones.
+        self._lora_roots: dict[tuple[str, int], tuple[int, int]] = {}
         # Free blocks that were cached when freed, least recently used first: O(1) to append,
         # to take out of the middle when a hit revives one, and to pop the oldest.
         self._free_lru: OrderedDict[int, None] = OrderedDict()
@@ -108,12 +110,13 @@ class PrefixCache:
 
     def _root(self, req: EngineRequest) -> tuple[int, int]:
         """(hash, serial) a request's first block chains to: the base model's, or its LoRA
-        adapter's own (the same tokens under another adapter are other K/V)."""
+        adapter load's own (the same tokens under other weights are other K/V)."""
         if not req.lora:
             return ROOT_HASH, ROOT_SERIAL
-        root = self._lora_roots.get(req.lora)
+        key = (req.lora, req.lora_load_id)
+        root = self._lora_roots.get(key)
         if root is None:  # a serial of its own, never evicted, below every block's
-            root = self._lora_roots[req.lora] = (self._hash_fn(("lora", req.lora)), -1 - len(self._lora_roots))
+            root = self._lora_roots[key] = (self._hash_fn(("lora", *key)), -1 - len(self._lora_roots))
             self._live_serials.add(root[1])
         return root
 

@@ -45,6 +45,9 @@ class EngineRequest:
     prompt_logprobs: list[Any] = field(default_factory=list)
     spec_state: Any = None  # the speculative proposer's own state (engine_proc/spec/ngram.py: NgramIndex)
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
+    # Which load of its LoRA adapter it runs with (LoRAAdapter.load_id, set when the engine takes
+    # it in): the prefix cache keys adapter blocks by it. 0: the base model, or no such numbering.
+    lora_load_id: int = 0
     # Prepared once here, read every step: a client may send thousands of stop ids, and a set
     # keeps finish_after() O(1) per token (a list was scanned per token).
     stop_id_set: frozenset[int] = field(init=False, repr=False)

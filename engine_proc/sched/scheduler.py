@@ -98,6 +98,10 @@ class Scheduler:
     def live_requests(self) -> list[EngineRequest]:
         return [*self._running.values(), *self._waiting.values()]
 
+    def holds(self, req: EngineRequest) -> bool:
+        """True if this very request (not merely its id) is running or waiting here."""
+        return self._running.get(req.req_id, self._waiting.get(req.req_id)) is req
+
     # ---- requests in and out ----------------------------------------------------------------
 
     def add(self, req: EngineRequest) -> None:

@@ -73,12 +73,22 @@ def test_token_bound():
     assert ac.admit(1, 60) is ADMITTED
 
 
-def test_a_request_larger_than_a_bound_gets_in_when_nothing_waits():
-    ac = AdmissionControl(max_queued_requests=1, max_queued_tokens=10)
-    assert ac.admit(3, 500) is ADMITTED  # alone: refusing it would refuse it forever
-    assert ac.admit(1, 1) is QUEUE_FULL
-    ac.update(3, 500, num_waiting=0, num_waiting_tokens=0, num_free_seats=0)
-    assert ac.admit(1, 500) is ADMITTED
+def test_a_submit_larger_than_a_bound_on_its_own_is_refused_even_when_nothing_waits():
+    """Its real size counts with an empty queue: prompts x n past every seat and the whole queue, or
+    tokens past the token bound, could never be admitted, so they get TOO_MANY_* (a 400), not in."""
+    TOO_MANY_REQUESTS, TOO_MANY_TOKENS = p.Verdict.TOO_MANY_REQUESTS, p.Verdict.TOO_MANY_TOKENS
+    ac = AdmissionControl(max_queued_requests=2, max_queued_tokens=100, max_num_seqs=4)
+    assert ac.num_queued == 0
+    assert ac.admit(7, 7) is TOO_MANY_REQUESTS and ac.limit_of(TOO_MANY_REQUESTS) == 6  # 4 seats + 2 queued
+    assert ac.admit(1, 101) is TOO_MANY_TOKENS and ac.limit_of(TOO_MANY_TOKENS) == 100
+    assert ac.num_rejected == 8 and ac.num_queued == 0
+    assert ac.admit(6, 100) is ADMITTED  # exactly at both bounds, with every seat free
+    ac.update(6, 100, num_waiting=2, num_waiting_tokens=20, num_free_seats=0)
+    assert ac.admit(1, 1) is QUEUE_FULL  # a retry later may get in: a 429
+    # With the seats taken and nothing waiting, the queue's bound alone counts.
+    ac.update(0, 0, num_waiting=0, num_waiting_tokens=0, num_free_seats=0)
+    assert ac.admit(3, 3) is QUEUE_FULL and ac.admit(2, 2) is ADMITTED
+    assert ac.limit_of(ADMITTED) == ac.limit_of(QUEUE_FULL) == 0
 
 
 def test_retry_after_follows_the_time_between_departures():

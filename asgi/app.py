@@ -9,8 +9,9 @@ from asgi.engine_link.client import EngineDead
 from asgi.engine_link.dp_router import total_stats
 from asgi.engine_link.generate import GenerationFailed
 from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
-from asgi.http.access_log import tag_records_with_request_id
-from asgi.http.primitives import ClientDisconnected, read_body, require_json, send_response
+from asgi.http.access_log import loggable, tag_records_with_request_id
+from asgi.http.paths import normalize
+from asgi.http.primitives import ClientDisconnected, read_json_body, send_response
 from asgi.http.request_context import RequestContext, set_current
 from asgi.http.router import HTTPRequest, Router
 from asgi.routes import conversations, lora_admin, messages, router_probes
@@ -105,18 +106,18 @@ ROUTER = Router([
     ("POST", "/v1/responses/input_tokens", count_input_tokens),
     ("POST", "/v1/messages", generative(messages.create_message)),  # Anthropic's Messages API
     ("POST", "/v1/messages/count_tokens", messages.count_tokens),
-    ("GET", "/v1/responses/{response_id}", stored.retrieve),
-    ("DELETE", "/v1/responses/{response_id}", stored.delete),
-    ("GET", "/v1/responses/{response_id}/input_items", stored.list_input_items),
-    ("POST", "/v1/responses/{response_id}/cancel", stored.cancel),
+    ("GET", "/v1/responses/{response_id:resp}", stored.retrieve),
+    ("DELETE", "/v1/responses/{response_id:resp}", stored.delete),
+    ("GET", "/v1/responses/{response_id:resp}/input_items", stored.list_input_items),
+    ("POST", "/v1/responses/{response_id:resp}/cancel", stored.cancel),
     ("POST", "/v1/conversations", conversations.create),
-    ("GET", "/v1/conversations/{conversation_id}", conversations.retrieve),
-    ("POST", "/v1/conversations/{conversation_id}", conversations.update),
-    ("DELETE", "/v1/conversations/{conversation_id}", conversations.delete),
-    ("GET", "/v1/conversations/{conversation_id}/items", conversations.list_items),
-    ("POST", "/v1/conversations/{conversation_id}/items", conversations.add_items),
-    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.get_item),
-    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", conversations.delete_item),
+    ("GET", "/v1/conversations/{conversation_id:conv}", conversations.retrieve),
+    ("POST", "/v1/conversations/{conversation_id:conv}", conversations.update),
+    ("DELETE", "/v1/conversations/{conversation_id:conv}", conversations.delete),
+    ("GET", "/v1/conversations/{conversation_id:conv}/items", conversations.list_items),
+    ("POST", "/v1/conversations/{conversation_id:conv}/items", conversations.add_items),
+    ("GET", "/v1/conversations/{conversation_id:conv}/items/{item_id:item}", conversations.get_item),
+    ("DELETE", "/v1/conversations/{conversation_id:conv}/items/{item_id:item}", conversations.delete_item),
     ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
@@ -130,8 +131,6 @@ ROUTER = Router([
     ("GET", "/get_model_info", router_probes.model_info),
 ])
 NEEDS_BODY = {"POST"}
-# OpenVINO Model Server serves the OpenAI API under /v3/; it is an alias of /v1/ here.
-ALIAS_PREFIX = "/v3/"
 
 
 def leave_launcher_group() -> None:
@@ -186,35 +185,32 @@ class App:
             self.state.observe(ctx)
 
     async def route(self, scope, receive, send):
-        method, path = scope["method"], scope["path"].rstrip("/") or "/"
-        if path.startswith(ALIAS_PREFIX):
-            path = "/v1/" + path[len(ALIAS_PREFIX):]
-        elif path.startswith(("/responses", "/conversations")):  # as vLLM, also without /v1
-            path = "/v1" + path
-        handler, params, allowed = ROUTER.match(method, path)
+        method = scope["method"]
+        path = normalize(scope["path"])  # None: a `.` or `..` segment, a path no route has
+        handler, params, allowed = ROUTER.match(method, path) if path is not None else (None, {}, [])
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
                 return await self.state.cors.answer_preflight(scope["headers"], send)
-            self.state.auth.check(path, scope["headers"])
+            self.state.auth.check(path, scope["headers"])  # the same path the router matched
             if method in NEEDS_BODY and self.state.draining():
                 raise shutting_down()
             if handler is None:
+                shown = loggable(scope["path"], 200)
                 if allowed:
-                    raise APIError(405, f"Method {method} is not allowed for {path}; use {', '.join(allowed)}.",
-                                   code="method_not_allowed")
-                raise APIError(404, f"Unknown path: {path}", code="not_found")
+                    raise APIError(405, f"Method {loggable(method, 20)} is not allowed for {shown}; use "
+                                        f"{', '.join(allowed)}.", code="method_not_allowed")
+                raise APIError(404, f"Unknown path: {shown}", code="not_found")
             http = HTTPRequest(self.state, receive, send, query=scope.get("query_string", b""), params=params)
             if method in NEEDS_BODY:
-                require_json(scope["headers"])
-                http.body = await read_body(receive, self.state.settings.max_body_bytes)
+                http.body = await read_json_body(scope["headers"], receive, self.state.settings.max_body_bytes)
             await handler(http)
         except APIError as exc:
-            body = messages.anthropic_error(exc.status, exc.message) if path.startswith(messages.PREFIX) else exc.body()
+            body = messages.anthropic_error(exc.status, exc.message) if _is_messages(path) else exc.body()
             await send_response(send, exc.status, body, headers=exc.headers)
         except ClientDisconnected:
             pass
         except GenerationFailed as exc:
-            body = messages.anthropic_error(exc.status, str(exc)) if path.startswith(messages.PREFIX) else \
+            body = messages.anthropic_error(exc.status, str(exc)) if _is_messages(path) else \
                 error_body(str(exc), "server_error", code="engine_error") if exc.status != 404 else \
                 error_body(str(exc), "invalid_request_error", param="model", code=exc.code)
             await send_response(send, exc.status, body)
@@ -222,8 +218,13 @@ class App:
             await send_response(send, 503, error_body(f"The state store is unavailable: {exc}.", "server_error",
                                                       code="store_unavailable"))
         except Exception:
-            log.exception("unhandled error on %s %s", method, path)
+            log.exception("unhandled error on %s %s", loggable(method), loggable(scope["path"]))
             await send_response(send, 500, error_body("Internal server error.", "server_error"))
+
+
+def _is_messages(path: str | None) -> bool:
+    """Anthropic's routes answer errors in Anthropic's shape."""
+    return path is not None and path.startswith(messages.PREFIX)
 
 
 def _tracking(send, ctx: RequestContext, extra_headers=()):

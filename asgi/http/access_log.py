@@ -3,6 +3,7 @@
 The access line goes out after the response ended (it is a WorkerState observer), with the
 request id, status, model, token counts, TTFT, duration and finish reason as fields. Prompt
 and message text is logged nowhere but in `log_request_content`, which needs --log-requests.
+Client text that reaches a log message (method, path) goes through `loggable` first.
 """
 from __future__ import annotations
 
@@ -15,6 +16,31 @@ from ipc.logs import REQUESTS_LOGGER
 
 access_log = logging.getLogger("rill.access")
 requests_log = logging.getLogger(REQUESTS_LOGGER)
+
+
+# Past this, logged client text is cut: a line per request should stay a line, not a page.
+MAX_LOGGED_LEN = 1024
+# A backslash is doubled, so that a client's literal `\n` cannot pass for an escaped newline.
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def loggable(text: str, limit: int = MAX_LOGGED_LEN) -> str:
+    """Client text made safe for a log message: control characters, line and paragraph
+    separators and other unprintable ones escaped (a newline in a URL path would otherwise start
+    a forged log line; an ANSI escape would rewrite the terminal), and cut at `limit` characters."""
+    if text.isprintable() and "\\" not in text and len(text) <= limit:
+        return text  # the usual case, one C-level scan
+    escaped = "".join(_escape(c) for c in text[:limit])
+    return escaped + "..." if len(text) > limit else escaped
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -37,7 +63,7 @@ def log_access(ctx: RequestContext) -> None:
         # status 0: the client left before anything was sent
         "disconnected": ctx.disconnected or not ctx.status,
     }
-    access_log.info("%s %s %d", ctx.method, ctx.path, ctx.status, extra={"fields": fields})
+    access_log.info("%s %s %d", loggable(ctx.method), loggable(ctx.path), ctx.status, extra={"fields": fields})
 
 
 def log_request_content(enabled: bool, request: msgspec.Struct) -> None:

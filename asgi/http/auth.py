@@ -1,4 +1,4 @@
-"""API keys: where they come from (flags, RILL_API_KEY, key files) and the Bearer check on /v1/*.
+"""API keys: where they come from (flags, RILL_API_KEY, key files) and the Bearer check on every path.
 
 The workers never hold a key: the launcher hands them SHA-256 digests, and a presented key is
 hashed and compared with `hmac.compare_digest` against every configured digest, with no early
@@ -13,11 +13,13 @@ from pathlib import Path
 from asgi.errors import APIError
 
 API_KEY_ENV = "RILL_API_KEY"
-PROTECTED_PREFIX = "/v1/"
-# Open to anyone even with keys (probes); these two only open without --protect-metrics.
-METRICS_PATHS = frozenset({"/metrics", "/stats"})
-# vLLM leaves its utility routes open; they run the tokenizer on any input, so a key guards them too.
-UTILITY_PATHS = frozenset({"/tokenize", "/detokenize"})
+# Default deny: with keys, every path needs one but these (normalised paths, asgi.http.paths), so
+# an unknown path is a 401 too and a new route is guarded without anyone having to remember it.
+# A load balancer's or orchestrator's probes, sent without a key:
+OPEN_PATHS = frozenset({"/health", "/ready"})
+# What scrapers and gateways poll (figures, load, version): open unless --protect-metrics.
+# /server_info and /model_info are not among them: they show the model's absolute path.
+METRICS_PATHS = frozenset({"/metrics", "/stats", "/version", "/loads", "/v1/loads"})
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
 
 
@@ -64,13 +66,13 @@ class ApiKeyGuard:
         self.digests = [d.encode() for d in key_digests]
         self.protect_metrics = protect_metrics
 
-    def guards(self, path: str) -> bool:
-        if not self.digests:
+    def guards(self, path: str | None) -> bool:
+        """Whether `path` (normalised; None for one that cannot be) needs a key."""
+        if not self.digests or path in OPEN_PATHS:
             return False
-        return path.startswith(PROTECTED_PREFIX) or path == "/v1" or path in UTILITY_PATHS or (
-            self.protect_metrics and path in METRICS_PATHS)
+        return self.protect_metrics or path not in METRICS_PATHS
 
-    def check(self, path: str, headers) -> None:
+    def check(self, path: str | None, headers) -> None:
         """Raises the 401 when `path` is guarded and the request has no valid key."""
         if not self.guards(path):
             return

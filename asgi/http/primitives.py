@@ -1,4 +1,4 @@
-"""The ASGI primitives: read a JSON body with a limit, answer JSON, and watch for a disconnect.
+"""The ASGI primitives: read a declared-JSON body with a limit, answer JSON, and watch for a disconnect.
 
 Granian does not raise on `send()` after the client left, so a request that streams or waits
 on the engine runs a DisconnectWatcher: it owns `receive()` once the body is read, and its
@@ -15,20 +15,31 @@ class ClientDisconnected(Exception):
     pass
 
 
-def require_json(headers: list[tuple[bytes, bytes]]) -> None:
-    """415 for a body declared as anything but JSON (application/json or a +json type).
+def _unsupported(message: str) -> APIError:
+    return APIError(415, message, code="unsupported_media_type")
 
-    No Content-Type at all is read as JSON, as FastAPI does. A declared text/plain or form body
-    is refused: those are what a browser may send cross-origin without a CORS preflight.
+
+async def read_json_body(headers: list[tuple[bytes, bytes]], receive, limit_bytes: int) -> bytes:
+    """A POST's body, which must be declared JSON (`application/json` or a `+json` type), else 415.
+
+    A missing Content-Type is refused too (FastAPI reads it as JSON): a web page can send a body
+    without one, or as text/plain or a form, cross-origin and with no CORS preflight, so reading
+    such a body would let any site its users visit drive a keyless server. An empty body with no
+    type declares nothing and is let through (`POST .../cancel` needs no body). A body declared as
+    something else is refused before it is read.
     """
+    declared = None
     for name, value in headers:
         if name.lower() == b"content-type":
-            media_type = value.split(b";", 1)[0].strip().lower()
-            if media_type != b"application/json" and not media_type.endswith(b"+json"):
-                shown = media_type.decode("latin-1")[:100]
-                raise APIError(415, f"Content-Type must be application/json, not `{shown}`.",
-                               code="unsupported_media_type")
-            return
+            declared = value.split(b";", 1)[0].strip().lower()
+            if declared != b"application/json" and not declared.endswith(b"+json"):
+                shown = declared.decode("latin-1")[:100]
+                raise _unsupported(f"Content-Type must be application/json, not `{shown}`.")
+            break
+    body = await read_body(receive, limit_bytes)
+    if declared is None and body:
+        raise _unsupported("A request body needs `Content-Type: application/json`.")
+    return body
 
 
 async def read_body(receive, limit_bytes: int) -> bytes:

@@ -7,6 +7,7 @@ finished context to the observers (access log, metrics).
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from contextvars import ContextVar
@@ -14,6 +15,9 @@ from dataclasses import dataclass, field
 
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LEN = 128
+# A client's id is echoed in a header and logged: visible ASCII only (UUIDs, W3C traceparent,
+# AWS X-Amzn-Trace-Id all fit), no space, quote or backslash that could confuse a log reader.
+_SANE_REQUEST_ID = re.compile(r'[!#-\[\]-~]{1,%d}' % MAX_REQUEST_ID_LEN)
 
 
 @dataclass
@@ -49,7 +53,7 @@ class RequestContext:
         for name, value in scope.get("headers", ()):
             if name == REQUEST_ID_HEADER:
                 text = value.decode("latin-1").strip()
-                if 0 < len(text) <= MAX_REQUEST_ID_LEN and text.isprintable():
+                if _SANE_REQUEST_ID.fullmatch(text):
                     request_id = text
                 break
         return cls(request_id or uuid.uuid4().hex, scope["method"], scope["path"])

@@ -1,7 +1,8 @@
-"""The route table: (method, path pattern) -> handler, `{name}` segments as path parameters, and the
-one signature of every handler: `async def handler(http: HTTPRequest) -> None`."""
+"""The route table: (method, path pattern) -> handler, `{name:shape}` segments as path parameters,
+and the one signature of every handler: `async def handler(http: HTTPRequest) -> None`."""
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,40 +22,84 @@ class HTTPRequest:
 
 Handler = Callable[[HTTPRequest], Awaitable[None]]
 
+# What a path parameter may hold, by the shape its pattern names (`{conversation_id:conv}`; a bare
+# `{name}` is an `id`). The shapes are those of the ids the server mints (`conv_` + 32 hex digits)
+# with room to spare, so a segment of any other shape binds nothing and is a 404 before a handler,
+# or a store key built from it, sees it: `DELETE /v1/conversations/index` once deleted the Redis
+# store's index.
+SHAPES = {
+    "id": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"),
+    "resp": re.compile(r"resp_[A-Za-z0-9]{1,64}"),
+    "conv": re.compile(r"conv_[A-Za-z0-9]{1,64}"),
+    # Items keep the ids a client gave them (msg_, fc_, rs_ and others from OpenAI's own output).
+    "item": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"),
+}
+# A last `{name:path}` takes the rest of the path, slashes included (model ids such as org/name):
+# printable text of at most this many characters.
+MAX_PATH_PARAM_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    name: str
+    shape: re.Pattern | None  # None: the rest of the path
+
 
 def _segments(path: str) -> tuple[str, ...]:
     return tuple(path.strip("/").split("/"))
 
 
-def _bind(pattern: tuple[str, ...], parts: tuple[str, ...]) -> dict[str, str] | None:
-    """The path parameters when `parts` fit `pattern`, else None. `{name}` takes one non-empty
-    segment; a last `{name:path}` takes the rest, slashes included (model ids such as org/name)."""
+def _compile(pattern: str) -> tuple[str | _Param, ...]:
+    """The pattern's segments: literal strings, and a _Param for each `{name}` or `{name:shape}`."""
+    out: list[str | _Param] = []
+    segments = _segments(pattern)
+    for i, seg in enumerate(segments):
+        if not seg.startswith("{"):
+            out.append(seg)
+            continue
+        name, _, shape = seg[1:-1].partition(":")
+        if shape == "path":
+            if i != len(segments) - 1:
+                raise ValueError(f"{pattern}: only the last parameter may be a path")
+            out.append(_Param(name, None))
+        elif (shape or "id") in SHAPES:
+            out.append(_Param(name, SHAPES[shape or "id"]))
+        else:
+            raise ValueError(f"{pattern}: unknown parameter shape {shape!r} (one of {', '.join(SHAPES)}, path)")
+    return tuple(out)
+
+
+def _bind(pattern: tuple[str | _Param, ...], parts: tuple[str, ...]) -> dict[str, str] | None:
+    """The path parameters when `parts` fit `pattern`, else None. A parameter takes one segment of
+    its shape; a last `{name:path}` takes the rest, slashes included."""
     params: dict[str, str] = {}
     for i, seg in enumerate(pattern):
-        if seg.endswith(":path}") and i == len(pattern) - 1:
+        if isinstance(seg, _Param) and seg.shape is None:
             rest = "/".join(parts[i:])
-            if not rest:
+            if not rest or len(rest) > MAX_PATH_PARAM_LEN or not rest.isprintable():
                 return None
-            params[seg[1:-len(":path}")]] = rest
+            params[seg.name] = rest
             return params
         if i >= len(parts):
             return None
-        if seg.startswith("{"):
-            if not parts[i]:
+        if isinstance(seg, str):
+            if seg != parts[i]:
                 return None
-            params[seg[1:-1]] = parts[i]
-        elif seg != parts[i]:
+        elif seg.shape.fullmatch(parts[i]) is None:
             return None
+        else:
+            params[seg.name] = parts[i]
     return params if len(parts) == len(pattern) else None
 
 
 class Router:
     """Literal paths are found by one dict lookup; patterns are tried in order after them, so a
-    literal path (POST /v1/responses/input_tokens) wins over a pattern that would also fit it."""
+    literal path (POST /v1/responses/input_tokens) wins over a pattern that would also fit it.
+    Paths come in normalised (asgi.http.paths): no empty, `.` or `..` segments."""
 
     def __init__(self, routes: list[tuple[str, str, Handler]]) -> None:
         self._literal = {(method, path): handler for method, path, handler in routes if "{" not in path}
-        self._patterns = [(method, _segments(path), handler) for method, path, handler in routes if "{" in path]
+        self._patterns = [(method, _compile(path), handler) for method, path, handler in routes if "{" in path]
         self._literal_methods: dict[str, list[str]] = {}
         for method, path in self._literal:
             self._literal_methods.setdefault(path, []).append(method)

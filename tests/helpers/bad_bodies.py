@@ -166,8 +166,8 @@ def content_types(path: str, body: dict) -> list[BadRequest]:
     out = [BadRequest(f"content-type {ct}", path, raw, content_type=ct, expected=415)
            for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b",
                       "application/xml", "text/json", "")]
-    broken = json.dumps({**body, "max_tokens": -1}).encode()  # no Content-Type is read as JSON
-    return out + [BadRequest("no content-type, bad max_tokens", path, broken, content_type=None)]
+    broken = json.dumps({**body, "max_tokens": -1}).encode()  # no Content-Type: a 415, never decoded
+    return out + [BadRequest("no content-type, bad max_tokens", path, broken, content_type=None, expected=415)]
 
 
 def generate(model: str, seed: int = 5) -> list[BadRequest]:

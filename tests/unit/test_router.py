@@ -1,9 +1,11 @@
-"""asgi/http/router.py: literal paths, `{name}` parameters, the 405's methods and the 404."""
+"""asgi/http/router.py: literal paths, `{name:shape}` parameters, the 405's methods and the 404."""
 from __future__ import annotations
 
 import asyncio
 
-from asgi.http.router import HTTPRequest, Router
+import pytest
+
+from asgi.http.router import MAX_PATH_PARAM_LEN, HTTPRequest, Router
 
 
 async def a(http):
@@ -21,41 +23,73 @@ async def c(http):
 ROUTER = Router([
     ("POST", "/v1/responses", a),
     ("POST", "/v1/responses/input_tokens", b),
-    ("GET", "/v1/responses/{response_id}", c),
-    ("DELETE", "/v1/responses/{response_id}", a),
-    ("GET", "/v1/responses/{response_id}/input_items", b),
-    ("GET", "/v1/c/{cid}/items/{item_id}", c),
+    ("GET", "/v1/responses/{response_id:resp}", c),
+    ("DELETE", "/v1/responses/{response_id:resp}", a),
+    ("GET", "/v1/responses/{response_id:resp}/input_items", b),
+    ("GET", "/v1/c/{cid:conv}/items/{item_id:item}", c),
+    ("GET", "/v1/plain/{name}", c),
     ("GET", "/v1/models/{model_id:path}", a),
 ])
 
 
 def test_literal_paths_win_over_patterns():
     assert ROUTER.match("POST", "/v1/responses/input_tokens") == (b, {}, [])
-    assert ROUTER.match("GET", "/v1/responses/input_tokens") == (c, {"response_id": "input_tokens"}, [])
+    # Not a response id's shape: the pattern binds nothing, and the literal path's method is the 405's.
+    assert ROUTER.match("GET", "/v1/responses/input_tokens") == (None, {}, ["POST"])
 
 
 def test_parameters_bind_by_segment():
     assert ROUTER.match("GET", "/v1/responses/resp_1") == (c, {"response_id": "resp_1"}, [])
     assert ROUTER.match("GET", "/v1/responses/resp_1/input_items") == (b, {"response_id": "resp_1"}, [])
-    assert ROUTER.match("GET", "/v1/c/x/items/y") == (c, {"cid": "x", "item_id": "y"}, [])
-    assert ROUTER.match("GET", "/v1/c/x/other/y")[0] is None
+    assert ROUTER.match("GET", "/v1/c/conv_x/items/y") == (c, {"cid": "conv_x", "item_id": "y"}, [])
+    assert ROUTER.match("GET", "/v1/c/conv_x/other/y")[0] is None
     assert ROUTER.match("GET", "/v1/c//items/y") == (None, {}, [])  # an empty segment binds nothing
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/responses/index", "/v1/responses/resp_", "/v1/responses/resp_a-b", "/v1/responses/resp_" + "a" * 65,
+    "/v1/responses/conv_1", "/v1/responses/resp_1:x", "/v1/responses/resp_\u00e9", "/v1/responses/resp_1\n",
+    "/v1/c/index/items/y", "/v1/c/conv_1/items/a:b", "/v1/c/conv_1/items/_x", "/v1/c/conv_1/items/" + "i" * 129,
+    "/v1/plain/a.b", "/v1/plain/-a",
+])
+def test_a_parameter_of_the_wrong_shape_binds_nothing(path):
+    assert ROUTER.match("GET", path) == (None, {}, [])
+    assert ROUTER.match("DELETE", path)[0] is None
+
+
+def test_parameters_of_the_right_shape_bind():
+    assert ROUTER.match("GET", "/v1/responses/resp_" + "a" * 64)[0] is c
+    assert ROUTER.match("GET", "/v1/c/conv_AB09/items/fc_1-x_Y")[1] == {"cid": "conv_AB09", "item_id": "fc_1-x_Y"}
+    assert ROUTER.match("GET", "/v1/plain/Ab-0_9")[1] == {"name": "Ab-0_9"}
+
+
+def test_a_pattern_names_a_known_shape():
+    with pytest.raises(ValueError, match="unknown parameter shape"):
+        Router([("GET", "/x/{id:uuid}", a)])
+    with pytest.raises(ValueError, match="only the last"):
+        Router([("GET", "/x/{rest:path}/y", a)])
 
 
 def test_a_path_parameter_takes_the_rest():
     assert ROUTER.match("GET", "/v1/models/org/name") == (a, {"model_id": "org/name"}, [])
     assert ROUTER.match("GET", "/v1/models/m") == (a, {"model_id": "m"}, [])
+    assert ROUTER.match("GET", "/v1/models/" + "m" * MAX_PATH_PARAM_LEN)[0] is a
+
+
+def test_a_path_parameter_is_bounded_and_printable():
+    for rest in ("m" * (MAX_PATH_PARAM_LEN + 1), "a\nb", "a\x00b", "a\x7fb", "a\u2028b"):
+        assert ROUTER.match("GET", "/v1/models/" + rest) == (None, {}, [])
 
 
 def test_a_known_path_with_another_method_lists_its_methods():
-    assert ROUTER.match("PUT", "/v1/responses/r") == (None, {}, ["GET", "DELETE"])
+    assert ROUTER.match("PUT", "/v1/responses/resp_r") == (None, {}, ["GET", "DELETE"])
     assert ROUTER.match("GET", "/v1/responses") == (None, {}, ["POST"])
     assert ROUTER.match("POST", "/v1/models/org/name") == (None, {}, ["GET"])
 
 
 def test_an_unknown_path_has_no_methods():
     assert ROUTER.match("GET", "/v1/nothing") == (None, {}, [])
-    assert ROUTER.match("GET", "/v1/responses/r/input_items/extra") == (None, {}, [])
+    assert ROUTER.match("GET", "/v1/responses/resp_r/input_items/extra") == (None, {}, [])
 
 
 def test_every_handler_takes_one_http_request():

@@ -179,12 +179,12 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
     """API keys, CORS and connections, logs (README: "API keys", "Browsers, proxies", "Logs")."""
     auth = ap.add_argument_group("API keys")
     auth.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                      help="a key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable; "
+                      help="a key clients must send as `Authorization: Bearer KEY` on every path but the probes (repeatable; "
                            "also $RILL_API_KEY; prefer that or --api-key-file: argv is visible to `ps`)")
     auth.add_argument("--api-key-file", action="append", default=None, metavar="PATH",
                       help="a file of keys, one a line, # comments and blank lines skipped (repeatable)")
     auth.add_argument("--protect-metrics", action="store_true",
-                      help="/metrics and /stats need a key too (/health and /ready stay open)")
+                      help="/metrics, /stats, /version and /loads need a key too (/health and /ready stay open)")
     proxies = ap.add_argument_group("browsers and proxies")
     proxies.add_argument("--allowed-origins", type=_str_list, default=[], metavar="ORIGINS",
                          help="CORS origins, comma-separated or a JSON list ('*' for any); none: CORS off")

@@ -109,15 +109,16 @@ class StateStore(abc.ABC):
 
     # ---- responses ----
     async def put_response(self, record: StoredResponse) -> None:
-        """Insert or replace; the TTL counts from now. A first write past its bytes is a 400; a
-        rewrite past them (the output made it grow) evicts the response at once, as the count
-        bound would: the client has its answer already."""
+        """Insert or replace; the TTL counts from now. Past its bytes, a response in progress (the
+        first write, before any work) is a 400; a finished one (its output made it grow) is
+        evicted at once, as the count bound would: the client has its answer already."""
         _minted(is_response_id, record.id)
         items = _encoded(stored_items(record.input_items, "input"), "input")
         body = encode(StoredResponse(id=record.id, response=record.response, input_items=[], messages=record.messages))
         num_bytes = len(body) + sum(len(raw) for _, raw in items)
         if num_bytes > self.responses.max_entry_bytes:
-            if await self._delete_response(record.id):
+            if record.response.get("status") != "in_progress":
+                await self._delete_response(record.id)
                 log.warning("response %s is %d bytes, over the store's %d: evicted", record.id, num_bytes,
                             self.responses.max_entry_bytes)
                 return

@@ -67,13 +67,13 @@ Annotation = FileCitation | UrlCitation | ContainerFileCitation | FilePath
 class TopLogProb(msgspec.Struct, kw_only=True):
     token: str | UnsetType = UNSET
     logprob: float | UnsetType = UNSET
-    bytes: list[int] | UnsetType = UNSET
+    bytes: list[int] | None | UnsetType = UNSET
 
 
 class LogProb(msgspec.Struct, kw_only=True):
     token: str | UnsetType = UNSET
     logprob: float | UnsetType = UNSET
-    bytes: list[int] | UnsetType = UNSET
+    bytes: list[int] | None | UnsetType = UNSET
     top_logprobs: list[TopLogProb] | UnsetType = UNSET
 
 

@@ -145,11 +145,13 @@ def test_one_entry_and_one_item_are_bounded_in_bytes(backend):
         with pytest.raises(Refused) as err:
             await store.put_conversation(conversation(1), [message(1), message(2, "x" * MAX_ITEM_BYTES)])
         assert err.value.param == "items[1]"
-        with pytest.raises(Refused) as err:  # a first write past the bound: the client is told
-            await store.put_response(record(1, [message(1, "x" * 30_000)]))
+        big = record(1, [message(1, "x" * 30_000)])
+        big.response["status"] = "in_progress"
+        with pytest.raises(Refused) as err:  # the first write, before any work: the client is told
+            await store.put_response(big)
         assert err.value.param == "input" and await store.get_response("resp_1") is None
         await store.put_response(record(2))
-        await store.put_response(record(2, text="y" * 30_000))  # its rewrite grew past it: evicted
+        await store.put_response(record(2, text="y" * 30_000))  # finished, grown past it: evicted
         assert await store.get_response("resp_2") is None
         await store.close()
     run(go())

@@ -66,7 +66,8 @@ class PrefixCache:
         self._chains: dict[str, _Chain] = {}  # by req_id, while the request holds blocks
         self._serials = itertools.count(ROOT_SERIAL + 1)
         # KV-cache events (--kv-events-endpoint, engine_proc/kv_events.py), when someone listens:
-        # ("stored", hash, parent hash or None, token ids) and ("removed", hash), in order.
+        # ("stored", hash, parent hash or None, token ids, adapter name or "", the adapter's load id or
+        # 0) and ("removed", hash), in order.
         self.events: list[tuple] | None = None
 
     def take_events(self) -> list[tuple]:
@@ -173,7 +174,8 @@ class PrefixCache:
             assert block_id not in self._entries, "a request's own new block is already cached"
             entry = _Entry(block_hash, token_ids, next(self._serials), chain.last_serial)
             if self.events is not None:
-                self.events.append(("stored", block_hash, chain.last_hash if i else None, token_ids))
+                self.events.append(("stored", block_hash, chain.last_hash if i else None, token_ids, req.lora,
+                                    req.lora_load_id))
             self._entries[block_id] = entry
             self._live_serials.add(entry.serial)
             self._block_id_by_hash[block_hash] = block_id

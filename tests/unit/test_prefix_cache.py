@@ -192,8 +192,8 @@ def test_the_cache_records_stored_and_removed_blocks_in_order() -> None:
     a = computed(bm, make_req("a", ids(100, 8)))  # two full blocks: stored, the second chained to the first
     stored = bm.prefix_cache.take_events()
     first = hash((ROOT_HASH, tuple(ids(100, 4))))
-    assert stored == [("stored", first, None, tuple(ids(100, 4))),
-                      ("stored", hash((first, tuple(ids(104, 4)))), first, tuple(ids(104, 4)))]
+    assert stored == [("stored", first, None, tuple(ids(100, 4)), "", 0),  # the base model: no adapter
+                      ("stored", hash((first, tuple(ids(104, 4)))), first, tuple(ids(104, 4)), "", 0)]
     assert bm.prefix_cache.take_events() == []
     bm.free(a)  # evictable, still cached: no event
     assert bm.prefix_cache.take_events() == []

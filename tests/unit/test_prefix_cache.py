@@ -224,3 +224,18 @@ def test_blocks_are_keyed_by_lora_adapter() -> None:
     assert len(bm.find_cached_blocks(req("a2", "adapter-a"), 3)) == 3
     assert len(bm.find_cached_blocks(req("base2", ""), 3)) == 3
     assert bm.prefix_cache.num_cached_blocks() == 6  # both copies cached, side by side
+
+
+def test_blocks_are_keyed_by_adapter_load_not_name() -> None:
+    """An adapter unloaded and loaded again under its name (or replaced in place) has new weights:
+    its requests carry the new load id, and never find the blocks computed with the old ones."""
+    bm = BlockManager(20, BS)
+
+    def req(req_id: str, load_id: int) -> EngineRequest:
+        r = EngineRequest(req_id, "w0", ids(100, 12), SamplingParams(max_tokens=4, lora="x"))
+        r.lora_load_id = load_id
+        return r
+
+    computed(bm, req("old", 1))
+    assert len(bm.find_cached_blocks(req("same-load", 1), 3)) == 3
+    assert len(bm.find_cached_blocks(req("reloaded", 2), 3)) == 0

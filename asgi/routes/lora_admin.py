@@ -3,24 +3,28 @@ only under --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=tr
 and each worker's view of which adapters the engine holds."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 from asgi.errors import APIError, engine_unavailable
 from asgi.http.primitives import send_response
 from asgi.http.router import HTTPRequest
 from asgi.requests.body import decode_json
+from asgi.requests.bounds import MAX_LORA_PATH_LEN, Name
 from asgi.requests.schemas import decode_request
 from asgi.state import WorkerState
 
 
 class LoadLoRA(msgspec.Struct, forbid_unknown_fields=True):
-    lora_name: str
-    lora_path: str
+    lora_name: Name
+    lora_path: Annotated[str, Meta(max_length=MAX_LORA_PATH_LEN)]
     load_inplace: bool = False
 
 
 class UnloadLoRA(msgspec.Struct, forbid_unknown_fields=True):
-    lora_name: str
+    lora_name: Name
     lora_int_id: int | None = None
 
 

@@ -1,0 +1,36 @@
+"""The bounds on request bodies' lists, maps and strings, in one place (the table is in docs/endpoints.md).
+
+Each is far above what a real client sends and bounds the work one request can cause before the
+engine sees it (template rendering, tokenizing, per-choice objects, grammar compiles) or in every
+step after (stop ids, bias entries). Free-form text (message content, prompts, descriptions) is
+bounded by --max-request-body and then by the context length; free-form JSON by its nesting
+(asgi/requests/nesting.py). A field over its bound is a 400 naming it (msgspec's Meta, or a check).
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+MAX_NAME_LEN = 256  # names, ids, roles, types, `user`: OpenAI's function names are 64
+MAX_MESSAGES = 4096  # chat messages, Responses input items, Messages API messages
+MAX_CONTENT_PARTS = 1024  # content parts or blocks of one message
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_TOOL_CALLS = 128  # tool calls of one assistant message
+MAX_STOP = 16  # stop strings (OpenAI takes 4); each is searched in every piece of output
+MAX_STOP_LEN = 1024  # characters of one stop string: the detokenizer holds back that many
+MAX_STOP_TOKEN_IDS = 64  # checked for every sampled token
+MAX_LOGIT_BIAS = 1024  # entries, each a logit added every step (OpenAI takes 300)
+MAX_PROMPTS = 2048  # completions prompts and embeddings inputs (OpenAI's embeddings limit)
+MAX_CHOICES = 2048  # completions prompts x n: each choice is an engine request and a set of objects
+MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs entries
+MAX_METADATA = 16  # metadata entries (OpenAI's limit)
+MAX_SMALL_LIST = 16  # include, modalities, nvext annotations and extra fields: a few known names
+MAX_CHAT_TEMPLATE_LEN = 256 * 1024  # a request's own chat template (real ones are under 30 KiB)
+# A structured output's grammar (a schema, regex, grammar or choice list as JSON text) is compiled
+# on the worker's loop to check it: 2,000 properties (57 KB) took 1.0 s here, 10,000 (289 KB) 36 s.
+MAX_CONSTRAINT_LEN = 64 * 1024
+MAX_LORA_PATH_LEN = 4096  # PATH_MAX
+
+Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
+StopString = Annotated[str, Meta(max_length=MAX_STOP_LEN)]

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import time
+import uuid
+from pathlib import Path
 
 # Without a GPU the Triton kernels run under Triton's interpreter. Set before anything imports
 # triton (transformers may, through its integrations), since triton reads it when it loads.
@@ -16,6 +20,15 @@ from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixtu
 from tests.helpers.server import leftovers, sdk_client  # noqa: E402
 
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+
+# Every process this session starts inherits this mark (servers, engines, workers, ranks, their
+# helpers), so the end of the session can find any of them still running: see pytest_sessionfinish.
+SESSION_MARK = "RILL_TEST_SESSION"
+os.environ[SESSION_MARK] = uuid.uuid4().hex
+LEFTOVER_GRACE_S = 3.0  # for processes stopped by the last teardowns to finish exiting
+# Helpers that live as long as the process that started them (this pytest included): Python's
+# resource tracker and forkserver, torch.compile's worker pool.
+HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "compile_worker")
 
 # Each folder is one kind of test, and its marker says so: `pytest -m "not e2e"` leaves out every
 # test that starts a server, `make test-unit` runs tests/unit alone.
@@ -94,3 +107,49 @@ def aclient_factory(server):
 
     return lambda: AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
                                _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+def processes_of_this_session() -> list[tuple[int, str]]:
+    """(pid, command line) of every live process carrying this session's mark, but helpers
+    (HELPER_PROCESSES): those of a leftover go with it, and this pytest's own until it exits."""
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if state in ("Z", "X") or any(helper in command for helper in HELPER_PROCESSES):
+            continue
+        found.append((int(entry.name), command))
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No server, engine or worker of this session outlives it: any still running once every
+    fixture is torn down is killed, named, and fails the run (a run once left three API workers
+    behind, with PPID 1)."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := processes_of_this_session()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} processes of this test session were still running (killed now):",
+             *(f"  pid {pid}: {command[:300]}" for pid, command in left)]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -23,6 +23,7 @@ import zmq
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.serving.chat_flags import chat_settings
 from asgi.serving.engine_monitor import EngineMonitor
+from asgi.serving.http_server import http1_settings, run_granian  # noqa: F401 (http1_settings: tests import it here)
 from asgi.serving.lora_flags import lora_modules
 from asgi.serving.parallel_flags import engine_configs
 from asgi.serving.sdnotify import Notifier, ServiceReporter
@@ -34,7 +35,6 @@ from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from ipc.logs import configure_logging
 
 log = logging.getLogger("rill")
-ABORT_WAIT_S = 5.0  # after the drain timed out: for the engine to end what is left
 ENGINE_DEATH_GRACE_S = 1.0  # after an engine died: for the workers to fail their streams first
 BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
@@ -88,73 +88,6 @@ def stop_engine(proc, paths: RunPaths, timeout_s: float = 10.0, rank: int = 0) -
         log.warning("engine did not stop in %.0f s; killing it", timeout_s)
         proc.kill()
         proc.join()
-
-
-def make_draining_granian():
-    """Granian, but SIGTERM/SIGINT/SIGHUP first drain in-flight requests, then stop the workers,
-    and a worker that died is replaced after its engine requests were ended.
-
-    Granian's own worker shutdown stops the worker's event loop while it waits for open
-    connections, so a stream in progress could never finish there; we finish them first.
-    """
-    from granian import Granian
-
-    class DrainingGranian(Granian):
-        def __init__(self, paths: RunPaths, timeout_s: float, monitor: EngineMonitor, reporter: ServiceReporter,
-                     *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.paths = paths
-            self.monitor = monitor
-            self.reporter = reporter
-            self.drain_timeout_s = timeout_s
-            self.drain_thread: threading.Thread | None = None
-
-        def signal_handler_interrupt(self, *args, **kwargs):
-            if self.drain_thread is not None:  # a second signal: stop now
-                log.warning("second stop signal: stopping without waiting")
-                return super().signal_handler_interrupt()
-            self.drain_thread = threading.Thread(target=self._drain_then_stop, name="drain", daemon=True)
-            self.drain_thread.start()
-
-        def signal_handler_reload(self, *args, **kwargs):
-            """SIGHUP (a terminal hangup, `kill -HUP`): a drain and a stop, as SIGTERM. Granian's
-            reload respawned the workers with no drain: streams were cut without an error event or
-            [DONE], and their engine requests ran on for nobody. Nothing here is reloadable
-            without a restart (the flags, the model), so a stop is what the signal can mean."""
-            if os.getpid() != self.pid:  # a worker, forked with this handler: not its call to make
-                return
-            log.info("SIGHUP: stopping as on SIGTERM")
-            self.signal_handler_interrupt()
-
-        def _respawn_workers(self, workers, *args, **kwargs):
-            """A worker that died (Granian's respawn_failed_workers) leaves engine requests whose
-            deltas go nowhere: the engine ends them (each engine request names its worker, whose
-            id is its pid)."""
-            old = [self.wrks[idx].inner for idx in workers]
-            for proc in old:
-                if not proc.is_alive():
-                    log.error("API worker %d died (exit code %s); ending its requests, starting another",
-                              proc.pid, proc.exitcode)
-                    self.monitor.abort_all(worker_id=str(proc.pid))
-            alive = [proc for proc in old if proc.is_alive()]
-            super()._respawn_workers(workers, *args, **kwargs)
-            for proc in alive:  # replaced alive: Granian stopped it, and its streams with it
-                self.monitor.abort_all(worker_id=str(proc.pid))
-
-        def _drain_then_stop(self) -> None:
-            self.paths.draining_flag.touch()
-            self.reporter.stopping()
-            log.info("draining: waiting up to %.0f s for in-flight requests", self.drain_timeout_s)
-            if not self.monitor.wait_idle(self.drain_timeout_s) and self.monitor.engine_alive():
-                # The engine ends each with an ABORT delta; its worker sends an error event and [DONE].
-                stats = self.monitor.latest
-                log.warning("%d requests still running after %.0f s; ending them with an error",
-                            stats.num_running + stats.num_waiting if stats else -1, self.drain_timeout_s)
-                self.monitor.abort_all()
-                self.monitor.wait_idle(ABORT_WAIT_S)
-            super().signal_handler_interrupt()
-
-    return DrainingGranian
 
 
 class EngineWatch(threading.Thread):
@@ -284,46 +217,3 @@ def edge_settings(args) -> dict:
     return dict(api_key_digests=[digest(k) for k in keys], protect_metrics=args.protect_metrics,
                 allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
                 allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests)
-
-
-def http1_settings(timeout_keep_alive_s: float):
-    """Granian's HTTP/1 header read timeout is also how long an idle keep-alive connection lives."""
-    from granian.http import HTTP1Settings
-
-    if timeout_keep_alive_s <= 0:
-        return HTTP1Settings(keep_alive=False)
-    return HTTP1Settings(header_read_timeout=max(1, round(timeout_keep_alive_s * 1000)))
-
-
-def run_granian(args, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
-                log_config: dict | None = None) -> bool:
-    """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
-    from granian.constants import Interfaces, Loops
-
-    server = make_draining_granian()(
-        paths,
-        args.shutdown_timeout,
-        monitor,
-        reporter,
-        "asgi.app:app",
-        address=args.host,
-        port=args.port,
-        interface=Interfaces.ASGI,
-        workers=args.workers,
-        loop=Loops.uvloop,
-        log_level=args.log_level,
-        log_dictconfig=log_config,  # the run's format in Granian's own lines and in every worker
-        http1_settings=http1_settings(args.timeout_keep_alive),
-        workers_kill_timeout=5,  # requests were drained before the workers are told to stop
-        # A worker that dies (killed, out of memory) is replaced rather than stopping the server; one
-        # that dies again within 5.5 s of its start stops it, with exit status 1 (a crash loop).
-        respawn_failed_workers=True,
-        backlog=2048,
-    )
-    try:
-        server.serve()
-    except SystemExit as exc:  # Granian exits non-zero when a worker crashed
-        if exc.code:
-            log.error("the HTTP server stopped with status %s", exc.code)
-            return True
-    return False

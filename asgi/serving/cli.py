@@ -102,7 +102,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     add_lora_flags(ap)
     engine.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
                         help="publish KV-cache events (vLLM's kv_events schema: blocks stored and removed) on this "
-                             "ZeroMQ PUB endpoint, e.g. tcp://*:5557, for KV-aware routers")
+                             "ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557, for KV-aware routers; they carry every user's "
+                             "prompt token ids to whoever connects, whatever --api-key says (docs/kv-events.md)")
     engine.add_argument("--kv-events-topic", default="", help="the topic frame of each KV-event message")
     engine.add_argument("--batch-invariant", action="store_true",
                         help="a request's logits are bit for bit the same whatever else is in the step "

@@ -209,8 +209,8 @@ def edge_settings(args) -> dict:
     """The WorkerSettings of API keys (digests only), CORS and the access log."""
     keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
     if keys:
-        log.info("API keys: %d configured; /v1/* needs one%s", len(keys),
-                 ", and /metrics and /stats" if args.protect_metrics else "")
+        log.info("API keys: %d configured; every path needs one but /health, /ready%s", len(keys),
+                 "" if args.protect_metrics else " and /metrics, /stats, /version, /loads")
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key (--api-key, $%s): anyone who reaches %s:%d can use this server",
                     API_KEY_ENV, args.host, args.port)

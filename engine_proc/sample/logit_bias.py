@@ -8,7 +8,7 @@ from engine_proc.sample.prepared import SamplePrep
 
 def biased_rows(preps: list[SamplePrep]) -> list[int]:
     """One attribute read per row: a step where no row asks does no tensor work."""
-    return [i for i, prep in enumerate(preps) if prep.bias_ids is not None]
+    return [i for i, prep in enumerate(preps) if prep.has_bias]
 
 
 def add_logit_bias(logits: torch.Tensor, rows: list[int], preps: list[SamplePrep]) -> None:
@@ -16,4 +16,7 @@ def add_logit_bias(logits: torch.Tensor, rows: list[int], preps: list[SamplePrep
     whatever the bias's size (its ids and values were made tensors once, in SamplePrep)."""
     for i in rows:
         prep = preps[i]
-        logits[i].index_add_(0, prep.bias_ids, prep.bias_values.to(logits.dtype))
+        if prep.bias_ids is None:  # dense: a whole-vocabulary vector
+            logits[i] += prep.bias_values.to(logits.dtype)
+        else:
+            logits[i].index_add_(0, prep.bias_ids, prep.bias_values.to(logits.dtype))

@@ -180,7 +180,11 @@ class Sampler:
         if bias_rows:
             add_logit_bias(logits, bias_rows, preps)
         for i in held_rows:
-            logits[i].index_fill_(0, preps[i].held_ids, float("-inf"))
+            held = preps[i].held_ids
+            if held.dtype == torch.bool:  # dense: a whole-vocabulary mask
+                logits[i].masked_fill_(held, float("-inf"))
+            else:
+                logits[i].index_fill_(0, held, float("-inf"))
         if penalised_rows:
             reqs = [seqs[i].req for i in penalised_rows]
             logits[penalised_rows] = penalize(logits[penalised_rows], reqs)

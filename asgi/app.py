@@ -24,6 +24,7 @@ from asgi.routes.responses import count_input_tokens, create_response
 from asgi.routes.tokenize import detokenize, get_version, tokenize
 from asgi.state import WorkerSettings, WorkerState, dumps
 from asgi.stores.base import StoreUnavailable
+from asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID
 from ipc.lifetime import die_with_parent
 
 log = logging.getLogger("rill.api")
@@ -129,7 +130,7 @@ ROUTER = Router([
     ("GET", "/get_server_info", router_probes.server_info),
     ("GET", "/model_info", router_probes.model_info),
     ("GET", "/get_model_info", router_probes.model_info),
-])
+], shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID})  # the ids the store mints and keeps
 NEEDS_BODY = {"POST"}
 
 

@@ -22,18 +22,11 @@ class HTTPRequest:
 
 Handler = Callable[[HTTPRequest], Awaitable[None]]
 
-# What a path parameter may hold, by the shape its pattern names (`{conversation_id:conv}`; a bare
-# `{name}` is an `id`). The shapes are those of the ids the server mints (`conv_` + 32 hex digits)
-# with room to spare, so a segment of any other shape binds nothing and is a 404 before a handler,
-# or a store key built from it, sees it: `DELETE /v1/conversations/index` once deleted the Redis
-# store's index.
-SHAPES = {
-    "id": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"),
-    "resp": re.compile(r"resp_[A-Za-z0-9]{1,64}"),
-    "conv": re.compile(r"conv_[A-Za-z0-9]{1,64}"),
-    # Items keep the ids a client gave them (msg_, fc_, rs_ and others from OpenAI's own output).
-    "item": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"),
-}
+# A bare `{name}` (or `{name:id}`) holds a plain id; a Router is given the shapes of its own ids
+# (`{conversation_id:conv}`). A segment of another shape binds nothing: a 404 before a handler, or
+# a store key built from it, sees it (`DELETE /v1/conversations/index` once deleted the Redis
+# store's index).
+ID_SHAPE = r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"
 # A last `{name:path}` takes the rest of the path, slashes included (model ids such as org/name):
 # printable text of at most this many characters.
 MAX_PATH_PARAM_LEN = 256
@@ -49,7 +42,7 @@ def _segments(path: str) -> tuple[str, ...]:
     return tuple(path.strip("/").split("/"))
 
 
-def _compile(pattern: str) -> tuple[str | _Param, ...]:
+def _compile(pattern: str, shapes: dict[str, re.Pattern]) -> tuple[str | _Param, ...]:
     """The pattern's segments: literal strings, and a _Param for each `{name}` or `{name:shape}`."""
     out: list[str | _Param] = []
     segments = _segments(pattern)
@@ -62,10 +55,10 @@ def _compile(pattern: str) -> tuple[str | _Param, ...]:
             if i != len(segments) - 1:
                 raise ValueError(f"{pattern}: only the last parameter may be a path")
             out.append(_Param(name, None))
-        elif (shape or "id") in SHAPES:
-            out.append(_Param(name, SHAPES[shape or "id"]))
+        elif (shape or "id") in shapes:
+            out.append(_Param(name, shapes[shape or "id"]))
         else:
-            raise ValueError(f"{pattern}: unknown parameter shape {shape!r} (one of {', '.join(SHAPES)}, path)")
+            raise ValueError(f"{pattern}: unknown parameter shape {shape!r} (one of {', '.join(shapes)}, path)")
     return tuple(out)
 
 
@@ -95,11 +88,14 @@ def _bind(pattern: tuple[str | _Param, ...], parts: tuple[str, ...]) -> dict[str
 class Router:
     """Literal paths are found by one dict lookup; patterns are tried in order after them, so a
     literal path (POST /v1/responses/input_tokens) wins over a pattern that would also fit it.
-    Paths come in normalised (asgi.http.paths): no empty, `.` or `..` segments."""
+    Paths come in normalised (asgi.http.paths): no empty, `.` or `..` segments. `shapes`: the
+    regular expressions (matched whole) that `{name:shape}` names, beside `id`."""
 
-    def __init__(self, routes: list[tuple[str, str, Handler]]) -> None:
+    def __init__(self, routes: list[tuple[str, str, Handler]], shapes: dict[str, str] | None = None) -> None:
+        compiled = {name: re.compile(regex) for name, regex in {"id": ID_SHAPE, **(shapes or {})}.items()}
         self._literal = {(method, path): handler for method, path, handler in routes if "{" not in path}
-        self._patterns = [(method, _compile(path), handler) for method, path, handler in routes if "{" in path]
+        self._patterns = [(method, _compile(path, compiled), handler) for method, path, handler in routes
+                          if "{" in path]
         self._literal_methods: dict[str, list[str]] = {}
         for method, path in self._literal:
             self._literal_methods.setdefault(path, []).append(method)

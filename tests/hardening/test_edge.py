@@ -160,11 +160,13 @@ def test_a_post_body_must_be_declared_json(edge):
     ("GET", "/v1/conversations/conv_*"),
     ("GET", "/v1/conversations/conv_%2A"),
     ("GET", f"/v1/responses/{RESP}x%00"),
-    ("GET", "/v1/responses/resp_" + "a" * 65),
+    ("GET", "/v1/responses/resp_" + "a" * 129),
     ("GET", f"/v1/responses/{CONV}"),  # a conversation's id is not a response's
     ("DELETE", f"/v1/conversations/{RESP}"),
     ("GET", f"/v1/conversations/{CONV}/items/a:b"),
     ("DELETE", f"/v1/conversations/{CONV}/items/" + "m" * 200),
+    ("DELETE", f"/v1/conversations/{CONV}/items/msg_" + "m" * 129),
+    ("GET", f"/v1/conversations/{CONV}/items/{ITEM}.json"),
     ("GET", "/v1/conversations/conv_%C3%A9"),
 ])
 def test_ids_of_the_wrong_shape_are_404_before_the_store(edge, method, path):

@@ -29,7 +29,7 @@ ROUTER = Router([
     ("GET", "/v1/c/{cid:conv}/items/{item_id:item}", c),
     ("GET", "/v1/plain/{name}", c),
     ("GET", "/v1/models/{model_id:path}", a),
-])
+], shapes={"resp": r"resp_[A-Za-z0-9]{1,64}", "conv": r"conv_[A-Za-z0-9]{1,64}", "item": r"[a-z]+_[A-Za-z0-9]+"})
 
 
 def test_literal_paths_win_over_patterns():
@@ -41,15 +41,15 @@ def test_literal_paths_win_over_patterns():
 def test_parameters_bind_by_segment():
     assert ROUTER.match("GET", "/v1/responses/resp_1") == (c, {"response_id": "resp_1"}, [])
     assert ROUTER.match("GET", "/v1/responses/resp_1/input_items") == (b, {"response_id": "resp_1"}, [])
-    assert ROUTER.match("GET", "/v1/c/conv_x/items/y") == (c, {"cid": "conv_x", "item_id": "y"}, [])
-    assert ROUTER.match("GET", "/v1/c/conv_x/other/y")[0] is None
+    assert ROUTER.match("GET", "/v1/c/conv_x/items/msg_y") == (c, {"cid": "conv_x", "item_id": "msg_y"}, [])
+    assert ROUTER.match("GET", "/v1/c/conv_x/other/msg_y")[0] is None
     assert ROUTER.match("GET", "/v1/c//items/y") == (None, {}, [])  # an empty segment binds nothing
 
 
 @pytest.mark.parametrize("path", [
     "/v1/responses/index", "/v1/responses/resp_", "/v1/responses/resp_a-b", "/v1/responses/resp_" + "a" * 65,
     "/v1/responses/conv_1", "/v1/responses/resp_1:x", "/v1/responses/resp_\u00e9", "/v1/responses/resp_1\n",
-    "/v1/c/index/items/y", "/v1/c/conv_1/items/a:b", "/v1/c/conv_1/items/_x", "/v1/c/conv_1/items/" + "i" * 129,
+    "/v1/c/index/items/msg_y", "/v1/c/conv_1/items/a:b", "/v1/c/conv_1/items/_x", "/v1/c/conv_1/items/msg_",
     "/v1/plain/a.b", "/v1/plain/-a",
 ])
 def test_a_parameter_of_the_wrong_shape_binds_nothing(path):
@@ -59,13 +59,15 @@ def test_a_parameter_of_the_wrong_shape_binds_nothing(path):
 
 def test_parameters_of_the_right_shape_bind():
     assert ROUTER.match("GET", "/v1/responses/resp_" + "a" * 64)[0] is c
-    assert ROUTER.match("GET", "/v1/c/conv_AB09/items/fc_1-x_Y")[1] == {"cid": "conv_AB09", "item_id": "fc_1-x_Y"}
-    assert ROUTER.match("GET", "/v1/plain/Ab-0_9")[1] == {"name": "Ab-0_9"}
+    assert ROUTER.match("GET", "/v1/c/conv_AB09/items/fc_1xY")[1] == {"cid": "conv_AB09", "item_id": "fc_1xY"}
+    assert ROUTER.match("GET", "/v1/plain/Ab-0_9")[1] == {"name": "Ab-0_9"}  # a bare `{name}` is an `id`
+    assert ROUTER.match("GET", "/v1/plain/" + "a" * 129)[0] is None
 
 
 def test_a_pattern_names_a_known_shape():
     with pytest.raises(ValueError, match="unknown parameter shape"):
         Router([("GET", "/x/{id:uuid}", a)])
+    assert Router([("GET", "/x/{id:uuid}", a)], shapes={"uuid": "[0-9a-f]{32}"}).match("GET", "/x/" + "0" * 32)[0] is a
     with pytest.raises(ValueError, match="only the last"):
         Router([("GET", "/x/{rest:path}/y", a)])
 

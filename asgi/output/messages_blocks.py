@@ -10,11 +10,11 @@ not a JSON object as `{}`.
 """
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from asgi.parsers.chat_output import OutputParser
+from asgi.requests import nesting
 
 # This server cannot sign thinking; Anthropic's SDKs require the field, so it is empty.
 SIGNATURE = ""
@@ -27,8 +27,8 @@ def new_tool_use_id() -> str:
 def tool_input(arguments: str) -> dict[str, Any]:
     """The tool call's arguments as the `input` object; {} if they are not one (a cut-short call)."""
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
+        value = nesting.loads(arguments) if arguments.strip() else {}
+    except ValueError:  # TooDeep too: the model's text, which must not become a RecursionError
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -36,14 +36,12 @@ def tool_input(arguments: str) -> dict[str, Any]:
 class MessageBlocks:
     """The blocks of one Message. `push` and `finish` return the stream events of what changed."""
 
-    def __init__(self, parser: OutputParser, max_tool_uses: int | None = None):
-        self.parser = parser
-        self.max_tool_uses = max_tool_uses  # disable_parallel_tool_use: later calls are left out
+    def __init__(self, parser: OutputParser):
+        self.parser = parser  # disable_parallel_tool_use: it leaves out later calls (chat_parsing.FirstCalls)
         self.content: list[dict[str, Any]] = []  # the blocks as the Message has them
         self._open: dict[str, Any] | None = None  # the block being written (the last of `content`)
         self._arguments = ""  # the open tool_use block's JSON text
         self._call_index: int | None = None  # the parser's index of the open tool_use's call
-        self._skipped: set[int] = set()  # call indexes past max_tool_uses
         self.finished = False
 
     @property
@@ -91,13 +89,8 @@ class MessageBlocks:
 
     def _tool_call(self, call: dict) -> list[dict]:
         index = call["index"]
-        if index in self._skipped:
-            return []
         events = []
         if self._open is None or self._open["type"] != "tool_use" or self._call_index != index:
-            if self.max_tool_uses is not None and self.num_tool_uses >= self.max_tool_uses:
-                self._skipped.add(index)
-                return []
             name = (call.get("function") or {}).get("name") or ""
             block = {"type": "tool_use", "id": new_tool_use_id(), "name": name, "input": {}}
             events = self._start(block, dict(block, input={}))

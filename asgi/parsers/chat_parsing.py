@@ -33,6 +33,35 @@ class ReasoningThenTools:
         return merge_delta(delta, self.tools.push(content)) if content else delta
 
 
+class FirstCalls:
+    """parallel_tool_calls false (chat, Responses) or disable_parallel_tool_use (Messages) with
+    tool_choice auto: the grammar does not stop a model from writing a second call, so the calls
+    past the first `max_calls` are left out; the text around them stays content."""
+
+    def __init__(self, parser: OutputParser, max_calls: int):
+        self.parser = parser
+        self.max_calls = max_calls
+
+    @property
+    def called_tools(self) -> bool:
+        return self.parser.called_tools
+
+    def push(self, text: str) -> dict:
+        return self._keep(self.parser.push(text))
+
+    def finish(self) -> dict:
+        return self._keep(self.parser.finish())
+
+    def _keep(self, delta: dict) -> dict:
+        if calls := delta.get("tool_calls"):
+            kept = [call for call in calls if call["index"] < self.max_calls]
+            if kept:
+                delta["tool_calls"] = kept
+            else:
+                del delta["tool_calls"]
+        return delta
+
+
 def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
                    reasoning_parser: str | None) -> Callable[[], OutputParser]:
     """A new parser per choice. A forced call (named or required) is the whole output, so it
@@ -43,6 +72,9 @@ def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
         return RequiredCalls
     make_tools = TOOL_PARSERS[tool_parser] if plan.mode is ToolMode.AUTO else None
     make_reasoning = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
+    if make_tools and plan.max_calls is not None:
+        make_all_calls, max_calls = make_tools, plan.max_calls
+        make_tools = lambda: FirstCalls(make_all_calls(), max_calls)  # noqa: E731
     if make_tools and make_reasoning:
         return lambda: ReasoningThenTools(make_reasoning(), make_tools())
     return make_tools or make_reasoning or PlainText

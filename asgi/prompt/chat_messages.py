@@ -6,12 +6,12 @@ templates iterate `arguments | items`, the tools as HF's apply_chat_template tak
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from asgi.errors import APIError
 from asgi.prompt.encoding import encode_texts
 from asgi.prompt.templating import ChatTemplate, TemplateError, request_template
+from asgi.requests import nesting
 from asgi.requests.schemas import ChatCompletionRequest, ChatMessage
 from asgi.requests.tool_choice import template_tools
 from asgi.state import WorkerState
@@ -110,8 +110,12 @@ def _tool_call(call, i: int, j: int) -> dict[str, Any]:
     if isinstance(arguments, str):
         # As vLLM: arguments that are not a JSON object become {} rather than a 400, since the
         # bad string lives in the conversation's history and would fail every later turn too.
+        # Too deep is a 400 all the same: such a string was never a model's tool call.
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = nesting.loads(arguments) if arguments.strip() else {}
+        except nesting.TooDeep as exc:
+            param = f"messages[{i}].tool_calls[{j}].function.arguments"
+            raise APIError(400, f"`{param}` is not valid: {exc}.", param=param, code="invalid_value") from None
         except ValueError:
             arguments = {}
     if not isinstance(arguments, dict):

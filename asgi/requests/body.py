@@ -1,5 +1,6 @@
 """Every JSON request body is decoded here: UTF-8, nesting depth and msgspec's typed validation,
-each failure an OpenAI 400 (naming the parameter where msgspec names one)."""
+each failure an OpenAI 400 (naming the parameter where msgspec names one, or the free-form field
+that nests too deep)."""
 from __future__ import annotations
 
 from typing import TypeVar
@@ -7,6 +8,7 @@ from typing import TypeVar
 import msgspec
 
 from asgi.errors import APIError, from_validation_error
+from asgi.requests.nesting import MAX_DEPTH, deep_field
 
 T = TypeVar("T")
 
@@ -20,9 +22,13 @@ def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
         raise APIError(400, "The request body is not valid JSON: it is not valid UTF-8.",
                        code="invalid_json") from None
     try:
-        return decoder.decode(body)
+        req = decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise from_validation_error(exc) from None
     except RecursionError:  # raised outside DecodeError; unknown fields are skipped recursively too
         raise APIError(400, "The request body is not valid JSON: it is nested too deeply.",
                        code="invalid_json") from None
+    if isinstance(req, msgspec.Struct) and (field := deep_field(req)) is not None:
+        raise APIError(400, f"`{field}` nests deeper than {MAX_DEPTH} levels of arrays and objects.",
+                       param=field, code="invalid_value")
+    return req

@@ -6,7 +6,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
+from asgi.requests.bounds import MAX_PROMPTS, Name
+
+MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the inputs of one request
 
 
 class EmbeddingsRequest(msgspec.Struct, kw_only=True):
@@ -14,7 +16,7 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
     input: str | list[Any]  # a string, strings, token ids, or lists of token ids (schemas.prompt_batch)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1)] | None = None
-    user: str | None = None
+    user: Name | None = None
 
 
 embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from asgi.errors import APIError
+from asgi.requests.bounds import MAX_CONTENT_PARTS
 
 BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 # A tool_result's text says it reports an error this way: chat's tool message has no such field.
@@ -56,6 +57,8 @@ def _blocks(content: Any, where: str, allowed: tuple[str, ...]) -> list[dict[str
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise bad(where, "must be a string or a list of content blocks.")
+    if len(content) > MAX_CONTENT_PARTS:
+        raise bad(where, f"holds {len(content)} blocks; at most {MAX_CONTENT_PARTS}.")
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind not in allowed:

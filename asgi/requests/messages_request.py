@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from asgi.errors import APIError
+from asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
 from asgi.requests.messages_content import chat_messages
 from asgi.requests.messages_tools import (
     AnthropicTool,
@@ -31,9 +32,9 @@ class PromptFields(msgspec.Struct, kw_only=True):
     """What builds the prompt: a create request's and count_tokens' fields."""
 
     model: str
-    messages: Annotated[list[dict[str, Any]], Meta(min_length=1)]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[AnthropicTool] | None = None
+    messages: Annotated[list[dict[str, Any]], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    system: str | Annotated[list[dict[str, Any]], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
+    tools: Annotated[list[AnthropicTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
 
@@ -43,8 +44,8 @@ class MessagesRequest(PromptFields, kw_only=True):
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
-    stop_sequences: list[str] | None = None
-    metadata: dict[str, Any] | None = None
+    stop_sequences: Annotated[list[StopString], Meta(max_length=MAX_STOP)] | None = None
+    metadata: Annotated[dict[str, Any], Meta(max_length=MAX_METADATA)] | None = None
     stream: bool = False
     service_tier: Any = None
     container: Any = None

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from asgi.errors import APIError
+from asgi.requests.bounds import Name
 
 # Anthropic's rule for a tool's name.
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -25,21 +26,21 @@ MIN_BUDGET_TOKENS = 1024  # Anthropic's floor for thinking.budget_tokens
 class AnthropicTool(msgspec.Struct, kw_only=True):
     """A client tool; server tools (web search, bash, ...) have another `type` and are refused."""
 
-    name: str | None = None
+    name: Name | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
-    type: str | None = None
+    type: Name | None = None
     strict: bool | None = None
 
 
 class ToolChoice(msgspec.Struct, kw_only=True):
-    type: str
-    name: str | None = None
+    type: Name
+    name: Name | None = None
     disable_parallel_tool_use: bool | None = None
 
 
 class Thinking(msgspec.Struct, kw_only=True):
-    type: str
+    type: Name
     budget_tokens: int | None = None
 
 
@@ -101,12 +102,6 @@ def chat_tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]] | No
 
 def forces_tool(choice: ToolChoice | None) -> bool:
     return choice is not None and choice.type in ("any", "tool")
-
-
-def max_tool_uses(choice: ToolChoice | None) -> int | None:
-    """At most one tool_use in the answer with disable_parallel_tool_use (`any` has it in its grammar
-    already; for `auto` a second call the model writes is left out)."""
-    return 1 if choice is not None and choice.disable_parallel_tool_use else None
 
 
 def thinking_enabled(thinking: Thinking | None, choice: ToolChoice | None, max_tokens: int | None) -> bool | None:

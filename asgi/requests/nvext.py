@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from asgi.engine_link.generate import Generation
 from asgi.errors import APIError
+from asgi.requests.bounds import MAX_SMALL_LIST, Name
 from ipc.protocol import SamplingParams
 
 INT64_MAX = 2**63 - 1
@@ -34,8 +35,8 @@ class NvExt(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
     use_raw_prompt: bool | None = None
-    annotations: list[str] | None = None
-    extra_fields: list[str] | None = None
+    annotations: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
+    extra_fields: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
 
     def check(self, *, chat: bool) -> None:
         """400 for what this server cannot do, naming the field."""

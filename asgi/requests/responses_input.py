@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from asgi.errors import APIError
+from asgi.requests.bounds import MAX_CONTENT_PARTS
 from asgi.requests.responses_request import ResponsesRequest, wants_logprobs
 from asgi.requests.schemas import ChatCompletionRequest, chat_from
 
@@ -100,6 +101,8 @@ def _text(content: Any, where: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise APIError(400, "Content must be a string or a list of parts.", param=where)
+    if len(content) > MAX_CONTENT_PARTS:
+        raise APIError(400, f"Content holds {len(content)} parts; at most {MAX_CONTENT_PARTS}.", param=where)
     texts = []
     for j, part in enumerate(content):
         if isinstance(part, dict) and part.get("type") in TEXT_PARTS and not isinstance(part.get("text"), str):

@@ -7,16 +7,17 @@ import msgspec
 from msgspec import Meta
 
 from asgi.errors import APIError, unsupported
+from asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
 from asgi.requests.schemas import PositiveInt, Temperature, TopP
 
-MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN = 16, 64, 512
+MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN = MAX_METADATA, 64, 512
 
 
 class ResponseTool(msgspec.Struct, kw_only=True):
     """Responses' function tool is flat: {type, name, description, parameters, strict}."""
 
-    type: str
-    name: str | None = None
+    type: Name
+    name: Name | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -24,36 +25,36 @@ class ResponseTool(msgspec.Struct, kw_only=True):
 
 class TextParam(msgspec.Struct, kw_only=True):
     format: dict[str, Any] | None = None
-    verbosity: str | None = None
+    verbosity: Name | None = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str
-    input: str | list[dict[str, Any]] | None = None
+    input: str | Annotated[list[dict[str, Any]], Meta(max_length=MAX_MESSAGES)] | None = None
     instructions: str | None = None
-    tools: list[ResponseTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ResponseTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Name | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: TextParam | None = None
     max_output_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    include: list[str] | None = None
+    include: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = True
     stream: bool | None = False
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    truncation: str | None = None
+    user: Name | None = None
+    safety_identifier: Name | None = None
+    prompt_cache_key: Name | None = None
+    truncation: Name | None = None
     background: bool | None = None
     reasoning: dict[str, Any] | None = None
-    previous_response_id: str | None = None
+    previous_response_id: Name | None = None
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
-    service_tier: str | None = None
+    service_tier: Name | None = None
     stream_options: Any = None
 
 

@@ -13,6 +13,23 @@ from msgspec import Meta
 
 from asgi.errors import APIError, from_validation_error, not_found, unsupported
 from asgi.requests.body import decode_json
+from asgi.requests.bounds import (
+    MAX_CHAT_TEMPLATE_LEN,
+    MAX_CHOICES,
+    MAX_CONTENT_PARTS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_NAME_LEN,
+    MAX_PROMPTS,
+    MAX_SMALL_LIST,
+    MAX_STOP,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPLATE_KWARGS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    Name,
+    StopString,
+)
 from asgi.requests.nvext import NvExt
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -30,51 +47,51 @@ class StreamOptions(msgspec.Struct):
 
 
 class ContentPart(msgspec.Struct):
-    type: str
+    type: Name
     text: str | None = None
 
 
 class FunctionCall(msgspec.Struct):
-    name: str
+    name: Name
     # A JSON string in OpenAI's API; an object is taken too (as vLLM does).
     arguments: str | dict[str, Any] | None = None
 
 
 class ToolCall(msgspec.Struct):
     function: FunctionCall
-    id: str | None = None
-    type: str = "function"
+    id: Name | None = None
+    type: Name = "function"
 
 
 class ChatMessage(msgspec.Struct):
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    role: Name
+    content: str | Annotated[list[ContentPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Name | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Name | None = None
     # An assistant turn's earlier thinking, for templates that show it (vLLM takes both names).
     reasoning_content: str | None = None
     reasoning: str | None = None
 
 
 class FunctionDefinition(msgspec.Struct):
-    name: str
+    name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
 class Tool(msgspec.Struct):
-    type: str
+    type: Name
     function: FunctionDefinition | None = None
 
 
 class FunctionName(msgspec.Struct):
-    name: str
+    name: Name
 
 
 class NamedToolChoice(msgspec.Struct):
-    type: str
+    type: Name
     function: FunctionName
 
 
@@ -95,16 +112,18 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's extension; vLLM takes any value > 0, this server caps it at 2 (a deliberate divergence).
     repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
     seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Meta(ge=0, le=INT64_MAX)]] | None = None
+    stop: StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0, le=INT64_MAX)]],
+                              Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    user: str | None = None
+    user: Name | None = None
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
     # Token id (as a string, JSON keys being strings) -> added to its logit; ids checked in sampling.py.
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]],
+                          Meta(max_length=MAX_LOGIT_BIAS)] | None = None
     # Structured outputs, checked and turned into one StructuredSpec by asgi/requests/structured.py.
     response_format: Any = None
     guided_json: Any = None
@@ -118,22 +137,22 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: PositiveInt | None = None
     add_generation_prompt: bool | None = None  # None: true, unless continue_final_message
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: Annotated[dict[str, Any], Meta(max_length=MAX_TEMPLATE_KWARGS)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: str | NamedToolChoice | None = None
+    tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Name | NamedToolChoice | None = None
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
-    chat_template: str | None = None
-    reasoning_effort: str | None = None
+    chat_template: Annotated[str, Meta(max_length=MAX_CHAT_TEMPLATE_LEN)] | None = None
+    reasoning_effort: Name | None = None
     audio: Any = None
-    modalities: list[str] | None = None
+    modalities: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     prediction: Any = None
     web_search_options: Any = None
 
@@ -159,8 +178,15 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str
     if req.nvext is not None:
         req.nvext.check(chat=isinstance(req, ChatCompletionRequest))
     if req.model != served_model and req.model not in adapters:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+        raise unknown_model(req.model)
     return req
+
+
+def unknown_model(model: str) -> APIError:
+    """The 404 for a model this server does not serve. `model` has no length bound (no name longer
+    than the served ones can match, so a long one is a 404 too), but only its start is echoed."""
+    shown = model if len(model) <= MAX_NAME_LEN else model[:MAX_NAME_LEN] + "..."
+    return not_found(f"The model `{shown}` does not exist.", param="model")
 
 
 def reject_unsupported(req: SamplingFields) -> None:
@@ -221,11 +247,15 @@ def stop_strings(req: SamplingFields) -> list[str]:
 
 
 def prompt_batch(prompt: str | list[Any], param: str = "prompt") -> list[str] | list[list[int]]:
-    """A completions prompt (or embeddings input, `param`) as a list of strings or of token-id lists."""
+    """A completions prompt (or embeddings input, `param`) as a list of strings or of token-id lists,
+    at most MAX_PROMPTS of them (one list of token ids is one prompt, bounded by the context)."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise APIError(400, f"`{param}` must not be empty.", param=param)
+    if len(prompt) > MAX_PROMPTS and not isinstance(prompt[0], int):
+        raise APIError(400, f"`{param}` holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request.",
+                       param=param)
     if all(isinstance(x, str) for x in prompt):
         return prompt
     if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
@@ -234,3 +264,11 @@ def prompt_batch(prompt: str | list[Any], param: str = "prompt") -> list[str] | 
         return prompt
     raise APIError(400, f"`{param}` must be a string, a list of strings, a list of token ids, "
                         "or a list of lists of token ids.", param=param)
+
+
+def check_choices(num_prompts: int, n: int) -> None:
+    """A completions request's choices (prompts x n) are engine requests, each with its objects in
+    this worker: at most MAX_CHOICES, checked before any prompt is tokenized."""
+    if num_prompts * n > MAX_CHOICES:
+        raise APIError(400, f"{num_prompts} prompts with `n` {n} ask for {num_prompts * n} choices; at most "
+                            f"{MAX_CHOICES} per request.", param="n" if n > 1 else "prompt")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import json
 from typing import Any
 
 import msgspec
 
 from asgi.errors import APIError
+from asgi.requests import nesting
+from asgi.requests.bounds import MAX_CONSTRAINT_LEN
 from asgi.requests.schemas import SamplingFields
 from ipc.protocol import StructuredKind, StructuredSpec
 
@@ -74,20 +75,18 @@ def json_schema_spec(schema: dict[str, Any], param: str = "tools") -> Structured
 
 
 def checked(spec: StructuredSpec, param: str) -> StructuredSpec:
-    """`spec` if xgrammar can build its grammar; else a 400 naming `param`."""
+    """`spec` if it is at most MAX_CONSTRAINT_LEN long and xgrammar can build its grammar; else a 400
+    naming `param`."""
+    if len(spec.value) > MAX_CONSTRAINT_LEN:
+        raise APIError(400, f"`{param}` is too large a constraint: {len(spec.value)} characters as JSON text; "
+                            f"at most {MAX_CONSTRAINT_LEN}.", param=param, code="invalid_value")
     if (error := _grammar_error(spec.kind, spec.value)) is not None:
         raise APIError(400, f"`{param}` is not a valid constraint: {error}", param=param, code="invalid_value")
     return spec
 
 
-def _grammar_error(kind: StructuredKind, value: str) -> str | None:
-    """Why xgrammar cannot build the grammar, or why it admits no output (about a millisecond), or None."""
-    if len(value) > _MAX_CACHED_LEN:
-        return _build_error(kind, value)
-    return _cached_build_error(kind, value)
-
-
 def _build_error(kind: StructuredKind, value: str) -> str | None:
+    """Why xgrammar cannot build the grammar, or why it admits no output (about a millisecond), or None."""
     from ipc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
 
     try:
@@ -97,10 +96,9 @@ def _build_error(kind: StructuredKind, value: str) -> str | None:
     return None
 
 
-# Keyed by the spec: a client that sends one schema again and again pays once. Large specs are
-# not kept (256 bodies of megabytes would be a lot of memory for a cache).
-_cached_build_error = functools.lru_cache(maxsize=256)(_build_error)
-_MAX_CACHED_LEN = 64 * 1024
+# Keyed by the spec: a client that sends one schema again and again pays once (256 specs of at
+# most MAX_CONSTRAINT_LEN: 16 MiB at most).
+_grammar_error = functools.lru_cache(maxsize=256)(_build_error)
 
 
 def _response_format(rf: Any) -> tuple[StructuredSpec, str] | None:
@@ -171,7 +169,9 @@ def _spec(kind: StructuredKind, value: Any, param: str) -> StructuredSpec:
     if kind is StructuredKind.JSON_SCHEMA:
         if isinstance(value, str):  # vLLM also takes the schema as JSON text
             try:
-                value = json.loads(value)
+                value = nesting.loads(value)
+            except nesting.TooDeep as exc:
+                raise _bad(param, f"is not a valid constraint: {exc}") from None
             except ValueError:
                 raise _bad(param, "must be a JSON schema (an object, or its JSON text)") from None
         if not isinstance(value, dict):

@@ -32,6 +32,9 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None  # as HF's apply_chat_template takes them; None: no tools
     function_name: str | None = None  # NAMED: the function
     schema: dict[str, Any] | None = None  # REQUIRED and NAMED: the JSON schema of the output
+    # AUTO with parallel_tool_calls false (Anthropic's disable_parallel_tool_use): calls the model
+    # writes past this many are left out (REQUIRED has it in its grammar; NAMED is one call).
+    max_calls: int | None = None
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -75,7 +78,7 @@ def plan_tools(req: ChatCompletionRequest, *, parser_name: str | None, auto_enab
         if not (auto_enabled and parser_name):
             raise APIError(400, '"auto" tool choice needs the server started with --enable-auto-tool-choice '
                                 "and --tool-call-parser.", param="tool_choice")
-        return ToolPlan(ToolMode.AUTO, tools)
+        return ToolPlan(ToolMode.AUTO, tools, max_calls=1 if req.parallel_tool_calls is False else None)
     if choice == "required":
         return ToolPlan(ToolMode.REQUIRED, tools, schema=required_schema(tools, req.parallel_tool_calls))
     return _named(choice, tools)

@@ -11,7 +11,7 @@ from asgi.output.respond import ChunkStream, respond
 from asgi.prompt.encoding import tokenize_prompts
 from asgi.requests.nvext import NvExtReply
 from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import completion_decoder, prompt_batch, stop_strings, stream_usage
+from asgi.requests.schemas import check_choices, completion_decoder, prompt_batch, stop_strings, stream_usage
 from asgi.requests.structured import load_checker
 from asgi.routes.lora_admin import decode_for_model
 from asgi.state import WorkerState
@@ -27,6 +27,7 @@ async def completions(http: HTTPRequest) -> None:
     log_request_content(state.settings.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
+    check_choices(len(batch), req.n or 1)
     prompts = await tokenize_prompts(state.tokenizer, batch, state.settings.limits.vocab_size, "prompt")
     await load_checker(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS

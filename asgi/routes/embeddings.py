@@ -11,14 +11,14 @@ import msgspec
 import numpy as np
 
 from asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, new_request_id
-from asgi.errors import APIError, not_found
+from asgi.errors import APIError
 from asgi.http.request_context import current
 from asgi.http.router import HTTPRequest
 from asgi.output.respond import respond
 from asgi.prompt.encoding import tokenize_prompts
 from asgi.requests.body import decode_json
 from asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
-from asgi.requests.schemas import prompt_batch
+from asgi.requests.schemas import prompt_batch, unknown_model
 from asgi.state import WorkerState
 from ipc.protocol import SamplingParams
 
@@ -57,7 +57,7 @@ async def create_embeddings(http: HTTPRequest) -> None:
     state: WorkerState = http.state
     req: EmbeddingsRequest = decode_json(embeddings_decoder, http.body)
     if req.model != state.model_id:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+        raise unknown_model(req.model)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
     limits = state.settings.limits

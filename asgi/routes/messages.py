@@ -11,7 +11,6 @@ import uuid
 import msgspec
 
 from asgi.engine_link.generate import Generation
-from asgi.errors import not_found
 from asgi.http.access_log import log_request_content
 from asgi.http.primitives import send_response
 from asgi.http.request_context import current
@@ -23,8 +22,8 @@ from asgi.parsers.chat_parsing import parser_factory
 from asgi.prompt.chat_messages import render_messages
 from asgi.requests.body import decode_json
 from asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
-from asgi.requests.messages_tools import max_tool_uses
 from asgi.requests.sampling import sampling_params
+from asgi.requests.schemas import unknown_model
 from asgi.requests.structured import load_checker
 from asgi.requests.tool_choice import forced_spec, plan_tools
 from asgi.state import WorkerState
@@ -44,7 +43,7 @@ def anthropic_error(status: int, message: str) -> bytes:
 
 def _model(state: WorkerState, model: str) -> None:
     if model != state.model_id:
-        raise not_found(f"The model `{model}` does not exist.", param="model")
+        raise unknown_model(model)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
 
@@ -70,7 +69,7 @@ async def create_message(http: HTTPRequest) -> None:
     message_id = f"msg_{uuid.uuid4().hex}"
     make_detok = state.detokenizer(stop=req.stop_sequences or [], skip_special_tokens=True, include_stop=False)
     gen = Generation(state.client, message_id, [prompt_ids], params, make_detok)
-    shape = MessageStream(message_id, state.model_id, MessageBlocks(make_parser(), max_tool_uses(req.tool_choice)))
+    shape = MessageStream(message_id, state.model_id, MessageBlocks(make_parser()))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
                   keepalive_s=settings.sse_keepalive_s)
 

@@ -6,7 +6,7 @@ from typing import Any
 import msgspec
 
 from asgi.engine_link.generate import Generation, Usage, new_request_id
-from asgi.errors import APIError, not_found
+from asgi.errors import APIError
 from asgi.http.access_log import log_request_content
 from asgi.http.primitives import send_response
 from asgi.http.request_context import current
@@ -20,6 +20,7 @@ from asgi.requests.body import decode_json
 from asgi.requests.responses_input import chat_request, input_items, items_to_messages
 from asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
 from asgi.requests.sampling import sampling_params
+from asgi.requests.schemas import unknown_model
 from asgi.requests.structured import load_checker, text_format_spec
 from asgi.requests.tool_choice import forced_spec, plan_tools
 from asgi.routes.conversations import append_items, conversation_id_of, items_or_404
@@ -31,7 +32,7 @@ def decode(body: bytes, served_model: str) -> ResponsesRequest:
     req = decode_json(responses_decoder, body)
     check_request(req)
     if req.model != served_model:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+        raise unknown_model(req.model)
     return req
 
 

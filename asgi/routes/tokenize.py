@@ -7,19 +7,19 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, not_found
+from asgi.errors import APIError
 from asgi.http.primitives import send_response
 from asgi.http.router import HTTPRequest
 from asgi.prompt.chat_messages import render_messages
 from asgi.prompt.encoding import encode_texts
 from asgi.requests.body import decode_json
-from asgi.requests.schemas import INT64_MAX, ChatCompletionRequest
+from asgi.requests.schemas import INT64_MAX, ChatCompletionRequest, unknown_model
 from asgi.state import WorkerState, dumps
 
 
 class TokenizePrompt(msgspec.Struct, kw_only=True):
     prompt: str
-    model: str | None = None
+    model: str | None = None  # no bound: a name longer than the served one is a 404
     add_special_tokens: bool = True
     return_token_strs: bool = False
 
@@ -45,7 +45,7 @@ _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState):
     req = decode_json(decoder, body)
     if req.model is not None and req.model != state.model_id:
-        raise not_found(f"The model `{req.model}` does not exist.", param="model")
+        raise unknown_model(req.model)
     return req
 
 
@@ -80,6 +80,9 @@ async def detokenize(http: HTTPRequest) -> None:
     state: WorkerState = http.state
     req = _decode(_detokenize_decoder, http.body, state)
     vocab_size = state.settings.limits.vocab_size
+    if len(req.tokens) > state.settings.limits.max_model_len:  # decoded on the loop: bound the work
+        raise APIError(400, f"`tokens` holds {len(req.tokens)} ids; at most {state.settings.limits.max_model_len}, "
+                            "this model's context length.", param="tokens")
     for i, token_id in enumerate(req.tokens):
         if token_id >= vocab_size:
             raise APIError(400, f"Token ids must be between 0 and {vocab_size - 1}.", param=f"tokens[{i}]")

@@ -23,9 +23,10 @@ MESSAGE_START = {"type": "message_start", "message": {
     "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}
 
 
-def auto_blocks(max_tool_uses: int | None = None) -> MessageBlocks:
-    make = parser_factory(ToolPlan(ToolMode.AUTO, TOOLS), tool_parser="hermes", reasoning_parser="qwen3")
-    return MessageBlocks(make(), max_tool_uses)
+def auto_blocks(max_calls: int | None = None) -> MessageBlocks:
+    make = parser_factory(ToolPlan(ToolMode.AUTO, TOOLS, max_calls=max_calls), tool_parser="hermes",
+                          reasoning_parser="qwen3")
+    return MessageBlocks(make())
 
 
 def feed(blocks: MessageBlocks, text: str, size: int) -> list[dict]:
@@ -70,7 +71,7 @@ def _whole() -> list[dict]:
 
 
 def test_disable_parallel_tool_use_keeps_the_first_call():
-    blocks = auto_blocks(max_tool_uses=1)
+    blocks = auto_blocks(max_calls=1)
     events = feed(blocks, OUTPUT, 5)
     assert [b["type"] for b in blocks.content] == ["thinking", "text", "tool_use"]
     assert check_stream(stream_of(events, "tool_use"))["content"] == blocks.content

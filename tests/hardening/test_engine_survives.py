@@ -78,7 +78,7 @@ def test_broken_inputs_fail_alone_while_other_streams_finish(srv, tmp_path):
     """Each broken adapter kind once left the engine's busy loop (the server exited 1 and the call
     never got an answer): now each is a 400 naming why, and running streams never notice."""
     broken = broken_adapters(tmp_path)
-    num_streams, max_tokens = 3, 200
+    num_streams, max_tokens = 3, 120
     with concurrent.futures.ThreadPoolExecutor(num_streams) as pool:
         streams = [pool.submit(stream_to_the_end, srv, max_tokens) for _ in range(num_streams)]
         answers = {kind: load(srv, f"broken-{i}", str(path)) for i, (kind, path) in enumerate(broken.items())}

@@ -165,6 +165,21 @@ def test_auto_tool_call_after_reasoning(sdk, tool_server):
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(sdk):
+    """The grammar writes two calls; with parallel_tool_calls false and tool_choice auto only the
+    first comes back, streamed or not (issue 30)."""
+    regex = (r'<think>[a-z ]{1,8}</think>\n<tool_call>\n\{"name": "get_weather", "arguments": '
+             r'\{"city": "Paris"\}\}\n</tool_call>\n<tool_call>\n\{"name": "get_time", "arguments": \{\}\}\n</tool_call>')
+    body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=120,
+                extra_body={"structured_outputs": {"regex": regex}})
+    both = sdk.chat.completions.create(model=MODEL, **body).choices[0].message.tool_calls
+    assert [c.function.name for c in both] == ["get_weather", "get_time"]
+    first = sdk.chat.completions.create(model=MODEL, parallel_tool_calls=False, **body).choices[0]
+    assert first.finish_reason == "tool_calls" and [c.function.name for c in first.message.tool_calls] == ["get_weather"]
+    _, _, calls, finish = streamed(sdk, parallel_tool_calls=False, **body)
+    assert [c["name"] for c in calls] == ["get_weather"] and finish == "tool_calls"
+
+
 def test_named_tool_choice_forces_the_arguments(sdk, tool_server):
     body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=60,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}})

@@ -28,8 +28,9 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-# `[...]` is msgspec's name for any value of a dict (logit_bias[...]): the param is the dict.
-_PATH = re.compile(r"at `\$((?:\.[A-Za-z_][\w-]*|\[\d+\]|\[\.\.\.\])*)`")
+# `[...]` is msgspec's name for any value of a dict (logit_bias[...]): the param is the dict; a
+# bad key reads "at `key` in `$.metadata`": the param is the dict too.
+_PATH = re.compile(r"(?:at|in) `\$((?:\.[A-Za-z_][\w-]*|\[\d+\]|\[\.\.\.\])*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 

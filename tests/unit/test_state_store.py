@@ -286,3 +286,21 @@ def test_closing_a_store_never_opened_touches_nothing(tmp_path):
         await unused.close()
         assert not (tmp_path / "unused.db").exists()
     run(go())
+
+
+def test_a_conversation_body_is_bounded_naming_the_field():
+    """OpenAI's bounds: 16 metadata pairs, keys up to 64 characters, values up to 512, 20 items a call."""
+    import json
+
+    from asgi.errors import APIError
+    from asgi.routes.conversations import _decode
+
+    message = {"type": "message", "role": "user", "content": "hi"}
+    for body, param in [({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+                        ({"metadata": {"k" * 65: "v"}}, "metadata"), ({"metadata": {"k": "v" * 513}}, "metadata"),
+                        ({"items": [message] * 21}, "items"), ({"items": [{**message, "id": "x"}]}, "items[0].id")]:
+        with pytest.raises(APIError) as err:
+            _decode(json.dumps(body).encode())
+        assert (err.value.status, err.value.param) == (400, param), err.value.message
+    ok = _decode(json.dumps({"metadata": {"k" * 64: "v" * 512}, "items": [{**message, "junk": 1}] * 20}).encode())
+    assert len(ok.items) == 20 and "junk" not in ok.items[0]

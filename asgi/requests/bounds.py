@@ -28,7 +28,8 @@ MAX_METADATA = 16  # metadata entries (OpenAI's limit)
 MAX_SMALL_LIST = 16  # include, modalities, nvext annotations and extra fields: a few known names
 MAX_CHAT_TEMPLATE_LEN = 256 * 1024  # a request's own chat template (real ones are under 30 KiB)
 # A structured output's grammar (a schema, regex, grammar or choice list as JSON text) is compiled
-# on the worker's loop to check it: 2,000 properties (57 KB) took 1.0 s here, 10,000 (289 KB) 36 s.
+# to check it (on a thread) and again in the engine: 2,000 properties (57 KB) took 1.0 s here,
+# 10,000 (289 KB) 36 s.
 MAX_CONSTRAINT_LEN = 64 * 1024
 MAX_LORA_PATH_LEN = 4096  # PATH_MAX
 

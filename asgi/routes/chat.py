@@ -29,7 +29,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     settings = state.settings
     tool_plan = plan_tools(req, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
     prompt_ids = await render_messages(state, req)
-    await load_checker(req)
+    await load_checker(req, forced_schema=tool_plan.schema)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=limit, prompt_len=len(prompt_ids),

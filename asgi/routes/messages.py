@@ -59,7 +59,7 @@ async def create_message(http: HTTPRequest) -> None:
     chat = chat_request(req)
     tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
     prompt_ids = await render_messages(state, chat)
-    await load_checker(chat)
+    await load_checker(chat, forced_schema=tool_plan.schema)
     params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="messages",
                              vocab_size=settings.limits.vocab_size)

@@ -89,7 +89,7 @@ async def create_response(http: HTTPRequest) -> None:
     items, messages, chat, prompt_ids = await prepare(state, req)
     tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
     text_format = req.text.format if req.text is not None else None
-    await load_checker(chat, constrained=text_format is not None and text_format.get("type") != "text")
+    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format)
     num_top = chat.top_logprobs if chat.logprobs else None
     params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="input",

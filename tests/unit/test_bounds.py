@@ -160,3 +160,21 @@ def test_parallel_tool_calls_false_reaches_the_plan_from_responses_and_messages(
                                            "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}).encode(),
                                type=messages_decoder.type)
     assert chat_calls(auto_plan(messages_chat_request(msgs))) == ["get_weather"]
+
+
+def test_constraints_compile_off_the_event_loop(monkeypatch):
+    """A schema at the 64 KiB bound can take a second to check: load_checker does it on a thread
+    (xgrammar releases the GIL), and the route's later check finds it in the cache."""
+    import asyncio
+    import threading
+
+    import asgi.requests.structured as structured
+
+    threads = []
+    monkeypatch.setattr(structured, "_grammar_error",
+                        lambda kind, value: threads.append(threading.current_thread() is threading.main_thread()))
+    req = decode_json(chat_decoder, body(guided_regex="a+"))
+    asyncio.run(structured.load_checker(req, forced_schema={"type": "object"}, text_format={"type": "json_object"}))
+    assert threads == [False, False]  # the regex and the forced schema; json_object needs no compile
+    asyncio.run(structured.load_checker(decode_json(chat_decoder, body())))
+    assert threads == [False, False]  # nothing to compile

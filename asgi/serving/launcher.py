@@ -23,7 +23,7 @@ import zmq
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.serving.chat_flags import chat_settings
 from asgi.serving.engine_monitor import EngineMonitor
-from asgi.serving.http_server import http1_settings, run_granian  # noqa: F401 (http1_settings: tests import it here)
+from asgi.serving.http_server import run_granian
 from asgi.serving.lora_flags import lora_modules
 from asgi.serving.parallel_flags import engine_configs
 from asgi.serving.sdnotify import Notifier, ServiceReporter

@@ -12,7 +12,7 @@ from asgi.errors import APIError
 from asgi.http.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
 from asgi.http.cors import CorsPolicy, parse_list
 from asgi.serving.cli import serve_parser
-from asgi.serving.launcher import http1_settings
+from asgi.serving.http_server import http1_settings
 from ipc.logs import JsonFormatter, TextFormatter
 
 
@@ -50,7 +50,7 @@ def headers(key: str | None = None, scheme: str = "Bearer"):
     return [] if key is None else [(b"authorization", f"{scheme} {key}".encode())]
 
 
-def test_guard_checks_v1_and_metrics_only():
+def test_guard_denies_by_default_but_probes_and_metrics():
     guard = ApiKeyGuard([digest("sk-a"), digest("sk-b")], protect_metrics=False)
     for key in ("sk-a", "sk-b"):
         guard.check("/v1/chat/completions", headers(key))
@@ -60,8 +60,11 @@ def test_guard_checks_v1_and_metrics_only():
             guard.check("/v1/models", bad)
         assert exc.value.status == 401 and exc.value.code == "invalid_api_key"
         assert exc.value.headers == [(b"www-authenticate", b"Bearer")]
-    for path in ("/health", "/ready", "/metrics", "/stats"):
+    for path in ("/health", "/ready", "/metrics", "/stats", "/version", "/loads"):
         guard.check(path, headers())
+    for path in ("/tokenize", "/server_info", "/no/such/path", "/", None):  # default deny; None: a `..` path
+        with pytest.raises(APIError):
+            guard.check(path, headers())
     protected = ApiKeyGuard([digest("sk-a")], protect_metrics=True)
     for path in ("/metrics", "/stats"):
         with pytest.raises(APIError):

@@ -36,11 +36,8 @@ serve: install
 lint: install
 	$(BIN)/ruff check .
 
-# Two test processes (pytest-xdist), each file on one of them: most of a run is servers starting
-# and answering, which leaves a core idle when one process runs it all. TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -q $(ARGS)
 
 # The unit tests alone (tests/unit: no model weights, no server), in well under a minute.
 test-unit: install

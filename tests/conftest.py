@@ -134,10 +134,7 @@ def processes_of_this_session() -> list[tuple[int, str]]:
 def pytest_sessionfinish(session, exitstatus):
     """No server, engine or worker of this session outlives it: any still running once every
     fixture is torn down is killed, named, and fails the run (a run once left three API workers
-    behind, with PPID 1). Under xdist each worker checks its own; the controller's children are
-    the workers themselves, still being torn down when this runs there."""
-    if session.config.pluginmanager.has_plugin("dsession"):
-        return
+    behind, with PPID 1)."""
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := processes_of_this_session()) and time.monotonic() < deadline:
         time.sleep(0.2)

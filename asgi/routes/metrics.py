@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from asgi.engine_link.client import EngineDead
+from asgi.http.paths import normalize
 from asgi.http.primitives import send_response
 from asgi.http.request_context import RequestContext
 from asgi.http.router import HTTPRequest
@@ -128,7 +129,7 @@ class Metrics:
 
     def observe(self, ctx: RequestContext) -> None:
         """Counts one finished HTTP request (scrapes of /metrics excepted)."""
-        if ctx.path.rstrip("/") == METRICS_PATH:
+        if normalize(ctx.path) == METRICS_PATH:  # as routed: `//metrics/` is a scrape too
             return
         if ctx.status:
             self._http_responses.labels(self.model_name, str(ctx.status)).inc()

@@ -91,12 +91,14 @@ def test_scrapes_errors_and_disconnects():
     metrics = Metrics("rill", "m", max_model_len=2048)
     scrape = RequestContext("s", "GET", "/metrics")
     scrape.status = 200
+    odd_scrape = RequestContext("o", "GET", "//metrics/")  # routed as /metrics: a scrape too
+    odd_scrape.status = 200
     bad = RequestContext("b", "POST", "/v1/completions")
     bad.status = 400
     gone = finished_ctx(finish="abort")
     gone.disconnected = True
     left_early = RequestContext("e", "POST", "/v1/completions")  # left before any response
-    for ctx in (scrape, bad, gone, left_early):
+    for ctx in (scrape, odd_scrape, bad, gone, left_early):
         metrics.observe(ctx)
     got = samples(metrics.render(None))
     assert got["rill:http_responses_total", (("status", "200"),)] == 1  # the aborted stream, not the scrape

@@ -41,7 +41,6 @@ class EngineCore:
         self.running = True
         self.kv_events = None  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
         self.rank = 0  # --data-parallel-size: this engine's rank
-        self._prompt_checked: list[int] | None = None  # the last prompt found inside the vocabulary
 
     def run_busy_loop(self) -> None:
         while True:
@@ -176,14 +175,9 @@ class EngineCore:
             self.deadlines.add(item.req_id, item.arrival_s)
 
     def _prompt_in_vocabulary(self, prompt_ids: list[int]) -> bool:
-        """Checked once per prompt (a prompt's n choices share its list), in C: min and max."""
+        """Once per request, in C (min and max): the API worker has checked already."""
         vocab_size = getattr(self.runner, "vocab_size", None)
-        if vocab_size is None or not prompt_ids or prompt_ids is self._prompt_checked:
-            return True
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
-            return False
-        self._prompt_checked = prompt_ids
-        return True
+        return vocab_size is None or not prompt_ids or (min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size)
 
     def _errored(self, req: EngineRequest) -> TokenDelta:
         req.finish = p.FinishReason.ERROR

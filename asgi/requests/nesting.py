@@ -40,21 +40,22 @@ def exceeds(value: Any, max_depth: int = MAX_DEPTH) -> bool:
     return False
 
 
-def deep_field(obj: msgspec.Struct, where: str = "") -> str | None:
+def deep_field(obj: msgspec.Struct) -> str | None:
     """The path (`tools[0].function.parameters`) of the first field of a decoded body whose
     free-form value nests too deep, or None. Structs and lists of structs are the body's own
-    shape and bounded by their types; only what lies below a struct's field is counted."""
+    shape and bounded by their types; only what lies below a struct's field is counted. The path
+    is spelled only for the field found: every body is walked, few are too deep."""
     for name in obj.__struct_fields__:
         value = getattr(obj, name)
-        path = f"{where}.{name}" if where else name
         if isinstance(value, msgspec.Struct):
-            found = deep_field(value, path)
+            if (below := deep_field(value)) is not None:
+                return f"{name}.{below}"
         elif isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
-            found = next((f for i, item in enumerate(value) if (f := deep_field(item, f"{path}[{i}]"))), None)
-        else:
-            found = path if exceeds(value) else None
-        if found is not None:
-            return found
+            for i, item in enumerate(value):
+                if (below := deep_field(item)) is not None:
+                    return f"{name}[{i}].{below}"
+        elif exceeds(value):
+            return name
     return None
 
 

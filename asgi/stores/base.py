@@ -165,21 +165,23 @@ class StateStore(abc.ABC):
         self._check_room(len(encoded), sum(len(raw) for _, raw in encoded))
         result = await self._add_items(conversation_id, encoded) if encoded else \
             ("added" if await self._get_conversation(conversation_id) is not None else "gone")
-        if result == "too_many_items":
-            self._check_room(MAX_CONVERSATION_ITEMS + 1, 0)
-        elif result == "too_many_bytes":
-            self._check_room(0, self.conversations.max_entry_bytes + 1)
+        if result in ("too_many_items", "too_many_bytes"):  # with what it holds already
+            raise self._full(result)
         return result == "added"
 
     def _check_room(self, num_items: int, num_bytes: int) -> None:
         """A 400 when a conversation would pass its bounds: refused, never trimmed (a prompt
         built from a conversation that lost its start would answer something else)."""
         if num_items > MAX_CONVERSATION_ITEMS:
-            raise Refused(f"A conversation holds at most {MAX_CONVERSATION_ITEMS} items; these would take it "
-                          "past that.", "items", code="conversation_full")
+            raise self._full("too_many_items")
         if num_bytes > self.conversations.max_entry_bytes:
-            raise Refused(f"A conversation holds at most {self.conversations.max_entry_bytes} bytes of items; "
-                          "these would take it past that.", "items", code="conversation_full")
+            raise self._full("too_many_bytes")
+
+    def _full(self, result: AddResult) -> Refused:
+        bound = f"{MAX_CONVERSATION_ITEMS} items" if result == "too_many_items" else \
+            f"{self.conversations.max_entry_bytes} bytes of items"
+        return Refused(f"A conversation holds at most {bound}; these would take it past that.", "items",
+                       code="conversation_full")
 
     async def all_items(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
         """Every item in order and their bytes (a prompt reads the whole conversation); None if

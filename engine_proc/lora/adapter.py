@@ -93,6 +93,10 @@ def _load(name: str, path: Path, config: PretrainedConfig, max_rank: int) -> LoR
             if layer >= config.num_hidden_layers:
                 raise AdapterError(f"LoRA adapter {name!r}: layer {layer} is past the model's "
                                    f"{config.num_hidden_layers} layers")
+            in_features, out_features = shapes[module]
+            expected = (rank, in_features) if which == "A" else (out_features, rank)
+            if tuple(f.get_slice(key).get_shape()) != expected:  # before reading: its size is the file's word
+                raise _shape_error(name, layer, module, rank, in_features, out_features)
             tensor = f.get_tensor(key)
             if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):
                 raise AdapterError(f"LoRA adapter {name!r}: weight {key!r} must be floating point and finite")
@@ -100,13 +104,17 @@ def _load(name: str, path: Path, config: PretrainedConfig, max_rank: int) -> LoR
     for (layer, module), pair in pairs.items():
         in_features, out_features = shapes[module]
         a, b = pair.get("A"), pair.get("B")
-        if a is None or b is None or a.shape != (rank, in_features) or b.shape != (out_features, rank):
-            raise AdapterError(f"LoRA adapter {name!r}: layer {layer} {module}: expected A [{rank}, {in_features}] "
-                               f"and B [{out_features}, {rank}] for this base model")
+        if a is None or b is None:  # shapes were checked as each was read
+            raise _shape_error(name, layer, module, rank, in_features, out_features)
         adapter.weights[(layer, module)] = (a, b * scaling)
     if not adapter.weights:
         raise AdapterError(f"LoRA adapter {name!r}: no LoRA weights in {weights_file}")
     return adapter
+
+
+def _shape_error(name: str, layer: int, module: str, rank: int, in_features: int, out_features: int) -> AdapterError:
+    return AdapterError(f"LoRA adapter {name!r}: layer {layer} {module}: expected A [{rank}, {in_features}] "
+                        f"and B [{out_features}, {rank}] for this base model")
 
 
 def _read_config(name: str, config_file: Path) -> dict:

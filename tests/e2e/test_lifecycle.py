@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import start_server
 from tests.helpers.openapi import validate
-from tests.helpers.server import leftovers, stats
+from tests.helpers.server import child_pids, leftovers, stats
 
 MODEL = "smollm2-135m-instruct"
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
@@ -243,19 +243,6 @@ def test_shutdown_timeout_ends_the_rest_with_an_error_event(model_dir, tmp_path_
     assert queued[0].status_code == 503 and queued[0].json()["error"]["code"] == "shutting_down"
     assert srv.proc.wait(60) == 0
     assert leftovers(srv.proc.pid) == []
-
-
-def child_pids(parent: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                pids.append(int(entry.name))
-    return pids
 
 
 def running(pid: int) -> bool:

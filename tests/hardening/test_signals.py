@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import TINY_MODEL, start_server
-from tests.helpers.server import leftovers, stats
+from tests.helpers.server import child_pids, leftovers, stats
 
 # Long enough never to end by itself during a test (the tiny model's context is 8192).
 ENDLESS = {"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True, "stream": True}
@@ -53,16 +53,7 @@ def running(pid: int) -> bool:
 
 
 def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and running(int(entry.name)):
-                out.append(int(entry.name))
-    return out
+    return [child for child in child_pids(pid) if running(child)]
 
 
 def api_workers(server) -> list[int]:

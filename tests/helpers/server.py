@@ -24,3 +24,17 @@ def sdk_client(server: ServerProcess):
 
     return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", _strict_response_validation=True,
                   max_retries=0, timeout=120)
+
+
+def child_pids(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (zombies included), from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(entry.name))
+    return pids

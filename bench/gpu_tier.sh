@@ -37,7 +37,7 @@ stage engine_step 200 python3 -m bench.engine_step --device cuda --dtype bfloat1
 
 # A served run: the engine process on the GPU behind the real HTTP stack, 128 in / 128 out at concurrency 32.
 serve_and_load() {
-  python3 -c 'import sys; from asgi.serving.cli import main; sys.argv[0] = "rill"; sys.exit(main())' serve \
+  python3 -c 'import sys; from rill.cli import main; sys.argv[0] = "rill"; sys.exit(main())' serve \
     --model .gpu/smollm2-dummy --load-format dummy --served-model-name smollm2-dummy --port 8123 \
     --max-model-len 2048 > "$OUT/serve_stderr.log" 2>&1 &
   local pid=$!

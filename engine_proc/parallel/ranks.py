@@ -3,7 +3,7 @@ step, notice a rank's death, stop them all.
 
 The engine process is rank 0: it keeps the scheduler, the block tables and the sampler, and holds
 its own shard. Ranks 1..k-1 of its node are processes it spawns (they die with it); the ranks of
-other nodes are started there by `rill serve --headless` (asgi/serving/headless.py) and join through
+other nodes are started there by `rill serve --headless` (rill/headless.py) and join through
 the TCPStore at --master-addr:--master-port.
 """
 from __future__ import annotations

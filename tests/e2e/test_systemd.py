@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from asgi.serving.sdnotify import Notifier
-from asgi.serving.systemd_unit import STOP_MARGIN_S, render_unit
 from bench.servers import RILL, ServerProcess, free_port
+from rill.sdnotify import Notifier
+from rill.systemd_unit import STOP_MARGIN_S, render_unit
 from tests.helpers.server import leftovers, stats
 
 ROOT = Path(__file__).resolve().parents[2]

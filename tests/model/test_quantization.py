@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, LlamaConfig
 
-from asgi.serving.cli import serve_parser
 from bench import quant_linears, quant_quality
 from engine_proc import cpu_kernels
 from engine_proc.model.hf_runner import TransformersRunner
@@ -19,6 +18,7 @@ from engine_proc.model.llama import LlamaForCausalLM
 from engine_proc.model.loader import PackedLinear, load_config, load_model
 from engine_proc.model.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
 from engine_proc.model.runner import ModelRunner
+from rill.cli import serve_parser
 from tests.model.test_model_runner import MESSAGES, TINY, generate
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -11,9 +11,9 @@ import pytest
 from asgi.errors import APIError
 from asgi.http.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
 from asgi.http.cors import CorsPolicy, parse_list
-from asgi.serving.cli import serve_parser
-from asgi.serving.http_server import http1_settings
 from ipc.logs import JsonFormatter, TextFormatter
+from rill.cli import serve_parser
+from rill.http_server import http1_settings
 
 
 def serve_args(*argv: str):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from asgi.serving.cli import serve_parser
-from asgi.serving.lora_flags import check_lora_flags, lora_modules
+from rill.cli import serve_parser
+from rill.lora_flags import check_lora_flags, lora_modules
 
 
 def parse(*argv: str):

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from asgi.serving.cli import serve_parser
-from asgi.serving.parallel_flags import DEFAULT_MASTER_PORT, check_parallel_flags, engine_configs
 from engine_proc.main import EngineConfig
+from rill.cli import serve_parser
+from rill.parallel_flags import DEFAULT_MASTER_PORT, check_parallel_flags, engine_configs
 
 
 def parse(*argv: str):

@@ -9,10 +9,10 @@ import os
 import signal
 import threading
 
-from asgi.serving.engine_monitor import EngineMonitor
-from asgi.serving.sdnotify import ServiceReporter
 from ipc.channels import RunPaths
 from ipc.lifetime import PR_SET_PDEATHSIG
+from rill.engine_monitor import EngineMonitor
+from rill.sdnotify import ServiceReporter
 
 log = logging.getLogger("rill")
 ABORT_WAIT_S = 5.0  # after the drain timed out: for the engine to end what is left

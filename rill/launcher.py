@@ -21,18 +21,18 @@ import msgspec
 import zmq
 
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
-from asgi.serving.chat_flags import chat_settings
-from asgi.serving.engine_monitor import EngineMonitor
-from asgi.serving.http_server import run_granian
-from asgi.serving.lora_flags import lora_modules
-from asgi.serving.parallel_flags import engine_configs
-from asgi.serving.sdnotify import Notifier, ServiceReporter
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from asgi.stores.open import StoreURLError, check_url, describe
 from engine_proc.main import EngineConfig, run_engine
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from ipc.logs import configure_logging
+from rill.chat_flags import chat_settings
+from rill.engine_monitor import EngineMonitor
+from rill.http_server import run_granian
+from rill.lora_flags import lora_modules
+from rill.parallel_flags import engine_configs
+from rill.sdnotify import Notifier, ServiceReporter
 
 log = logging.getLogger("rill")
 ENGINE_DEATH_GRACE_S = 1.0  # after an engine died: for the workers to fail their streams first
@@ -180,7 +180,7 @@ def serve(args) -> int:
         watches = [EngineWatch(proc) for proc in procs]
         for watch in watches:
             watch.start()
-        # systemd (asgi/serving/sdnotify.py) and the drain both watch the engine loop through the monitor.
+        # systemd (rill/sdnotify.py) and the drain both watch the engine loop through the monitor.
         monitor = EngineMonitor(paths, lambda: all(proc.is_alive() for proc in procs),
                                 poll_s=min(0.5, notifier.watchdog_s / 8 or 0.5), num_engines=len(procs))
         monitor.start()

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 
-from asgi.serving.engine_monitor import EngineMonitor
+from rill.engine_monitor import EngineMonitor
 
 log = logging.getLogger("rill")
 NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")

@@ -5,10 +5,10 @@ import argparse
 import re
 import sys
 
-from asgi.serving.chat_flags import add_chat_flags, check_chat_flags
-from asgi.serving.lora_flags import add_lora_flags, check_lora_flags
-from asgi.serving.parallel_flags import add_parallel_flags, check_parallel_flags
-from asgi.serving.systemd_unit import add_systemd_unit_parser, print_unit
+from rill.chat_flags import add_chat_flags, check_chat_flags
+from rill.lora_flags import add_lora_flags, check_lora_flags
+from rill.parallel_flags import add_parallel_flags, check_parallel_flags
+from rill.systemd_unit import add_systemd_unit_parser, print_unit
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
@@ -246,10 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         check_parallel_flags(args, serve)
         check_lora_flags(args, serve)
         if args.headless:
-            from asgi.serving.headless import serve_headless
+            from rill.headless import serve_headless
 
             sys.exit(serve_headless(args))
-        from asgi.serving.launcher import serve as run_serve
+        from rill.launcher import serve as run_serve
 
         sys.exit(run_serve(args))
     if args.command == "systemd-unit":

@@ -23,7 +23,7 @@ log = logging.getLogger("rill")
 
 def serve_headless(args) -> int:
     configure_logging(args.log_level, args.log_format, args.log_requests)
-    from asgi.serving.launcher import resolve_model
+    from rill.launcher import resolve_model
 
     model_dir, _ = resolve_model(args)
     per_node = args.tensor_parallel_size // args.nnodes

@@ -52,7 +52,7 @@ async def engine_stats(http: HTTPRequest) -> None:
     stats = total_stats(per_engine)
     figures = {f: getattr(stats, f) for f in stats.__struct_fields__ if f != "data_parallel_rank"}
     # --data-parallel-size: each engine's own figures beside the totals (one entry per engine).
-    pids = state.settings.engine_pids or [state.settings.engine_pid]
+    pids = state.settings.engine_pids
     figures["engines"] = [{**{f: getattr(e, f) for f in e.__struct_fields__}, "pid": pids[e.data_parallel_rank]}
                           for e in per_engine]
     limits = state.settings.limits
@@ -62,12 +62,12 @@ async def engine_stats(http: HTTPRequest) -> None:
     if limits.speculative:  # the share of drafted tokens the target model accepted
         drafted = stats.num_spec_draft_tokens
         chosen["spec_acceptance_rate"] = stats.num_spec_accepted_tokens / drafted if drafted else 0.0
-    await send_response(http.send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pid}))
+    await send_response(http.send, 200, dumps({**figures, **chosen, "engine_pid": state.settings.engine_pids[0]}))
 
 
 async def list_models(http: HTTPRequest) -> None:
     state = http.state
-    if state.settings.allow_runtime_lora_updating:
+    if state.settings.http.allow_runtime_lora_updating:
         await lora_admin.refresh(state)
     cards = [state.model_card(), *(state.model_card(name) for name in state.lora_names)]
     await send_response(http.send, 200, dumps({"object": "list", "data": cards}))
@@ -76,7 +76,7 @@ async def list_models(http: HTTPRequest) -> None:
 async def get_model(http: HTTPRequest) -> None:
     model_id = http.params["model_id"]
     state = http.state
-    if model_id != state.model_id and model_id not in state.lora_names and state.settings.allow_runtime_lora_updating:
+    if model_id != state.model_id and model_id not in state.lora_names and state.settings.http.allow_runtime_lora_updating:
         await lora_admin.refresh(state)
     if model_id != state.model_id and model_id not in state.lora_names:
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
@@ -203,7 +203,7 @@ class App:
                 raise APIError(404, f"Unknown path: {shown}", code="not_found")
             http = HTTPRequest(self.state, receive, send, query=scope.get("query_string", b""), params=params)
             if method in NEEDS_BODY:
-                http.body = await read_json_body(scope["headers"], receive, self.state.settings.max_body_bytes)
+                http.body = await read_json_body(scope["headers"], receive, self.state.settings.http.max_body_bytes)
             await handler(http)
         except APIError as exc:
             body = messages.anthropic_error(exc.status, exc.message) if _is_messages(path) else exc.body()

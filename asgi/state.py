@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from asgi.engine_link.client import EngineClient
 from asgi.http.access_log import log_access
 from asgi.http.auth import ApiKeyGuard
-from asgi.http.cors import DEFAULT_HEADERS, DEFAULT_METHODS, CorsPolicy
+from asgi.http.cors import CorsPolicy
 from asgi.http.request_context import RequestContext
 from asgi.output.detokenizer import Detokenizer
 from asgi.output.token_text import TokenTexts
@@ -24,6 +24,7 @@ from asgi.routes.metrics import Metrics
 from asgi.stores.base import Bounds, StateStore
 from asgi.stores.open import open_store
 from ipc.channels import RunPaths
+from ipc.config import HttpConfig
 from ipc.protocol import EngineLimits
 
 SETTINGS_ENV = "RILL_WORKER_SETTINGS"
@@ -31,42 +32,17 @@ log = logging.getLogger("rill.api")
 
 
 class WorkerSettings(msgspec.Struct):
-    """Handed from `rill serve` to every Granian worker through the environment."""
+    """Handed from `rill serve` to every Granian worker through the environment: the workers' slice
+    of the config (ipc/config.py) and what the launcher learned at start."""
 
-    served_model_name: str
+    http: HttpConfig
     run_id: str
     run_dir: str
-    engine_pid: int
-    limits: EngineLimits
-    engine_pids: list[int] = []  # --data-parallel-size: every engine's pid, by rank (engine_pid is rank 0's)
-    sse_keepalive_s: float = 15.0
-    max_body_bytes: int = 32 << 20
-    chat_template: str | None = None  # --chat-template: a file, a bundled name, or the template itself
-    # Chat templates, tools, reasoning (asgi/prompt/chat_messages.py, asgi/requests/tool_choice.py, asgi/parsers/chat_parsing.py).
-    trust_request_chat_template: bool = False
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
-    reasoning_parser: str | None = None
+    engine_pids: list[int]  # every engine's pid, by --data-parallel-size rank
+    limits: EngineLimits  # rank 0's READY
     created: int = 0
-    # API keys, CORS, logs (asgi/http/auth.py, asgi/http/cors.py, asgi/http/access_log.py). Digests of the
-    # keys only: the keys themselves never leave the launcher.
+    # Digests of the API keys only: the keys themselves never leave the launcher (asgi/http/auth.py).
     api_key_digests: list[str] = []
-    protect_metrics: bool = False
-    allowed_origins: list[str] = []
-    allowed_methods: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_METHODS))
-    allowed_headers: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_HEADERS))
-    access_log: bool = True
-    log_requests: bool = False
-    # GET /metrics (asgi/routes/metrics.py): the metric names' prefix, `vllm` for vLLM's dashboards.
-    metrics_prefix: str = "rill"
-    # The Responses API's and Conversations' store (asgi/stores/), shared by every worker: its
-    # URL (empty: SQLite in the run directory) and bounds, enforced by the store; 0 disables a kind.
-    state_store_url: str = ""
-    responses_store_max_entries: int = 1000
-    responses_store_ttl_s: float = 3600.0
-    conversations_store_max_entries: int = 1000  # the same for /v1/conversations
-    conversations_store_ttl_s: float = 3600.0
-    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -98,7 +74,8 @@ class WorkerState:
     def load(cls, settings: WorkerSettings) -> WorkerState:
         model_dir = Path(settings.limits.model_dir)
         paths = RunPaths(settings.run_id, Path(settings.run_dir))
-        template = (load_template_arg(settings.chat_template, model_dir) if settings.chat_template
+        http = settings.http
+        template = (load_template_arg(http.chat_template, model_dir) if http.chat_template
                     else ChatTemplate(model_dir))
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         # A tokenizer.json may pad and truncate (sentence-transformers' often pad to 128): a prompt is
@@ -106,17 +83,17 @@ class WorkerState:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         limits = settings.limits  # with a queue bound the engine answers each Submit (admission control)
-        client = EngineClient(paths, settings.engine_pids or settings.engine_pid,
+        client = EngineClient(paths, settings.engine_pids,
                               bool(limits.max_queued_requests or limits.max_queued_tokens), block_size=limits.block_size)
         state = cls(settings, client, tokenizer, template, lora_names=dict(limits.lora_modules))
-        state.auth = ApiKeyGuard(settings.api_key_digests, settings.protect_metrics)
-        state.cors = CorsPolicy(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers)
-        state.store = open_store(settings.state_store_url, paths.run_dir,
-                                 Bounds(settings.responses_store_max_entries, settings.responses_store_ttl_s),
-                                 Bounds(settings.conversations_store_max_entries, settings.conversations_store_ttl_s))
-        state.metrics = Metrics(settings.metrics_prefix, settings.served_model_name, settings.limits.max_model_len)
+        state.auth = ApiKeyGuard(settings.api_key_digests, http.protect_metrics)
+        state.cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers)
+        state.store = open_store(http.state_store_url, paths.run_dir,
+                                 Bounds(http.responses_store_max_entries, http.responses_store_ttl_s),
+                                 Bounds(http.conversations_store_max_entries, http.conversations_store_ttl_s))
+        state.metrics = Metrics(http.metrics_prefix, http.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
-        if settings.access_log:
+        if http.access_log:
             state.observers.append(log_access)
         return state
 
@@ -133,7 +110,7 @@ class WorkerState:
 
     @property
     def model_id(self) -> str:
-        return self.settings.served_model_name
+        return self.settings.http.served_model_name
 
     @functools.cached_property
     def token_texts(self) -> TokenTexts:

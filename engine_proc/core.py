@@ -23,7 +23,7 @@ _NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT, p.FinishReason.CA
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
                  admission: AdmissionControl | None = None, deadlines: Deadlines | None = None,
-                 grammar_gate: GrammarGate | None = None):
+                 grammar_gate: GrammarGate | None = None, kv_events=None, rank: int = 0):
         self.scheduler = scheduler
         self.runner = runner
         self.inputs = inputs
@@ -39,8 +39,8 @@ class EngineCore:
         self.grammar_gate = grammar_gate  # structured outputs; None: such requests end with ERROR
         self._num_taken = self._num_taken_tokens = 0  # requests taken in since the last report
         self.running = True
-        self.kv_events = None  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
-        self.rank = 0  # --data-parallel-size: this engine's rank
+        self.kv_events = kv_events  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
+        self.rank = rank  # --data-parallel-size: this engine's rank
 
     def run_busy_loop(self) -> None:
         while True:

@@ -9,40 +9,44 @@ from pathlib import Path
 
 from engine_proc.cpu_features import cpu_info
 from ipc import protocol as p
+from ipc.channels import RunPaths
+from ipc.config import EngineConfig
 
 log = logging.getLogger("rill.engine")
 
 
-def build_encoder_engine(config, model_dir: Path, dtype_name: str, dtype_reason: str, device):
+def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype_name: str, dtype_reason: str, device):
     import torch
 
-    from engine_proc.main import start_core
+    from engine_proc.assembly import start_core
     from engine_proc.model.encoder_runner import EncoderRunner
     from engine_proc.sched.block_manager import BlockManager
     from engine_proc.sched.scheduler import Scheduler
 
-    if config.dtype == "auto":  # a small model; bfloat16 would cost its vectors precision for little speed
+    model, limits = config.model, config.scheduler
+    model_dir = Path(model.model_dir)
+    if model.dtype == "auto":  # a small model; bfloat16 would cost its vectors precision for little speed
         dtype_name, dtype_reason = "float32", "--dtype auto for an embedding model"
     started = time.perf_counter()
     runner = EncoderRunner(model_dir, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2,
-                           block_size=config.block_size)
-    max_model_len = min(config.max_model_len or runner.max_model_len, runner.max_model_len)
+                           block_size=model.block_size)
+    max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # Enough blocks for every seat at the longest prompt: they bound nothing but the seats.
-    num_blocks = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+    num_blocks = model.max_num_seqs * -(-max_model_len // model.block_size) + 1
     # A prefix "hit" would skip nothing (an encoder reads the whole prompt) and report cached tokens.
-    blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
-    scheduler = Scheduler(blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-                          max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len), eos_token_ids=[])
+    blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=False)
+    scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_model_len=max_model_len,
+                          max_num_batched_tokens=max(limits.max_num_batched_tokens, max_model_len), eos_token_ids=[])
     log.info("embedding model loaded in %.1f s: %s, %s, %d dimensions, %s pooling%s, max_model_len %d, on %s",
              time.perf_counter() - started, config.model_id, dtype_name, runner.embedding_dim, runner.pooling.mode,
              ", normalised" if runner.pooling.normalize else "", max_model_len, device)
-    core, threads = start_core(config, scheduler, runner)
+    core, threads = start_core(config, paths, scheduler, runner, rank=rank)
     limits = p.EngineLimits(
         model_id=config.model_id, model_dir=str(model_dir), max_model_len=max_model_len,
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=scheduler.max_num_batched_tokens,
-        num_kv_blocks=num_blocks, block_size=config.block_size, eos_token_ids=[], vocab_size=runner.vocab_size,
+        max_num_seqs=model.max_num_seqs, max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        num_kv_blocks=num_blocks, block_size=model.block_size, eos_token_ids=[], vocab_size=runner.vocab_size,
         dtype=dtype_name, dtype_reason=dtype_reason, cpu=cpu_info().summary(),
-        max_queued_requests=config.max_queued_requests, max_queued_tokens=config.max_queued_tokens,
-        request_timeout_s=config.request_timeout_s, generates=False, embedding_dim=runner.embedding_dim,
+        max_queued_requests=limits.max_queued_requests, max_queued_tokens=limits.max_queued_tokens,
+        request_timeout_s=limits.request_timeout_s, generates=False, embedding_dim=runner.embedding_dim,
     )
     return core, threads, limits

@@ -78,7 +78,7 @@ def choice_params(params: p.SamplingParams, choice: int) -> p.SamplingParams:
 class OutputThread(threading.Thread):
     """Queue of per-step outputs -> one StepOutputs message per owning worker."""
 
-    def __init__(self, ctx: zmq.Context, paths: RunPaths):
+    def __init__(self, ctx: zmq.Context, paths: RunPaths, rank: int = 0, load_of=lambda: (0, 0)):
         super().__init__(name="engine-output", daemon=True)
         self.ctx = ctx
         self.paths = paths
@@ -86,8 +86,8 @@ class OutputThread(threading.Thread):
         self.socks: dict[str, zmq.Socket] = {}
         # --data-parallel-size: each StepOutputs tells its worker this engine's rank and queue, which
         # the workers' choice of engine reads (asgi/engine_link/dp_router.py).
-        self.rank = 0
-        self.load_of = lambda: (0, 0)  # (running, waiting), read when a message goes out
+        self.rank = rank
+        self.load_of = load_of  # () -> (running, waiting), read when a message goes out
 
     def publish(self, item: list[tuple[str, p.RequestDelta, list[int]]] | tuple[str, p.EngineStats | p.Admission]
                 | None) -> None:

@@ -153,12 +153,12 @@ class KVEventPublisher(threading.Thread):
         self._seq += 1
 
 
-def publisher_for(config, blocks, device) -> KVEventPublisher:
-    """--kv-events-endpoint: the prefix cache records its events, published after each step."""
+def publisher_for(config, rank: int, blocks, device) -> KVEventPublisher:
+    """--kv-events-endpoint (`config`: the engine's EngineConfig; `rank`: the engine's among
+    --data-parallel-size): the prefix cache records its events, published after each step."""
     if blocks.prefix_cache is None:
         raise ValueError("--kv-events-endpoint needs prefix caching: the events are the prefix cache's")
-    rank = config.data_parallel_rank
-    publisher = KVEventPublisher(endpoint_for_rank(config.kv_events_endpoint, rank), block_size=config.block_size,
+    publisher = KVEventPublisher(endpoint_for_rank(config.kv_events_endpoint, rank), block_size=config.model.block_size,
                                  medium="GPU" if device.type == "cuda" else "CPU", topic=config.kv_events_topic,
                                  data_parallel_rank=rank)
     blocks.prefix_cache.events = []

@@ -41,10 +41,3 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:
     parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def chat_settings(args: argparse.Namespace) -> dict:
-    """The WorkerSettings of chat templates, tool calls and reasoning."""
-    return dict(trust_request_chat_template=args.trust_request_chat_template,
-                tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
-                reasoning_parser=args.reasoning_parser)

@@ -23,18 +23,19 @@ log = logging.getLogger("rill")
 
 def serve_headless(args) -> int:
     configure_logging(args.log_level, args.log_format, args.log_requests)
+    from rill.config_args import config_from_args
     from rill.launcher import resolve_model
 
-    model_dir, _ = resolve_model(args)
-    per_node = args.tensor_parallel_size // args.nnodes
-    ranks = range(args.node_rank * per_node, (args.node_rank + 1) * per_node)
-    threads = args.num_threads or max(1, (os.cpu_count() or 1) // per_node)
+    config = config_from_args(args, *resolve_model(args)).engine
+    parallel = config.parallel
+    per_node = parallel.tensor_parallel_size // parallel.nnodes
+    ranks = range(parallel.node_rank * per_node, (parallel.node_rank + 1) * per_node)
+    threads = config.model.num_threads or max(1, (os.cpu_count() or 1) // per_node)
     ctx = mp.get_context("spawn")
     procs = []
     for rank in ranks:
-        rank_args = RankArgs(rank, args.tensor_parallel_size, args.master_addr, args.master_port,
-                             device_type=_device_type(args.device), model_dir=str(model_dir), num_threads=threads,
-                             log_level=args.log_level.upper(), log_format=args.log_format)
+        rank_args = RankArgs(rank, parallel, config.log, device_type=_device_type(config.model.device),
+                             model_dir=config.model.model_dir, num_threads=threads)
         proc = ctx.Process(target=run_rank, args=(rank_args,), name=f"rill-tp-rank-{rank}")
         proc.start()
         procs.append(proc)

@@ -10,6 +10,7 @@ import signal
 import threading
 
 from ipc.channels import RunPaths
+from ipc.config import Config
 from ipc.lifetime import PR_SET_PDEATHSIG
 from rill.engine_monitor import EngineMonitor
 from rill.sdnotify import ServiceReporter
@@ -112,25 +113,26 @@ def die_with_launcher_when_forked() -> None:
     os.register_at_fork(after_in_child=in_child)
 
 
-def run_granian(args, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
+def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
                 log_config: dict | None = None) -> bool:
     """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
     from granian.constants import Interfaces, Loops
 
+    http = config.http
     server = make_draining_granian()(
         paths,
-        args.shutdown_timeout,
+        http.shutdown_timeout_s,
         monitor,
         reporter,
         "asgi.app:app",
-        address=args.host,
-        port=args.port,
+        address=http.host,
+        port=http.port,
         interface=Interfaces.ASGI,
-        workers=args.workers,
+        workers=http.workers,
         loop=Loops.uvloop,
-        log_level=args.log_level,
+        log_level=config.engine.log.level.lower(),
         log_dictconfig=log_config,  # the run's format in Granian's own lines and in every worker
-        http1_settings=http1_settings(args.timeout_keep_alive),
+        http1_settings=http1_settings(http.timeout_keep_alive_s),
         workers_kill_timeout=5,  # requests were drained before the workers are told to stop
         # A worker that dies (killed, out of memory) is replaced rather than stopping the server; one
         # that dies again within 5.5 s of its start stops it, with exit status 1 (a crash loop).

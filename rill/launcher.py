@@ -23,14 +23,14 @@ import zmq
 from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from asgi.state import SETTINGS_ENV, WorkerSettings
 from asgi.stores.open import StoreURLError, check_url, describe
-from engine_proc.main import EngineConfig, run_engine
+from engine_proc.main import run_engine
 from ipc import protocol as p
 from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
+from ipc.config import EngineConfig
 from ipc.logs import configure_logging
-from rill.chat_flags import chat_settings
+from rill.config_args import config_from_args
 from rill.engine_monitor import EngineMonitor
 from rill.http_server import run_granian
-from rill.lora_flags import lora_modules
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
 
@@ -51,11 +51,12 @@ def resolve_model(args) -> tuple[Path, str]:
     return model_dir.resolve(), args.served_model_name or model_dir.name
 
 
-def start_engine(config: EngineConfig, timeout_s: float = 600.0):
-    """Start the engine process and wait for its READY message; returns (process, limits)."""
+def start_engine(config: EngineConfig, paths: RunPaths, rank: int = 0, timeout_s: float = 600.0):
+    """Start the engine process (`rank`: among --data-parallel-size) and wait for its READY message;
+    returns (process, limits)."""
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=run_engine, args=(config, child_conn), name="rill-engine", daemon=False)
+    proc = ctx.Process(target=run_engine, args=(config, paths, child_conn, rank), name="rill-engine", daemon=False)
     # Started with SIGHUP ignored, which exec keeps: the engine sets that itself, but the first
     # start also launches multiprocessing's resource tracker, which a terminal hangup killed.
     hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -116,7 +117,7 @@ class EngineWatch(threading.Thread):
 def serve(args) -> int:
     log_config = configure_logging(args.log_level, args.log_format, args.log_requests)
     try:
-        edge = edge_settings(args)  # before the engine starts: a bad key file fails fast
+        key_digests = api_key_digests(args)  # before the engine starts: a bad key file fails fast
         check_url(args.state_store)
     except (KeyFileError, StoreURLError) as exc:
         log.error("%s", exc)
@@ -126,51 +127,26 @@ def serve(args) -> int:
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.create(str(os.getpid()))
-    config = EngineConfig(
-        model_dir=str(model_dir), model_id=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir),
-        dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        load_format=args.load_format, quantization=args.quantization, speculative_config=args.speculative_config,
-        max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
-        lora_modules=lora_modules(args),
-        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        num_threads=args.num_threads, log_level=args.log_level.upper(),
-        log_format=args.log_format,
-        enable_prefix_caching=args.enable_prefix_caching, model_impl=args.model_impl,
-        batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, max_queued_requests=args.max_queued_requests,
-        max_queued_tokens=args.max_queued_tokens, request_timeout_s=args.request_timeout,
-        enable_embeddings=args.enable_embeddings,
-        kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
-        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes, master_addr=args.master_addr,
-        master_port=args.master_port,
-    )
+    config = config_from_args(args, model_dir, model_id)
+    num_engines = config.engine.parallel.data_parallel_size
     procs = []
     watches: list[EngineWatch] = []
     monitor = reporter = None
     http_failed = False
     try:
-        log.info("state store: %s", describe(args.state_store))
+        log.info("state store: %s", describe(config.http.state_store_url))
         every_limits = []
-        for rank, rank_config in enumerate(engine_configs(config, args.data_parallel_size)):
-            log.info("starting engine %d of %d for %s (%s)", rank + 1, args.data_parallel_size, model_id, model_dir)
-            proc, rank_limits = start_engine(rank_config)
+        for rank, rank_config in enumerate(engine_configs(config.engine)):
+            log.info("starting engine %d of %d for %s (%s)", rank + 1, num_engines, model_id, model_dir)
+            proc, rank_limits = start_engine(rank_config, paths, rank)
             procs.append(proc)
             every_limits.append(rank_limits)
             log.info("engine %d ready (pid %d): max_model_len %d, %d KV blocks", rank, proc.pid,
                      rank_limits.max_model_len, rank_limits.num_kv_blocks)
         limits = every_limits[0]
         os.environ[SETTINGS_ENV] = WorkerSettings(
-            served_model_name=model_id, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pid=procs[0].pid,
-            engine_pids=[proc.pid for proc in procs],
-            limits=limits, sse_keepalive_s=args.sse_keepalive,
- max_body_bytes=args.max_request_body,
-            chat_template=args.chat_template, created=int(time.time()), **edge, **chat_settings(args),
-            metrics_prefix=args.metrics_prefix, allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-            state_store_url=args.state_store,
-            responses_store_max_entries=max(args.responses_store_max_entries, 0),
-            responses_store_ttl_s=max(args.responses_store_ttl, 0.0),
-            conversations_store_max_entries=max(args.conversations_store_max_entries, 0),
-            conversations_store_ttl_s=max(args.conversations_store_ttl, 0.0),
+            http=config.http, run_id=paths.run_id, run_dir=str(paths.run_dir), engine_pids=[proc.pid for proc in procs],
+            limits=limits, created=int(time.time()), api_key_digests=key_digests,
         ).to_env()
         # GET /metrics: every worker counts into its own files here and any worker sums them all
         # (prometheus_client's multiprocess mode); a fresh folder per run, removed with the run dir.
@@ -184,9 +160,9 @@ def serve(args) -> int:
         monitor = EngineMonitor(paths, lambda: all(proc.is_alive() for proc in procs),
                                 poll_s=min(0.5, notifier.watchdog_s / 8 or 0.5), num_engines=len(procs))
         monitor.start()
-        reporter = ServiceReporter(notifier, monitor, model_id, args.host, args.port)
+        reporter = ServiceReporter(notifier, monitor, model_id, config.http.host, config.http.port)
         reporter.start()
-        http_failed = run_granian(args, paths, monitor, reporter, log_config)
+        http_failed = run_granian(config, paths, monitor, reporter, log_config)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
@@ -205,8 +181,8 @@ def serve(args) -> int:
     return 1 if http_failed or any(watch.engine_died for watch in watches) else 0
 
 
-def edge_settings(args) -> dict:
-    """The WorkerSettings of API keys (digests only), CORS and the access log."""
+def api_key_digests(args) -> list[str]:
+    """The digests of --api-key, --api-key-file and $RILL_API_KEY: what the workers check against."""
     keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
     if keys:
         log.info("API keys: %d configured; every path needs one but /health, /ready%s", len(keys),
@@ -214,6 +190,4 @@ def edge_settings(args) -> dict:
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key (--api-key, $%s): anyone who reaches %s:%d can use this server",
                     API_KEY_ENV, args.host, args.port)
-    return dict(api_key_digests=[digest(k) for k in keys], protect_metrics=args.protect_metrics,
-                allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
-                allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests)
+    return [digest(k) for k in keys]

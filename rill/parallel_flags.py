@@ -7,7 +7,7 @@ import os
 
 import msgspec
 
-from engine_proc.main import EngineConfig
+from ipc.config import EngineConfig
 
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
 
@@ -45,14 +45,13 @@ def check_parallel_flags(args, parser: argparse.ArgumentParser) -> None:
         args.master_port = DEFAULT_MASTER_PORT if nnodes > 1 else 0
 
 
-def engine_configs(config: EngineConfig, data_parallel_size: int) -> list[EngineConfig]:
-    """One engine's config per rank; on a CPU without --num-threads, each engine (and each of its
-    tensor-parallel ranks on this node) gets its share of the cores."""
-    ranks_here = data_parallel_size * (config.tensor_parallel_size // config.nnodes)
+def engine_configs(config: EngineConfig) -> list[EngineConfig]:
+    """One engine's config per --data-parallel-size rank; on a CPU without --num-threads, each engine
+    (and each of its tensor-parallel ranks on this node) gets its share of the cores."""
+    parallel = config.parallel
+    ranks_here = parallel.data_parallel_size * (parallel.tensor_parallel_size // parallel.nnodes)
     if ranks_here <= 1:
         return [config]
-    threads = config.num_threads or max(1, (os.cpu_count() or 1) // ranks_here)
-    if data_parallel_size <= 1:
-        return [msgspec.structs.replace(config, num_threads=threads)]
-    return [msgspec.structs.replace(config, data_parallel_rank=rank, num_threads=threads)
-            for rank in range(data_parallel_size)]
+    threads = config.model.num_threads or max(1, (os.cpu_count() or 1) // ranks_here)
+    shared = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model, num_threads=threads))
+    return [shared] * parallel.data_parallel_size

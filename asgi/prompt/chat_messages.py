@@ -53,7 +53,7 @@ def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
 def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:
     if req.chat_template is None:
         return state.template
-    if not state.settings.trust_request_chat_template:
+    if not state.settings.http.trust_request_chat_template:
         raise APIError(400, "A per-request `chat_template` is refused: this server was not started with "
                             "--trust-request-chat-template.", param="chat_template")
     try:

@@ -24,10 +24,10 @@ async def chat_completions(http: HTTPRequest) -> None:
     req = await decode_for_model(state, chat_decoder, http.body)  # the served model or a LoRA adapter
     if (ctx := current()) is not None:
         ctx.model = req.model
-    log_request_content(state.settings.log_requests, req)
+    log_request_content(state.settings.http.log_requests, req)
     stop = stop_strings(req)
     settings = state.settings
-    tool_plan = plan_tools(req, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
+    tool_plan = plan_tools(req, parser_name=settings.http.tool_call_parser, auto_enabled=settings.http.enable_auto_tool_choice)
     prompt_ids = await render_messages(state, req)
     await load_checker(req, forced_schema=tool_plan.schema)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -37,8 +37,8 @@ async def chat_completions(http: HTTPRequest) -> None:
                              vocab_size=state.settings.limits.vocab_size, logprobs=num_top,
                              prompt_logprobs=req.prompt_logprobs)
     params.structured = forced_spec(tool_plan, params.structured)  # tool_choice required or named
-    make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
-                                 reasoning_parser=settings.reasoning_parser)
+    make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
+                                 reasoning_parser=settings.http.reasoning_parser)
     params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
     request_id = new_request_id("chatcmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
@@ -52,4 +52,4 @@ async def chat_completions(http: HTTPRequest) -> None:
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
-                  keepalive_s=state.settings.sse_keepalive_s)
+                  keepalive_s=state.settings.http.sse_keepalive_s)

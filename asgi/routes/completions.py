@@ -24,7 +24,7 @@ async def completions(http: HTTPRequest) -> None:
     req = await decode_for_model(state, completion_decoder, http.body)  # the served model or a LoRA adapter
     if (ctx := current()) is not None:
         ctx.model = req.model
-    log_request_content(state.settings.log_requests, req)
+    log_request_content(state.settings.http.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
     check_choices(len(batch), req.n or 1)
@@ -59,4 +59,4 @@ async def completions(http: HTTPRequest) -> None:
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
-                  keepalive_s=state.settings.sse_keepalive_s)
+                  keepalive_s=state.settings.http.sse_keepalive_s)

@@ -80,4 +80,4 @@ async def create_embeddings(http: HTTPRequest) -> None:
     make_detok = state.detokenizer(stop=[], skip_special_tokens=True, include_stop=False)
     gen = Generation(state.client, new_request_id("embd"), prompts, EMBED, make_detok)
     await respond(gen, EmbeddingList(state.model_id, req.encoding_format == "base64"), stream=False,
-                  receive=http.receive, send=http.send, keepalive_s=state.settings.sse_keepalive_s)
+                  receive=http.receive, send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)

@@ -46,7 +46,7 @@ async def decode_for_model(state: WorkerState, decoder, body: bytes):
     try:
         return decode_request(decoder, body, state.model_id, state.lora_names)
     except APIError as exc:
-        if exc.code != "model_not_found" or not state.settings.allow_runtime_lora_updating:
+        if exc.code != "model_not_found" or not state.settings.http.allow_runtime_lora_updating:
             raise
     await refresh(state)
     return decode_request(decoder, body, state.model_id, state.lora_names)
@@ -76,7 +76,7 @@ async def unload_lora_adapter(http: HTTPRequest) -> None:
 
 def _runtime_updates(http: HTTPRequest) -> WorkerState:
     state: WorkerState = http.state
-    if not state.settings.allow_runtime_lora_updating:
+    if not state.settings.http.allow_runtime_lora_updating:
         raise APIError(404, "Not Found: start the server with --enable-lora and --allow-runtime-lora-updating "
                             "to load and unload LoRA adapters at runtime.", type="not_found_error")
     return state

@@ -55,23 +55,23 @@ async def create_message(http: HTTPRequest) -> None:
     settings = state.settings
     req = decode_json(messages_decoder, http.body)
     _model(state, req.model)
-    log_request_content(settings.log_requests, req)
+    log_request_content(settings.http.log_requests, req)
     chat = chat_request(req)
-    tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
+    tool_plan = plan_tools(chat, parser_name=settings.http.tool_call_parser, auto_enabled=settings.http.enable_auto_tool_choice)
     prompt_ids = await render_messages(state, chat)
     await load_checker(chat, forced_schema=tool_plan.schema)
     params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="messages",
                              vocab_size=settings.limits.vocab_size)
     params.structured = forced_spec(tool_plan, params.structured)  # tool_choice any or tool
-    make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
-                                 reasoning_parser=settings.reasoning_parser)
+    make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
+                                 reasoning_parser=settings.http.reasoning_parser)
     message_id = f"msg_{uuid.uuid4().hex}"
     make_detok = state.detokenizer(stop=req.stop_sequences or [], skip_special_tokens=True, include_stop=False)
     gen = Generation(state.client, message_id, [prompt_ids], params, make_detok)
     shape = MessageStream(message_id, state.model_id, MessageBlocks(make_parser()))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
-                  keepalive_s=settings.sse_keepalive_s)
+                  keepalive_s=settings.http.sse_keepalive_s)
 
 
 async def count_tokens(http: HTTPRequest) -> None:

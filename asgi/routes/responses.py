@@ -84,10 +84,10 @@ async def create_response(http: HTTPRequest) -> None:
     req = decode(http.body, state.model_id)
     if (ctx := current()) is not None:
         ctx.model = state.model_id
-    log_request_content(state.settings.log_requests, req)
+    log_request_content(state.settings.http.log_requests, req)
     settings = state.settings
     items, messages, chat, prompt_ids = await prepare(state, req)
-    tool_plan = plan_tools(chat, parser_name=settings.tool_call_parser, auto_enabled=settings.enable_auto_tool_choice)
+    tool_plan = plan_tools(chat, parser_name=settings.http.tool_call_parser, auto_enabled=settings.http.enable_auto_tool_choice)
     text_format = req.text.format if req.text is not None else None
     await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format)
     num_top = chat.top_logprobs if chat.logprobs else None
@@ -96,8 +96,8 @@ async def create_response(http: HTTPRequest) -> None:
                              vocab_size=settings.limits.vocab_size, logprobs=num_top,
                              max_tokens_param="max_output_tokens")
     params.structured = forced_spec(tool_plan, text_format_spec(text_format) if text_format else None)
-    make_parser = parser_factory(tool_plan, tool_parser=settings.tool_call_parser,
-                                 reasoning_parser=settings.reasoning_parser)
+    make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
+                                 reasoning_parser=settings.http.reasoning_parser)
     response_id = new_request_id("resp").replace("-", "_")
     make_detok = state.detokenizer(stop=[], skip_special_tokens=True, include_stop=False)
     gen = Generation(state.client, response_id, [prompt_ids], params, make_detok)
@@ -121,7 +121,7 @@ async def create_response(http: HTTPRequest) -> None:
     failed = True
     try:
         failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=http.receive, send=http.send,
-                               keepalive_s=settings.sse_keepalive_s, before_last=before_last)
+                               keepalive_s=settings.http.sse_keepalive_s, before_last=before_last)
     finally:
         if not finished:  # the client left, or it failed before a byte went out
             await before_last(failed)

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModel
 
 from engine_proc.model.hf_runner import KVBudget
+from engine_proc.model.runner_api import RunnerInfo
 from engine_proc.model.sentence_layout import PoolingSpec, read_pooling
 from engine_proc.sample.sampler import SamplerOutput
 from engine_proc.sched.batch import Batch
@@ -25,12 +26,14 @@ PAD_BUDGET_TOKENS = 32
 MAX_GROUP_TOKENS = 8192
 
 class EncoderRunner:
-    """Same interface as ModelRunner for an embedding model: `execute(batch)` is one engine step.
+    """The `Runner` protocol for an embedding model: `execute(batch)` is one engine step.
 
     An encoder attends both ways, so a prompt cannot be run in chunks with a cache: a chunk that
     does not reach the end of its prompt does nothing, and the step that does embeds the whole
     prompt. No KV cache exists; `kv_cache` only carries the scheduler's block figures.
     """
+
+    info = RunnerInfo("encoder")
 
     def __init__(
         self,
@@ -59,6 +62,9 @@ class EncoderRunner:
         self._pad_id = getattr(self.config, "pad_token_id", None) or 0
         log.info("encoder: %s pooling%s, %d dims, max_model_len %d", self.pooling.mode,
                  " + L2 normalisation" if self.pooling.normalize else "", self.embedding_dim, self.max_model_len)
+
+    def close(self) -> None:
+        """Nothing to stop (the `Runner` protocol, engine_proc/model/runner_api.py)."""
 
     def execute(self, batch: Batch) -> SamplerOutput:
         """A placeholder token id (-1) per seq of `batch.sampled_seqs`, and `out.embeddings`:

@@ -5,17 +5,18 @@ import inspect
 import logging
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from engine_proc.attention.kv_cache import bytes_per_block
 from engine_proc.model.loader import LOAD_FORMATS, load_config
-from engine_proc.model.runner import ModelRunner
+from engine_proc.model.runner_api import RunnerInfo
+from engine_proc.model.sampling_runner import SamplingRunner
 from engine_proc.sample.sampler import Sampler
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest, RequestState
+from ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 
@@ -41,26 +42,28 @@ class _RequestCache:
     num_tokens: int  # tokens [0, num_tokens) of the request are in it
 
 
-class TransformersRunner(ModelRunner):
+class TransformersRunner(SamplingRunner):
     """Runs each scheduled seq through transformers' own model on top of that request's cache.
 
-    Same interface as the native runner: `execute` (inherited) = `compute_logits` then sampling.
+    The `Runner` protocol (engine_proc/model/runner_api.py): `execute` (SamplingRunner's) = `compute_logits`
+    then sampling.
     Sequences run one at a time (batch size 1, no padding), which is what makes this slower.
     """
 
+    info = RunnerInfo("transformers")
+
     def __init__(
         self,
-        model_dir: str | Path,
+        model: ModelConfig,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype,
+        device: torch.device | str,
         num_kv_blocks: int,
-        block_size: int = 16,
         eos_token_ids: list[int],
-        load_format: str = "auto",
-        device: torch.device | str = "cpu",
-        batch_invariant: bool = False,  # already so: each seq runs alone, whatever else is batched
-        quantization: str = "none",
     ) -> None:
+        # --batch-invariant holds already: each seq runs alone, whatever else is batched.
+        model_dir, block_size, load_format, quantization = (model.model_dir, model.block_size, model.load_format,
+                                                            model.quantization)
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
         if quantization != "none":

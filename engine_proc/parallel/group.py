@@ -13,6 +13,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ipc.config import ModelConfig, ParallelConfig
+
 log = logging.getLogger("rill.tp")
 
 # An idle server's ranks wait in a collective (the step broadcast to other nodes) for as long as no
@@ -22,22 +24,14 @@ GROUP_TIMEOUT = datetime.timedelta(days=30)
 
 
 class RankSetup(msgspec.Struct):
-    """Everything a rank builds its runner from, decided once by rank 0."""
+    """What a rank builds its runner from, decided once by rank 0: the model's slice of the config
+    and the values rank 0 computed at start."""
 
-    model_dir: str
-    dtype: str
-    device_type: str  # cpu | cuda
+    model: ModelConfig
+    parallel: ParallelConfig
+    dtype: str  # the dtype rank 0 chose
     num_kv_blocks: int
-    block_size: int
     eos_token_ids: list[int]
-    load_format: str
-    batch_invariant: bool
-    attention_backend: str
-    quantization: str
-    compile_decode: bool
-    max_num_seqs: int
-    num_threads: int | None
-    nnodes: int
 
 
 def free_port(host: str = "127.0.0.1") -> int:

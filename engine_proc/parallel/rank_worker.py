@@ -14,19 +14,20 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ipc.config import LogConfig, ParallelConfig
+
 log = logging.getLogger("rill.tp")
 
 
 class RankArgs(msgspec.Struct):
+    """What a rank needs before it joins the group; the rest (RankSetup) comes from rank 0."""
+
     rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
+    parallel: ParallelConfig  # its master_addr and master_port where the group meets
+    log: LogConfig
     device_type: str = "cpu"
     model_dir: str = ""  # this node's copy of the model; empty: the path rank 0 loads
     num_threads: int | None = None  # this node's choice; None: rank 0's
-    log_level: str = "INFO"
-    log_format: str = "text"
 
 
 def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
@@ -43,28 +44,25 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGHUP):  # the launcher (or rank 0) decides when we stop
         signal.signal(sig, signal.SIG_IGN)
-    configure_logging(args.log_level, args.log_format, with_transformers=True)
+    configure_logging(args.log.level, args.log.format, with_transformers=True)
     if all_reduce is not None:
         from engine_proc.parallel.collectives import use_shm_all_reduce
 
         all_reduce.attach(args.rank)  # before joining: rank 0 unlinks the segment once all have
         use_shm_all_reduce(all_reduce)
-    group.init_group(args.rank, args.world_size, args.master_addr, args.master_port, args.device_type)
+    world_size, parallel = args.parallel.tensor_parallel_size, args.parallel
+    group.init_group(args.rank, world_size, parallel.master_addr, parallel.master_port, args.device_type)
     setup = group.share_setup(None)
-    remote = group.remote_group(args.world_size, setup.nnodes)
-    threads = args.num_threads or setup.num_threads
+    remote = group.remote_group(world_size, setup.parallel.nnodes)
+    threads = args.num_threads or setup.model.num_threads
     if threads:
         torch.set_num_threads(threads)
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if setup.device_type == "cuda" else "cpu")
-    runner = ModelRunner(
-        args.model_dir or setup.model_dir, dtype=getattr(torch, setup.dtype), num_kv_blocks=setup.num_kv_blocks,
-        block_size=setup.block_size, eos_token_ids=setup.eos_token_ids, load_format=setup.load_format,
-        device=device, batch_invariant=setup.batch_invariant, attention_backend=setup.attention_backend,
-        quantization=setup.quantization, compile_decode=setup.compile_decode, max_num_seqs=setup.max_num_seqs,
-        tp_rank=args.rank, tp_size=args.world_size,
-    )
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if args.device_type == "cuda" else "cpu")
+    model = msgspec.structs.replace(setup.model, model_dir=args.model_dir or setup.model.model_dir)
+    runner = ModelRunner(model, dtype=getattr(torch, setup.dtype), device=device, num_kv_blocks=setup.num_kv_blocks,
+                         eos_token_ids=setup.eos_token_ids, tp_rank=args.rank, tp_size=world_size)
     channel = reader if reader is not None else GlooBroadcast(group=remote)
-    log.info("tensor-parallel rank %d of %d ready", args.rank, args.world_size)
+    log.info("tensor-parallel rank %d of %d ready", args.rank, world_size)
     steps = 0
     while True:
         message = decoder.decode(channel.recv())

@@ -14,12 +14,15 @@ import multiprocessing.connection
 import os
 import threading
 
+import msgspec
+
 from engine_proc.parallel import group
 from engine_proc.parallel.collectives import use_shm_all_reduce
 from engine_proc.parallel.rank_worker import RankArgs, run_rank
 from engine_proc.parallel.shm_all_reduce import ShmAllReduce
 from engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
 from engine_proc.parallel.step_message import STOP, encode_step
+from ipc.config import LogConfig, ParallelConfig
 
 log = logging.getLogger("rill.tp")
 
@@ -27,23 +30,24 @@ log = logging.getLogger("rill.tp")
 class TensorParallel:
     """Rank 0's handle on the group; `send(batch, graphs)` before each step's forward."""
 
-    def __init__(self, size: int, nnodes: int, master_addr: str, master_port: int, device_type: str,
-                 log_level: str, log_format: str) -> None:
+    def __init__(self, parallel: ParallelConfig, device_type: str, log: LogConfig) -> None:
+        size, nnodes = parallel.tensor_parallel_size, parallel.nnodes
         if size % nnodes:
             raise ValueError(f"--tensor-parallel-size {size} does not split evenly over --nnodes {nnodes}")
         self.size, self.nnodes = size, nnodes
         self.block_size = 16
         per_node = size // nnodes
-        self.master_addr = master_addr or "127.0.0.1"
-        self.master_port = master_port or group.free_port(self.master_addr)
+        self.master_addr = parallel.master_addr or "127.0.0.1"
+        self.master_port = parallel.master_port or group.free_port(self.master_addr)
+        # Where the group meets, decided: what every rank is told (RankArgs, RankSetup).
+        self.parallel = msgspec.structs.replace(parallel, master_addr=self.master_addr, master_port=self.master_port)
         ctx = mp.get_context("spawn")
         self.shm = ShmBroadcast.create("rill-tp", per_node - 1, ctx=ctx) if per_node > 1 else None
         # One node: the all-reduces through shared memory too (engine_proc/parallel/shm_all_reduce.py).
         self.all_reduce = ShmAllReduce(size, ctx) if nnodes == 1 and device_type == "cpu" else None
         self.procs = []
         for rank in range(1, per_node):
-            args = RankArgs(rank, size, self.master_addr, self.master_port, device_type, log_level=log_level,
-                            log_format=log_format)
+            args = RankArgs(rank, self.parallel, log, device_type)
             proc = ctx.Process(target=run_rank, args=(args, self.shm.reader(rank - 1), self.all_reduce),
                                name=f"rill-tp-rank-{rank}", daemon=True)
             proc.start()
@@ -66,7 +70,7 @@ class TensorParallel:
 
     def share(self, setup: group.RankSetup) -> None:
         """Send the setup every rank builds its shard from (before rank 0 builds its own)."""
-        self.block_size = setup.block_size
+        self.block_size = setup.model.block_size
         group.share_setup(setup)
         remote = group.remote_group(self.size, self.nnodes)
         self.remote = GlooBroadcast(group=remote) if remote is not None else None

@@ -10,23 +10,18 @@ from engine_proc.spec.speculator import Speculator
 log = logging.getLogger("rill.engine")
 
 
-def build_speculator(text: str, runner, tensor_parallel_size: int = 1) -> tuple[Speculator | None, str]:
-    """(the speculator, what /stats says of it); (None, "") when the config is empty."""
+def build_speculator(text: str, runner) -> tuple[Speculator | None, str]:
+    """(the speculator, what /stats says of it); (None, "") when the config is empty. A draft model is
+    the runner's own (engine_proc/model/runner.py builds it beside its model)."""
     config = parse_speculative_config(text)
     if config is None:
         return None, ""
-    from engine_proc.model.runner import ModelRunner
-
-    if not isinstance(runner, ModelRunner):
+    if runner.info.kind != "native":
         raise ValueError("--speculative-config needs the native runner (a Llama-family model)")
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     else:
-        if tensor_parallel_size > 1:
-            raise ValueError("--speculative-config method 'draft_model' is not served with --tensor-parallel-size > 1")
-        from engine_proc.spec.draft_model import DraftModelProposer
-
-        proposer = runner.drafter = DraftModelProposer(config, runner)
+        proposer = runner.drafter
     speculative = describe(config)
     log.info("speculative decoding: %s", speculative)
     return Speculator(proposer, config.num_speculative_tokens, config.disable_by_batch_size), speculative

@@ -34,15 +34,16 @@ def _rank0(model_dir, prompts, compile_decode, results) -> None:
     from engine_proc.model.runner import ModelRunner
     from engine_proc.parallel.group import RankSetup
     from engine_proc.parallel.ranks import TensorParallel
+    from ipc.config import LogConfig, ModelConfig, ParallelConfig
 
     torch.set_num_threads(1)
-    tp = TensorParallel(2, 1, "", 0, "cpu", "WARNING", "text")
+    model = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, enforce_eager=not compile_decode,
+                        max_num_seqs=8, num_threads=1)
+    tp = TensorParallel(ParallelConfig(tensor_parallel_size=2, master_addr=""), "cpu", LogConfig(level="WARNING"))
     try:
-        tp.share(RankSetup(str(model_dir), "float32", "cpu", 64, BLOCK_SIZE, [EOS_ID], "auto", False, "auto",
-                           "none", compile_decode, 8, 1, 1))
-        runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
-                             eos_token_ids=[EOS_ID], compile_decode=compile_decode, max_num_seqs=8, tp_size=2)
-        runner.step_broadcast = tp
+        tp.share(RankSetup(model, tp.parallel, "float32", 64, [EOS_ID]))
+        runner = ModelRunner(model, dtype=torch.float32, device="cpu", num_kv_blocks=64, eos_token_ids=[EOS_ID],
+                             tp_size=2, step_broadcast=tp)
         logits = _prompt_logits(runner, prompts)
         tokens = generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
         results.put((logits.numpy(), tokens, runner.kv_cache.num_kv_heads))  # by value, not by descriptor

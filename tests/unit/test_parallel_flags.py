@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import msgspec
 import pytest
 
-from engine_proc.main import EngineConfig
+from ipc.config import EngineConfig, ModelConfig, ParallelConfig
 from rill.cli import serve_parser
 from rill.parallel_flags import DEFAULT_MASTER_PORT, check_parallel_flags, engine_configs
 
@@ -41,14 +42,14 @@ def test_master_port_defaults_to_torchs_over_nodes_and_a_free_one_on_one():
 
 def test_each_rank_on_this_node_gets_its_share_of_the_cores(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    base = EngineConfig(model_dir="m", model_id="m", run_id="r", run_dir="/tmp")
-    assert engine_configs(base, 1) == [base]
-    (tp4,) = engine_configs(EngineConfig(**{**_fields(base), "tensor_parallel_size": 4}), 1)
-    assert tp4.num_threads == 2
-    (two_nodes,) = engine_configs(EngineConfig(**{**_fields(base), "tensor_parallel_size": 4, "nnodes": 2}), 1)
-    assert two_nodes.num_threads == 4  # two ranks here, two on the other node
-    assert [c.num_threads for c in engine_configs(base, 2)] == [4, 4]
+    base = EngineConfig(model_id="m", model=ModelConfig(model_dir="m"))
+    assert engine_configs(base) == [base]
+    (tp4,) = engine_configs(_parallel(base, tensor_parallel_size=4))
+    assert tp4.model.num_threads == 2
+    (two_nodes,) = engine_configs(_parallel(base, tensor_parallel_size=4, nnodes=2))
+    assert two_nodes.model.num_threads == 4  # two ranks here, two on the other node
+    assert [c.model.num_threads for c in engine_configs(_parallel(base, data_parallel_size=2))] == [4, 4]
 
 
-def _fields(config: EngineConfig) -> dict:
-    return {f: getattr(config, f) for f in config.__struct_fields__}
+def _parallel(config: EngineConfig, **fields) -> EngineConfig:
+    return msgspec.structs.replace(config, parallel=ParallelConfig(**fields))

@@ -1,0 +1,41 @@
+"""The `Runner` protocol: what the engine core and build_engine use of a runner (native, transformers, encoder)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from engine_proc.sample.sampler import SamplerOutput
+from engine_proc.sched.batch import Batch
+
+
+class RunnerInfo(msgspec.Struct, frozen=True):
+    """How a runner runs, chosen once at its construction: the start log and EngineLimits say it."""
+
+    kind: str  # native | transformers | encoder
+    attention_backend: str = ""  # cpu | torch | triton; "" where the runner has no paged attention
+    compiled_decode: bool = False  # decode steps through torch.compile'd graphs
+
+    def describe(self) -> str:
+        return (f"{self.kind} runner" + (", decode steps compiled" if self.compiled_decode else ", eager")
+                + (f", {self.attention_backend} attention" if self.attention_backend else ""))
+
+
+class KVSize(Protocol):
+    num_blocks: int
+    num_bytes: int
+
+
+class Runner(Protocol):
+    vocab_size: int
+    max_model_len: int
+    kv_cache: KVSize  # the paged cache, or the budget that stands in for it (its bytes go to /stats)
+    info: RunnerInfo
+
+    def execute(self, batch: Batch) -> SamplerOutput:
+        """One engine step: a sampled token id per seq of `batch.sampled_seqs`, in that order."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the runner started (the tensor-parallel ranks)."""
+        ...

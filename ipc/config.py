@@ -1,0 +1,121 @@
+"""Rill's settings: one `Config` built once from `rill serve`'s flags, handed whole or as a named slice to each process.
+
+msgspec Structs, because the slices cross process boundaries: the engine's slice is the argument of
+the engine process, the model's travels to every tensor-parallel rank, the HTTP workers' goes
+through an environment variable. Values decided at start (the dtype chosen, the KV blocks that fit,
+the eos ids, a run's directory) are not settings: they are passed beside a slice, never into it.
+Adding a flag touches this file, the flag's definition (rill/cli.py or a `*_flags.py`), the code
+that reads it, and its docs.
+"""
+from __future__ import annotations
+
+import msgspec
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What a runner builds its model, KV cache, attention and decode steps from (every rank too)."""
+
+    model_dir: str  # a local Hugging Face directory (the bundled model's once converted)
+    dtype: str = "auto"  # auto: bfloat16 on a GPU and on a CPU that multiplies it natively (choose_dtype)
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
+    attention_backend: str = "auto"  # auto: triton on a GPU; cpu (C++ decode kernel) or torch on the CPU
+    load_format: str = "auto"
+    quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
+    model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
+    batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
+    enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)
+    block_size: int = 16
+    max_num_seqs: int = 64  # the decode graphs are built up to this batch
+    enable_embeddings: bool = False  # a decoder serves /v1/embeddings too (last-token pooling)
+    max_loras: int = 0  # --enable-lora: slots for LoRA adapters (engine_proc/lora/); 0 off
+    max_lora_rank: int = 16
+    speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off
+    num_threads: int | None = None  # torch threads; None: torch's
+
+
+class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Tensor and data parallelism (docs/tensor-parallel.md): ranks, nodes, where they meet."""
+
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"  # node 0, where the TCPStore listens
+    master_port: int = 0  # 0: a free port (one node)
+    data_parallel_size: int = 1
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The KV cache's size, a step's budget, admission control and --request-timeout; 0: no bound."""
+
+    kv_cache_memory_bytes: int = 1 << 30
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's
+    enable_prefix_caching: bool = True
+    max_queued_requests: int = 0
+    max_queued_tokens: int = 0
+    request_timeout_s: float = 0.0
+
+
+class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The one log format of every process (ipc/logs.py)."""
+
+    level: str = "INFO"
+    format: str = "text"  # text | json
+    log_requests: bool = False  # prompts on rill.requests at debug level
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The engine process's slice: its model, scheduler, parallelism, logs and optional parts."""
+
+    model_id: str
+    model: ModelConfig
+    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = msgspec.field(default_factory=ParallelConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    lora_modules: dict[str, str] = {}  # --lora-modules: name -> PEFT adapter directory, loaded at start
+    kv_events_endpoint: str = ""  # a ZeroMQ endpoint to publish KV-cache events on (engine_proc/kv_events.py)
+    kv_events_topic: str = ""
+
+
+class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What `rill serve`'s HTTP side (Granian and every API worker) reads of the flags."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    served_model_name: str = ""
+    sse_keepalive_s: float = 15.0
+    shutdown_timeout_s: float = 30.0
+    timeout_keep_alive_s: float = 125.0
+    max_body_bytes: int = 32 << 20
+    chat_template: str | None = None  # --chat-template: a file, a bundled name, or the template itself
+    # Chat templates, tools, reasoning (asgi/prompt/chat_messages.py, asgi/requests/tool_choice.py,
+    # asgi/parsers/chat_parsing.py).
+    trust_request_chat_template: bool = False
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    # API keys themselves stay in the launcher: the workers get their digests (asgi/state.py).
+    protect_metrics: bool = False
+    allowed_origins: list[str] = []
+    allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST"])
+    allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    access_log: bool = True
+    log_requests: bool = False  # prompts on rill.requests at debug level
+    metrics_prefix: str = "rill"  # GET /metrics' names' prefix, `vllm` for vLLM's dashboards
+    # The Responses API's and Conversations' store (asgi/stores/), shared by every worker: its URL
+    # (empty: SQLite in the run directory) and bounds, enforced by the store; 0 disables a kind.
+    state_store_url: str = ""
+    responses_store_max_entries: int = 1000
+    responses_store_ttl_s: float = 3600.0
+    conversations_store_max_entries: int = 1000
+    conversations_store_ttl_s: float = 3600.0
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything `rill serve` was told, built once (rill/config_args.py) and sliced per process."""
+
+    engine: EngineConfig
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    cache_dir: str | None = None  # where the bundled model is converted

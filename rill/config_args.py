@@ -1,0 +1,53 @@
+"""`rill serve`'s parsed flags into the one `Config` (ipc/config.py): the only place that maps flag to setting."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from rill.lora_flags import lora_modules
+
+
+def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: str) -> Config:
+    """The checked flags (rill/cli.py) and the resolved model (rill/launcher.py: resolve_model)."""
+    model = ModelConfig(
+        model_dir=str(model_dir), dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+        load_format=args.load_format, quantization=args.quantization, model_impl=args.model_impl,
+        batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings,
+        max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
+        speculative_config=args.speculative_config, num_threads=args.num_threads,
+    )
+    scheduler = SchedulerConfig(
+        kv_cache_memory_bytes=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
+        request_timeout_s=args.request_timeout,
+    )
+    parallel = ParallelConfig(
+        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes, node_rank=args.node_rank,
+        master_addr=args.master_addr, master_port=args.master_port, data_parallel_size=args.data_parallel_size,
+    )
+    log = LogConfig(level=args.log_level.upper(), format=args.log_format, log_requests=args.log_requests)
+    engine = EngineConfig(
+        model_id=model_id, model=model, scheduler=scheduler, parallel=parallel, log=log,
+        lora_modules=lora_modules(args), kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_topic=args.kv_events_topic,
+    )
+    http = HttpConfig(
+        host=args.host, port=args.port, workers=args.workers, served_model_name=model_id,
+        sse_keepalive_s=args.sse_keepalive, shutdown_timeout_s=args.shutdown_timeout,
+        timeout_keep_alive_s=args.timeout_keep_alive, max_body_bytes=args.max_request_body,
+        chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
+        tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,
+        allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests,
+        metrics_prefix=args.metrics_prefix, allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        state_store_url=args.state_store,
+        responses_store_max_entries=max(args.responses_store_max_entries, 0),
+        responses_store_ttl_s=max(args.responses_store_ttl, 0.0),
+        conversations_store_max_entries=max(args.conversations_store_max_entries, 0),
+        conversations_store_ttl_s=max(args.conversations_store_ttl, 0.0),
+    )
+    return Config(engine=engine, http=http, cache_dir=args.cache_dir)

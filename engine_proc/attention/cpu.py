@@ -1,4 +1,4 @@
-"""Paged decode attention on the CPU: a small C++ kernel (csrc/paged_decode.cpp), built for this CPU.
+"""The "cpu" attention backends: Rill's C++ kernels (kernels/csrc/paged_decode.cpp, prefill_attention.cpp).
 
 The torch path gathers each row's K/V blocks into a contiguous copy, then runs SDPA with a mask
 over the longest context in the step: at batch 32 that is about two thirds of a millisecond per
@@ -6,9 +6,8 @@ layer, at batch 1 a hundred and fifty microseconds of small-op overhead. The ker
 blocks where they lie, one (sequence, KV head) per OpenMP task, and also writes the step's new
 K/V, so a decode step's attention is one call per layer.
 
-It is built at first use for this CPU (engine_proc/cpu_kernels.py). No compiler, a failed build or
-`RILL_CPU_KERNELS=0`: `paged_decode` returns None and callers take the torch path, which gives the
-same results within rounding.
+It is built at first use for this CPU (engine_proc/kernels/extension.py). No compiler, a failed build or
+`RILL_CPU_KERNELS=0`: the runner takes the torch backend, which gives the same results within rounding.
 """
 from __future__ import annotations
 
@@ -16,13 +15,17 @@ import functools
 
 import torch
 
-from engine_proc import cpu_kernels
+from engine_proc.attention.backend import AttentionBackend, StepInputs
+from engine_proc.attention.kv_cache import AttentionMetadata, paged_attention, torch_decode
+from engine_proc.kernels import extension
+from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from engine_proc.sched.batch import Batch
 
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available() -> bool:
-    return cpu_kernels.available()
+    return extension.available()
 
 
 def paged_decode(
@@ -41,7 +44,7 @@ def paged_decode(
     cache. None when the kernel cannot take these tensors (the caller takes the torch path)."""
     if (q.dtype not in DTYPES or q.device.type != "cpu" or k_cache.dtype != q.dtype
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.stride(-1) != 1
-            or q.shape[1] % k_cache.shape[2] or not cpu_kernels.available()):
+            or q.shape[1] % k_cache.shape[2] or not extension.available()):
         return None
     if k_new is not None and (k_new.stride(-1) != 1 or v_new.stride(-1) != 1 or k_new.dtype != q.dtype):
         return None
@@ -63,9 +66,71 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor |
 
 def prefill_supported() -> bool:
     # Asked only once the kernels are loaded: a call before must not fix the answer at False.
-    return cpu_kernels.loaded() and _prefill_kernel_supported()
+    return extension.loaded() and _prefill_kernel_supported()
 
 
 @functools.cache
 def _prefill_kernel_supported() -> bool:
     return bool(torch.ops.rill_cpu.prefill_attention_supported())
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """kv_cache.write_kv in one C++ call (index_copy_ took 2.5 ms of a 512-token prefill)."""
+    torch.ops.rill_cpu.write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+class CpuBackend(AttentionBackend):
+    """The C++ decode kernel (in place over the blocks, no gather, no mask) and, in bfloat16 where the
+    CPU has AMX or AVX-512 BF16, the C++ prompt kernel beside SDPA; in the compiled decode steps the
+    C++ operator rill_cpu::paged_decode_layer (no Python inside the step)."""
+
+    name = "cpu"
+
+    def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype) -> None:
+        super().__init__(device, block_size)
+        self.decode_kernel = dtype in DTYPES  # else (float16) torch's decode path
+        self.fused_prompt_layers = dtype == torch.bfloat16 and prefill_supported()
+        self.prefill = _prefill if self.fused_prompt_layers else None
+        self.decode = _decode if self.decode_kernel else torch_decode
+        self.graph_decode_op = (torch.ops.rill_cpu.paged_decode_layer if self.decode_kernel
+                                else torch.ops.rill.paged_decode_attention)
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        return prepare_step(batch, self.block_size, self.device, decode_lens=self.decode_kernel)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill)
+
+    def bind_kv_caches(self, kv_cache) -> None:
+        if self.decode_kernel:  # the registry the C++ operator reads
+            torch.ops.rill_cpu.set_kv_caches(list(kv_cache.k_caches), list(kv_cache.v_caches))
+        else:
+            super().bind_kv_caches(kv_cache)
+
+
+class InvariantCpuBackend(AttentionBackend):
+    """--batch-invariant on the "cpu" backend: every token, decode or prompt, a row of the C++ decode
+    kernel with its own block table and length, so its arithmetic depends on nothing else in the step."""
+
+    name = "batch-invariant-cpu"
+    flat = True
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        input_ids, positions, meta, logits_indices = prepare_flat_step(batch, self.block_size, self.device)
+        meta.decode_block_table = meta.block_tables.index_select(0, meta.seq_of_token).long()
+        meta.decode_lens = meta.context_lens.long()
+        return input_ids, positions, meta, logits_indices
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
+
+
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+    return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
+
+
+def _prefill(q, k, v) -> torch.Tensor | None:
+    return prefill(q, k, v)  # looked up at each call: tests wrap it

@@ -7,9 +7,6 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from engine_proc import cpu_kernels
-from engine_proc.attention import cpu as cpu_attention
-
 
 def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -72,12 +69,8 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store the step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots (in one C++
-    call on the CPU where the kernels are built: index_copy_ took 2.5 ms of a 512-token prefill)."""
-    if (k_cache.device.type == "cpu" and cpu_kernels.loaded() and not torch.compiler.is_compiling()
-            and k.stride(-1) == 1 and v.stride(-1) == 1):
-        torch.ops.rill_cpu.write_kv(k_cache, v_cache, k, v, slot_mapping)
-        return
+    """Store the step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots (the torch
+    twin of engine_proc/attention/cpu.py's write_kv)."""
     num_kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
@@ -118,17 +111,23 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_context_len]; None = all full
     decode_lens: torch.Tensor | None = None  # [num_decodes] int64: each row's context length (position + 1)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    batch_invariant: bool = False  # see engine_proc/attention/invariant.py
-    graph_decode: bool = False  # a padded decode batch of a compiled graph (engine_proc/model/decode_graphs.py)
-    # The Triton kernel's view (engine_proc/model/step_inputs.py prepare_flat_step); None on the torch path.
+    # Every token a row of its own (engine_proc/model/step_inputs.py prepare_flat_step): the Triton
+    # kernel's view, and the batch-invariant CPU backend's, which also sets the per-token
+    # decode_block_table and decode_lens (engine_proc/attention/cpu.py).
     block_tables: torch.Tensor | None = None  # [num_seqs, max_num_blocks] int32
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
-    # With that view: every token through the CPU kernel as a row of its own, as --batch-invariant
-    # does on the "cpu" backend (engine_proc/attention/cpu.py), instead of the Triton kernel; its
-    # per-token tables and lengths are then in decode_block_table and decode_lens. With
-    # graph_decode: the graph calls the C++ operator rill_cpu::paged_decode_layer.
-    cpu_kernel: bool = False
+
+
+@dataclass
+class GraphDecodeMetadata:
+    """A compiled decode step's (engine_proc/model/decode_graphs.py): one query row per token, whose
+    K/V one opaque op writes and attends (the backend's graph_decode_op), so the compiled graph
+    does not see the context length."""
+
+    slot_mapping: torch.Tensor  # [rows]
+    block_table: torch.Tensor  # [rows, num_blocks]
+    context_lens: torch.Tensor  # [rows] int64: position + 1
 
 
 def paged_attention(
@@ -138,17 +137,22 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    decode=None,
+    prefill=None,
 ) -> torch.Tensor:
-    """Attention of the step's queries [T, H, D] over cached and new K/V (already written)."""
+    """Attention of the step's queries [T, H, D] over cached and new K/V (already written).
+
+    `decode(q, k_cache, v_cache, meta)` attends the decode rows (torch_decode when None);
+    `prefill(q, k, v)` a chunk whose tokens are its last keys, or returns None for SDPA (the
+    CPU backend passes its kernels, engine_proc/attention/cpu.py)."""
     num_tokens = q.shape[0]
     num_decodes = meta.num_decode_tokens
-    decode_args = (meta.decode_block_table, meta.decode_mask, meta.decode_context_len, meta.decode_lens)
+    decode = decode or torch_decode
     if num_decodes == num_tokens:
-        return decode_attention(q, k_cache, v_cache, *decode_args)
+        return decode(q, k_cache, v_cache, meta)
     out = torch.empty_like(q)
     if num_decodes:
-        q_decode = q[:num_decodes]
-        out[:num_decodes] = decode_attention(q_decode, k_cache, v_cache, *decode_args)
+        out[:num_decodes] = decode(q[:num_decodes], k_cache, v_cache, meta)
     for chunk in meta.prefills:
         if chunk.block_table is None:
             k_ctx = k[chunk.token_start : chunk.token_end]
@@ -161,8 +165,8 @@ def paged_attention(
         # (not so when the context was padded past them).
         chunk_len = chunk.token_end - chunk.token_start
         o = None
-        if chunk.block_table is None or chunk.context_len == chunk.start_pos + chunk_len:
-            o = cpu_attention.prefill(q[chunk.token_start : chunk.token_end], k_ctx, v_ctx)
+        if prefill is not None and (chunk.block_table is None or chunk.context_len == chunk.start_pos + chunk_len):
+            o = prefill(q[chunk.token_start : chunk.token_end], k_ctx, v_ctx)
         if o is not None:
             if chunk_len == num_tokens:  # the step's only chunk: no copy
                 return o
@@ -181,6 +185,10 @@ def paged_attention(
     return out
 
 
+def torch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    return decode_attention(q, k_cache, v_cache, meta.decode_block_table, meta.decode_mask, meta.decode_context_len)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -188,15 +196,9 @@ def decode_attention(
     block_table: torch.Tensor,
     mask: torch.Tensor | None,
     context_len: int | None = None,
-    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per row [B, H, D] against the blocks of `block_table` [B, num_blocks]
-    (the first `context_len` keys, all when None), keys past each row's length masked by `mask`.
-    With the rows' lengths `lens` the CPU kernel runs instead where it can (no gather, no mask)."""
-    if lens is not None:
-        out = cpu_attention.paged_decode(q, k_cache, v_cache, block_table, lens)
-        if out is not None:
-            return out
+    (the first `context_len` keys, all when None), keys past each row's length masked by `mask`."""
     num_decodes, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     k_ctx = gather_blocks(k_cache, block_table)[:, :context_len].transpose(1, 2)

@@ -4,9 +4,9 @@ As vLLM compiles its model and captures a CUDA graph per padded batch size, the 
 the forward once at start (Inductor) and runs every decode-only step through it. On the CPU this
 removes the per-op Python and dispatch cost of about a thousand small ops per step (norms, RoPE,
 residuals, SiLU), which Inductor fuses into a few C++ loops around the linears and the attention.
-Attention stays one opaque op (`rill_cpu::paged_decode_layer`, the C++ kernel, on the "cpu"
-backend; `rill::paged_decode_attention` otherwise), so the context length varies freely inside
-the graph. Prefill and mixed steps run eagerly.
+Attention stays one opaque op, the backend's graph_decode_op (`rill_cpu::paged_decode_layer`,
+the C++ kernel, on the "cpu" backend; `rill::paged_decode_attention` otherwise), so the context
+length varies freely inside the graph. Prefill and mixed steps run eagerly.
 
 Inductor's compiled code is cached on disk (`TORCHINDUCTOR_CACHE_DIR`, by default under Rill's
 cache folder): the first start compiles, a restart mostly loads.
@@ -19,8 +19,7 @@ import time
 
 import torch
 
-from engine_proc.attention import cpu as cpu_attention
-from engine_proc.attention.kv_cache import AttentionMetadata, additive_mask, decode_attention, write_kv
+from engine_proc.attention.kv_cache import GraphDecodeMetadata
 from engine_proc.sched.batch import Batch
 
 log = logging.getLogger("rill.model")
@@ -33,43 +32,6 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # batch 1 on a Zen 4): the modules do not change after the compile (LoRA wraps its linears when the
 # runner is built, before it; adapters load into slots of those, and their steps run eagerly).
 GUARDS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-
-# The KV cache of each layer, registered by DecodeGraphs. The op reads and writes it by layer
-# index instead of taking it as an argument, as vLLM's attention op does: a cache passed in and
-# declared mutated is functionalized by torch.compile, which copied the whole cache every step.
-# The op's writes are its own layer's slots, which nothing else in the graph reads.
-_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-
-@torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
-def paged_decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_table: torch.Tensor,
-    context_lens: torch.Tensor,
-    layer: int,
-) -> torch.Tensor:
-    """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
-    row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
-    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernel, on the CPU the torch path
-    with an additive mask (the "cpu" backend's graphs call the C++ operator rill_cpu::paged_decode_layer
-    instead)."""
-    k_cache, v_cache = _kv_caches[layer]
-    write_kv(k_cache, v_cache, k, v, slot_mapping)
-    if q.is_cuda:  # the Triton kernel reads each row's blocks up to its length: no gather, no mask
-        from engine_proc.attention.triton import paged_attention_triton
-
-        rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
-        return paged_attention_triton(q, k_cache, v_cache, block_table, rows, context_lens, q.shape[-1] ** -0.5)
-    return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
-
-
-@paged_decode_attention.register_fake
-def _(q, k, v, slot_mapping, block_table, context_lens, layer):
-    return torch.empty_like(q)
-
 
 def default_cache_dir_env() -> None:
     """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
@@ -90,14 +52,9 @@ class DecodeGraphs:
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
-                 max_num_seqs: int, cpu_kernel: bool = False) -> None:
+                 max_num_seqs: int) -> None:
         default_cache_dir_env()
-        _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
-        # The "cpu" backend: the graph calls the C++ operator rill_cpu::paged_decode_layer, which
-        # holds the same caches, instead of the Python op above (no interpreter inside the step).
-        self.cpu_kernel = cpu_kernel and cpu_attention.available()
-        if self.cpu_kernel:
-            torch.ops.rill_cpu.set_kv_caches(list(kv_cache.k_caches), list(kv_cache.v_caches))
+        model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -161,9 +118,7 @@ class DecodeGraphs:
 
     def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens) -> torch.Tensor:
         to = lambda t: t.to(self.device)  # noqa: E731
-        meta = AttentionMetadata(slot_mapping=to(slot_mapping), num_decode_tokens=input_ids.shape[0],
-                                 decode_block_table=to(block_table), decode_lens=to(context_lens), graph_decode=True,
-                                 cpu_kernel=self.cpu_kernel)
+        meta = GraphDecodeMetadata(to(slot_mapping), to(block_table), to(context_lens))
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
         # One compiled graph for every batch size (on a GPU, one CUDA graph recorded from it per
@@ -171,8 +126,8 @@ class DecodeGraphs:
         # size of 1 (one block, one row), which a plain dynamic dimension gets.
         mark = torch._dynamo.decorators.mark_unbacked
         if self.table_width is None:
-            mark(meta.decode_block_table, 1)
-        for t in (args[0], args[1], meta.slot_mapping, meta.decode_block_table, meta.decode_lens, logits_indices):
+            mark(meta.block_table, 1)
+        for t in (args[0], args[1], meta.slot_mapping, meta.block_table, meta.context_lens, logits_indices):
             mark(t, 0)
         if self.sizes is not None:  # a new step: the last step's outputs (in the graphs' pool) are consumed
             torch.compiler.cudagraph_mark_step_begin()

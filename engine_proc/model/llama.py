@@ -1,7 +1,6 @@
 """A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the paged KV cache."""
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable
 
@@ -10,18 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from engine_proc.attention import cpu as cpu_attention
-from engine_proc.attention.invariant import invariant_paged_attention
-from engine_proc.attention.kv_cache import (
-    AttentionMetadata,
-    KVCache,
-    head_dim_of,
-    num_kv_heads_of,
-    paged_attention,
-    write_kv,
-)
-from engine_proc.model import fused_ops, llama_weights, prefill_layers
-from engine_proc.model.fused_ops import rope_heads, silu_mul
+from engine_proc.attention.backend import AttentionBackend, TorchBackend
+from engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache, head_dim_of, num_kv_heads_of
+from engine_proc.kernels import fused_ops, prefill_layer
+from engine_proc.kernels.fused_ops import rope_heads, silu_mul
+from engine_proc.model import llama_weights
 from engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from engine_proc.parallel.sharding import Shard
 
@@ -77,15 +69,6 @@ def rope_inv_freq(config: PretrainedConfig) -> torch.Tensor:
     raise ValueError(f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
 
 
-@functools.cache
-def triton_attention():
-    """The Triton kernel, imported only when chosen: importing triton needs its GPU driver (or
-    TRITON_INTERPRET=1 set beforehand), which the CPU path must not depend on."""
-    from engine_proc.attention.triton import paged_attention_triton
-
-    return paged_attention_triton
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -105,11 +88,13 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """`reduce`: the all-reduce after o_proj (tensor parallelism: each rank's heads' partial sums)."""
+    """`reduce`: the all-reduce after o_proj (tensor parallelism: each rank's heads' partial sums);
+    `backend`: the runner's attention backend (engine_proc/attention/choice.py), held for every call."""
 
-    def __init__(self, config: PretrainedConfig, layer_index: int, reduce=_identity) -> None:
+    def __init__(self, config: PretrainedConfig, layer_index: int, backend: AttentionBackend, reduce=_identity) -> None:
         super().__init__()
         self.layer_index = layer_index
+        self.backend = backend
         self.reduce = reduce
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = num_kv_heads_of(config)
@@ -155,22 +140,10 @@ class Attention(nn.Module):
             q, k, v = qkv.split(heads, dim=1)
         else:
             q, k, v = self._qkv_rope(x, cos, sin, heads)
-        if meta.graph_decode:  # one opaque op, so the compiled graph does not see the context length
-            # With meta.cpu_kernel, the C++ operator (no Python inside the step), else the Python op.
-            op = torch.ops.rill_cpu.paged_decode_layer if meta.cpu_kernel else torch.ops.rill.paged_decode_attention
-            o = op(q, k, v, meta.slot_mapping, meta.decode_block_table, meta.decode_lens, self.layer_index)
+        if isinstance(meta, GraphDecodeMetadata):  # a compiled decode step: its K/V written and attended by one op
+            o = self.backend.graph_decode(q, k, v, meta, self.layer_index)
             return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.cpu_kernel:  # --batch-invariant on the CPU backend: each token alone, decode or prompt
-            o = cpu_attention.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
-        elif meta.seq_of_token is not None:
-            o = triton_attention()(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token,
-                                   meta.context_lens, self.head_dim**-0.5)
-        elif meta.batch_invariant:
-            o = invariant_paged_attention(q, k_cache, v_cache, meta)
-        else:
-            o = paged_attention(q, k, v, k_cache, v_cache, meta)
-        o = o.reshape(num_tokens, self.num_heads * self.head_dim)
+        o = self.backend.forward(q, k, v, k_cache, v_cache, meta).reshape(num_tokens, self.num_heads * self.head_dim)
         return self.reduce(self.o_proj(o if rows is None else o.index_select(0, rows)))
 
 
@@ -190,10 +163,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_index: int, reduce=_identity) -> None:
+    def __init__(self, config: PretrainedConfig, layer_index: int, backend: AttentionBackend, reduce=_identity) -> None:
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config, layer_index, reduce)
+        self.attn = Attention(config, layer_index, backend, reduce)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, reduce)
 
@@ -216,16 +189,19 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The whole model, or with `shard` one tensor-parallel rank's part of it
     (engine_proc/parallel/sharding.py): its heads and MLP columns, an all-reduce after each
-    row-parallel layer, its vocabulary rows of the head, whose logits one all-gather joins."""
+    row-parallel layer, its vocabulary rows of the head, whose logits one all-gather joins.
+    `attention`: the runner's attention backend (the torch one when None)."""
 
-    def __init__(self, config: PretrainedConfig, shard: Shard | None = None) -> None:
+    def __init__(self, config: PretrainedConfig, shard: Shard | None = None,
+                 attention: AttentionBackend | None = None) -> None:
         super().__init__()
         check_supported(config)
+        self.attention = attention = attention or TorchBackend()
         self.shard = shard if shard is not None and shard.size > 1 else None
         self.config = config = self.shard.local_config() if self.shard else config
         reduce = tp_all_reduce if self.shard else _identity
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, reduce) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, attention, reduce) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # None when tied: the embedding matrix serves as the head (a packed copy may replace it).
@@ -240,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
-        self.prefill_layer_args: list | None = None  # prefill_layers.run's per-layer arguments, built on first use
+        self.prefill_layer_args: list | None = None  # prefill_layer.run's per-layer arguments, built on first use
 
     def rope_cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -269,10 +245,12 @@ class LlamaForCausalLM(nn.Module):
         trim = (not self.all_rows_to_the_end and not torch.compiler.is_compiling()
                 and logits_indices.shape[0] < input_ids.shape[0])
         last_rows = logits_indices if trim else None
-        # A step of fresh prompts on the AMX path: each layer one C++ call (prefill_layers.py).
+        # A step of fresh prompts on the AMX path: each layer one C++ call (kernels/prefill_layer.py).
+        # is_compiling() first: a compiled decode step must not read (and so guard on) the metadata.
         done = None
-        if (bounds := prefill_layers.step_bounds(meta, h, cos)) is not None:
-            done = prefill_layers.run(self, h, cos, sin, meta, kv_cache, bounds, last_rows)
+        if (self.attention.fused_prompt_layers and not torch.compiler.is_compiling()
+                and (bounds := prefill_layer.step_bounds(meta)) is not None):
+            done = prefill_layer.run(self, h, cos, sin, meta, kv_cache, bounds, last_rows)
         if done is not None:
             h, residual = done
         else:

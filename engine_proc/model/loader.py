@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from engine_proc import cpu_kernels
+from engine_proc.attention.backend import AttentionBackend
+from engine_proc.kernels.int8_linear import check_quantization, quantize_linears
+from engine_proc.kernels.linear import pack_linears_for_cpu
 from engine_proc.model.llama import LlamaForCausalLM
-from engine_proc.model.quantization import check_quantization, quantize_linears
 from engine_proc.parallel.sharding import Shard
 
 log = logging.getLogger("rill.model")
@@ -60,11 +60,13 @@ def load_model(
     quantization: str = "none",
     shard: Shard | None = None,
     batch_invariant: bool = False,
+    attention: AttentionBackend | None = None,
 ) -> LlamaForCausalLM:
     """The native model with its weights: from safetensors, or random ("dummy") for a config.
 
-    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/model/quantization.py).
+    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/kernels/int8_linear.py).
     `shard`: only a tensor-parallel rank's part (engine_proc/parallel/sharding.py).
+    `attention`: the runner's attention backend (engine_proc/attention/choice.py; torch when None).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
@@ -73,7 +75,7 @@ def load_model(
     # Built on the meta device, then given real storage once: no time spent on an
     # initialisation that the checkpoint overwrites anyway.
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, shard)
+        model = LlamaForCausalLM(config, shard, attention)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.inv_freq = model.inv_freq.to(device)
     if load_format == "dummy":
@@ -89,121 +91,3 @@ def load_model(
     log.info("loaded %s (%s, %s, quantization %s) in %.1f s", model_dir, load_format, dtype, quantization,
              time.monotonic() - start_s)
     return model
-
-
-# oneDNN's blocked weight layout is chosen for an expected number of rows; 8 serves decode
-# batches of 1 to 32 well (measured: 15-25% faster decode steps than F.linear).
-_PACKING_NUM_ROWS_HINT = 8
-
-
-class PackedLinear(nn.Module):
-    """A linear layer whose weight oneDNN has reordered once into its blocked CPU layout.
-
-    At decode batch sizes F.linear reads fp32 weights at about half the memory bandwidth
-    the machine has; the prepacked oneDNN path gets most of the rest.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features = weight.shape[0]
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-            weight.detach(), _PACKING_NUM_ROWS_HINT
-        )
-        self.bias = None if bias is None else bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-class AmxLinear(nn.Module):
-    """A bfloat16 linear layer on a CPU with AMX: Rill's kernel (csrc/amx_linear.cpp) over a
-    weight packed once into 64-column panels. With `fixed_tiles` (--batch-invariant) every kernel
-    call has the same shape, so it is batch invariant by construction and tile_linears leaves it
-    untiled (`row_invariant`)."""
-
-    fuses_rope = True  # rope(): qkv_proj's q and k heads (of 64) rotated in the epilogue
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fixed_tiles: bool = False) -> None:
-        super().__init__()
-        self.out_features = weight.shape[0]
-        self.fixed_tiles = fixed_tiles
-        self.packed_weight = torch.ops.rill_cpu.amx_linear_pack(weight.detach())
-        # float32 once here, as the kernel adds it, not converted on every call
-        self.bias = None if bias is None else bias.detach().float().contiguous()
-
-    @property
-    def row_invariant(self) -> bool:
-        return self.fixed_tiles
-
-    @staticmethod
-    def applies(weight: torch.Tensor) -> bool:
-        return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.shape[1] % 2 == 0
-                and cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._call(torch.ops.rill_cpu.amx_linear, x, self.out_features)
-
-    @property
-    def fuses_silu_mul(self) -> bool:
-        """Whether silu_mul applies: gate and up each whole 64-column panels."""
-        return self.out_features % 128 == 0
-
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this gate_up projection's output, in one pass (the bits of
-        fused_ops.silu_mul(self(x)), without writing the projection out)."""
-        return self._call(torch.ops.rill_cpu.amx_linear_silu_mul, x, self.out_features // 2)
-
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
-        """The output with its first num_heads heads of 64 rotated by RoPE (cos, sin [rows, 1, 32]) in
-        the kernel's epilogue: the bits of fused_ops.rope_heads on self(x), in one pass."""
-        return torch.ops.rill_cpu.amx_linear_rope(x, self.packed_weight, self.bias, self.out_features,
-                                                  self.fixed_tiles, cos, sin, num_heads * 64)
-
-    def _call(self, op, x: torch.Tensor, width: int) -> torch.Tensor:
-        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        out = op(rows, self.packed_weight, self.bias, self.out_features, self.fixed_tiles)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
-
-
-# Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every
-# projection, not the head. At decode sizes it took 0.76-0.99x oneDNN's time (oneDNN's per-call
-# overhead weighs on a small layer); at prompt sizes 0.70x on o_proj and down_proj, whose 576
-# outputs oneDNN's inner product blocks poorly, 1.03x on qkv_proj, 1.17x on gate_up_proj with its
-# SiLU (in the epilogue here, a separate pass after oneDNN), which came out even in a whole
-# prefill and 1.3 ms faster in a compiled decode step at batch 1; the head is even within noise.
-AMX_DEFAULT_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
-
-def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool) -> nn.Module:
-    """The packed form of linear layer `name` on this CPU: AmxLinear where it applies and is the
-    faster (every layer under --batch-invariant, which it serves without row tiles), else oneDNN's."""
-    if (batch_invariant or name in AMX_DEFAULT_LAYERS) and AmxLinear.applies(weight):
-        return AmxLinear(weight, bias, fixed_tiles=batch_invariant)
-    return PackedLinear(weight, bias)
-
-
-def pack_linears_for_cpu(model: LlamaForCausalLM, batch_invariant: bool = False) -> None:
-    """Swap every nn.Linear (and the tied head) for a packed layer (packed_linear) where the CPU
-    supports one."""
-    if not torch.backends.mkldnn.is_available():
-        return
-    try:
-        replacements = [
-            (parent, child_name, packed_linear(child.weight, child.bias, child_name, batch_invariant))
-            for parent in model.modules()
-            for child_name, child in parent.named_children()
-            if type(child) is nn.Linear
-        ]
-        # A packed copy of the tied embedding: +vocab x hidden weights, for a head that
-        # is about a fifth of a small model's weight reads per step.
-        tied_head = None
-        if model.lm_head is None:
-            tied_head = packed_linear(model.embed_tokens.weight, None, "lm_head", batch_invariant)
-    except (RuntimeError, AttributeError) as e:  # bf16 on a CPU without AVX512; an older torch
-        dtype = model.embed_tokens.weight.dtype
-        log.info("keeping plain F.linear: oneDNN cannot pack %s weights here (%s)", dtype, e)
-        return
-    for parent, child_name, packed in replacements:
-        setattr(parent, child_name, packed)
-    if tied_head is not None:
-        model.lm_head = tied_head

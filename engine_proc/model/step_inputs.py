@@ -26,7 +26,7 @@ def prepare_step(
     positions: list[torch.Tensor] = []
     slots: list[torch.Tensor] = []
     start_row: dict[int, int] = {}  # id(ScheduledSeq) -> its first token's row
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), batch_invariant=context_pad is not None)
+    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
 
     if decodes:
         decode_positions = [s.start_pos for s in decodes]

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_proc.attention.choice import create_attention_backend
 from engine_proc.attention.kv_cache import KVCache
 from engine_proc.model.loader import load_config, load_model
-from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
 from engine_proc.parallel.step_message import ReplicaBatch, ReplicaSeq
 from engine_proc.sched.batch import Batch
 from engine_proc.sched.request import EngineRequest
@@ -45,9 +45,10 @@ class DraftModelProposer:
                              f"is not the target's ({runner.vocab_size}); it needs the same tokenizer")
         self.block_size = runner.block_size
         self.device = runner.device
-        self.flat = runner.attention_backend == "triton"
-        self.decode_lens = runner.attention_backend == "cpu"
-        self.model = load_model(config.model, draft_config, dtype=runner.dtype, device=runner.device)
+        # The target's backend, not its batch-invariant form: the drafts are only proposals.
+        self.attention = create_attention_backend(runner.attention_backend, runner.device, runner.dtype, self.block_size)
+        self.model = load_model(config.model, draft_config, dtype=runner.dtype, device=runner.device,
+                                attention=self.attention)
         self.kv_cache = KVCache(self.model.config, num_blocks=runner.kv_cache.num_blocks,
                                 block_size=self.block_size, dtype=runner.dtype, device=runner.device)
         log.info("draft model %s: %d layers, its KV cache %.0f MiB", config.model,
@@ -89,11 +90,6 @@ class DraftModelProposer:
         return min(state.num_computed, req.num_computed_tokens)
 
     def _argmax(self, steps: list[ReplicaSeq]) -> list[int]:
-        batch = ReplicaBatch(steps)
-        if self.flat:
-            step = prepare_flat_step(batch, self.block_size, self.device)
-        else:
-            step = prepare_step(batch, self.block_size, self.device, decode_lens=self.decode_lens)
-        input_ids, positions, meta, logits_indices = step
+        input_ids, positions, meta, logits_indices = self.attention.prepare(ReplicaBatch(steps))
         logits = self.model(input_ids, positions, meta, self.kv_cache, logits_indices)
         return logits.argmax(dim=-1).tolist()

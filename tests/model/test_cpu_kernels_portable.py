@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_proc import cpu_kernels
 from engine_proc.cpu_features import cpu_info
+from engine_proc.kernels import extension
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py"]
@@ -18,7 +18,7 @@ TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "t
 SELECT = "not runner and not quick and not load_model and not cli"
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+@pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 @pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
 def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
     env = {**os.environ, "RILL_CPU_ARCH": arch}
@@ -32,7 +32,7 @@ def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
     assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+@pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 def test_batch_invariance_holds_on_an_avx2_cpu():
     """--batch-invariant on a CPU with AVX2 and no AVX-512 (issue 12 asks it of every x86-64 CPU):
     this machine made one, as far as the code can tell: Rill's kernels built for AVX2, oneDNN capped
@@ -53,13 +53,13 @@ def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):
     for f in (fresh, stale, legacy, keep):
         f.write_bytes(b"")
         os.utime(f, (now, now))
-    os.utime(stale, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)
-    os.utime(keep, (now - cpu_kernels.STALE_AFTER_S - 1,) * 2)  # old, but the one being kept
-    removed = cpu_kernels.prune(tmp_path, keep=keep, now=now)
+    os.utime(stale, (now - extension.STALE_AFTER_S - 1,) * 2)
+    os.utime(keep, (now - extension.STALE_AFTER_S - 1,) * 2)  # old, but the one being kept
+    removed = extension.prune(tmp_path, keep=keep, now=now)
     assert sorted(removed) == sorted([stale, legacy])
     assert fresh.exists() and keep.exists() and not stale.exists() and not legacy.exists()
 
 
 def test_the_build_key_covers_every_source_file():
     """A change to any file of csrc/ must make a new build (its text is part of the cache key)."""
-    assert set(cpu_kernels.SOURCES) == {p.name for p in cpu_kernels.CSRC.iterdir() if p.suffix in (".cpp", ".h")}
+    assert set(extension.SOURCES) == {p.name for p in extension.CSRC.iterdir() if p.suffix in (".cpp", ".h")}

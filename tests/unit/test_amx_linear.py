@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc import cpu_kernels
-from engine_proc.model.loader import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
+from engine_proc.kernels import extension
+from engine_proc.kernels.linear import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
 
 
 def supported() -> bool:
-    return cpu_kernels.available() and bool(torch.ops.rill_cpu.amx_linear_supported())
+    return extension.available() and bool(torch.ops.rill_cpu.amx_linear_supported())
 
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AMX-BF16 on this CPU (or no built kernels)")

@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc import cpu_kernels
 from engine_proc.attention import cpu as cpu_attention
 from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention
+from engine_proc.kernels import extension
 
 
 def supported() -> bool:
-    return cpu_kernels.available() and bool(torch.ops.rill_cpu.prefill_attention_supported())
+    return extension.available() and bool(torch.ops.rill_cpu.prefill_attention_supported())
 
 
 pytestmark = pytest.mark.skipif(not supported(), reason="neither AMX-BF16 nor AVX-512 BF16 on this CPU (or no built kernels): SDPA serves")

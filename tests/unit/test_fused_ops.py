@@ -1,14 +1,13 @@
-"""The eager step's fused elementwise ops (engine_proc/model/fused_ops.py, csrc/elementwise.cpp) against torch."""
+"""The eager step's fused elementwise ops (engine_proc/kernels/fused_ops.py, csrc/elementwise.cpp) against torch."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc import cpu_kernels
-from engine_proc.model import fused_ops
+from engine_proc.kernels import extension, fused_ops
 
-needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine_proc import cpu_kernels
+from engine_proc.kernels import extension
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _fused(x: torch.Tensor) -> bool:
     return (not torch.compiler.is_compiling() and x.device.type == "cpu" and x.dtype in _DTYPES
-            and cpu_kernels.loaded())
+            and extension.loaded())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

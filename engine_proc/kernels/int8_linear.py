@@ -24,7 +24,7 @@ bench/quant_linears.py; figures from bench/results/quant_linears-cpu.md, a Sapph
   4.5 ms float32 and 1.4 ms bfloat16; the MLP's gate/up: 0.06 ms against 0.17 and 0.06); its time
   grows with the rows (the head: 4.2 ms at 8 rows, 15 ms at 32, 113 ms at 256).
 
-Rill's own kernel (csrc/int8_gemv.cpp, built for this CPU by engine_proc/cpu_kernels.py) takes
+Rill's own kernel (csrc/int8_gemv.cpp, built for this CPU by engine_proc/kernels/extension.py) takes
 decode rows first, up to `GEMV_MAX_ROWS`: each thread streams a contiguous range of weight rows
 with software prefetch, converts 16 int8 values in two instructions and multiplies them into every
 activation row, in float32 or bfloat16 alike. The whole bundled model at one row: 5.2-5.7 ms against
@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_proc import cpu_kernels
+from engine_proc.kernels import extension
 
 QUANTIZATION_METHODS = ("none", "int8")
 
@@ -124,7 +124,7 @@ class Int8Linear(nn.Module):
         # path by the real count at run time (engine_proc/model/decode_graphs.py).
         # With the C++ operators built, rill_cpu::int8_linear itself: no Python inside the step.
         if torch.compiler.is_compiling():
-            takes = x2d.dtype in _GEMV_DTYPES and x2d.device.type == "cpu" and cpu_kernels.loaded()
+            takes = x2d.dtype in _GEMV_DTYPES and x2d.device.type == "cpu" and extension.loaded()
             matmul = torch.ops.rill_cpu.int8_linear if takes else int8_linear
         else:
             matmul = int8_matmul
@@ -172,7 +172,7 @@ def gemv_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
 
 
 def _ops_take(x: torch.Tensor) -> bool:
-    return x.dtype in _GEMV_DTYPES and x.device.type == "cpu" and cpu_kernels.available()
+    return x.dtype in _GEMV_DTYPES and x.device.type == "cpu" and extension.available()
 
 
 def kernel_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:

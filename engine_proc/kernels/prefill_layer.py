@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc import cpu_kernels
-from engine_proc.attention import cpu as cpu_attention
 from engine_proc.attention.kv_cache import AttentionMetadata
+from engine_proc.kernels.linear import AmxLinear
 
 
 def layer_args(layer) -> tuple | None:
     """(weights, biases, out_features) of a layer the operator can run, else None."""
-    from engine_proc.model.loader import AmxLinear  # (the loader imports the model, which imports this)
-
     attn, mlp = layer.attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if (attn.q_norm is not None or attn.head_dim != 64
@@ -29,16 +26,11 @@ def layer_args(layer) -> tuple | None:
     return weights, [lin.bias for lin in linears], [lin.out_features for lin in linears]
 
 
-def step_bounds(meta: AttentionMetadata, h: torch.Tensor, cos: torch.Tensor) -> list[int] | None:
-    """The prompts' first rows and the token count, where the step can take the operator: bfloat16
-    on a CPU with the AMX kernels, fresh prompts only (each attends to its own tokens)."""
-    # is_compiling() first: a compiled decode step must not read (and so guard on) the step's metadata
-    # here, which recompiled its graph for each batch size (13 s each on this machine).
-    if (torch.compiler.is_compiling() or h.dtype != torch.bfloat16 or h.device.type != "cpu" or cos.dtype != h.dtype
-            or meta.num_decode_tokens or not meta.prefills or meta.batch_invariant or meta.graph_decode
-            or meta.cpu_kernel or meta.seq_of_token is not None or not cpu_kernels.loaded()
-            or not cpu_attention.prefill_supported()
-            or any(chunk.block_table is not None for chunk in meta.prefills)):
+def step_bounds(meta: AttentionMetadata) -> list[int] | None:
+    """The prompts' first rows and the token count, where the step is fresh prompts only (each
+    attends to its own tokens); the backend (attention/cpu.py) offers the operator only in bfloat16
+    on a CPU with the prompt kernel."""
+    if meta.num_decode_tokens or not meta.prefills or any(chunk.block_table is not None for chunk in meta.prefills):
         return None
     return [chunk.token_start for chunk in meta.prefills] + [meta.prefills[-1].token_end]
 

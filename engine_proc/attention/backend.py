@@ -1,0 +1,141 @@
+"""The attention backends' interface, and its torch, batch-invariant and Triton implementations."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine_proc.attention.invariant import PAD_MULTIPLE, invariant_paged_attention
+from engine_proc.attention.kv_cache import (
+    AttentionMetadata,
+    GraphDecodeMetadata,
+    additive_mask,
+    decode_attention,
+    paged_attention,
+    write_kv,
+)
+from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from engine_proc.sched.batch import Batch
+
+CPU = torch.device("cpu")
+StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
+
+
+class AttentionBackend:
+    """Prepares a step's metadata (`prepare`) and computes one layer's attention (`forward`: write the
+    step's K/V, then attend). Its capabilities: `graph_decode_op`, the opaque op a compiled decode
+    step calls (None: no compiled decode steps), and `fused_prompt_layers`, whether a step of fresh
+    prompts may run each decoder layer as one C++ call (engine_proc/kernels/prefill_layer.py)."""
+
+    name = "torch"
+    flat = False  # the step's token rows in the batch's order (prepare_flat_step), else decodes first
+    graph_decode_op = None
+    fused_prompt_layers = False
+
+    def __init__(self, device: torch.device = CPU, block_size: int = 16) -> None:
+        self.device, self.block_size = device, block_size
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        """input_ids, positions, the attention metadata and the rows whose logits are needed."""
+        return prepare_step(batch, self.block_size, self.device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention output [T, H, D] of the step's queries, after writing its K/V [T, H_kv, D]."""
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return paged_attention(q, k, v, k_cache, v_cache, meta)
+
+    def graph_decode(self, q, k, v, meta: GraphDecodeMetadata, layer: int) -> torch.Tensor:
+        return self.graph_decode_op(q, k, v, meta.slot_mapping, meta.block_table, meta.context_lens, layer)
+
+    def bind_kv_caches(self, kv_cache) -> None:
+        """The caches graph_decode_op reads by layer index (a cache passed in would be copied by the graph)."""
+        _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
+
+
+class TorchBackend(AttentionBackend):
+    """SDPA over gathered blocks, the twin every other backend is checked against; on the CPU or a GPU."""
+
+    def __init__(self, device: torch.device = CPU, block_size: int = 16) -> None:
+        super().__init__(device, block_size)
+        self.graph_decode_op = torch.ops.rill.paged_decode_attention
+
+
+class InvariantBackend(AttentionBackend):
+    """--batch-invariant in torch (engine_proc/attention/invariant.py): every context padded to whole
+    vector widths and whole blocks, so a token's result does not depend on the rest of the step."""
+
+    name = "batch-invariant"
+
+    def __init__(self, device: torch.device, block_size: int) -> None:
+        super().__init__(device, block_size)
+        self.context_pad = math.lcm(PAD_MULTIPLE, block_size)
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        return prepare_step(batch, self.block_size, self.device, context_pad=self.context_pad)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta):
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return invariant_paged_attention(q, k_cache, v_cache, meta)
+
+
+class TritonBackend(AttentionBackend):
+    """One Triton kernel for every token of a step (engine_proc/attention/triton.py): the GPU's; on
+    the CPU under Triton's interpreter (TRITON_INTERPRET=1), for tests, without compiled decode."""
+
+    name = "triton"
+    flat = True
+
+    def __init__(self, device: torch.device, block_size: int) -> None:
+        super().__init__(device, block_size)
+        # Imported only when chosen: importing triton needs its GPU driver (or TRITON_INTERPRET=1).
+        from engine_proc.attention.triton import paged_attention_triton
+
+        self.kernel = paged_attention_triton
+        if device.type == "cuda":
+            self.graph_decode_op = torch.ops.rill.paged_decode_attention
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        return prepare_flat_step(batch, self.block_size, self.device)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta):
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return self.kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token, meta.context_lens,
+                           q.shape[-1] ** -0.5)
+
+
+# The KV cache of each layer for rill::paged_decode_attention (bind_kv_caches). The op reads and
+# writes it by layer index instead of taking it as an argument, as vLLM's attention op does: a cache
+# passed in and declared mutated is functionalized by torch.compile, which copied the whole cache
+# every step. The op's writes are its own layer's slots, which nothing else in the graph reads.
+_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+@torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
+def paged_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    layer: int,
+) -> torch.Tensor:
+    """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
+    row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
+    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernel, on the CPU the torch path
+    with an additive mask (the "cpu" backend's graphs call the C++ operator rill_cpu::paged_decode_layer
+    instead)."""
+    k_cache, v_cache = _kv_caches[layer]
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    if q.is_cuda:  # the Triton kernel reads each row's blocks up to its length: no gather, no mask
+        from engine_proc.attention.triton import paged_attention_triton
+
+        rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
+        return paged_attention_triton(q, k_cache, v_cache, block_table, rows, context_lens, q.shape[-1] ** -0.5)
+    return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
+
+
+@paged_decode_attention.register_fake
+def _(q, k, v, slot_mapping, block_table, context_lens, layer):
+    return torch.empty_like(q)

@@ -22,6 +22,7 @@ from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import FinishReason, SamplingParams
 from tests.conftest import start_server, stop_server
+from tests.helpers.runners import make_runner
 
 EOS_ID = 2
 BLOCK_SIZE = 8
@@ -70,7 +71,7 @@ def tiny(request, tmp_path_factory) -> Tiny:
             out = hf.generate(torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS,
                               do_sample=False, pad_token_id=0)
             expected[name] = out[0, len(ids):].tolist()
-    runner = TransformersRunner(model_dir, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    runner = make_runner(model_dir, runner_class=TransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
     return Tiny(model_dir, hf, runner, expected)
 
 

@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.runners import make_runner
 from tests.helpers.server import sdk_client
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
@@ -32,9 +33,8 @@ def prompts(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def expected(model_dir, tokenizer, prompts) -> list[str]:
     """The greedy texts without speculation, from a float32 runner in this process."""
-    from engine_proc.model.runner import ModelRunner
 
-    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=32, block_size=BLOCK_SIZE,
+    runner = make_runner(model_dir, dtype=torch.float32, num_kv_blocks=32, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID])
     return [tokenizer.decode(ids) for ids in generate(runner, prompts, max_tokens=MAX_TOKENS)]
 

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine_proc.model.bundled import ensure_bundled_model
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
 
 
@@ -47,4 +48,4 @@ def hf_tokens(hf_model, prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def runner(model_dir) -> ModelRunner:
-    return ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    return make_runner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])

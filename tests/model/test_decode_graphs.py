@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
 
 @pytest.fixture(scope="module")
 def compiled(model_dir) -> ModelRunner:
-    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+    runner = make_runner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
     assert runner.decode_graphs is not None, "torch.compile failed: see the warning in the log"
     graphs = runner.decode_graphs
@@ -102,7 +103,7 @@ def test_no_batch_size_compiles_a_new_graph(tmp_path):
     config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    compiled = ModelRunner(tmp_path, dtype=torch.bfloat16, num_kv_blocks=32, block_size=BLOCK_SIZE,
+    compiled = make_runner(tmp_path, dtype=torch.bfloat16, num_kv_blocks=32, block_size=BLOCK_SIZE,
                            eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
     assert compiled.decode_graphs is not None
     allocator = BlockAllocator(compiled.kv_cache.num_blocks)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.runners import make_runner as build_runner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate, save_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +34,7 @@ def prompts():
 
 
 def make_runner(path, **kw) -> ModelRunner:
-    return ModelRunner(path, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID],
+    return build_runner(path, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID],
                        device="cuda", **kw)
 
 
@@ -68,7 +69,7 @@ def test_bfloat16_graphs_agree_with_eager_logits(tiny_model_dir, prompts):
 
     logits = []
     for kw in ({"compile_decode": True, "max_num_seqs": 4}, {}):
-        r = ModelRunner(tiny_model_dir, dtype=torch.bfloat16, num_kv_blocks=64, block_size=BLOCK_SIZE,
+        r = make_runner(tiny_model_dir, dtype=torch.bfloat16, num_kv_blocks=64, block_size=BLOCK_SIZE,
                         eos_token_ids=[EOS_ID], device="cuda", **kw)
         allocator = BlockAllocator(r.kv_cache.num_blocks)
         reqs = [EngineRequest(f"r{i}", "w", list(p), SamplingParams(max_tokens=4, temperature=0.0))

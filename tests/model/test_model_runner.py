@@ -14,6 +14,7 @@ from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 
 EOS_ID = 2
 BLOCK_SIZE = 16
@@ -137,7 +138,7 @@ def test_kv_blocks_for_memory(model_dir):
 
 def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
     shutil.copy(model_dir / "config.json", tmp_path / "config.json")  # no weights beside it
-    runner = ModelRunner(tmp_path, num_kv_blocks=16, eos_token_ids=[EOS_ID], load_format="dummy")
+    runner = make_runner(tmp_path, num_kv_blocks=16, eos_token_ids=[EOS_ID], load_format="dummy")
     tokens = generate(runner, [[1, 2, 3, 4, 5]], max_tokens=3)
     assert all(0 <= t < runner.vocab_size for t in tokens[0])
 
@@ -176,7 +177,7 @@ def save_tiny_model(kind: str, path):
 @pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])
 def test_tiny_architectures_match_transformers(kind, tmp_path):
     hf = save_tiny_model(kind, tmp_path)
-    runner = ModelRunner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
     ids = torch.randint(3, 128, (1, 70)).tolist()[0]
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0]

@@ -15,6 +15,7 @@ from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.logprobs import decode_logprobs
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID
 
 TOP = 3
@@ -117,6 +118,6 @@ def test_a_preempted_scoring_request_sends_its_prompt_logprobs_once(runner, prom
 
 
 def test_the_transformers_runner_scores_prompts_too(model_dir, prompt, reference):
-    hf = TransformersRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+    hf = make_runner(model_dir, runner_class=TransformersRunner, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
     deltas = run(hf, [scoring("a", prompt)], budget=20)
     check_against_reference(deltas["a"], prompt, reference)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from bench.truncated_model import write_truncated_model
 from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
@@ -15,6 +14,7 @@ from engine_proc.spec.ngram import NgramProposer
 from engine_proc.spec.speculator import Speculator
 from ipc.logprobs import TokenLogprobs
 from ipc.protocol import SamplingParams
+from tests.helpers.truncated_model import write_truncated_model
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES
 
 COPY = ("Repeat this text exactly, word for word: The quick brown fox jumps over the lazy dog near the "
@@ -96,8 +96,13 @@ def test_logprobs_are_those_of_the_tokens_kept(runner, chat_prompts):
 
 
 def draft_model(runner, model_dir, k=3) -> Speculator:
-    speculator, _ = build_speculator(f'{{"method": "draft_model", "model": "{model_dir}", '
-                                     f'"num_speculative_tokens": {k}}}', runner)
+    """The shared runner with a draft model (the engine's runner builds its own from the config)."""
+    from engine_proc.spec.config import parse_speculative_config
+    from engine_proc.spec.draft_model import DraftModelProposer
+
+    text = f'{{"method": "draft_model", "model": "{model_dir}", "num_speculative_tokens": {k}}}'
+    runner.drafter = DraftModelProposer(parse_speculative_config(text), runner)
+    speculator, _ = build_speculator(text, runner)
     return speculator
 
 

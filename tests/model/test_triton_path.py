@@ -16,6 +16,7 @@ from engine_proc.sample.sampler import Sampler
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator, save_tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e .[test] on Linux)")
@@ -65,7 +66,7 @@ def test_auto_picks_triton_on_a_gpu_and_a_cpu_path_on_the_cpu():
 def test_triton_attention_runner_matches_the_torch_runner(tiny_model_dir):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 128) for _ in range(n)] for n in (20, 37, 9)]
-    make = lambda backend: ModelRunner(tiny_model_dir, num_kv_blocks=24, block_size=BLOCK_SIZE,  # noqa: E731
+    make = lambda backend: make_runner(tiny_model_dir, num_kv_blocks=24, block_size=BLOCK_SIZE,  # noqa: E731
                                        eos_token_ids=[2], device=DEVICE, attention_backend=backend)
     triton_runner, torch_runner = make("triton"), make("torch")
     assert triton_runner.attention_backend == "triton" and torch_runner.attention_backend == "torch"
@@ -79,7 +80,7 @@ def test_triton_attention_runner_matches_the_torch_runner(tiny_model_dir):
 
 def test_batch_invariant_mode_refuses_the_triton_path(tiny_model_dir):
     with pytest.raises(ValueError, match="batch-invariant"):
-        ModelRunner(tiny_model_dir, num_kv_blocks=4, eos_token_ids=[2], attention_backend="triton",
+        make_runner(tiny_model_dir, num_kv_blocks=4, eos_token_ids=[2], attention_backend="triton",
                     batch_invariant=True)
 
 

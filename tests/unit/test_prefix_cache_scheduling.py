@@ -6,6 +6,7 @@ import pytest
 from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason, SamplingParams
+from tests.helpers.runners import make_runner
 from tests.unit.test_prefix_cache import BS, ids, make_req, written_block_ids
 from tests.unit.test_scheduler import (
     PagedFakeModel,
@@ -194,9 +195,8 @@ NUM_NEW_TOKENS = 12
 def runner(model_dir):
     import torch
 
-    from engine_proc.model.runner import ModelRunner
 
-    return ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=MODEL_BS, eos_token_ids=[2])
+    return make_runner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=MODEL_BS, eos_token_ids=[2])
 
 
 @pytest.fixture(scope="module")

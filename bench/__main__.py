@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-# name -> help; the module bench.<name> has add_<name>_args(parser) and main(args) -> int.
+# name -> help; the module bench.serving.<name> has add_<name>_args(parser) and main(args) -> int.
 SUBCOMMANDS = {
     "serve": "benchmark one OpenAI-compatible server (latency and throughput, vLLM's metrics)",
     "compare": "run the same workload against several servers and compare them",
@@ -18,7 +18,7 @@ def add_bench_subcommands(sub) -> None:
     for name, help_text in SUBCOMMANDS.items():
         parser = sub.add_parser(name, help=help_text, description=help_text,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        module = importlib.import_module(f"bench.{name}")
+        module = importlib.import_module(f"bench.serving.{name}")
         getattr(module, f"add_{name}_args")(parser)
         parser.set_defaults(bench_main=module.main)
 

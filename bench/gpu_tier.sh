@@ -32,7 +32,7 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
 
 stage tests 180 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_kernels.py tests/model/test_triton_path.py tests/model/test_gpu_decode_graphs.py
-stage engine_step 200 python3 -m bench.engine_step --device cuda --dtype bfloat16 --model .gpu/smollm2-dummy \
+stage engine_step 200 python3 -m bench.kernels.engine_step --device cuda --dtype bfloat16 --model .gpu/smollm2-dummy \
   --batch-sizes 1,8,32 --rounds 3 --machine gpu --out "$OUT/engine_step-bfloat16-cuda-gpu.json"
 
 # A served run: the engine process on the GPU behind the real HTTP stack, 128 in / 128 out at concurrency 32.

@@ -3,8 +3,8 @@
 1. The serving stack alone: Rill serving a tiny random-weight model against a bare Granian app
    that answers the same SSE shape with no engine (the ceiling of the HTTP layer here), at
    concurrency 1 to 256: streamed tokens/s (64 tokens a request) and requests/s (max_tokens 1).
-2. The IPC path: ZeroMQ frames alone against ZeroMQ + shared memory (bench/ipc_bench.py).
-3. The engine step: the native runner against transformers per batch size (bench/engine_step.py).
+2. The IPC path: ZeroMQ frames alone against ZeroMQ + shared memory (bench/ipc/ipc_bench.py).
+3. The engine step: the native runner against transformers per batch size (bench/kernels/engine_step.py).
 
 Everything lands in bench/results/ (JSON, markdown, plots) and SUMMARY.md holds the headline.
 """
@@ -17,10 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import engine_step, ipc_bench, peers, prefix_cache
 from bench.__main__ import main as bench_main
-from bench.servers import baseline_server, rill_server
-from bench.tiny_model import write_tiny_model
+from bench.features import prefix_cache
+from bench.ipc import ipc_bench
+from bench.kernels import engine_step
+from bench.peers import run as peers
+from bench.serving.servers import baseline_server, rill_server
+from bench.serving.tiny_model import write_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = "1,16,64,256"

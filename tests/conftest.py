@@ -15,7 +15,7 @@ if not shutil.which("nvidia-smi"):
 
 import pytest  # noqa: E402
 
-from bench.servers import ServerProcess, rill_server  # noqa: E402
+from bench.serving.servers import ServerProcess, rill_server  # noqa: E402
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
 from tests.helpers.server import leftovers, sdk_client  # noqa: E402
 
@@ -86,7 +86,7 @@ def tiny_server(model_dir, tmp_path_factory):
     """The hardening suite's server: bench's tiny random-weight model (each step costs almost
     nothing, so what is under test is the serving stack) behind two API workers, with a 12 MiB
     body limit (a 10 MB string fits, 13 MB does not) and a 64 MiB KV cache."""
-    from bench.tiny_model import write_tiny_model
+    from bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",

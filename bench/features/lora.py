@@ -1,4 +1,4 @@
-"""`python -m bench.lora`: what LoRA adapters cost. A `rill serve --enable-lora` with three PEFT adapters of
+"""`python -m bench.features.lora`: what LoRA adapters cost. A `rill serve --enable-lora` with three PEFT adapters of
 the bundled model (rank 16, every linear of every layer), otherwise with its defaults, against itself
 and against a plain `rill serve`:
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.lora_adapters import make_adapter
-from bench.markdown import table
-from bench.provenance import provenance, save_results
-from bench.servers import rill_server
-from bench.speculative import MODEL, latency, random_bodies, run
+from bench.features.lora_adapters import make_adapter
+from bench.features.speculative import MODEL, latency, random_bodies, run
+from bench.serving.markdown import table
+from bench.serving.provenance import provenance, save_results
+from bench.serving.servers import rill_server
 
 NAMES = ("a", "b", "c")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     plain = measure(eager, tmp / "plain.log", args.quick, lora=False)
     lora = measure([*eager, "--enable-lora", "--max-loras", "3", "--lora-modules", *modules], tmp / "lora.log",
                    args.quick, lora=True)
-    report = {**provenance("bench.lora", argv, args.machine), "plain": plain, "lora": lora}
+    report = {**provenance("bench.features.lora", argv, args.machine), "plain": plain, "lora": lora}
     md = report_markdown(report)
     if not args.quick:
         save_results(args.out / f"lora-{report['machine']['name']}.json", report, md)

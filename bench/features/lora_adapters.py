@@ -1,5 +1,5 @@
 """LoRA adapters of the bundled model made with PEFT (random A, non-zero B so they change the output),
-for the tests and `bench.lora`; nothing downloaded. Needs `peft` (the test extra)."""
+for the tests and `bench.features.lora`; nothing downloaded. Needs `peft` (the test extra)."""
 from __future__ import annotations
 
 from pathlib import Path

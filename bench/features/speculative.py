@@ -1,4 +1,4 @@
-"""`python -m bench.speculative`: `rill serve --speculative-config` (ngram) against `rill serve` without it,
+"""`python -m bench.features.speculative`: `rill serve --speculative-config` (ngram) against `rill serve` without it,
 each otherwise with its defaults, the bundled model, the same requests, servers one after the other.
 
 1. A workload that copies from its prompt, concurrency 1: chat requests asking the model to repeat a
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.markdown import table
-from bench.provenance import provenance, save_results
-from bench.servers import rill_server
+from bench.serving.markdown import table
+from bench.serving.provenance import provenance, save_results
+from bench.serving.servers import rill_server
 
 MODEL = "smollm2-135m-instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-OPTICKS = Path(__file__).parent / "data" / "opticks.txt"
+OPTICKS = Path(__file__).parents[1] / "data" / "opticks.txt"
 
 
 def passages(num: int) -> list[str]:
@@ -45,7 +45,7 @@ def copy_bodies(num: int = 3) -> list[dict]:
 
 
 def chat_bodies(num: int) -> list[dict]:
-    rows = [json.loads(line) for line in (Path(__file__).parent / "data" / "conversations.jsonl").open()]
+    rows = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "conversations.jsonl").open()]
     return [{"messages": [{"role": "user", "content": r["prompt"]}], "max_tokens": r["output_len"]}
             for r in rows[:num]]
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     eager = ["--enforce-eager"] if args.quick else []
     off = measure(eager, tmp / "off.log", args.quick)
     spec = measure([*eager, "--speculative-config", args.config], tmp / "ngram.log", args.quick)
-    report = {**provenance("bench.speculative", argv, args.machine), "spec_config": json.loads(args.config),
+    report = {**provenance("bench.features.speculative", argv, args.machine), "spec_config": json.loads(args.config),
               "off": off, "ngram": spec}
     md = report_markdown(report)
     if not args.quick:

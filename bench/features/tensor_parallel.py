@@ -1,10 +1,10 @@
-"""`python -m bench.tensor_parallel`: `rill serve --tensor-parallel-size 2` against `rill serve` (one rank),
+"""`python -m bench.features.tensor_parallel`: `rill serve --tensor-parallel-size 2` against `rill serve` (one rank),
 each otherwise with its defaults, the bundled model, the same requests.
 
 1. Latency at concurrency 1: the median inter-token gap of 128 forced tokens, and the TTFT of a
    512-token prompt (median of 5).
 2. Throughput: concurrency 32, 64 requests of 128 random tokens in and 64 forced tokens out
-   (bench/data_parallel.py's workload).
+   (bench/features/data_parallel.py's workload).
 
 Records the CPU: on a 2-core machine the two ranks get one core each where one rank gets both, so
 this measures what the split costs (two all-reduces per layer, the step broadcast), not what a
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.data_parallel import MODEL, drive, throughput_bodies
-from bench.markdown import table
-from bench.provenance import provenance, save_results
-from bench.servers import rill_server
+from bench.features.data_parallel import MODEL, drive, throughput_bodies
+from bench.serving.markdown import table
+from bench.serving.provenance import provenance, save_results
+from bench.serving.servers import rill_server
 
 
 def stream_times(base_url: str, body: dict) -> list[float]:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rill-bench-tp-"))
     one = measure([], tmp / "tp1.log")
     two = measure(["--tensor-parallel-size", "2"], tmp / "tp2.log")
-    report = {**provenance("bench.tensor_parallel", argv, args.machine), "tp1": one, "tp2": two}
+    report = {**provenance("bench.features.tensor_parallel", argv, args.machine), "tp1": one, "tp2": two}
     md = report_markdown(report)
     save_results(args.out / f"tensor_parallel-{report['machine']['name']}.json", report, md)
     print(md)

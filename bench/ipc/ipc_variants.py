@@ -1,6 +1,6 @@
 """The wire formats the IPC microbenchmark compares: message types, payloads, send and receive.
 
-See bench/ipc_bench.py for what each variant means and how the trials run.
+See bench/ipc/ipc_bench.py for what each variant means and how the trials run.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from bench.shm_ring import ShmRing, ShmSlice
+from bench.ipc.shm_ring import ShmRing, ShmSlice
 from ipc import protocol as p
 
 VARIANTS = ("zmq_list", "shm_ring", "zmq_bytes", "zmq_multipart")

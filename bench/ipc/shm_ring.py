@@ -1,6 +1,6 @@
 """A single-producer single-consumer ring of int32 values in a named /dev/shm segment.
 
-The shared-memory alternative that bench/ipc_bench.py measures against plain ZeroMQ frames.
+The shared-memory alternative that bench/ipc/ipc_bench.py measures against plain ZeroMQ frames.
 It is not on the serving path: it cost more for prompts, the same for decode steps, and no
 less than raw bytes inline for top-k logprobs (bench/results/ipc_bench-cpu.md).
 

@@ -1,6 +1,6 @@
 """Engine step time: our ModelRunner against transformers' own model, interleaved in one process.
 
-    python -m bench.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32] [--device cpu]
+    python -m bench.kernels.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32] [--device cpu]
 
 Decode: each batch row has a context of 128 to 256 tokens (spread evenly; 192 at batch 1) and
 runs one token per step; the step's time is `ModelRunner.execute` (inputs, model, greedy
@@ -28,12 +28,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from bench.markdown import number, table
-from bench.provenance import provenance, save_results
+from bench.serving.markdown import number, table
+from bench.serving.provenance import provenance, save_results
 from engine_proc.model.bundled import ensure_bundled_model
 from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
+from ipc.config import ModelConfig
 from ipc.protocol import SamplingParams
 
 BLOCK_SIZE = 16
@@ -241,10 +242,11 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
     # eager default, the compiled decode steps of `rill serve`'s default (CUDA graphs on a GPU), and
     # the --batch-invariant mode (padded contexts and row-tiled linears; CPU only).
     load_format = "auto" if any(model_dir.glob("*.safetensors")) else "dummy"
-    make = lambda **kw: ModelRunner(model_dir, dtype=dtype, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE,  # noqa: E731
-                                    eos_token_ids=[2], load_format=load_format, device=device, **kw)
+    make = lambda enforce_eager=True, **kw: ModelRunner(  # noqa: E731
+        ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, load_format=load_format, enforce_eager=enforce_eager,
+                    **kw), dtype=dtype, device=device, num_kv_blocks=num_blocks, eos_token_ids=[2])
     runner, hf = make(), load_transformers(model_dir, dtype, device)
-    runners = {"native": runner, "compiled": make(compile_decode=True, max_num_seqs=max(batch_sizes))}
+    runners = {"native": runner, "compiled": make(enforce_eager=False, max_num_seqs=max(batch_sizes))}
     if device == "cpu":
         runners["invariant"] = make(batch_invariant=True)
     counters = {name: BlockCounter() for name in runners}  # a cache each
@@ -270,7 +272,7 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine_step", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.kernels.engine_step", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 steps, 1 round, a 64-token prefill: checks that it runs")
     ap.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes, comma-separated")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = args.model or ensure_bundled_model()
     results, extra = run(model_dir, batch_sizes, getattr(torch, args.dtype), rounds, num_steps, prefill_len,
                          args.device)
-    report = {"benchmark": "engine_step", **provenance("bench.engine_step", argv, args.machine),
+    report = {"benchmark": "engine_step", **provenance("bench.kernels.engine_step", argv, args.machine),
               "params": {"dtype": args.dtype, "batch_sizes": batch_sizes, "rounds": rounds,
                                              "num_steps": num_steps, "prefill_len": prefill_len, "quick": args.quick,
                                              "torch_threads": torch.get_num_threads(), **extra},

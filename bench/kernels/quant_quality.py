@@ -1,4 +1,4 @@
-"""`python -m bench.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
+"""`python -m bench.kernels.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
 
 The bundled model is loaded through Rill's own ModelRunner (engine_proc/model/loader.load_model)
 four times: float32 and bfloat16, each with quantization none and int8. For each:
@@ -31,16 +31,17 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from bench.markdown import table
-from bench.provenance import provenance, save_results
+from bench.serving.markdown import table
+from bench.serving.provenance import provenance, save_results
 from engine_proc.model.bundled import ensure_bundled_model
 from engine_proc.model.runner import ModelRunner
 from engine_proc.model.step_inputs import prepare_step
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
+from ipc.config import ModelConfig
 from ipc.protocol import SamplingParams
 
-DATA_DIR = Path(__file__).with_name("data")
+DATA_DIR = Path(__file__).parents[1] / "data"
 TEXT_PATH = DATA_DIR / "opticks.txt"
 CONVERSATIONS_PATH = DATA_DIR / "conversations.jsonl"
 BLOCK_SIZE = 16
@@ -201,8 +202,10 @@ def run(dtypes: list[str], sizes: dict) -> dict:
         for quantization in ("none", "int8"):
             name = f"{dtype}/{quantization}"
             started = time.perf_counter()
-            runner = ModelRunner(model_dir, dtype=getattr(torch, dtype), num_kv_blocks=num_blocks,
-                                 block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], quantization=quantization)
+            model = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, quantization=quantization,
+                                enforce_eager=True)
+            runner = ModelRunner(model, dtype=getattr(torch, dtype), device="cpu", num_kv_blocks=num_blocks,
+                                 eos_token_ids=[EOS_ID])
             nll_p, top1[f"{name}/prefill"] = nll_prefill(runner, windows, stride)
             nll_d, top1[f"{name}/decode"] = nll_decode(runner, windows, stride)
             n = len(windows) * stride
@@ -269,7 +272,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.quant_quality", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.kernels.quant_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
     for key, value in FULL.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.num_threads)
     sizes = {k: getattr(args, k) or v for k, v in (QUICK if args.quick else FULL).items()}
     results = run(args.dtypes.split(","), sizes)
-    report = {"benchmark": "quant_quality", **provenance("bench.quant_quality", argv, None),
+    report = {"benchmark": "quant_quality", **provenance("bench.kernels.quant_quality", argv, None),
               "params": {**sizes, "dtypes": args.dtypes.split(","), "quick": args.quick,
                          "torch_threads": torch.get_num_threads()},
               "results": results}

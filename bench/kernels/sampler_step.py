@@ -2,7 +2,7 @@
 an earlier revision of the code, in one run: did preparing sampling inputs once per request
 (engine_proc/sample/prepared.py) move an ordinary step?
 
-    python -m bench.sampler_step [--baseline-rev 5d1abf3] [--out bench/results/sampler_step-cpu.json]
+    python -m bench.kernels.sampler_step [--baseline-rev 5d1abf3] [--out bench/results/sampler_step-cpu.json]
 
 Both sides run this same file in a subprocess each, from their own tree (the baseline's a
 `git worktree` of its revision); batches of plain greedy rows, of seeded sampled rows, and of rows
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 49_152  # the bundled model's
 BATCHES = (1, 8, 32)
 KINDS = ("greedy", "sampled", "features")
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.measure:
         print(json.dumps(measure()))
         return {}
-    from bench.markdown import table
-    from bench.provenance import provenance
+    from bench.serving.markdown import table
+    from bench.serving.provenance import provenance
 
     with tempfile.TemporaryDirectory(prefix="rill-baseline-") as scratch:
         base = Path(scratch) / "base"
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
     best = {side: {k: min(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
     ratios = {k: best["this"][k] / best["baseline"][k] for k in best["this"]}
-    report = {"benchmark": "sampler_step", **provenance("bench.sampler_step", argv, None),
+    report = {"benchmark": "sampler_step", **provenance("bench.kernels.sampler_step", argv, None),
               "baseline_rev": args.baseline_rev, "step_ms": best, "ratios": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

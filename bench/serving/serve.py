@@ -17,10 +17,10 @@ from datetime import datetime
 import numpy as np
 from tqdm import tqdm
 
-from bench import client
-from bench.client import RequestState
-from bench.config import BenchConfig, add_serve_args, config_from_args
-from bench.datasets import (
+from bench.serving import client
+from bench.serving.client import RequestState
+from bench.serving.config import BenchConfig, add_serve_args, config_from_args
+from bench.serving.datasets import (
     SampleRequest,
     count_tokens,
     default_tokenizer_path,
@@ -28,9 +28,9 @@ from bench.datasets import (
     sample_conversations,
     sample_random,
 )
-from bench.load import arrival_offsets_s, run_load
-from bench.metrics import calculate_metrics
-from bench.report import print_result, save_result
+from bench.serving.load import arrival_offsets_s, run_load
+from bench.serving.metrics import calculate_metrics
+from bench.serving.report import print_result, save_result
 
 log = logging.getLogger("rill.bench")
 __all__ = ["BenchConfig", "BenchError", "add_serve_args", "build_prompts", "config_from_args", "main",

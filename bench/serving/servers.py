@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RILL = Path(sys.executable).with_name("rill")
 
 
@@ -78,4 +78,4 @@ def rill_server(*flags: str, log_path: Path, env: dict[str, str] | None = None) 
 
 def baseline_server(log_path: Path) -> ServerProcess:
     port = free_port()
-    return ServerProcess([sys.executable, "-m", "bench.baseline_app", "--port", str(port)], port, log_path)
+    return ServerProcess([sys.executable, "-m", "bench.serving.baseline_app", "--port", str(port)], port, log_path)

@@ -1,6 +1,6 @@
 """A tiny Llama config with the bundled tokenizer, for `rill serve --load-format dummy` benchmarks.
 
-    python -m bench.tiny_model DIR
+    python -m bench.serving.tiny_model DIR
     rill serve --model DIR --load-format dummy --max-model-len 2048
 
 The model costs almost nothing per step (2 layers of width 64, random weights, no weight
@@ -49,7 +49,7 @@ def write_tiny_model(model_dir: str | Path, source_dir: str | Path | None = None
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        sys.exit("usage: python -m bench.tiny_model DIR")
+        sys.exit("usage: python -m bench.serving.tiny_model DIR")
     print(write_tiny_model(args[0]))
 
 

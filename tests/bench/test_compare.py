@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from bench import compare, markdown, serve, sweep
-from bench.sweep import Axis
+from bench.serving import axis, compare, markdown, serve, sweep
+from bench.serving.axis import Axis
 from tests.conftest import start_server, stop_server
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -53,7 +53,7 @@ class FakeBench:
 
 @pytest.fixture
 def serve_api(monkeypatch):
-    """The real flags and BenchConfig of bench.serve; run_benchmark and build_prompts faked."""
+    """The real flags and BenchConfig of bench.serving.serve; run_benchmark and build_prompts faked."""
     fake = FakeBench()
     monkeypatch.setattr(serve, "run_benchmark", fake.run_benchmark)
     monkeypatch.setattr(serve, "build_prompts", lambda cfg: ["p0", "p1", "p2", "p3"])
@@ -75,19 +75,19 @@ def test_server_flag():
 
 
 def test_list_flags_and_axis(serve_api):
-    assert sweep.int_list("1, 8,32") == [1, 8, 32]
+    assert axis.int_list("1, 8,32") == [1, 8, 32]
     with pytest.raises(argparse.ArgumentTypeError):
-        sweep.int_list("1,0")
-    assert sweep.rate_list("0.5,2,inf") == [0.5, 2.0, math.inf]
+        axis.int_list("1,0")
+    assert axis.rate_list("0.5,2,inf") == [0.5, 2.0, math.inf]
     args = parse(sweep.add_sweep_args, [])
-    assert sweep.resolve_axis(args, sweep.DEFAULT_CONCURRENCY) == Axis(
+    assert axis.resolve_axis(args, sweep.DEFAULT_CONCURRENCY) == Axis(
         "max_concurrency", [1, 4, 16, 64], {"request_rate": math.inf})
     args = parse(sweep.add_sweep_args, ["--request-rate", "1,2,4", "--max-concurrency", "8"])
-    assert sweep.resolve_axis(args, []) == Axis("request_rate", [1.0, 2.0, 4.0], {"max_concurrency": 8})
+    assert axis.resolve_axis(args, []) == Axis("request_rate", [1.0, 2.0, 4.0], {"max_concurrency": 8})
     args = parse(sweep.add_sweep_args, ["--request-rate", "3", "--max-concurrency", "1,2"])
-    assert sweep.resolve_axis(args, []) == Axis("max_concurrency", [1, 2], {"request_rate": 3.0})
+    assert axis.resolve_axis(args, []) == Axis("max_concurrency", [1, 2], {"request_rate": 3.0})
     with pytest.raises(ValueError, match="not both"):
-        sweep.resolve_axis(parse(sweep.add_sweep_args, ["--request-rate", "1,2", "--max-concurrency", "1,2"]), [])
+        axis.resolve_axis(parse(sweep.add_sweep_args, ["--request-rate", "1,2", "--max-concurrency", "1,2"]), [])
 
 
 def test_interleaving_rotates_and_runs_everything_once():

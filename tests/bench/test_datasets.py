@@ -1,4 +1,4 @@
-"""bench/datasets.py: random prompts of exact token lengths, and the bundled conversations set."""
+"""bench/serving/datasets.py: random prompts of exact token lengths, and the bundled conversations set."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.datasets import (
+from bench.serving.datasets import (
     CONVERSATIONS_PATH,
     count_tokens,
     exact_len_text,

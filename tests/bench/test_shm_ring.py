@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from bench.shm_ring import SHM_DIR, ShmRing, segment_name
+from bench.ipc.shm_ring import SHM_DIR, ShmRing, segment_name
 
 
 @pytest.fixture

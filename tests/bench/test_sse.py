@@ -1,10 +1,10 @@
-"""bench/sse.py's incremental parser, and bench/client.py's reading of a finished stream."""
+"""bench/serving/sse.py's incremental parser, and bench/serving/client.py's reading of a finished stream."""
 from __future__ import annotations
 
 import pytest
 
-from bench.client import RequestOutput, RequestState, parse_stream
-from bench.sse import SSEEvent, SSEParser
+from bench.serving.client import RequestOutput, RequestState, parse_stream
+from bench.serving.sse import SSEEvent, SSEParser
 
 
 def parse_all(chunks: list[bytes]) -> tuple[list[SSEEvent], SSEParser]:

@@ -20,7 +20,7 @@ SHARED = list(range(100, 100 + 5 * 16))  # five full blocks
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from bench.tiny_model import write_tiny_model
+    from bench.serving.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 

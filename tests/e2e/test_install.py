@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import ROOT, ServerProcess, free_port
+from bench.serving.servers import ROOT, ServerProcess, free_port
 
 
 def pip(*args: str, cwd: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from openai import NotFoundError, OpenAI
 
-from bench.lora_adapters import make_adapter
+from bench.features.lora_adapters import make_adapter
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
 from tests.helpers.server import sdk_client

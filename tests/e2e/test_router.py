@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from asgi.routes.router_probes import load_snapshot
-from bench.servers import free_port
+from bench.serving.servers import free_port
 from ipc.protocol import EngineStats
 from tests.conftest import TINY_MODEL, start_server, stop_server
 
@@ -24,7 +24,7 @@ SYSTEM = "You are a careful assistant who answers questions about ships, harbour
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from bench.tiny_model import write_tiny_model
+    from bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     servers = [start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy",

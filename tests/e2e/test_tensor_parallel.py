@@ -16,8 +16,9 @@ import httpx
 import pytest
 import torch
 
-from bench.servers import RILL, free_port
+from bench.serving.servers import RILL, free_port
 from tests.conftest import start_server, stop_server
+from tests.helpers.runners import make_runner
 from tests.helpers.server import leftovers
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
@@ -29,9 +30,8 @@ TP2 = ("--tensor-parallel-size", "2", "--dtype", "float32")
 @pytest.fixture(scope="module")
 def expected(model_dir, tokenizer) -> list[str]:
     """The one-rank model's greedy texts, from a runner in this process (cheaper than a server)."""
-    from engine_proc.model.runner import ModelRunner
 
-    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=32, block_size=BLOCK_SIZE,
+    runner = make_runner(model_dir, dtype=torch.float32, num_kv_blocks=32, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID])
     return [tokenizer.decode(ids) for ids in generate(runner, PROMPTS, max_tokens=MAX_TOKENS)]
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from bench.servers import RILL
+from bench.serving.servers import RILL
 from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
 from tests.unit.test_chat_messages import CONVERSATION, TOOL_TEMPLATE, TOOLS

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import zmq
 
-from bench.servers import free_port
+from bench.serving.servers import free_port
 from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_loopback, publisher_for
 from tests.conftest import TINY_MODEL, start_server, stop_server
 from tests.helpers.server import stats
@@ -23,7 +23,7 @@ decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
 
 @pytest.fixture(scope="module")
 def lora_events_server(tmp_path_factory):
-    from bench.tiny_model import write_tiny_model
+    from bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     adapter = write_adapter(tmp_path_factory.mktemp("adapter") / "ad", seed=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.servers import RILL, ServerProcess, free_port
+from bench.serving.servers import RILL, ServerProcess, free_port
 from ipc.channels import RUN_FILE, remove_stale_run_dirs, run_dir_base, run_dirs_of
 from tests.conftest import TINY_MODEL
 from tests.helpers.server import leftovers
@@ -31,7 +31,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 
 
 def test_a_planted_run_directory_is_not_adopted(tmp_path_factory):
-    from bench.tiny_model import write_tiny_model
+    from bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     port = free_port()

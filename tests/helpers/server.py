@@ -1,11 +1,11 @@
-"""A real `rill serve` for end-to-end tests (bench/servers.py starts and stops it)."""
+"""A real `rill serve` for end-to-end tests (bench/serving/servers.py starts and stops it)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
 
-from bench.servers import ServerProcess
+from bench.serving.servers import ServerProcess
 from ipc.channels import run_dirs_of
 
 

@@ -1,7 +1,7 @@
 """A draft model for speculative decoding made from the bundled one: its first layers and its head.
 
 Same tokenizer, same embedding and head (tied), `num_layers` of its 30 decoder layers; what the tests
-and `bench.speculative` use as `{"method": "draft_model", "model": DIR}`, with nothing downloaded.
+and `bench.features.speculative` use as `{"method": "draft_model", "model": DIR}`, with nothing downloaded.
 """
 from __future__ import annotations
 

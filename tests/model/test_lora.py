@@ -8,13 +8,14 @@ import json
 import pytest
 import torch
 
-from bench.lora_adapters import make_adapter
+from bench.features.lora_adapters import make_adapter
 from engine_proc.lora.adapter import AdapterError
 from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID
 
 NUM_NEW = 12
@@ -40,7 +41,7 @@ def adapters(model_dir, prompts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_runner(model_dir, adapters) -> ModelRunner:
-    runner = ModelRunner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+    runner = make_runner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], max_loras=3, max_lora_rank=16)
     for name, (path, _) in adapters.items():
         runner.lora.load(name, str(path))

@@ -11,14 +11,16 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, LlamaConfig
 
-from bench import quant_linears, quant_quality
-from engine_proc import cpu_kernels
+from bench.kernels import quant_linears, quant_quality
+from engine_proc.kernels import extension
+from engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from engine_proc.kernels.linear import PackedLinear
 from engine_proc.model.hf_runner import TransformersRunner
 from engine_proc.model.llama import LlamaForCausalLM
-from engine_proc.model.loader import PackedLinear, load_config, load_model
-from engine_proc.model.quantization import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from engine_proc.model.loader import load_config, load_model
 from engine_proc.model.runner import ModelRunner
 from rill.cli import serve_parser
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import MESSAGES, TINY, generate
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -73,7 +75,7 @@ def test_the_kernel_and_dequant_paths_agree():
     torch.testing.assert_close(layer.dequantized_forward(x), x @ layer.dequantized_weight().T, atol=1e-4, rtol=1e-4)
 
 
-needs_gemv = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the GEMV is not built")
+needs_gemv = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the GEMV is not built")
 
 
 @needs_gemv
@@ -94,14 +96,14 @@ def test_the_gemv_and_torchs_kernel_agree(dtype):
 
 def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):
     monkeypatch.setenv("RILL_CPU_KERNELS", "0")
-    cpu_kernels.available.cache_clear()
+    extension.available.cache_clear()
     try:
         layer = Int8Linear(torch.randn(64, 48, generator=torch.Generator().manual_seed(4)) * 0.05)
         x = torch.randn(3, 48)
         assert layer.gemv_forward(x) is None
         assert torch.equal(layer(x), layer.kernel_forward(x))
     finally:
-        cpu_kernels.available.cache_clear()
+        extension.available.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -112,7 +114,7 @@ def test_int8_linear_traces_whole_under_torch_compile(dtype):
     converted weight's GEMM for many: the kernels at 32+ rows are slower than the GEMM)."""
     gen = torch.Generator().manual_seed(2)
     layer = Int8Linear((torch.randn(64, 48, generator=gen) * 0.05).to(dtype), torch.randn(64, generator=gen).to(dtype))
-    decode = layer.gemv_forward if cpu_kernels.available() else layer.kernel_forward
+    decode = layer.gemv_forward if extension.available() else layer.kernel_forward
     for num_rows, path in ((3, decode), (KERNEL_MAX_ROWS[dtype] + GEMV_MAX_ROWS, layer.dequantized_forward)):
         torch._dynamo.reset()
         compiled = torch.compile(layer, fullgraph=True, backend="eager")
@@ -162,7 +164,7 @@ def prompts(model_dir) -> list[list[int]]:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dtype):
     def runner(quantization: str) -> ModelRunner:
-        return ModelRunner(model_dir, dtype=dtype, num_kv_blocks=48, eos_token_ids=[2], quantization=quantization)
+        return make_runner(model_dir, dtype=dtype, num_kv_blocks=48, eos_token_ids=[2], quantization=quantization)
 
     reference, int8 = runner("none"), runner("int8")
     assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == 4 * 30 + 1
@@ -196,9 +198,9 @@ def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tens
 
 def test_int8_is_refused_where_it_does_not_run(model_dir):
     with pytest.raises(ValueError, match="CPU-only"):
-        ModelRunner(model_dir, num_kv_blocks=4, eos_token_ids=[2], device="cuda", quantization="int8")
+        make_runner(model_dir, num_kv_blocks=4, eos_token_ids=[2], device="cuda", quantization="int8")
     with pytest.raises(ValueError, match="native model only"):
-        TransformersRunner(model_dir, num_kv_blocks=4, eos_token_ids=[2], quantization="int8")
+        make_runner(model_dir, runner_class=TransformersRunner, num_kv_blocks=4, eos_token_ids=[2], quantization="int8")
 
 
 def test_cli_takes_int8_and_rejects_an_unknown_method(capsys):

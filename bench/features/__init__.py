@@ -1,0 +1,1 @@
+"""One `rill serve` feature against `rill serve` without it (admission, LoRA, prefix cache, ...): `python -m bench.features.<name>`."""

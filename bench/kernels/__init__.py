@@ -1,0 +1,1 @@
+"""Microbenchmarks of kernels and of the engine step, in-process: `python -m bench.kernels.<name>`."""

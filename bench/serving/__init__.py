@@ -1,0 +1,1 @@
+"""The load generator `rill bench` ships (serve, compare, sweep) and what every benchmark shares: servers, reports."""

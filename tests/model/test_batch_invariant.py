@@ -17,6 +17,7 @@ from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator
 
 NUM_STEPS = 5
@@ -38,10 +39,10 @@ def runners(request, model_dir) -> dict[bool, ModelRunner]:
         pytest.skip("no C++ compiler: the CPU kernel is not built")
 
     def make(invariant: bool) -> ModelRunner:
-        return ModelRunner(model_dir, dtype=dtype, num_kv_blocks=160, block_size=BLOCK_SIZE, eos_token_ids=[2],
+        return make_runner(model_dir, dtype=dtype, num_kv_blocks=160, block_size=BLOCK_SIZE, eos_token_ids=[2],
                            batch_invariant=invariant, attention_backend=backend)
     runners = {True: make(True), False: make(False)}
-    assert runners[True].invariant_kernel == (backend == "cpu")
+    assert runners[True].attention.name == ("batch-invariant-cpu" if backend == "cpu" else "batch-invariant")
     return runners
 
 

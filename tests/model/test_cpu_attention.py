@@ -6,10 +6,11 @@ import logging
 import pytest
 import torch
 
-from engine_proc import cpu_kernels
 from engine_proc.attention import cpu as cpu_attention
+from engine_proc.attention.choice import resolve_attention_backend
 from engine_proc.attention.kv_cache import additive_mask, decode_attention
-from engine_proc.model.runner import ModelRunner, resolve_attention_backend
+from engine_proc.kernels import extension
+from tests.helpers.runners import make_runner
 from tests.model.test_triton_path import step_logits, tiny_model_dir  # noqa: F401 (fixture)
 
 BLOCK_SIZE = 16
@@ -40,7 +41,7 @@ def reference(q, k_cache, v_cache, table, lens) -> torch.Tensor:
 
 
 def clear_kernels() -> None:
-    cpu_kernels.available.cache_clear()
+    extension.available.cache_clear()
 
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler: the kernel is not built")
@@ -131,7 +132,7 @@ def test_cpu_backend_runner_matches_the_torch_runner(tiny_model_dir):  # noqa: F
 
     rng = random.Random(4)
     prompts = [[rng.randrange(3, 128) for _ in range(n)] for n in (20, 37, 9)]
-    make = lambda backend: ModelRunner(tiny_model_dir, num_kv_blocks=24, block_size=BLOCK_SIZE,  # noqa: E731
+    make = lambda backend: make_runner(tiny_model_dir, num_kv_blocks=24, block_size=BLOCK_SIZE,  # noqa: E731
                                        eos_token_ids=[2], attention_backend=backend)
     assert resolve_attention_backend("auto", torch.device("cpu")) == "cpu"
     cpu_runner, torch_runner = make("auto"), make("torch")

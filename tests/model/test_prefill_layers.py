@@ -1,4 +1,4 @@
-"""Prompt steps' layers as one C++ operator each (engine_proc/model/prefill_layers.py): taken for
+"""Prompt steps' layers as one C++ operator each (engine_proc/kernels/prefill_layer.py): taken for
 steps of fresh prompts on the AMX path, with the bits of the Python layers; not taken otherwise.
 
 It runs only where the CPU has AMX-BF16 (elsewhere the operator never applies)."""
@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from engine_proc import cpu_kernels
-from engine_proc.model.runner import ModelRunner
+from engine_proc.kernels import extension
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.runners import make_runner
 from tests.model.test_model_runner import BlockAllocator
 
-pytestmark = pytest.mark.skipif(not (cpu_kernels.available() and torch.ops.rill_cpu.amx_linear_supported()),
+pytestmark = pytest.mark.skipif(not (extension.available() and torch.ops.rill_cpu.amx_linear_supported()),
                                 reason="no AMX-BF16 on this CPU (or no built kernels): the Python layers serve")
 
 # Heads of 64 and whole 64-column panels, as the operator needs; two layers.
@@ -33,7 +33,7 @@ def runner(request, tmp_path_factory):
             param.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
-    return ModelRunner(path, dtype=torch.bfloat16, num_kv_blocks=64, block_size=16, eos_token_ids=[2])
+    return make_runner(path, dtype=torch.bfloat16, num_kv_blocks=64, block_size=16, eos_token_ids=[2])
 
 
 def requests(runner, lens):

@@ -154,7 +154,7 @@ class EngineCore:
         self._num_taken += 1
         self._num_taken_tokens += item.num_tokens
         if item.params.lora:
-            lora = getattr(self.runner, "lora", None)
+            lora = self.runner.lora
             adapter = None if lora is None else lora.adapters.get(item.params.lora)
             if adapter is None:
                 log.warning("request %s: LoRA adapter %r is not loaded", item.req_id, item.params.lora)
@@ -176,8 +176,8 @@ class EngineCore:
 
     def _prompt_in_vocabulary(self, prompt_ids: list[int]) -> bool:
         """Once per request, in C (min and max): the API worker has checked already."""
-        vocab_size = getattr(self.runner, "vocab_size", None)
-        return vocab_size is None or not prompt_ids or (min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size)
+        vocab_size = self.runner.vocab_size
+        return not prompt_ids or (min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size)
 
     def _errored(self, req: EngineRequest) -> TokenDelta:
         req.finish = p.FinishReason.ERROR
@@ -200,7 +200,7 @@ class EngineCore:
         """Loads or unloads an adapter between two steps; never one that a live request uses."""
         from engine_proc.lora.adapter import AdapterError
 
-        lora = getattr(self.runner, "lora", None)
+        lora = self.runner.lora
         if lora is None:
             return p.LoRAResult(item.name, "LoRA adapters are not enabled (--enable-lora)", 400)
         replacing = bool(item.path) and item.load_inplace and item.name in lora.slots
@@ -257,7 +257,7 @@ class EngineCore:
             num_cached_blocks=blocks.prefix_cache.num_cached_blocks() if blocks.prefix_cache is not None else 0,
             data_parallel_rank=self.rank,
             lora_modules={name: a.path for name, a in lora.adapters.items()}
-            if (lora := getattr(self.runner, "lora", None)) is not None else {},
+            if (lora := self.runner.lora) is not None else {},
             **spec_figures(getattr(self.scheduler, "speculator", None)),
         )
 

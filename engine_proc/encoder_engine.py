@@ -28,8 +28,7 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     if model.dtype == "auto":  # a small model; bfloat16 would cost its vectors precision for little speed
         dtype_name, dtype_reason = "float32", "--dtype auto for an embedding model"
     started = time.perf_counter()
-    runner = EncoderRunner(model_dir, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2,
-                           block_size=model.block_size)
+    runner = EncoderRunner(model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # Enough blocks for every seat at the longest prompt: they bound nothing but the seats.
     num_blocks = model.max_num_seqs * -(-max_model_len // model.block_size) + 1

@@ -195,6 +195,5 @@ def start_tensor_parallel(config: EngineConfig, dtype_name: str, device, num_blo
         model = msgspec.structs.replace(model, enforce_eager=True)
     tp = TensorParallel(config.parallel, device.type, config.log)
     # The ranks run rank 0's steps: they draft nothing (rank 0's scheduler owns the speculator).
-    tp.share(RankSetup(msgspec.structs.replace(model, speculative_config=""), tp.parallel, dtype_name, num_blocks,
-                       eos_ids))
+    tp.share(RankSetup(msgspec.structs.replace(model, speculative_config=""), dtype_name, num_blocks, eos_ids))
     return tp, model

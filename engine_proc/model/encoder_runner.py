@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,17 +12,19 @@ from engine_proc.model.runner_api import RunnerInfo
 from engine_proc.model.sentence_layout import PoolingSpec, read_pooling
 from engine_proc.sample.sampler import SamplerOutput
 from engine_proc.sched.batch import Batch
+from ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 
 # Prompts are sorted by length and padded in groups. A group takes the next prompt while the padding
 # it would then hold stays within PAD_BUDGET_TOKENS: about the fixed cost of one more forward in
 # tokens' worth of work (all-MiniLM-L6-v2 on the CPU, one thread: ~5 ms a forward, ~0.14 ms a token;
-# bench/encoder_groups.py). So padding never costs more than the forwards it saves, and one long
+# bench/kernels/encoder_groups.py). So padding never costs more than the forwards it saves, and one long
 # prompt does not make short ones pay for its positions. Measured on the CPU only.
 PAD_BUDGET_TOKENS = 32
 # And while it holds at most this many padded positions: bounds the activations of one forward.
 MAX_GROUP_TOKENS = 8192
+
 
 class EncoderRunner:
     """The `Runner` protocol for an embedding model: `execute(batch)` is one engine step.
@@ -34,16 +35,11 @@ class EncoderRunner:
     """
 
     info = RunnerInfo("encoder")
+    lora = None  # no adapters on an encoder
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        num_kv_blocks: int,
-        block_size: int = 16,
-    ) -> None:
+    def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
+        """`model`: the settings (ipc/config.py); the rest was decided at start (engine_proc/encoder_engine.py)."""
+        model_dir, block_size = model.model_dir, model.block_size
         self.pooling: PoolingSpec = read_pooling(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)

@@ -1,12 +1,15 @@
 """The `Runner` protocol: what the engine core and build_engine use of a runner (native, transformers, encoder)."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from engine_proc.sample.sampler import SamplerOutput
 from engine_proc.sched.batch import Batch
+
+if TYPE_CHECKING:  # the manager imports torch and the model's layers; the protocol needs only the name
+    from engine_proc.lora.manager import LoRAManager
 
 
 class RunnerInfo(msgspec.Struct, frozen=True):
@@ -31,6 +34,7 @@ class Runner(Protocol):
     max_model_len: int
     kv_cache: KVSize  # the paged cache, or the budget that stands in for it (its bytes go to /stats)
     info: RunnerInfo
+    lora: LoRAManager | None  # --enable-lora's adapters (the native runner's); None without
 
     def execute(self, batch: Batch) -> SamplerOutput:
         """One engine step: a sampled token id per seq of `batch.sampled_seqs`, in that order."""

@@ -13,7 +13,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ipc.config import ModelConfig, ParallelConfig
+from ipc.config import ModelConfig
 
 log = logging.getLogger("rill.tp")
 
@@ -28,7 +28,6 @@ class RankSetup(msgspec.Struct):
     and the values rank 0 computed at start."""
 
     model: ModelConfig
-    parallel: ParallelConfig
     dtype: str  # the dtype rank 0 chose
     num_kv_blocks: int
     eos_token_ids: list[int]

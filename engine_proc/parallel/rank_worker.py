@@ -53,7 +53,7 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     world_size, parallel = args.parallel.tensor_parallel_size, args.parallel
     group.init_group(args.rank, world_size, parallel.master_addr, parallel.master_port, args.device_type)
     setup = group.share_setup(None)
-    remote = group.remote_group(world_size, setup.parallel.nnodes)
+    remote = group.remote_group(world_size, parallel.nnodes)
     threads = args.num_threads or setup.model.num_threads
     if threads:
         torch.set_num_threads(threads)

@@ -14,6 +14,7 @@ from engine_proc.model.encoder_runner import EncoderRunner
 from engine_proc.model.sentence_layout import PoolingSpec, is_sentence_transformers, read_pooling
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
+from ipc.config import ModelConfig
 from ipc.protocol import SamplingParams
 
 SENTENCES = [
@@ -70,7 +71,8 @@ def texts(tokenizer) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runner(encoder_dir) -> EncoderRunner:
-    return EncoderRunner(encoder_dir, num_kv_blocks=64, block_size=16)
+    return EncoderRunner(ModelConfig(model_dir=str(encoder_dir), block_size=16), dtype=torch.float32, device="cpu",
+                         num_kv_blocks=64)
 
 
 def embed(runner: EncoderRunner, prompts: list[list[int]]) -> list[np.ndarray]:
@@ -169,8 +171,8 @@ def _pooling(**flags) -> dict:
 @pytest.mark.parametrize("mode", ["cls", "max", "lasttoken"])
 def test_other_pooling_modes_pool_real_tokens_only(mode, encoder_dir, tokenizer, tmp_path):
     flag = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "lasttoken": "pooling_mode_lasttoken"}
-    runner = EncoderRunner(_copy_with_pooling(encoder_dir, tmp_path / mode, _pooling(**{flag[mode]: True})),
-                           num_kv_blocks=16)
+    model_dir = _copy_with_pooling(encoder_dir, tmp_path / mode, _pooling(**{flag[mode]: True}))
+    runner = EncoderRunner(ModelConfig(model_dir=str(model_dir)), dtype=torch.float32, device="cpu", num_kv_blocks=16)
     assert runner.pooling.mode == mode
     prompts = [tokenizer.encode(t).ids for t in SENTENCES[:6]]  # 3 to 20 tokens: padded in one group
     model = AutoModel.from_pretrained(encoder_dir, dtype=torch.float32).eval()

@@ -41,7 +41,7 @@ def _rank0(model_dir, prompts, compile_decode, results) -> None:
                         max_num_seqs=8, num_threads=1)
     tp = TensorParallel(ParallelConfig(tensor_parallel_size=2, master_addr=""), "cpu", LogConfig(level="WARNING"))
     try:
-        tp.share(RankSetup(model, tp.parallel, "float32", 64, [EOS_ID]))
+        tp.share(RankSetup(model, "float32", 64, [EOS_ID]))
         runner = ModelRunner(model, dtype=torch.float32, device="cpu", num_kv_blocks=64, eos_token_ids=[EOS_ID],
                              tp_size=2, step_broadcast=tp)
         logits = _prompt_logits(runner, prompts)

@@ -130,6 +130,7 @@ def test_deadlines_come_out_in_arrival_order_and_only_live_ones():
 
 class NoRunner:
     kv_cache = type("KVCache", (), {"num_bytes": 0})
+    vocab_size, lora = 1 << 16, None  # the Runner protocol's (engine_proc/model/runner_api.py)
 
     def execute(self, batch):
         raise AssertionError("no step in these tests")

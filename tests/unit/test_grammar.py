@@ -216,6 +216,7 @@ def test_batches_without_grammars_skip_the_mask(monkeypatch):
 
 class NoRunner:
     kv_cache = type("KVCache", (), {"num_bytes": 0})
+    vocab_size, lora = VOCAB, None  # the Runner protocol's (engine_proc/model/runner_api.py)
 
 
 def make_core(compiler) -> tuple[EngineCore, list]:

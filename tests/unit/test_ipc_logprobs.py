@@ -74,8 +74,11 @@ def test_mailbox_merges_logprobs_of_steps_not_yet_taken():
 class FixedLogitsRunner:
     """The model's edge: every sampled seq gets the same row of logits; the real sampler picks."""
 
+    lora = None  # the Runner protocol's (engine_proc/model/runner_api.py)
+
     def __init__(self, row: torch.Tensor) -> None:
         self.row = row
+        self.vocab_size = row.shape[0]
         self.sampler = Sampler([EOS_ID], seed=0)
 
     def execute(self, batch):

@@ -148,6 +148,8 @@ def test_itl_is_per_token_and_merged_ids_share_their_gap(monkeypatch):
 class TickingRunner:
     """Each step takes 0.5 s of the fake clock and samples token 7 for every sampled seq."""
 
+    vocab_size, lora = 1 << 16, None  # the Runner protocol's (engine_proc/model/runner_api.py)
+
     def __init__(self, now: list[float]):
         self.now = now
         self.kv_cache = SimpleNamespace(num_bytes=0)  # read by EngineCore.stats()

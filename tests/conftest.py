@@ -15,11 +15,8 @@ if not shutil.which("nvidia-smi"):
 
 import pytest  # noqa: E402
 
-from bench.serving.servers import ServerProcess, rill_server  # noqa: E402
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
-from tests.helpers.server import leftovers, sdk_client  # noqa: E402
-
-TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server  # noqa: E402
 
 # Every process this session starts inherits this mark (servers, engines, workers, ranks, their
 # helpers), so the end of the session can find any of them still running: see pytest_sessionfinish.
@@ -54,22 +51,6 @@ def tokenizer(model_dir):
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-
-
-def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,
-                 compiled: bool = False) -> ServerProcess:
-    """A `rill serve` with `flags`; eager unless `compiled`: compiling decode steps costs each start
-    about 30 s on two cores even from the disk cache, and one compiled server (`server`) covers it."""
-    log_path = tmp_path_factory.mktemp("rill") / "serve.log"
-    eager = () if compiled or "--enforce-eager" in flags else ("--enforce-eager",)
-    return rill_server(*flags, *eager, log_path=log_path, env=env).wait_ready()
-
-
-def stop_server(server: ServerProcess) -> None:
-    code = server.stop()
-    assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
-    assert "did not stop" not in server.log(), "the engine had to be killed"
-    assert leftovers(server.proc.pid) == [], "shared memory or socket files left behind"
 
 
 @pytest.fixture(scope="session")

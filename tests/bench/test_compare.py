@@ -12,7 +12,7 @@ import pytest
 
 from bench.serving import axis, compare, markdown, serve, sweep
 from bench.serving.axis import Axis
-from tests.conftest import start_server, stop_server
+from tests.helpers.server import start_server, stop_server
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NOISE = [1.0, 0.5, 2.0, 0.9, 1.1]  # per-round multipliers: the median of the first three is 1.0

@@ -11,7 +11,7 @@ import pytest
 from bench.serving.serve import BenchConfig, build_prompts, run_benchmark
 from bench.serving.servers import ROOT
 from bench.serving.tiny_model import write_tiny_model
-from tests.conftest import start_server, stop_server
+from tests.helpers.server import start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
-from tests.helpers.server import stats
+from tests.helpers.server import start_server, stats, stop_server
 
 MODEL = "smollm2-135m-instruct"
 MAX_QUEUED_REQUESTS = 2

@@ -10,26 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.http_calls import HELLO, MODEL, post, sse_events
 from tests.helpers.openapi import validate
-
-MODEL = "smollm2-135m-instruct"
-HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
-
-
-def sse_events(response: httpx.Response) -> list[str]:
-    """Raw SSE lines of a streamed response: data payloads and comments."""
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            events.append(line[len("data: "):])
-        elif line.startswith(":"):
-            events.append(line)
-    return events
-
-
-def post(server, path: str, body, **kw) -> httpx.Response:
-    return httpx.post(f"{server.base_url}{path}", json=body, timeout=120, **kw)
-
 
 # ---- models and health ----------------------------------------------------------------
 

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 ENV_KEY = "sk-env-7f3a9c"

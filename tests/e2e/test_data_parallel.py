@@ -12,8 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import TINY_MODEL, start_server, stop_server
-from tests.helpers.server import leftovers
+from tests.helpers.server import TINY_MODEL, leftovers, start_server, stop_server
 
 SHARED = list(range(100, 100 + 5 * 16))  # five full blocks
 

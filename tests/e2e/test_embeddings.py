@@ -14,9 +14,9 @@ import openai
 import pytest
 import torch
 
-from tests.conftest import TINY_MODEL, start_server, stop_server
-from tests.e2e.test_api import HELLO, MODEL, post
+from tests.helpers.http_calls import HELLO, MODEL, post
 from tests.helpers.openapi import validate
+from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 MINILM = "all-minilm-l6-v2"
 SENTENCES = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly revenue grew by 4 percent.",

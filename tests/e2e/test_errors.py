@@ -7,22 +7,10 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.openapi import validate
+from tests.helpers.http_calls import check_error
 
 MODEL = "smollm2-135m-instruct"
 MSGS = [{"role": "user", "content": "hi"}]
-
-
-def check_error(resp: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    validate("ErrorResponse", body)
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    if param is not None:
-        assert body["error"]["param"] == param
-    if code is not None:
-        assert body["error"]["code"] == code
-    return body["error"]
 
 
 def chat(server, body=None, **kw):

@@ -21,8 +21,8 @@ from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import FinishReason, SamplingParams
-from tests.conftest import start_server, stop_server
 from tests.helpers.runners import make_runner
+from tests.helpers.server import start_server, stop_server
 
 EOS_ID = 2
 BLOCK_SIZE = 8

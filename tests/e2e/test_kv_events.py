@@ -11,7 +11,7 @@ import zmq
 
 from bench.serving.servers import free_port
 from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from tests.conftest import TINY_MODEL, start_server, stop_server
+from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 BLOCK = 16
 decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode

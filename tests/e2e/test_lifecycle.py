@@ -13,9 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import start_server
 from tests.helpers.openapi import validate
-from tests.helpers.server import child_pids, leftovers, stats
+from tests.helpers.server import child_pids, leftovers, start_server, stats
 
 MODEL = "smollm2-135m-instruct"
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_server, stop_server
+from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 TEXT_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<message>.*)$")

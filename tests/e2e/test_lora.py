@@ -13,10 +13,9 @@ import torch
 from openai import NotFoundError, OpenAI
 
 from bench.features.lora_adapters import make_adapter
-from tests.conftest import start_server, stop_server
+from tests.helpers.adapters import ADAPTERS
 from tests.helpers.openapi import validate
-from tests.helpers.server import sdk_client
-from tests.model.test_lora import ADAPTERS
+from tests.helpers.server import sdk_client, start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 NUM_NEW = 10

@@ -10,51 +10,15 @@ import anthropic
 import httpx
 import pytest
 
-from tests.helpers.messages_events import check_stream, parse_sse
+from tests.helpers.http_calls import MODEL
+from tests.helpers.messages_events import GREEDY, blocks, parse_sse, sdk_stream, stream_text
 
-MODEL = "smollm2-135m-instruct"
 ASK = [{"role": "user", "content": "Write one sentence about the sea."}]
-GREEDY = {"extra_body": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
 def claude(server):
     return anthropic.Anthropic(base_url=server.base_url, api_key="x", _strict_response_validation=True)
-
-
-def stream_text(server, body: dict) -> str:
-    """The raw text of a Messages stream."""
-    with httpx.stream("POST", f"{server.base_url}/v1/messages", json={"model": MODEL, **body, "stream": True},
-                      timeout=120) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        return r.read().decode()
-
-
-def streamed(server, body: dict) -> dict:
-    """The Message the raw stream builds, its events checked by the grammar checker."""
-    return check_stream(parse_sse(stream_text(server, body)))
-
-
-def sdk_stream(claude, server, body: dict):
-    """The SDK's accumulated final Message of a stream of `body` (greedy), and the same stream's
-    raw events through the grammar checker: both must agree (tool_use ids aside)."""
-    body = {"model": MODEL, **body, "temperature": 0}
-    sdk_body = {k: v for k, v in body.items() if k != "temperature"}
-    with claude.messages.stream(**sdk_body, **GREEDY) as stream:
-        final = stream.get_final_message()
-    raw = streamed(server, body)
-    assert without_ids(raw["content"]) == without_ids(blocks(final))
-    assert (raw["stop_reason"], raw["stop_sequence"]) == (final.stop_reason, final.stop_sequence)
-    return final
-
-
-def blocks(message) -> list[dict]:
-    """A Message's content blocks as dicts (the stream helper's ParsedTextBlock as a TextBlock)."""
-    return [block.model_dump(exclude_none=True) for block in message.content]
-
-
-def without_ids(content: list[dict]) -> list[dict]:
-    return [{k: v for k, v in block.items() if k != "id"} for block in content]
 
 
 def test_create_and_its_stream_agree(claude, server):

@@ -12,10 +12,10 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
-from tests.e2e.test_messages import GREEDY, MODEL, blocks, sdk_stream, stream_text, streamed
-from tests.helpers.messages_events import parse_sse
-from tests.unit.test_chat_messages import CONVERSATION, TOOL_TEMPLATE
+from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE
+from tests.helpers.http_calls import MODEL
+from tests.helpers.messages_events import GREEDY, blocks, parse_sse, sdk_stream, stream_text, streamed
+from tests.helpers.server import start_server, stop_server
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY_TOOL = {"name": "get_weather", "description": "Weather of a city", "input_schema": {

@@ -5,8 +5,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import start_server, stop_server
-from tests.helpers.server import stats
+from tests.helpers.server import start_server, stats, stop_server
 
 MODEL = "smollm2-135m-instruct"
 BLOCK_SIZE = 16  # rill serve's default --block-size

@@ -9,8 +9,7 @@ import math
 import openai
 import pytest
 
-from tests.e2e.test_api import HELLO, MODEL, post
-from tests.e2e.test_sampling_options import stream_chunks
+from tests.helpers.http_calls import HELLO, MODEL, post, stream_chunks
 from tests.helpers.openapi import validate
 
 TEXT = "The sea is calm tonight, and the moon is bright over the water."

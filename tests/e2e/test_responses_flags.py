@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
 from tests.helpers.responses_events import check_stream, parse_sse
+from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 

@@ -16,7 +16,7 @@ import pytest
 from asgi.routes.router_probes import load_snapshot
 from bench.serving.servers import free_port
 from ipc.protocol import EngineStats
-from tests.conftest import TINY_MODEL, start_server, stop_server
+from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 SMG = Path(sys.executable).parent / "smg"
 SYSTEM = "You are a careful assistant who answers questions about ships, harbours and the sea. " * 8

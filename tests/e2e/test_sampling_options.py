@@ -1,26 +1,14 @@
 """End to end: n, logprobs and top_logprobs, echo, logit_bias, continuous usage stats, and their 400s."""
 from __future__ import annotations
 
-import json
-
-import httpx
 import openai
 import pytest
 
-from tests.e2e.test_api import MODEL, post, sse_events
+from tests.helpers.http_calls import MODEL, post, stream_chunks
 from tests.helpers.openapi import validate
 
 HELLO = [{"role": "user", "content": "Tell me a story about the sea."}]
 BANANA = 21285  # " banana" in SmolLM2's vocabulary
-
-
-def stream_chunks(server, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{server.base_url}{path}", json={"model": MODEL, **body, "stream": True},
-                      timeout=120) as r:
-        assert r.status_code == 200
-        events = [e for e in sse_events(r) if not e.startswith(":")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def lenient_completion_chunk(chunk: dict) -> dict:

@@ -11,11 +11,10 @@ import pytest
 import torch
 from openai import OpenAI
 
-from tests.conftest import start_server, stop_server
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.openapi import validate
 from tests.helpers.runners import make_runner
-from tests.helpers.server import sdk_client
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
+from tests.helpers.server import sdk_client, start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_server, stop_server
 from tests.helpers.redis_server import free_port
 from tests.helpers.responses_events import check_stream, parse_sse
+from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 FINISHED = ("completed", "incomplete")  # the model's own end, or max_output_tokens (3 here)

@@ -10,8 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.test_api import sse_events
-from tests.e2e.test_errors import check_error
+from tests.helpers.http_calls import check_error, sse_events
 from tests.helpers.openapi import validate
 
 MODEL = "smollm2-135m-instruct"

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from bench.serving.servers import RILL, free_port
-from tests.conftest import start_server, stop_server
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner
-from tests.helpers.server import leftovers
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
+from tests.helpers.server import leftovers, start_server, stop_server
 
 PROMPTS = [[1, 504, 3458, 282, 4063, 30, 2], [1, 9690, 253, 1345, 2], list(range(600, 700))]
 MAX_TOKENS = 12

@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from bench.serving.servers import RILL
-from tests.conftest import start_server, stop_server
+from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS
 from tests.helpers.openapi import validate
-from tests.unit.test_chat_messages import CONVERSATION, TOOL_TEMPLATE, TOOLS
+from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -4,29 +4,9 @@ from __future__ import annotations
 import time
 
 import httpx
-import jsonschema
 
-from tests.conftest import TINY_MODEL
-from tests.helpers.bad_bodies import CHAT, generate
-from tests.helpers.openapi import validate
-from tests.helpers.server import stats
-
-
-def problem(resp: httpx.Response, expected: int | None) -> str | None:
-    """Why this answer to a bad request is wrong, or None."""
-    status_ok = resp.status_code == expected if expected is not None else 400 <= resp.status_code < 500
-    if not status_ok:
-        return f"status {resp.status_code} (wanted {expected or '4xx'}): {resp.text[:200]}"
-    if not resp.headers.get("content-type", "").startswith("application/json"):
-        return f"content-type {resp.headers.get('content-type')!r}"
-    try:
-        body = resp.json()
-        validate("ErrorResponse", body)
-    except (ValueError, jsonschema.ValidationError) as exc:
-        return f"not an OpenAI error body ({exc}): {resp.text[:200]}"
-    if set(body["error"]) != {"message", "type", "param", "code"} or not body["error"]["message"]:
-        return f"error object {body['error']}"
-    return None
+from tests.helpers.bad_bodies import CHAT, generate, problem
+from tests.helpers.server import TINY_MODEL, stats
 
 
 def test_generated_bad_bodies_get_openai_4xx_errors(tiny_server):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import TINY_MODEL
-from tests.hardening.test_bodies import problem
+from tests.helpers.bad_bodies import problem
+from tests.helpers.server import TINY_MODEL
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]

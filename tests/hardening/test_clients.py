@@ -11,8 +11,7 @@ import time
 
 import httpx
 
-from tests.conftest import TINY_MODEL
-from tests.helpers.server import stats
+from tests.helpers.server import TINY_MODEL, stats
 
 NUM_REQUESTS = 200
 CONCURRENCY = 24

@@ -17,8 +17,8 @@ import pytest
 
 from asgi.http.access_log import loggable
 from asgi.http.paths import normalize
-from tests.conftest import TINY_MODEL, start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 KEY = "sk-edge-5b1e07"
 CONV = "conv_" + "a1" * 16

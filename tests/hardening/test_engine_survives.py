@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from bench.serving.tiny_model import write_tiny_model
-from tests.conftest import start_server, stop_server
 from tests.helpers.openapi import validate
+from tests.helpers.server import start_server, stop_server
 from tests.helpers.tiny_lora import broken_adapters, write_adapter
 
 MODEL = "tiny"

@@ -13,8 +13,7 @@ import zmq
 
 from bench.serving.servers import free_port
 from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_loopback, publisher_for
-from tests.conftest import TINY_MODEL, start_server, stop_server
-from tests.helpers.server import stats
+from tests.helpers.server import TINY_MODEL, start_server, stats, stop_server
 from tests.helpers.tiny_lora import write_adapter
 
 BLOCK = 16

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.conftest import TINY_MODEL
 from tests.helpers.openapi import spec_path, validate
 from tests.helpers.responses_events import check_stream, parse_sse, sse_lines
+from tests.helpers.server import TINY_MODEL
 
 
 def aimed(case, use_served_model: bool):

@@ -12,8 +12,7 @@ import pytest
 
 from bench.serving.servers import RILL, ServerProcess, free_port
 from ipc.channels import RUN_FILE, remove_stale_run_dirs, run_dir_base, run_dirs_of
-from tests.conftest import TINY_MODEL
-from tests.helpers.server import leftovers
+from tests.helpers.server import TINY_MODEL, leftovers
 
 NOBODY = 65534
 # Plants /tmp/rill-<its own pid>, open to all (and another user's, where we may chown), then

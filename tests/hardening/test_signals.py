@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TINY_MODEL, start_server
-from tests.helpers.server import child_pids, leftovers, stats
+from tests.helpers.server import TINY_MODEL, child_pids, leftovers, start_server, stats
 
 # Long enough never to end by itself during a test (the tiny model's context is 8192).
 ENDLESS = {"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True, "stream": True}

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import TINY_MODEL
-from tests.helpers.server import stats
+from tests.helpers.server import TINY_MODEL, stats
 
 NUM_WARMUP = 1000
 NUM_SOAK = 3000

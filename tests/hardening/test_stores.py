@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TINY_MODEL
+from tests.helpers.server import TINY_MODEL
 
 JUNK = "JUNK-FIELD-5c1d"  # in no field the API defines: must not be stored
 

@@ -11,6 +11,11 @@ import json
 import random
 from dataclasses import dataclass
 
+import httpx
+import jsonschema
+
+from tests.helpers.openapi import validate
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 DEEP = 10_000  # levels of nesting, past msgspec's recursion limit
@@ -184,3 +189,20 @@ def generate(model: str, seed: int = 5) -> list[BadRequest]:
         out += big_strings(path, body)
         out += content_types(path, body)
     return out
+
+
+def problem(resp: httpx.Response, expected: int | None) -> str | None:
+    """Why this answer to a bad request is wrong, or None."""
+    status_ok = resp.status_code == expected if expected is not None else 400 <= resp.status_code < 500
+    if not status_ok:
+        return f"status {resp.status_code} (wanted {expected or '4xx'}): {resp.text[:200]}"
+    if not resp.headers.get("content-type", "").startswith("application/json"):
+        return f"content-type {resp.headers.get('content-type')!r}"
+    try:
+        body = resp.json()
+        validate("ErrorResponse", body)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        return f"not an OpenAI error body ({exc}): {resp.text[:200]}"
+    if set(body["error"]) != {"message", "type", "param", "code"} or not body["error"]["message"]:
+        return f"error object {body['error']}"
+    return None

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pydantic
 from anthropic.types import Message, RawMessageStreamEvent
+
+from tests.helpers.http_calls import MODEL
 
 PING = {"type": "ping"}
 DELTAS = {"text": ("text_delta",), "tool_use": ("input_json_delta",), "thinking": ("thinking_delta", "signature_delta")}
@@ -131,3 +134,45 @@ def _input(text: str, stop_reason: str) -> dict:
         return {}
     assert isinstance(value, dict), f"a tool_use's input is an object; got {text!r}"
     return value
+
+
+GREEDY = {"extra_body": {"temperature": 0}}
+
+
+
+def stream_text(server, body: dict) -> str:
+    """The raw text of a Messages stream."""
+    with httpx.stream("POST", f"{server.base_url}/v1/messages", json={"model": MODEL, **body, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return r.read().decode()
+
+
+
+def streamed(server, body: dict) -> dict:
+    """The Message the raw stream builds, its events checked by the grammar checker."""
+    return check_stream(parse_sse(stream_text(server, body)))
+
+
+
+def sdk_stream(claude, server, body: dict):
+    """The SDK's accumulated final Message of a stream of `body` (greedy), and the same stream's
+    raw events through the grammar checker: both must agree (tool_use ids aside)."""
+    body = {"model": MODEL, **body, "temperature": 0}
+    sdk_body = {k: v for k, v in body.items() if k != "temperature"}
+    with claude.messages.stream(**sdk_body, **GREEDY) as stream:
+        final = stream.get_final_message()
+    raw = streamed(server, body)
+    assert without_ids(raw["content"]) == without_ids(blocks(final))
+    assert (raw["stop_reason"], raw["stop_sequence"]) == (final.stop_reason, final.stop_sequence)
+    return final
+
+
+
+def blocks(message) -> list[dict]:
+    """A Message's content blocks as dicts (the stream helper's ParsedTextBlock as a TextBlock)."""
+    return [block.model_dump(exclude_none=True) for block in message.content]
+
+
+def without_ids(content: list[dict]) -> list[dict]:
+    return [{k: v for k, v in block.items() if k != "id"} for block in content]

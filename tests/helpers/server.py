@@ -5,7 +5,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.servers import ServerProcess
+from bench.serving.servers import ServerProcess, rill_server
 from ipc.channels import run_dirs_of
 
 
@@ -38,3 +38,24 @@ def child_pids(parent: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 pids.append(int(entry.name))
     return pids
+
+
+TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+
+
+
+def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,
+                 compiled: bool = False) -> ServerProcess:
+    """A `rill serve` with `flags`; eager unless `compiled`: compiling decode steps costs each start
+    about 30 s on two cores even from the disk cache, and one compiled server (`server`) covers it."""
+    log_path = tmp_path_factory.mktemp("rill") / "serve.log"
+    eager = () if compiled or "--enforce-eager" in flags else ("--enforce-eager",)
+    return rill_server(*flags, *eager, log_path=log_path, env=env).wait_ready()
+
+
+
+def stop_server(server: ServerProcess) -> None:
+    code = server.stop()
+    assert code == 0, f"rill serve exited with {code}:\n{server.log()}"
+    assert "did not stop" not in server.log(), "the engine had to be killed"
+    assert leftovers(server.proc.pid) == [], "shared memory or socket files left behind"

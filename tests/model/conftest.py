@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine_proc.model.bundled import ensure_bundled_model
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
+from tests.helpers.tiny_models import save_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +50,10 @@ def hf_tokens(hf_model, prompts) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def runner(model_dir) -> ModelRunner:
     return make_runner(model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    save_tiny_model("qwen2", path)
+    return path

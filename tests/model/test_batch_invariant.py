@@ -17,8 +17,8 @@ from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.generation import BLOCK_SIZE, BlockAllocator
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator
 
 NUM_STEPS = 5
 

@@ -10,8 +10,8 @@ from engine_proc.attention import cpu as cpu_attention
 from engine_proc.attention.choice import resolve_attention_backend
 from engine_proc.attention.kv_cache import additive_mask, decode_attention
 from engine_proc.kernels import extension
+from tests.helpers.generation import step_logits
 from tests.helpers.runners import make_runner
-from tests.model.test_triton_path import step_logits, tiny_model_dir  # noqa: F401 (fixture)
 
 BLOCK_SIZE = 16
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_the_graph_and_the_eager_step_agree_on_logits(compiled, runner, prompts)
     from engine_proc.sched.batch import Batch, ScheduledSeq
     from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
-    from tests.model.test_model_runner import BlockAllocator
+    from tests.helpers.generation import BlockAllocator
 
     logits = []
     for r in (compiled, runner):
@@ -71,7 +71,7 @@ def test_drafts_run_as_rows_of_the_graph(compiled, runner, model_dir):
     from transformers import AutoTokenizer
 
     from ipc.protocol import SamplingParams
-    from tests.model.test_speculative import COPY, ngram, serve
+    from tests.helpers.speculative import COPY, ngram, serve
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True,
@@ -98,7 +98,7 @@ def test_no_batch_size_compiles_a_new_graph(tmp_path):
     from engine_proc.sched.batch import Batch, ScheduledSeq
     from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
-    from tests.model.test_model_runner import BlockAllocator
+    from tests.helpers.generation import BlockAllocator
 
     config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)

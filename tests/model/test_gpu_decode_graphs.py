@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from engine_proc.model.runner import ModelRunner
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner as build_runner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, generate, save_tiny_model
+from tests.helpers.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -65,7 +66,7 @@ def test_bfloat16_graphs_agree_with_eager_logits(tiny_model_dir, prompts):
     from engine_proc.sched.batch import Batch, ScheduledSeq
     from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
-    from tests.model.test_model_runner import BlockAllocator
+    from tests.helpers.generation import BlockAllocator
 
     logits = []
     for kw in ({"compile_decode": True, "max_num_seqs": 4}, {}):

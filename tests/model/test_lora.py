@@ -15,15 +15,11 @@ from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import SamplingParams
+from tests.helpers.adapters import ADAPTERS
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID
 
 NUM_NEW = 12
-ADAPTERS = {  # name: (rank, alpha, target modules)
-    "attn": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"]),
-    "mlp": (4, 8, ["gate_proj", "up_proj", "down_proj"]),
-    "all": (16, 8, ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-}
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,10 @@
 """The native model runner against transformers: same greedy tokens, same logits, any batching."""
 from __future__ import annotations
 
-import random
 import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from engine_proc.attention.kv_cache import bytes_per_block
 from engine_proc.model.loader import load_config
@@ -14,67 +12,9 @@ from engine_proc.model.runner import ModelRunner
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
 from tests.helpers.runners import make_runner
-
-EOS_ID = 2
-BLOCK_SIZE = 16
-NUM_NEW_TOKENS = 32
-MESSAGES = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain in two sentences why the sky is blue, and mention Rayleigh scattering by name.",
-]
-
-
-class BlockAllocator:
-    """Hands out block ids in a shuffled order, so block tables are neither contiguous nor sorted.
-    Never block 0: as in the engine's block manager it is the null block, which the padding rows of
-    a CUDA graph's decode step write."""
-
-    def __init__(self, num_blocks: int, seed: int = 0) -> None:
-        self.free_ids = list(range(1, num_blocks))
-        random.Random(seed).shuffle(self.free_ids)
-
-    def cover(self, req: EngineRequest, num_tokens: int) -> None:
-        while len(req.block_ids) * BLOCK_SIZE < num_tokens:
-            req.block_ids.append(self.free_ids.pop())
-
-
-def generate(
-    runner: ModelRunner,
-    prompts: list[list[int]],
-    *,
-    max_tokens: int = NUM_NEW_TOKENS,
-    chunk_len: int | None = None,
-    arrival_steps: list[int] | None = None,
-) -> list[list[int]]:
-    """A minimal scheduler: every live request gets its next chunk (or decode token) each step."""
-    allocator = BlockAllocator(runner.kv_cache.num_blocks)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, min_tokens=max_tokens)
-    reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
-    arrival_steps = arrival_steps or [0] * len(reqs)
-    step = 0
-    while any(len(r.output_ids) < max_tokens for r in reqs):
-        seqs = []
-        for req, arrival in zip(reqs, arrival_steps):
-            if arrival > step or len(req.output_ids) >= max_tokens:
-                continue
-            num_new = req.num_tokens - req.num_computed_tokens
-            if chunk_len is not None:
-                num_new = min(num_new, chunk_len)
-            allocator.cover(req, req.num_computed_tokens + num_new)
-            seqs.append(ScheduledSeq(req, req.num_computed_tokens, num_new))
-        step += 1
-        if not seqs:
-            continue
-        batch = Batch(seqs)
-        sampled = runner.execute(batch)
-        assert len(sampled) == len(batch.sampled_seqs)
-        for s in seqs:
-            s.req.num_computed_tokens = s.start_pos + s.num_new_tokens
-        for s, token_id in zip(batch.sampled_seqs, sampled):
-            s.req.output_ids.append(token_id)
-    return [r.output_ids for r in reqs]
+from tests.helpers.tiny_models import save_tiny_model
 
 
 def test_limits_come_from_the_config(runner):
@@ -144,34 +84,6 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
 
 
 # ---- other architectures: tiny random models saved by transformers ------------------------
-
-TINY = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-)  # fmt: skip
-
-
-def _tiny_config(kind: str):
-    if kind == "llama3-rope-untied":
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
-        return LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters=rope)
-    if kind == "qwen2":
-        return Qwen2Config(**TINY, tie_word_embeddings=True)
-    if kind == "qwen3":
-        return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False)
-    raise ValueError(kind)
-
-
-def save_tiny_model(kind: str, path):
-    """A tiny model of `kind` (_tiny_config) with seeded random weights, saved at `path`; returned."""
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_tiny_config(kind), dtype=torch.float32).eval()
-    with torch.no_grad():
-        for param in hf.parameters():  # biases and norms too, so that loading each is checked
-            param.normal_(0.0, 0.2)
-    hf.save_pretrained(path)
-    return hf
 
 
 @pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])

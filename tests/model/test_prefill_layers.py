@@ -12,8 +12,8 @@ from engine_proc.kernels import extension
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.generation import BlockAllocator
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BlockAllocator
 
 pytestmark = pytest.mark.skipif(not (extension.available() and torch.ops.rill_cpu.amx_linear_supported()),
                                 reason="no AMX-BF16 on this CPU (or no built kernels): the Python layers serve")

@@ -15,8 +15,8 @@ from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.logprobs import decode_logprobs
 from ipc.protocol import SamplingParams
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID
 
 TOP = 3
 TEXT = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step, "

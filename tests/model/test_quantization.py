@@ -20,8 +20,9 @@ from engine_proc.model.llama import LlamaForCausalLM
 from engine_proc.model.loader import load_config, load_model
 from engine_proc.model.runner import ModelRunner
 from rill.cli import serve_parser
+from tests.helpers.generation import MESSAGES, generate
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import MESSAGES, TINY, generate
+from tests.helpers.tiny_models import TINY
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -187,7 +188,7 @@ def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tens
     from engine_proc.sched.batch import Batch, ScheduledSeq
     from engine_proc.sched.request import EngineRequest
     from ipc.protocol import SamplingParams
-    from tests.model.test_model_runner import BlockAllocator
+    from tests.helpers.generation import BlockAllocator
 
     reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]
     allocator = BlockAllocator(runner.kv_cache.num_blocks)

@@ -17,7 +17,7 @@ from engine_proc.parallel.sharding import Shard, split_range
 from engine_proc.sched.batch import Batch, ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
-from tests.model.test_model_runner import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
 
 LOGITS_ATOL = 1e-3
 

@@ -11,47 +11,16 @@ import random
 import pytest
 import torch
 
-from engine_proc.model.runner import ModelRunner, resolve_attention_backend
+from engine_proc.model.runner import resolve_attention_backend
 from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import Batch, ScheduledSeq
+from engine_proc.sched.batch import ScheduledSeq
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
+from tests.helpers.generation import BLOCK_SIZE, step_logits
 from tests.helpers.runners import make_runner
-from tests.model.test_model_runner import BLOCK_SIZE, BlockAllocator, save_tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e .[test] on Linux)")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    save_tiny_model("qwen2", path)
-    return path
-
-
-def step_logits(runner: ModelRunner, prompts: list[list[int]], *, chunk_len: int, num_steps: int):
-    """Every row's logits at every step, with chunked prefills of later arrivals mixed into decodes."""
-    allocator = BlockAllocator(runner.kv_cache.num_blocks)
-    params = SamplingParams(max_tokens=64, temperature=0.0)
-    reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
-    out = []
-    for step in range(num_steps):
-        seqs = []
-        for i, req in enumerate(reqs):
-            if i > step:  # request i arrives at step i
-                continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, chunk_len)
-            allocator.cover(req, req.num_computed_tokens + num_new)
-            seqs.append(ScheduledSeq(req, req.num_computed_tokens, num_new))
-        batch = Batch(seqs)
-        logits = runner.compute_logits(batch).cpu()
-        out.append(logits)
-        for s in seqs:
-            s.req.num_computed_tokens = s.start_pos + s.num_new_tokens
-        for row, s in enumerate(batch.sampled_seqs):
-            s.req.output_ids.append(int(logits[row].argmax()))
-    return out, [r.output_ids for r in reqs]
 
 
 def test_auto_picks_triton_on_a_gpu_and_a_cpu_path_on_the_cpu():

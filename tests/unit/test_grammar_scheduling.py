@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from engine_proc.sched.request import RequestState
 from ipc.protocol import FinishReason
-from tests.unit.test_scheduler import EOS, PagedFakeModel, assert_all_blocks_free, make_req, make_scheduler, step
+from tests.helpers.scheduling import EOS, PagedFakeModel, assert_all_blocks_free, make_req, make_scheduler, step
 
 
 class FakeGrammar:

@@ -10,7 +10,7 @@ from engine_proc.io_threads import InputThread
 from engine_proc.sample.sampler import Sampler
 from engine_proc.sched.admission import AdmissionControl
 from ipc import protocol as p
-from tests.unit.test_sampler import EOS_ID, make_seq
+from tests.helpers.sampling import EOS_ID, make_seq
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from asgi.prompt.templating import ChatTemplate
 from asgi.requests.body import decode_json
 from asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
 from asgi.requests.tool_choice import ToolMode, plan_tools
-from tests.unit.test_chat_messages import CONVERSATION, TOOL_TEMPLATE, TOOLS, render, state_with
+from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS, render, state_with
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

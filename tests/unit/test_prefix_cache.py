@@ -5,13 +5,8 @@ from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.prefix_cache import ROOT_HASH
 from engine_proc.sched.request import EngineRequest
 from ipc.protocol import SamplingParams
-from tests.unit.test_scheduler import PagedFakeModel, make_scheduler, run_until_done
-
-BS = 4  # tokens per block in the pure tests
-
-
-def make_req(req_id: str, prompt_ids: list[int], max_tokens: int = 4) -> EngineRequest:
-    return EngineRequest(req_id, "w0", list(prompt_ids), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+from tests.helpers.prefix_blocks import BS, ids, make_req
+from tests.helpers.scheduling import PagedFakeModel, make_scheduler, run_until_done
 
 
 def computed(bm: BlockManager, req: EngineRequest) -> EngineRequest:
@@ -20,16 +15,6 @@ def computed(bm: BlockManager, req: EngineRequest) -> EngineRequest:
     req.num_computed_tokens = req.num_tokens
     bm.cache_full_blocks(req)
     return req
-
-
-def ids(start: int, num: int) -> list[int]:
-    return list(range(start, start + num))
-
-
-def written_block_ids(seq, block_size: int) -> list[int]:
-    """The blocks a scheduled seq writes its new tokens' K/V into."""
-    end_pos = seq.start_pos + seq.num_new_tokens
-    return seq.req.block_ids[seq.start_pos // block_size : -(-end_pos // block_size)]
 
 
 class RecordingHash:

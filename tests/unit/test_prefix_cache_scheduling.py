@@ -6,9 +6,9 @@ import pytest
 from engine_proc.sched.block_manager import BlockManager
 from engine_proc.sched.request import EngineRequest, RequestState
 from ipc.protocol import FinishReason, SamplingParams
+from tests.helpers.prefix_blocks import BS, ids, make_req, written_block_ids
 from tests.helpers.runners import make_runner
-from tests.unit.test_prefix_cache import BS, ids, make_req, written_block_ids
-from tests.unit.test_scheduler import (
+from tests.helpers.scheduling import (
     PagedFakeModel,
     assert_all_blocks_free,
     make_scheduler,

@@ -10,7 +10,7 @@ from engine_proc.sample.prepared import SamplePrep
 from engine_proc.sample.sampler import Sampler
 from engine_proc.sched.finish import finish_after
 from ipc.protocol import FinishReason
-from tests.unit.test_sampler import EOS_ID, make_seq
+from tests.helpers.sampling import EOS_ID, make_seq
 
 VOCAB = 300
 

@@ -7,19 +7,7 @@ import torch
 
 from engine_proc.sample.sampler import Sampler, sample_tokens
 from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
-
-EOS_ID = 2
-
-
-def make_seq(num_generated: int = 0, **params) -> ScheduledSeq:
-    """A request about to sample its next token after `num_generated` outputs."""
-    params.setdefault("max_tokens", 1000)
-    req = EngineRequest("r", "w", prompt_ids=[5, 6, 7], params=SamplingParams(**params))
-    req.output_ids = [9] * num_generated
-    req.num_computed_tokens = req.num_tokens - 1
-    return ScheduledSeq(req, start_pos=req.num_tokens - 1, num_new_tokens=1)
+from tests.helpers.sampling import EOS_ID, make_seq
 
 
 @pytest.fixture

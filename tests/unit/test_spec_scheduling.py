@@ -10,7 +10,7 @@ from engine_proc.spec.ngram import NgramProposer
 from engine_proc.spec.speculator import Speculator
 from engine_proc.spec.verify import accepted
 from ipc.protocol import FinishReason
-from tests.unit.test_scheduler import (
+from tests.helpers.scheduling import (
     EOS,
     PagedFakeModel,
     assert_all_blocks_free,

@@ -1,0 +1,35 @@
+"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3), saved by transformers."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+TINY = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+)  # fmt: skip
+
+
+
+def _tiny_config(kind: str):
+    if kind == "llama3-rope-untied":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
+        return LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters=rope)
+    if kind == "qwen2":
+        return Qwen2Config(**TINY, tie_word_embeddings=True)
+    if kind == "qwen3":
+        return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False)
+    raise ValueError(kind)
+
+
+
+def save_tiny_model(kind: str, path):
+    """A tiny model of `kind` (_tiny_config) with seeded random weights, saved at `path`; returned."""
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_tiny_config(kind), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in hf.parameters():  # biases and norms too, so that loading each is checked
+            param.normal_(0.0, 0.2)
+    hf.save_pretrained(path)
+    return hf

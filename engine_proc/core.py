@@ -8,6 +8,7 @@ import time
 
 from engine_proc.grammar.compiler import GrammarCompiled
 from engine_proc.grammar.gate import GrammarGate
+from engine_proc.model.runner_api import Runner
 from engine_proc.sched.admission import AdmissionControl
 from engine_proc.sched.batch import Batch, TokenDelta
 from engine_proc.sched.deadlines import Deadlines
@@ -21,7 +22,7 @@ _NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT, p.FinishReason.CA
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
+    def __init__(self, scheduler: Scheduler, runner: Runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
                  admission: AdmissionControl | None = None, deadlines: Deadlines | None = None,
                  grammar_gate: GrammarGate | None = None, kv_events=None, rank: int = 0):
         self.scheduler = scheduler

@@ -19,10 +19,6 @@ class RunnerInfo(msgspec.Struct, frozen=True):
     attention_backend: str = ""  # cpu | torch | triton; "" where the runner has no paged attention
     compiled_decode: bool = False  # decode steps through torch.compile'd graphs
 
-    def describe(self) -> str:
-        return (f"{self.kind} runner" + (", decode steps compiled" if self.compiled_decode else ", eager")
-                + (f", {self.attention_backend} attention" if self.attention_backend else ""))
-
 
 class KVSize(Protocol):
     num_blocks: int

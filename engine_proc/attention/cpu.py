@@ -104,7 +104,10 @@ class CpuBackend(AttentionBackend):
         return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill)
 
     def bind_kv_caches(self, kv_cache) -> None:
-        if self.decode_kernel:  # the registry the C++ operator reads
+        # One registry per graph op, each in its op's language: rill_cpu::paged_decode_layer runs
+        # inside the compiled step without the interpreter, so it reads a C++ list; a Python op (on
+        # a GPU, or without the kernels) reads backend.py's. Each backend fills the one it calls.
+        if self.decode_kernel:
             torch.ops.rill_cpu.set_kv_caches(list(kv_cache.k_caches), list(kv_cache.v_caches))
         else:
             super().bind_kv_caches(kv_cache)
@@ -133,4 +136,6 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
 
 
 def _prefill(q, k, v) -> torch.Tensor | None:
-    return prefill(q, k, v)  # looked up at each call: tests wrap it
+    """prefill() for the model's own q, k, v (bfloat16 like the backend, rows contiguous, never under
+    torch.compile): only the head size is left to check."""
+    return torch.ops.rill_cpu.prefill_attention(q, k, v) if q.shape[-1] % 64 == 0 else None

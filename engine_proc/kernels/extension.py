@@ -1,8 +1,9 @@
-"""Rill's C++ CPU kernels (engine_proc/csrc/), built at first use for this CPU, as torch operators.
+"""Rill's C++ CPU kernels (kernels/csrc/), built at first use for this CPU, as torch operators.
 
-csrc/ops.cpp (which includes the other files of csrc/) is compiled with the system's
-C++ compiler (`-O3 -march=native`, about ten seconds; Inductor needs the same compiler) against the
-running torch's headers, into Rill's cache folder: one file per sources, flags, compiler, torch
+Each .cpp file of csrc/ is one translation unit (a kernel family and its operators, or
+bindings.cpp, which registers them all), compiled in parallel, a compiler per core, with the
+system's C++ compiler (`-O3 -march=native`; Inductor needs the same compiler) against the running
+torch's headers, then linked into Rill's cache folder: one file per sources, flags, compiler, torch
 and CPU, so a restart loads it and another CPU builds its own. Loaded, it registers the operators
 `torch.ops.rill_cpu.*`, which a compiled decode step calls without Python in between. The library
 links libgomp.so.1, which resolves to the copy torch has loaded: the kernels share torch's OpenMP
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -29,13 +31,15 @@ import torch
 log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "paged_decode.cpp", "paged_decode_tiled.cpp", "paged_decode_bf16.cpp", "int8_gemv.cpp",
-           "elementwise.cpp", "prefill_attention.cpp", "amx_linear.cpp", "amx_ops.cpp", "prefill_layer.cpp",
-           "float_bits.h", "bf16_simd.h", "aligned.h")
 # No reassociation (-ffast-math, -fassociative-math): a row's arithmetic must not depend on how
 # the compiler treated the instance it ran in (the reductions vectorise through `omp simd`), and
 # -ffast-math's start-up code would set flush-to-zero for the whole process.
-CXXFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c++20", "-w"]
+CXXFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512", "-fPIC", "-std=c++20", "-w"]
+
+
+def sources() -> list[Path]:
+    """The translation units: every .cpp file of csrc/ (none includes another)."""
+    return sorted(CSRC.glob("*.cpp"))
 
 
 def _arch_flags() -> list[str]:
@@ -48,10 +52,13 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _torch_flags() -> list[str]:
+def _torch_compile_flags() -> list[str]:
     root = Path(torch.__file__).parent
-    return [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{root / 'include'}",
-            f"-L{root / 'lib'}", "-ltorch_cpu", "-lc10"]
+    return [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-I{root / 'include'}"]
+
+
+def _torch_link_flags() -> list[str]:
+    return [f"-L{Path(torch.__file__).parent / 'lib'}", "-ltorch_cpu", "-lc10"]
 
 
 def _library_path(compiler: str) -> Path:
@@ -60,8 +67,10 @@ def _library_path(compiler: str) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     info = cpu_info()
-    key = hashlib.sha256("\n".join([*((CSRC / s).read_text() for s in SOURCES), " ".join(CXXFLAGS + _arch_flags()), version,
-                                    torch.__version__, info.model, " ".join(sorted(info.flags))]).encode())
+    # Every file of csrc/, headers too: any change of source makes a new build.
+    files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+    key = hashlib.sha256("\n".join([*(f"{f.name}\n{f.read_text()}" for f in files), " ".join(CXXFLAGS + _arch_flags()),
+                                    version, torch.__version__, info.model, " ".join(sorted(info.flags))]).encode())
     return default_cache_dir() / "kernels" / f"rill_cpu-{key.hexdigest()[:16]}.so"
 
 
@@ -88,7 +97,19 @@ def _build(compiler: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([compiler, *CXXFLAGS, *_arch_flags(), str(CSRC / "ops.cpp"), "-o", str(out), *_torch_flags()], check=True,
+
+        def compile_one(source: Path) -> str:
+            obj = str(Path(tmp) / f"{source.stem}.o")
+            subprocess.run([compiler, *CXXFLAGS, *_arch_flags(), *_torch_compile_flags(), "-c", str(source), "-o", obj],
+                           check=True, capture_output=True, text=True, timeout=600)
+            return obj
+
+        # The slowest first, so that the cores finish together: bindings.cpp (torch/library.h alone
+        # is five seconds), then the largest.
+        units = sorted(sources(), key=lambda f: (f.name != "bindings.cpp", -f.stat().st_size))
+        with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+            objects = list(pool.map(compile_one, units))
+        subprocess.run([compiler, "-shared", "-fopenmp", *objects, "-o", str(out), *_torch_link_flags()], check=True,
                        capture_output=True, text=True, timeout=600)
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
 
@@ -177,5 +198,5 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape[0], out_features // 2)
 
     @lib.register_fake("rill_cpu::int8_linear")
-    def _(x, weight_int8, scale, in_features):
+    def _(x, weight_int8, scale, in_features, gemv_max_rows, chunk_elems):
         return x.new_empty(x.shape[0], weight_int8.shape[0])

@@ -1,10 +1,11 @@
-"""The eager step's elementwise ops, fused in C++ on the CPU (csrc/elementwise.cpp), torch elsewhere.
+"""The eager step's elementwise ops, fused in C++ on the CPU (csrc/elementwise.cpp), with their torch twin.
 
 Prefill and mixed steps run eagerly; there RMSNorm, RoPE and SiLU * up were several torch ops each,
 with a pass over memory and a bfloat16 rounding between them (about a quarter of a 512-token
-prefill). Here each is one pass, float32 inside, rounded once, as Inductor does in the compiled
-decode steps, which keep their own fused loops: under torch.compile, on a GPU, in float16, or
-without the built kernels, these are the plain torch ops.
+prefill). CpuOps runs each as one pass, float32 inside, rounded once, as Inductor does in the
+compiled decode steps, which keep their own fused loops (under torch.compile CpuOps gives the torch
+ops). TorchOps serves a GPU, float16 and a CPU without the built kernels. Which one a model takes
+is chosen once, after loading (elementwise_ops, called by LlamaForCausalLM.bind_kernels).
 """
 from __future__ import annotations
 
@@ -16,29 +17,6 @@ from engine_proc.kernels import extension
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _fused(x: torch.Tensor) -> bool:
-    return (not torch.compiler.is_compiling() and x.device.type == "cpu" and x.dtype in _DTYPES
-            and extension.loaded())
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if _fused(x) and weight.dtype == x.dtype and x.stride(-1) == 1:
-        return torch.ops.rill_cpu.rms_norm(x, weight, eps)
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + x), residual + x): the residual stream's next value and its norm, in one
-    pass where fused (the same bits as the add, then the norm)."""
-    if (_fused(x) and weight.dtype == x.dtype and residual.dtype == x.dtype and x.stride(-1) == 1
-            and residual.stride(-1) == 1):
-        total, normed = torch.ops.rill_cpu.add_rms_norm(x, residual, weight, eps)
-        return normed, total
-    total = residual + x
-    return rms_norm(total, weight, eps), total
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE (the Hugging Face layout) on [T, heads, D] with cos/sin [T, 1, D/2]."""
     half = x.shape[-1] // 2
@@ -46,18 +24,72 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def rope_heads(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The first num_heads heads of x [T, heads, D] rotated: in place in x where fused (x must be
-    a fresh tensor the caller owns), else a new tensor."""
-    if _fused(x) and x.stride(-1) == 1 and cos.dtype == x.dtype:
+class TorchOps:
+    """The plain torch ops: the twin every fused op is checked against."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + x), residual + x): the residual stream's next value and its norm."""
+        total = residual + x
+        return F.rms_norm(total, (total.shape[-1],), weight, eps), total
+
+    @staticmethod
+    def rope_heads(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The first num_heads heads of x [T, heads, D] rotated, as a new tensor."""
+        return apply_rope(x[:, :num_heads], cos, sin)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, where the last dimension holds gate then up."""
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        return F.silu(gate) * up
+
+
+class CpuOps(TorchOps):
+    """The C++ operators, for float32 or bfloat16 CPU tensors with contiguous rows in the weights'
+    dtype (as the model's are), each the bits of its twin's ops within one rounding; while
+    torch.compile traces (a compiled decode step), the twin's, which Inductor fuses itself."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return TorchOps.rms_norm(x, weight, eps)
+        return torch.ops.rill_cpu.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """In one pass: the same bits as the add, then the norm."""
+        if torch.compiler.is_compiling():
+            return TorchOps.add_rms_norm(x, residual, weight, eps)
+        total, normed = torch.ops.rill_cpu.add_rms_norm(x, residual, weight, eps)
+        return normed, total
+
+    @staticmethod
+    def rope_heads(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """In place in x (which must be a fresh tensor the caller owns); returns its rotated heads."""
+        if torch.compiler.is_compiling():
+            return TorchOps.rope_heads(x, num_heads, cos, sin)
         torch.ops.rill_cpu.rope_(x, cos, sin, num_heads)
         return x[:, :num_heads]
-    return apply_rope(x[:, :num_heads], cos, sin)
 
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, where the last dimension holds gate then up."""
-    if _fused(gate_up) and gate_up.dim() == 2 and gate_up.stride(-1) == 1:
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2n] -> [T, n]."""
+        if torch.compiler.is_compiling():
+            return TorchOps.silu_mul(gate_up)
         return torch.ops.rill_cpu.silu_mul(gate_up)
-    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
-    return F.silu(gate) * up
+
+
+def elementwise_ops(weight: torch.Tensor) -> type[TorchOps]:
+    """CpuOps for a model whose weights are like `weight` (float32 or bfloat16 on the CPU) once the
+    kernels are loaded, else TorchOps. Asks loaded(), not available(): a model that nothing else
+    built the kernels for (the torch backend in float32) keeps the plain torch ops it had."""
+    if weight.device.type == "cpu" and weight.dtype in _DTYPES and extension.loaded():
+        return CpuOps
+    return TorchOps

@@ -25,9 +25,9 @@ bench/quant_linears.py; figures from bench/results/quant_linears-cpu.md, a Sapph
   grows with the rows (the head: 4.2 ms at 8 rows, 15 ms at 32, 113 ms at 256).
 
 Rill's own kernel (csrc/int8_gemv.cpp, built for this CPU by engine_proc/kernels/extension.py) takes
-decode rows first, up to `GEMV_MAX_ROWS`: each thread streams a contiguous range of weight rows
-with software prefetch, converts 16 int8 values in two instructions and multiplies them into every
-activation row, in float32 or bfloat16 alike. The whole bundled model at one row: 5.2-5.7 ms against
+decode rows first, up to `GEMV_MAX_ROWS` (kept here, passed to the C++ operator): each thread
+streams a contiguous range of weight rows with software prefetch, converts 16 int8 values in two
+instructions and multiplies them into every activation row, in float32 or bfloat16 alike. The whole bundled model at one row: 5.2-5.7 ms against
 10.4 ms in torch's kernel, which reached about half the memory bandwidth on its small matrices;
 at 8 rows 13.6 against 27 ms; at 16 rows 26 ms against 39 ms for the converted GEMM (the crossover
 is about 24). Without a compiler, torch's kernel as below.
@@ -62,8 +62,8 @@ QUANTIZATION_METHODS = ("none", "int8")
 KERNEL_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 16}
 _DEFAULT_KERNEL_MAX_ROWS = 16
 # Rows up to which csrc/int8_gemv.cpp runs (it reads the weight once per 8 rows; the converted
-# GEMM overtakes it at about 24 on a Sapphire Rapids, 2 threads). The C++ operator's constant:
-# csrc/ops.cpp kGemvMaxRows.
+# GEMM overtakes it at about 24 on a Sapphire Rapids, 2 threads). Passed to rill_cpu::int8_linear
+# with DEQUANT_CHUNK_ELEMS: both figures live here only.
 GEMV_MAX_ROWS = 24
 _GEMV_DTYPES = (torch.float32, torch.bfloat16)
 # A large weight (the head) is converted in slices of about this many elements: a whole float
@@ -101,7 +101,11 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (w_int8 * scale).T + bias, from a float weight [N, K] (and an optional bias)."""
+    """y = x @ (w_int8 * scale).T + bias, from a float weight [N, K] (and an optional bias).
+
+    The path is chosen once, here: Rill's C++ operator rill_cpu::int8_linear (the GEMV, or the
+    converted weight's GEMM for many rows) where it is built and takes the weight's dtype, which the
+    activations share; else torch's int8 kernel and the converted GEMM (int8_matmul)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -113,6 +117,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", q.contiguous())
         self.register_buffer("scale", scale)
         self.bias = None if bias is None else bias.detach().clone()
+        self.uses_kernels = weight.device.type == "cpu" and weight.dtype in _GEMV_DTYPES and extension.available()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -120,21 +125,24 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
-        # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
-        # path by the real count at run time (engine_proc/model/decode_graphs.py).
-        # With the C++ operators built, rill_cpu::int8_linear itself: no Python inside the step.
-        if torch.compiler.is_compiling():
-            takes = x2d.dtype in _GEMV_DTYPES and x2d.device.type == "cpu" and extension.loaded()
-            matmul = torch.ops.rill_cpu.int8_linear if takes else int8_linear
+        if self.uses_kernels:  # one operator, eager or in a compiled decode graph: no Python inside the step
+            y = torch.ops.rill_cpu.int8_linear(x2d, self.weight_int8, self.scale, self.in_features, GEMV_MAX_ROWS,
+                                               DEQUANT_CHUNK_ELEMS)
+        elif torch.compiler.is_compiling():
+            # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
+            # path by the real count at run time (engine_proc/model/decode_graphs.py).
+            y = int8_linear(x2d, self.weight_int8, self.scale, self.in_features)
         else:
-            matmul = int8_matmul
-        return self._biased(matmul(x2d, self.weight_int8, self.scale, self.in_features)).view(
-            *lead_shape, self.out_features)
+            y = int8_matmul(x2d, self.weight_int8, self.scale, self.in_features)
+        return self._biased(y).view(*lead_shape, self.out_features)
 
     def gemv_forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Rill's GEMV kernel on activations [M, K]; None where it is not built (see gemv_matmul)."""
-        y = gemv_matmul(x, self.weight_int8, self.scale, self.in_features)
-        return None if y is None else self._biased(y)
+        """Rill's GEMV kernel (rill_cpu::int8_gemv) on activations [M, K]; None where it is not built."""
+        if not self.uses_kernels:
+            return None
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        return self._biased(torch.ops.rill_cpu.int8_gemv(x, self.weight_int8, self.scale, self.in_features))
+
     def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 kernel on bfloat16 activations [M, K] (the decode path); output in x's dtype."""
         return self._biased(kernel_matmul(x, self.weight_int8, self.scale, self.in_features))
@@ -152,27 +160,12 @@ class Int8Linear(nn.Module):
 
 
 def int8_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x [M, in_features] @ (weight_int8 [N, K] * scale [N]).T in x's dtype: Rill's GEMV kernel up
-    to GEMV_MAX_ROWS rows, else torch's int8 kernel up to KERNEL_MAX_ROWS rows (decode), the
-    converted weight's GEMM above (prefill)."""
-    if _ops_take(x):  # the C++ operator: the GEMV up to GEMV_MAX_ROWS, else the same converted GEMM
-        return torch.ops.rill_cpu.int8_linear(x, weight_int8, scale, in_features)
+    """x [M, in_features] @ (weight_int8 [N, K] * scale [N]).T in x's dtype, in torch (the C++
+    operator's twin): torch's int8 kernel up to KERNEL_MAX_ROWS rows (decode), the converted
+    weight's GEMM above (prefill)."""
     if x.shape[0] <= KERNEL_MAX_ROWS.get(x.dtype, _DEFAULT_KERNEL_MAX_ROWS):
         return kernel_matmul(x, weight_int8, scale, in_features)
     return dequantized_matmul(x, weight_int8, scale, in_features)
-
-
-def gemv_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
-                in_features: int) -> torch.Tensor | None:
-    """csrc/int8_gemv.cpp (the operator rill_cpu::int8_gemv) on x [M, in_features], float32 or
-    bfloat16; None where it does not apply (no kernels, another dtype or device)."""
-    if not _ops_take(x):
-        return None
-    return torch.ops.rill_cpu.int8_gemv(x if x.stride(-1) == 1 else x.contiguous(), weight_int8, scale, in_features)
-
-
-def _ops_take(x: torch.Tensor) -> bool:
-    return x.dtype in _GEMV_DTYPES and x.device.type == "cpu" and extension.available()
 
 
 def kernel_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:

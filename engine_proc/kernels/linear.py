@@ -49,6 +49,8 @@ class AmxLinear(nn.Module):
         self.packed_weight = torch.ops.rill_cpu.amx_linear_pack(weight.detach())
         # float32 once here, as the kernel adds it, not converted on every call
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        # silu_mul(): gate and up each whole 64-column panels
+        self.fuses_silu_mul = self.out_features % 128 == 0
 
     @property
     def row_invariant(self) -> bool:
@@ -61,11 +63,6 @@ class AmxLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._call(torch.ops.rill_cpu.amx_linear, x, self.out_features)
-
-    @property
-    def fuses_silu_mul(self) -> bool:
-        """Whether silu_mul applies: gate and up each whole 64-column panels."""
-        return self.out_features % 128 == 0
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this gate_up projection's output, in one pass (the bits of

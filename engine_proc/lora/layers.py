@@ -81,7 +81,6 @@ def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: i
              ("mlp", "gate_up_proj", ("gate_proj", "up_proj")), ("mlp", "down_proj", ("down_proj",))]
     wrapped = []
     model.all_rows_to_the_end = True  # the row masks cover every token of the step
-    model.prefill_layer_args = None  # rebuilt from the wrapped layers: none takes the prefill operator
     for i, layer in enumerate(model.layers):
         for parent_name, attr, names in fused:
             parent = getattr(layer, parent_name)
@@ -89,4 +88,5 @@ def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: i
                                 max_rank, device)
             setattr(parent, attr, module)
             wrapped.append(module)
+    model.bind_kernels()  # the wrapped layers: no fused epilogues, none takes the prefill operator
     return wrapped

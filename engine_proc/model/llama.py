@@ -11,8 +11,8 @@ from transformers import PretrainedConfig
 
 from engine_proc.attention.backend import AttentionBackend, TorchBackend
 from engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache, head_dim_of, num_kv_heads_of
-from engine_proc.kernels import fused_ops, prefill_layer
-from engine_proc.kernels.fused_ops import rope_heads, silu_mul
+from engine_proc.kernels import prefill_layer
+from engine_proc.kernels.fused_ops import TorchOps, elementwise_ops
 from engine_proc.model import llama_weights
 from engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from engine_proc.parallel.sharding import Shard
@@ -74,13 +74,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = TorchOps  # the fused ops where the model's bind_kernels finds them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
     def forward_with_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x)."""
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -109,6 +110,14 @@ class Attention(nn.Module):
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.ops, self.fused_qkv_rope = TorchOps, False  # set by bind_kernels
+
+    def bind_kernels(self, ops: type[TorchOps]) -> None:
+        """The elementwise ops, and whether q and k leave qkv_proj rotated (its kernel's epilogue,
+        an AmxLinear's: heads of 64, no per-head norms to apply between)."""
+        self.ops = ops
+        self.fused_qkv_rope = (self.q_norm is None and self.head_dim == 64
+                               and getattr(self.qkv_proj, "fuses_rope", False))
 
     def _qkv_rope(self, x, cos, sin, heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v [T, heads, D], q and k rotated (after their per-head norms where the model has them)."""
@@ -116,9 +125,9 @@ class Attention(nn.Module):
         q, k, v = qkv.split(heads, dim=1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            return rope_heads(q, self.num_heads, cos, sin), rope_heads(k, self.num_kv_heads, cos, sin), v
+            return self.ops.rope_heads(q, self.num_heads, cos, sin), self.ops.rope_heads(k, self.num_kv_heads, cos, sin), v
         # Without per-head norms q and k rotate together in one pass (in qkv itself where fused).
-        q, k = rope_heads(qkv, self.num_heads + self.num_kv_heads, cos, sin).split(heads[:2], dim=1)
+        q, k = self.ops.rope_heads(qkv, self.num_heads + self.num_kv_heads, cos, sin).split(heads[:2], dim=1)
         return q, k, v
 
     def forward(
@@ -134,8 +143,7 @@ class Attention(nn.Module):
         """The attention output of every token, or of the tokens `rows` only (after all K/V are written)."""
         num_tokens = x.shape[0]
         heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        if self.q_norm is None and self.head_dim == 64 and getattr(self.qkv_proj, "fuses_rope", False) and cos.dtype == x.dtype:
-            # q and k leave the kernel rotated (its epilogue): no second pass over them
+        if self.fused_qkv_rope:  # q and k leave the kernel rotated (its epilogue): no second pass over them
             qkv = self.qkv_proj.rope(x, cos, sin, self.num_heads + self.num_kv_heads).view(num_tokens, sum(heads), 64)
             q, k, v = qkv.split(heads, dim=1)
         else:
@@ -155,11 +163,16 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.ops, self.fused_silu_mul = TorchOps, False  # set by bind_kernels
+
+    def bind_kernels(self, ops: type[TorchOps]) -> None:
+        """The elementwise ops, and whether gate_up_proj applies the SiLU in its epilogue (an AmxLinear's)."""
+        self.ops, self.fused_silu_mul = ops, getattr(self.gate_up_proj, "fuses_silu_mul", False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if getattr(self.gate_up_proj, "fuses_silu_mul", False):  # an AmxLinear: the SiLU in its epilogue
+        if self.fused_silu_mul:
             return self.reduce(self.down_proj(self.gate_up_proj.silu_mul(x)))
-        return self.reduce(self.down_proj(silu_mul(self.gate_up_proj(x))))
+        return self.reduce(self.down_proj(self.ops.silu_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
@@ -173,7 +186,7 @@ class DecoderLayer(nn.Module):
     def forward(self, h, residual, cos, sin, meta, k_cache, v_cache, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): `h` is the previous layer's MLP
         output, not yet added to `residual` (the embeddings, and None, for the first layer). Each
-        add is fused into the norm that follows it (fused_ops.add_rms_norm). With `rows`, past the
+        add is fused into the norm that follows it (add_rms_norm). With `rows`, past the
         K/V writes only those tokens go on (the last layer: the rows the head reads)."""
         if residual is None:
             residual, x = h, self.input_norm(h)
@@ -217,6 +230,20 @@ class LlamaForCausalLM(nn.Module):
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
         self.prefill_layer_args: list | None = None  # prefill_layer.run's per-layer arguments, built on first use
+
+    def bind_kernels(self) -> None:
+        """Chooses every layer's kernel paths once, from the modules as loaded: the fused elementwise
+        ops where the C++ kernels are loaded for this device and dtype, the projections' fused
+        epilogues where their kind has them, and the fused prompt layers' arguments anew (built at
+        the next prompt step). The loader calls it; so does whatever swaps the linears after (LoRA)."""
+        ops = elementwise_ops(self.embed_tokens.weight)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.ops = ops
+        for layer in self.layers:
+            layer.attn.bind_kernels(ops)
+            layer.mlp.bind_kernels(ops)
+        self.prefill_layer_args = None
 
     def rope_cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype

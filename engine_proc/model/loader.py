@@ -88,6 +88,7 @@ def load_model(
         log.info("int8 weights (per-channel scales) for %d linear layers, the head included", num_quantized)
     elif torch.device(device).type == "cpu":
         pack_linears_for_cpu(model, batch_invariant)
+    model.bind_kernels()  # the kernel paths, chosen once for the layers as loaded
     log.info("loaded %s (%s, %s, quantization %s) in %.1f s", model_dir, load_format, dtype, quantization,
              time.monotonic() - start_s)
     return model

@@ -3,6 +3,7 @@ pass the same numerical tests: the paths a CI machine or a user's CPU would take
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,19 @@ def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):
     assert fresh.exists() and keep.exists() and not stale.exists() and not legacy.exists()
 
 
-def test_the_build_key_covers_every_source_file():
-    """A change to any file of csrc/ must make a new build (its text is part of the cache key)."""
-    assert set(extension.SOURCES) == {p.name for p in extension.CSRC.iterdir() if p.suffix in (".cpp", ".h")}
+def test_the_build_key_covers_every_source_file(tmp_path, monkeypatch):
+    """A change to any file of csrc/ must make a new build (its text is part of the cache key), and
+    every .cpp file is a translation unit of it."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(extension.CSRC, csrc)
+    monkeypatch.setattr(extension, "CSRC", csrc)
+    assert extension.sources() == sorted(csrc.glob("*.cpp")) and len(extension.sources()) > 1
+    compiler = extension._compiler() or "true"
+    keys = {extension._library_path(compiler)}
+    for f in sorted(csrc.iterdir()):
+        assert f.suffix in (".cpp", ".h"), f
+        text = f.read_text()
+        f.write_text(text + "\n")
+        keys.add(extension._library_path(compiler))
+        f.write_text(text)
+    assert len(keys) == 1 + len(list(csrc.iterdir()))

@@ -98,5 +98,6 @@ def test_lora_layers_take_the_python_path(runner, tmp_path):
         hook.remove()
         for layer, (qkv, o, gate_up, down) in zip(model.layers, originals):
             layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj = qkv, o, gate_up, down
-        model.all_rows_to_the_end, model.prefill_layer_args = False, None
+        model.all_rows_to_the_end = False
+        model.bind_kernels()  # the kernel paths of the unwrapped layers
     assert calls == [1]

@@ -68,7 +68,7 @@ def test_what_it_does_not_take_returns_none_or_a_clear_error():
         torch.ops.rill_cpu.prefill_attention(q48, k48, v48)
 
 
-def test_paged_attention_takes_it_for_prompts_and_cached_prefixes(monkeypatch):
+def test_paged_attention_takes_it_for_prompts_and_cached_prefixes():
     """A fresh prompt and a chunk on top of cached blocks go to the kernel and give SDPA's answer;
     a context padded past the chunk (its tokens not the last keys) goes to SDPA."""
     heads, kv_heads, head_dim, block_size, cached, new = 6, 2, 64, 16, 48, 40
@@ -81,8 +81,10 @@ def test_paged_attention_takes_it_for_prompts_and_cached_prefixes(monkeypatch):
         k_cache[table[t // block_size], t % block_size] = k[t]
         v_cache[table[t // block_size], t % block_size] = v[t]
     calls = []
-    real = cpu_attention.prefill
-    monkeypatch.setattr(cpu_attention, "prefill", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+
+    def prefill(*args):  # the kernel, counted
+        calls.append(args[0].shape[0])
+        return cpu_attention.prefill(*args)
 
     def run(context_len, start, with_table):
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
@@ -92,7 +94,7 @@ def test_paged_attention_takes_it_for_prompts_and_cached_prefixes(monkeypatch):
             ch.causal_mask = torch.arange(context_len).unsqueeze(0) <= torch.arange(start, total).unsqueeze(1)
         meta.prefills = [ch]
         meta.num_decode_tokens = 0
-        return paged_attention(q[start:], k[start:], v[start:], k_cache, v_cache, meta)
+        return paged_attention(q[start:], k[start:], v[start:], k_cache, v_cache, meta, prefill=prefill)
 
     fresh = run(total, 0, False)
     on_cache = run(total, cached, True)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_proc.kernels import extension, fused_ops
+from engine_proc.kernels.fused_ops import CpuOps, TorchOps, elementwise_ops
 
 needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -30,12 +31,12 @@ def test_rms_norm(dtype):
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(37, 576, generator=gen) * 3).to(dtype)
     w = torch.randn(576, generator=gen).to(dtype)
-    got = fused_ops.rms_norm(x, w, 1e-5)
+    got = CpuOps.rms_norm(x, w, 1e-5)
     no_worse_than_torch(got, F.rms_norm(x, (576,), w, 1e-5), F.rms_norm(x.double(), (576,), w.double(), 1e-5))
     # A strided input (a head slice, as Qwen3's q_norm gets) and the result of a 3-D one.
     heads = torch.randn(5, 12, 64, generator=gen).to(dtype)
     hw = torch.randn(64, generator=gen).to(dtype)
-    got = fused_ops.rms_norm(heads[:, :9], hw, 1e-6)
+    got = CpuOps.rms_norm(heads[:, :9], hw, 1e-6)
     no_worse_than_torch(got, F.rms_norm(heads[:, :9], (64,), hw, 1e-6),
                         F.rms_norm(heads[:, :9].double(), (64,), hw.double(), 1e-6))
 
@@ -46,9 +47,9 @@ def test_add_rms_norm_gives_the_bits_of_the_add_then_the_norm(dtype):
     gen = torch.Generator().manual_seed(3)
     x, residual = ((torch.randn(37, 576, generator=gen) * 3).to(dtype) for _ in range(2))
     w = torch.randn(576, generator=gen).to(dtype)
-    normed, total = fused_ops.add_rms_norm(x, residual, w, 1e-5)
+    normed, total = CpuOps.add_rms_norm(x, residual, w, 1e-5)
     assert torch.equal(total, residual + x)
-    assert torch.equal(normed, fused_ops.rms_norm(residual + x, w, 1e-5))
+    assert torch.equal(normed, CpuOps.rms_norm(residual + x, w, 1e-5))
 
 
 @needs_kernels
@@ -58,7 +59,7 @@ def test_silu_mul(dtype):
     gate_up = (torch.randn(33, 2 * 1536, generator=gen) * 4).to(dtype)
     gate_up[0, :8] = torch.tensor([-100.0, -90, -30, 0, 30, 90, 100, 1e-3])  # past exp's range, both ways
     gate, up = gate_up.split(1536, dim=-1)
-    got = fused_ops.silu_mul(gate_up)
+    got = CpuOps.silu_mul(gate_up)
     exact = F.silu(gate.double()) * up.double()
     no_worse_than_torch(got, F.silu(gate) * up, exact)
     assert torch.isfinite(got).all()
@@ -72,7 +73,7 @@ def test_rope_in_place_rotates_only_the_heads_asked(dtype):
     cos, sin = rope_tables(29, 64, dtype)
     before = qkv.clone()
     exact = fused_ops.apply_rope(before[:, :12].double(), cos.double(), sin.double())
-    got = fused_ops.rope_heads(qkv, 12, cos, sin)
+    got = CpuOps.rope_heads(qkv, 12, cos, sin)
     assert got.data_ptr() == qkv.data_ptr()  # in place: q and k stay views of qkv
     no_worse_than_torch(got, fused_ops.apply_rope(before[:, :12], cos, sin), exact)
     assert torch.equal(qkv[:, 12:], before[:, 12:])  # v untouched
@@ -82,14 +83,23 @@ def test_where_not_fused_the_torch_ops_run():
     """float16 (no kernel for it): the plain torch ops, and rope returns a new tensor."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(4, 3, 64, generator=gen).to(torch.float16)
+    w = torch.ones(64, dtype=torch.float16)
+    ops = elementwise_ops(w)  # chosen once per model, from its weights
+    assert ops is TorchOps
     cos, sin = rope_tables(4, 64, torch.float16)
-    rotated = fused_ops.rope_heads(x, 2, cos, sin)
+    rotated = ops.rope_heads(x, 2, cos, sin)
     assert rotated.data_ptr() != x.data_ptr()
     assert torch.equal(rotated, fused_ops.apply_rope(x[:, :2], cos, sin))
-    w = torch.ones(64, dtype=torch.float16)
-    assert torch.equal(fused_ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
+    assert torch.equal(ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
     gate_up = torch.randn(4, 16, generator=gen).to(torch.float16)
-    assert torch.equal(fused_ops.silu_mul(gate_up), F.silu(gate_up[:, :8]) * gate_up[:, 8:])
+    assert torch.equal(ops.silu_mul(gate_up), F.silu(gate_up[:, :8]) * gate_up[:, 8:])
+
+
+@needs_kernels
+def test_the_fused_ops_are_chosen_for_cpu_float_weights_once_loaded():
+    assert elementwise_ops(torch.ones(8, dtype=torch.bfloat16)) is CpuOps
+    assert elementwise_ops(torch.ones(8)) is CpuOps
+    assert elementwise_ops(torch.ones(8, device="meta")) is TorchOps  # another device: torch's
 
 
 @needs_kernels

@@ -16,9 +16,11 @@
 // each row alone in the same order whatever the row count, so on the CPUs tested the bits are
 // the same either way; the padding makes it hold by construction.)
 //
-// amx_ops.cpp wraps it as rill_cpu::amx_linear_pack, amx_linear, amx_linear_silu_mul and
-// amx_linear_rope; callers check amx_linear_supported() (the same check as
-// prefill_attention.cpp).
+// The operators rill_cpu::amx_linear_pack, amx_linear, amx_linear_silu_mul and amx_linear_rope
+// (bindings.cpp registers them); callers check amx_linear_supported() (prefill_attention.cpp's
+// check too).
+#include "amx_linear.h"
+
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -35,8 +37,8 @@
 #endif
 
 namespace rill_amx_linear {
+namespace {
 
-constexpr int64_t kPanel = 64;  // output columns per packed panel (the width oneDNN's pack writes)
 // Rows per brgemm call. Measured per layer at 512 rows: 16 rows 20-50% slower than 32 or 64,
 // which were within a few percent of each other; 32 pads a fixed_tiles decode step less.
 constexpr int64_t kTile = 32;
@@ -53,18 +55,6 @@ int64_t fixed_tile() {
     }();
     return rows;
 }
-
-// AMX-BF16, or a build for a CPU with AVX-512 BF16 (Zen 4, Cooper Lake): there oneDNN's brgemm takes
-// the same packed pairs and multiplies them with vdpbf16ps. prefill_attention.cpp asks this too.
-bool supported() {
-#ifdef RILL_BF16_SIMD
-    return true;
-#else
-    return at::native::cpublas::could_pack(at::kBFloat16);
-#endif
-}
-
-int64_t num_panels(int64_t N) { return (N + kPanel - 1) / kPanel; }
 
 // w [N, K] (bfloat16 bits, rows contiguous) into out [num_panels(N), K * 64]: panel p holds
 // columns p*64.. as brgemm reads them, columns past N zero. K must be even. Written here rather
@@ -108,16 +98,6 @@ inline void store_tile(uint16_t* dst, int64_t ld, const float* c, const float* b
         }
     }
 }
-
-// With Rope, a layer's first `cols` outputs are heads of 64 (a panel each) that leave rotated by
-// RoPE, with cos and sin [M, 32] (rows `stride` apart): the bits of elementwise.cpp's rope_ on the
-// layer's bfloat16 output (qkv_proj's q and k heads), without a second pass over them.
-struct Rope {
-    const uint16_t* cos;
-    const uint16_t* sin;
-    int64_t stride;
-    int64_t cols;
-};
 
 inline void store_rope_tile(uint16_t* dst, int64_t ld, const float* c, const float* bias, int64_t rows,
                             const uint16_t* cos, const uint16_t* sin, int64_t cs_stride) {
@@ -257,4 +237,84 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
     }
 }
 
+}  // namespace
 }  // namespace rill_amx_linear
+
+namespace rill_cpu {
+
+// AMX-BF16, or a build for a CPU with AVX-512 BF16 (Zen 4, Cooper Lake): there oneDNN's brgemm takes
+// the same packed pairs and multiplies them with vdpbf16ps. prefill_attention.cpp asks this too.
+bool amx_linear_supported() {
+#ifdef RILL_BF16_SIMD
+    return true;
+#else
+    return at::native::cpublas::could_pack(at::kBFloat16);
+#endif
+}
+
+namespace {
+
+// x [rows, in] times a weight from amx_linear_pack (plus bias): [rows, out_features], or with
+// silu_mul silu(gate) * up of it, [rows, out_features / 2] (gate the first half of the outputs).
+at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                           int64_t out_features, bool fixed_tiles, bool silu_mul,
+                           const rill_amx_linear::Rope* rope = nullptr) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && packed.scalar_type() == at::kBFloat16,
+                "amx_linear: bfloat16 x [rows, in] and a weight from amx_linear_pack");
+    const int64_t M = x.size(0), K = x.size(1);
+    TORCH_CHECK(packed.size(0) == rill_amx_linear::num_panels(out_features) &&
+                    packed.size(1) == K * rill_amx_linear::kPanel,
+                "amx_linear: the packed weight is not [ceil(out / 64), in * 64] for this x");
+    TORCH_CHECK(!silu_mul || out_features % (2 * rill_amx_linear::kPanel) == 0,
+                "amx_linear_silu_mul: out_features must be a multiple of 128 (gate and up of 64-column panels)");
+    at::Tensor out = x.new_empty({M, silu_mul ? out_features / 2 : out_features});
+    if (M == 0) return out;
+    const at::Tensor xc = x.contiguous();
+    at::Tensor b;
+    if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
+    rill_amx_linear::linear(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
+                            reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+                            b.defined() ? b.data_ptr<float>() : nullptr, M, out_features, K, fixed_tiles, silu_mul, rope);
+    return out;
+}
+
+}  // namespace
+
+at::Tensor amx_linear_pack(const at::Tensor& weight) {
+    TORCH_CHECK(amx_linear_supported(), "amx_linear_pack: this CPU has neither AMX-BF16 nor AVX-512 BF16");
+    TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(1) % 2 == 0,
+                "amx_linear_pack: a bfloat16 weight [out, in] with an even number of inputs");
+    const at::Tensor w = weight.contiguous();
+    const int64_t N = w.size(0), K = w.size(1);
+    at::Tensor out = w.new_empty({rill_amx_linear::num_panels(N), K * rill_amx_linear::kPanel});
+    rill_amx_linear::pack(reinterpret_cast<uint16_t*>(out.data_ptr()), reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                          N, K);
+    return out;
+}
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features, bool fixed_tiles) {
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, false);
+}
+
+// The layer with its first rope_cols outputs (heads of 64: q's and k's) rotated by RoPE, cos and sin
+// [rows, 1, 32] in bfloat16 as rope_ takes them: the bits of amx_linear, then rope_ on those heads.
+at::Tensor amx_linear_rope(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                           int64_t out_features, bool fixed_tiles, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t rope_cols) {
+    const int64_t M = x.size(0), half = rill_amx_linear::kPanel / 2;
+    TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.numel() == M * half &&
+                    sin.numel() == M * half && rope_cols % rill_amx_linear::kPanel == 0 && rope_cols <= out_features,
+                "amx_linear_rope: bfloat16 cos and sin [rows, 1, 32] (heads of 64), rope_cols whole heads of the outputs");
+    const at::Tensor c = cos.reshape({M, half}).contiguous(), s = sin.reshape({M, half}).contiguous();
+    const rill_amx_linear::Rope rope{reinterpret_cast<const uint16_t*>(c.data_ptr()),
+                                     reinterpret_cast<const uint16_t*>(s.data_ptr()), half, rope_cols};
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, false, &rope);
+}
+
+at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                               int64_t out_features, bool fixed_tiles) {
+    return amx_linear_impl(x, packed, bias, out_features, fixed_tiles, true);
+}
+
+}  // namespace rill_cpu

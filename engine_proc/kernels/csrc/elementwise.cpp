@@ -5,7 +5,9 @@
 // same arithmetic into its own loops. Math in float32, rounded once to the output's dtype, as
 // Inductor does; each row is computed alone, the same whatever else is in the step.
 //
-// ops.cpp wraps them as rill_cpu::rms_norm, rill_cpu::add_rms_norm, rill_cpu::rope_ and rill_cpu::silu_mul.
+// The operators rill_cpu::rms_norm, add_rms_norm, rope_ and silu_mul (bindings.cpp registers them).
+#include "elementwise.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +19,7 @@
 #endif
 
 namespace rill_elementwise {
+namespace {
 
 using rill_float::store;
 using rill_float::to_float;
@@ -134,4 +137,95 @@ void silu_mul(T* y, const T* gate_up, int64_t gu_stride, int64_t rows, int64_t n
     for (int64_t t = 0; t < rows; ++t) silu_mul_row(y + t * n, gate_up + t * gu_stride, gate_up + t * gu_stride + n, n);
 }
 
+}  // namespace
 }  // namespace rill_elementwise
+
+namespace rill_cpu {
+
+namespace {
+
+void check_float(const at::Tensor& t, const char* what) {
+    TORCH_CHECK((t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) && t.device().is_cpu(), what,
+                ": a float32 or bfloat16 CPU tensor");
+}
+
+// The pointer of a float32 tensor's data as float, of a bfloat16 one's as uint16_t (its bits).
+template <typename T>
+T* data(const at::Tensor& t) {
+    return static_cast<T*>(t.data_ptr());
+}
+
+// f(T{}) with T the kernels' element type for x's dtype (checked by check_float).
+template <typename F>
+void on_dtype(const at::Tensor& x, F&& f) {
+    if (x.scalar_type() == at::kFloat)
+        f(float{});
+    else
+        f(uint16_t{});
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    check_float(x, "rms_norm");
+    const int64_t n = x.size(-1);
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == n,
+                "rms_norm: a contiguous weight [n] in x's dtype");
+    const at::Tensor x2 = x.reshape({-1, n});
+    TORCH_CHECK(x2.stride(1) == 1, "rms_norm: rows must be contiguous");
+    at::Tensor y = x.new_empty(x.sizes());
+    on_dtype(x, [&](auto t) {
+        using T = decltype(t);
+        rill_elementwise::rms_norm(data<T>(y), data<const T>(x2), x2.stride(0), data<const T>(weight), x2.size(0), n,
+                                   static_cast<float>(eps));
+    });
+    return y;
+}
+
+// (residual + x, rms_norm(residual + x)): the sum rounded once, as the two ops give it.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                                double eps) {
+    check_float(x, "add_rms_norm");
+    const int64_t n = x.size(-1);
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == n &&
+                    residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(),
+                "add_rms_norm: x and residual of one shape and dtype, a contiguous weight [n] in it");
+    const at::Tensor x2 = x.reshape({-1, n}).contiguous(), r2 = residual.reshape({-1, n}).contiguous();
+    at::Tensor sum = x.new_empty(x.sizes()), y = x.new_empty(x.sizes());
+    on_dtype(x, [&](auto t) {
+        using T = decltype(t);
+        rill_elementwise::rms_norm(data<T>(y), data<const T>(x2), n, data<const T>(weight), x2.size(0), n,
+                                   static_cast<float>(eps), data<const T>(r2), data<T>(sum));
+    });
+    return {sum, y};
+}
+
+void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads) {
+    check_float(x, "rope_");
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && num_heads <= x.size(1), "rope_: x [T, heads, D], rows contiguous");
+    const int64_t T = x.size(0), D = x.size(2);
+    const at::Tensor c = cos.reshape({T, D / 2}), s = sin.reshape({T, D / 2});
+    TORCH_CHECK(c.scalar_type() == x.scalar_type() && s.scalar_type() == x.scalar_type() && c.stride(1) == 1 &&
+                    s.stride(1) == 1 && c.stride(0) == s.stride(0) && D % 2 == 0,
+                "rope_: cos and sin [T, 1, D/2] in x's dtype");
+    on_dtype(x, [&](auto t) {
+        using E = decltype(t);
+        rill_elementwise::rope(data<E>(x), x.stride(0), x.stride(1), data<const E>(c), data<const E>(s), c.stride(0), T,
+                               num_heads, D);
+    });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+    check_float(gate_up, "silu_mul");
+    TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+                "silu_mul: gate_up [T, 2n], rows contiguous");
+    const int64_t T = gate_up.size(0), n = gate_up.size(1) / 2;
+    at::Tensor y = gate_up.new_empty({T, n});
+    on_dtype(gate_up, [&](auto t) {
+        using E = decltype(t);
+        rill_elementwise::silu_mul(data<E>(y), data<const E>(gate_up), gate_up.stride(0), T, n);
+    });
+    return y;
+}
+
+}  // namespace rill_cpu

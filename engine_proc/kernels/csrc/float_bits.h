@@ -1,4 +1,4 @@
-// Scalar helpers shared by the CPU kernels (ops.cpp includes them all into one library):
+// Scalar helpers shared by the CPU kernels (each translation unit of csrc/ includes what it uses):
 // bfloat16 bits to float and back, a vectorizable e^x, and the 16-float vector type.
 #pragma once
 #include <cmath>

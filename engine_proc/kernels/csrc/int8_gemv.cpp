@@ -1,6 +1,6 @@
 // Weight-only int8 matrix-vector products for decode steps: y[m, n] = s[n] * sum_k x[m, k] * w[n, k]
 // for a few rows m of activations (bfloat16 or float32) against an int8 weight [N, Kp] with one
-// bfloat16 scale per output channel (engine_proc/model/quantization.py makes them).
+// bfloat16 scale per output channel (engine_proc/kernels/int8_linear.py makes them).
 //
 // A decode step reads every weight once; at one row that is all it does, so the speed is the
 // memory bandwidth, and what loses it is overhead: torch's _weight_int8pack_mm reached about half
@@ -8,13 +8,18 @@
 // weight rows, four at a time, converting 16 int8 values to floats with two instructions
 // (sign-extend, convert) and multiplying them into every activation row.
 //
-// ops.cpp wraps it as rill_cpu::int8_gemv and rill_cpu::int8_linear (engine_proc/cpu_kernels.py
-// builds it). GCC vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the
-// same source.
+// The operators rill_cpu::int8_gemv and rill_cpu::int8_linear (bindings.cpp registers them). GCC
+// vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the same source.
+#include "int8_gemv.h"
+
+#include <ATen/ops/linear_ops.h>
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
-#include <immintrin.h>
 
 #include "float_bits.h"
 #ifdef _OPENMP
@@ -160,18 +165,59 @@ int run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t
 
 }  // namespace rill_gemv
 
-extern "C" {
+namespace rill_cpu {
 
-// dtype: 0 float32, 1 bfloat16 (of x and y). w [N, Kp] int8 row-major, Kp % 16 == 0, zero past K;
-// scale [N] bfloat16. Returns 0, or 1 for a shape it does not take.
-int rill_int8_gemv(int dtype, void* y, int64_t y_stride, const void* x, int64_t x_stride, int64_t M, int64_t K,
-                   const int8_t* w, int64_t Kp, const uint16_t* scale, int64_t N) {
-    if (dtype == 0)
-        return rill_gemv::run<float>(static_cast<float*>(y), y_stride, static_cast<const float*>(x), x_stride, M, K, w, Kp, scale,
-                          N);
-    if (dtype == 1)
-        return rill_gemv::run<uint16_t>(static_cast<uint16_t*>(y), y_stride, static_cast<const uint16_t*>(x), x_stride, M, K, w,
-                             Kp, scale, N);
-    return 1;
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale, int64_t in_features) {
+    const bool bf16 = x.scalar_type() == at::kBFloat16;
+    TORCH_CHECK((bf16 || x.scalar_type() == at::kFloat) && x.dim() == 2 && x.stride(1) == 1,
+                "int8_gemv: x [M, K] float32 or bfloat16, rows contiguous");
+    TORCH_CHECK(weight_int8.scalar_type() == at::kChar && weight_int8.is_contiguous() &&
+                    scale.scalar_type() == at::kBFloat16 && scale.is_contiguous(),
+                "int8_gemv: an int8 weight [N, Kp] and bfloat16 scales [N], contiguous");
+    at::Tensor y = x.new_empty({x.size(0), weight_int8.size(0)});
+    auto call = [&](auto* typed) {  // T = float or uint16_t (bfloat16 bits)
+        using T = std::remove_pointer_t<decltype(typed)>;
+        return rill_gemv::run<T>(static_cast<T*>(y.data_ptr()), y.stride(0), static_cast<const T*>(x.data_ptr()),
+                                 x.stride(0), x.size(0), in_features, weight_int8.data_ptr<int8_t>(),
+                                 weight_int8.size(1), reinterpret_cast<const uint16_t*>(scale.data_ptr()),
+                                 weight_int8.size(0));
+    };
+    const int status = bf16 ? call(static_cast<uint16_t*>(nullptr)) : call(static_cast<float*>(nullptr));
+    TORCH_CHECK(status == 0, "int8_gemv: the weight's row length must be a multiple of 16, at least in_features");
+    return y;
 }
+
+namespace {
+
+// F.linear's operator; through its _ops entry rather than <ATen/ops/linear.h>, whose includes
+// took two seconds of this file's compile.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w) { return at::_ops::linear::call(x, w, std::nullopt); }
+
+// The converted weight's GEMM, chunk_elems of it at a time, the scales on the output:
+// engine_proc/kernels/int8_linear.py's dequantized_matmul, the same ATen calls.
+at::Tensor dequantized_matmul(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale,
+                              int64_t in_features, int64_t chunk_elems) {
+    const at::Tensor q = weight_int8.narrow(1, 0, in_features);
+    const int64_t N = q.size(0), rows_per_chunk = std::max<int64_t>(1, chunk_elems / in_features);
+    at::Tensor y;
+    if (N <= rows_per_chunk) {
+        y = linear(x, q.to(x.scalar_type()));
+    } else {
+        y = x.new_empty({x.size(0), N});
+        for (int64_t start = 0; start < N; start += rows_per_chunk) {
+            const int64_t n = std::min(rows_per_chunk, N - start);
+            y.narrow(1, start, n).copy_(linear(x, q.narrow(0, start, n).to(x.scalar_type())));
+        }
+    }
+    return y.mul_(scale.to(x.scalar_type()));
 }
+
+}  // namespace
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale, int64_t in_features,
+                       int64_t gemv_max_rows, int64_t chunk_elems) {
+    if (x.size(0) <= gemv_max_rows) return int8_gemv(x.stride(1) == 1 ? x : x.contiguous(), weight_int8, scale, in_features);
+    return dequantized_matmul(x, weight_int8, scale, in_features, chunk_elems);
+}
+
+}  // namespace rill_cpu

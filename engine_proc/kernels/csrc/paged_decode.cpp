@@ -1,62 +1,23 @@
 // Paged decode attention on the CPU: one query token per sequence against its K/V blocks,
-// read where they lie in the cache (no gather into a contiguous copy, no mask).
+// read where they lie in the cache (no gather into a contiguous copy, no mask); the KV writes; the
+// operators rill_cpu::paged_decode, write_kv, set_kv_caches and paged_decode_layer (bindings.cpp
+// registers them). The tiled paths are paged_decode_tiled.cpp and paged_decode_bf16.cpp.
 //
-// Plain C++ with a C entry point; ops.cpp wraps it as the torch operator rill_cpu::paged_decode,
-// built at first use for the CPU it runs on (-march=native) by engine_proc/cpu_kernels.py.
 // OpenMP: the library links libgomp.so.1, which resolves to the copy torch has loaded, so it
 // shares torch's thread pool and thread count.
-//
-// Layouts (the last dimension contiguous everywhere):
-//   q      [B, Hq, D]     strides q_tok, q_head
-//   k_new  [B, Hkv, D]    strides kn_tok, kn_head (may be null: nothing to write)
-//   k_cache [num_blocks, block_size, Hkv, D] contiguous; v the same
-//   block_table [B, table_width] int64, row stride table_stride
-//   context_lens [B] int64: keys 0..len-1 of row b (its new token included)
-//   out    [B, Hq, D] contiguous
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
+#include "paged_decode.h"
 
-#include "float_bits.h"
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "paged_decode_kernels.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace rill_paged {
-
-using rill_float::exp_clamped;
-using rill_float::store;
-using rill_float::to_float;
-using rill_float::v16f;
-
-// Softmax of `rows` score rows (the first `len` of every `stride`), each left unnormalised:
-// e^(s - max) in place, and 1 / sum in inv_sum, applied to the output at the end.
-inline void softmax_rows(float* s, int64_t rows, int64_t len, int64_t stride, float* inv_sum) {
-    for (int64_t j = 0; j < rows; ++j) {
-        float* sj = s + j * stride;
-        float m = sj[0];
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            float e = exp_clamped(sj[t] - m);
-            sj[t] = e;
-            sum += e;
-        }
-        inv_sum[j] = 1.0f / sum;
-    }
-}
-
-// Reads one byte of a cache line so that the line comes in (into L1, then L2) while the K pass
-// computes: measured, a software prefetch of the V blocks (prefetcht1) did not bring them, and the
-// V pass then stalled on every line (a whole layer at batch 32: 430 us, against 290 us with these
-// loads). Presumably the prefetches were dropped: they rarely share a page with what was just read.
-inline void touch(const char* p) {
-    char c = *reinterpret_cast<const volatile char*>(p);
-    asm volatile("" : : "r"(c));
-}
+namespace {
 
 // Per-thread scratch: queries, scores and accumulators as floats.
 struct Scratch {
@@ -131,55 +92,7 @@ void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cac
         for (int64_t d = 0; d < D; ++d) store(out + j * D + d, acc[j * D + d] * inv_sum[j]);
 }
 
-// The helpers of the tiled paths (paged_decode_tiled.cpp, paged_decode_bf16.cpp), for head sizes
-// of 32, 64 or 128 (C = D / 16 vectors of 16 floats): K and V are read 16 tokens at a time. A tile's 16 scores of one query head come out of one
-// transpose-and-add tree (hsum16) instead of 16 horizontal sums, and the output accumulators
-// are vectors. GCC's vector extensions: zmm registers with AVX-512, pairs of ymm with AVX2.
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-
-inline v16f load16(const float* p) {
-    v16f x;
-    std::memcpy(&x, p, sizeof x);
-    return x;
-}
-inline v16f load16(const uint16_t* p) {
-    v16h h;
-    std::memcpy(&h, p, sizeof h);
-    return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
-}
-
-// Lane i of the result: the sum of the 16 lanes of v[i].
-inline v16f hsum16(const v16f* v) {
-    v16f u[8], w[4], x[2];
-    for (int k = 0; k < 8; ++k)
-        u[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
-                                       30, 31);
-    for (int k = 0; k < 4; ++k)
-        w[k] = __builtin_shufflevector(u[2 * k], u[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(u[2 * k], u[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
-                                       31);
-    for (int k = 0; k < 2; ++k)
-        x[k] = __builtin_shufflevector(w[2 * k], w[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-               __builtin_shufflevector(w[2 * k], w[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
-                                       31);
-    return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-           __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-
-struct TiledScratch {
-    std::vector<v16f> q, acc;
-    std::vector<float> scores;
-};
-
-}  // namespace rill_paged
-
-// The tiled paths, on the helpers above: float32 (and any group size) and bfloat16.
-#include "paged_decode_tiled.cpp"
-#include "paged_decode_bf16.cpp"
-
-namespace rill_paged {
+}  // namespace
 
 // The step's new K/V rows (token t, head h at k + t*k_tok + h*k_head, D contiguous elements of
 // `elem` bytes) into slot slots[t] of caches [slots, H_kv, D]. Tokens shared among the threads
@@ -219,19 +132,10 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
                           heads_per_item, block_size, scale))
             return 0;
     }
-    switch (D) {
-        case 32:
-            return attend_all<T, 2>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), 0;
-        case 64:
-            return attend_all<T, 4>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), 0;
-        case 128:
-            return attend_all<T, 8>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), 0;
-        default:  // any other head size: the row-at-a-time path below
-            break;
-    }
+    if (attend_tiled_all<T>(D, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv, group,
+                            heads_per_item, block_size, scale))
+        return 0;
+    // any other head size: the row-at-a-time path below
     const int64_t items_per_seq = Hkv / heads_per_item;
     const int64_t num_items = B * items_per_seq;
 #pragma omp parallel
@@ -250,26 +154,92 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
 
 }  // namespace rill_paged
 
-extern "C" {
+namespace rill_cpu {
 
-// dtype: 0 float32, 1 bfloat16. Returns 0, or 1 for a shape it does not handle.
-int rill_paged_decode(int dtype, void* out, const void* q, int64_t q_tok, int64_t q_head, const void* k_new,
-                      int64_t kn_tok, int64_t kn_head, const void* v_new, int64_t vn_tok, int64_t vn_head,
-                      void* k_cache, void* v_cache, const int64_t* slots, const int64_t* table,
-                      int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                      int64_t block_size, float scale) {
-    if (dtype == 0)
-        return rill_paged::run<float>(static_cast<float*>(out), static_cast<const float*>(q), q_tok, q_head,
-                          static_cast<const float*>(k_new), kn_tok, kn_head, static_cast<const float*>(v_new), vn_tok,
-                          vn_head, static_cast<float*>(k_cache), static_cast<float*>(v_cache), slots, table,
-                          table_stride, lens, B, Hq, Hkv, D, block_size, scale);
-    if (dtype == 1)
-        return rill_paged::run<uint16_t>(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(q), q_tok, q_head,
-                             static_cast<const uint16_t*>(k_new), kn_tok, kn_head,
-                             static_cast<const uint16_t*>(v_new), vn_tok, vn_head, static_cast<uint16_t*>(k_cache),
-                             static_cast<uint16_t*>(v_cache), slots, table, table_stride, lens, B, Hq, Hkv, D,
-                             block_size, scale);
-    return 1;
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& context_lens,
+                        const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                        const std::optional<at::Tensor>& slot_mapping) {
+    const bool bf16 = q.scalar_type() == at::kBFloat16;
+    TORCH_CHECK((bf16 || q.scalar_type() == at::kFloat) && k_cache.scalar_type() == q.scalar_type() &&
+                    v_cache.scalar_type() == q.scalar_type(),
+                "paged_decode: float32 or bfloat16 queries and caches of the same dtype");
+    TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "paged_decode: q [B, H, D] with contiguous rows");
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+                "paged_decode: contiguous caches [blocks, block_size, H_kv, D]");
+    const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+    const at::Tensor table = block_table.to(at::kLong).contiguous();
+    const at::Tensor lens = context_lens.to(at::kLong).contiguous();
+    const bool writes = k_new.has_value() && k_new->defined();
+    at::Tensor slots;
+    if (writes) {
+        TORCH_CHECK(v_new.has_value() && slot_mapping.has_value(), "paged_decode: k_new needs v_new and slot_mapping");
+        TORCH_CHECK(k_new->scalar_type() == q.scalar_type() && v_new->scalar_type() == q.scalar_type() &&
+                        k_new->stride(-1) == 1 && v_new->stride(-1) == 1,
+                    "paged_decode: k_new, v_new [B, H_kv, D] in q's dtype, rows contiguous");
+        slots = slot_mapping->to(at::kLong).contiguous();
+    }
+    at::Tensor out = q.new_empty({B, Hq, D});
+    auto call = [&](auto* typed) {  // the kernel on T = float or uint16_t (bfloat16 bits)
+        using T = std::remove_pointer_t<decltype(typed)>;
+        return rill_paged::run<T>(
+            static_cast<T*>(out.data_ptr()), static_cast<const T*>(q.data_ptr()), q.stride(0), q.stride(1),
+            writes ? static_cast<const T*>(k_new->data_ptr()) : nullptr, writes ? k_new->stride(0) : 0,
+            writes ? k_new->stride(1) : 0, writes ? static_cast<const T*>(v_new->data_ptr()) : nullptr,
+            writes ? v_new->stride(0) : 0, writes ? v_new->stride(1) : 0, static_cast<T*>(k_cache.data_ptr()),
+            static_cast<T*>(v_cache.data_ptr()), writes ? slots.data_ptr<int64_t>() : nullptr,
+            table.data_ptr<int64_t>(), table.stride(0), lens.data_ptr<int64_t>(), B, Hq, k_cache.size(2), D,
+            k_cache.size(1), 1.0f / std::sqrt(static_cast<float>(D)));
+    };
+    const int status = bf16 ? call(static_cast<uint16_t*>(nullptr)) : call(static_cast<float*>(nullptr));
+    TORCH_CHECK(status == 0, "paged_decode: query heads must be a multiple of the KV heads");
+    return out;
 }
 
+// The step's new K/V [T, H_kv, D] (each head's row contiguous) into their slots of the caches
+// [blocks, block_size, H_kv, D] (write_slots, which the decode kernel uses for its own rows).
+// aten's index_copy_ took about 40 us a layer for a 512-token prompt.
+void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping) {
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 && k.dim() == 3 &&
+                    k.sizes() == v.sizes() && k.size(1) == k_cache.size(2) && k.size(2) == k_cache.size(3) &&
+                    k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                    k.stride(2) == 1 && v.stride(2) == 1 && slot_mapping.size(0) == k.size(0),
+                "write_kv: contiguous caches [blocks, block_size, H_kv, D], k and v [T, H_kv, D] of their dtype with "
+                "contiguous rows, a slot per token");
+    const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+    const int64_t* s = slots.data_ptr<int64_t>();
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    for (int64_t t = 0; t < k.size(0); ++t) TORCH_CHECK(s[t] >= 0 && s[t] < num_slots, "write_kv: a slot past the cache");
+    rill_paged::write_slots(static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr()),
+                            static_cast<const char*>(k.data_ptr()), k.stride(0), k.stride(1),
+                            static_cast<const char*>(v.data_ptr()), v.stride(0), v.stride(1), s, k.size(0), k.size(1),
+                            k.size(2), k.element_size());
 }
+
+namespace {
+
+// The KV cache of each layer, set once by the engine (engine_proc/model/decode_graphs.py): the compiled
+// decode graph names a layer instead of passing its cache, which torch.compile would otherwise
+// treat as mutated and copy every step. Kept here, not in Python (engine_proc/attention/backend.py
+// has its own for rill::paged_decode_attention): this operator runs inside the compiled step without
+// the interpreter, so it cannot look a layer up in a Python list.
+std::vector<std::pair<at::Tensor, at::Tensor>> kv_caches;
+
+}  // namespace
+
+void set_kv_caches(const std::vector<at::Tensor>& k, const std::vector<at::Tensor>& v) {
+    TORCH_CHECK(k.size() == v.size(), "set_kv_caches: one V cache per K cache");
+    kv_caches.clear();
+    for (size_t i = 0; i < k.size(); ++i) kv_caches.emplace_back(k[i], v[i]);
+}
+
+at::Tensor paged_decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                              const at::Tensor& context_lens, int64_t layer) {
+    TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(kv_caches.size()), "paged_decode_layer: no cache for layer ",
+                layer);
+    return paged_decode(q, kv_caches[layer].first, kv_caches[layer].second, block_table, context_lens, k, v, slot_mapping);
+}
+
+}  // namespace rill_cpu

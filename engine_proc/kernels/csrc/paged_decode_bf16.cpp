@@ -1,6 +1,7 @@
 // Paged decode attention's bfloat16 path, for head sizes of 32, 64 or 128 and 1 to 8 query heads
-// per KV head. paged_decode.cpp includes this file after the helpers it uses (v16f, v16u,
-// hsum16, softmax_rows, touch).
+// per KV head, on the helpers of paged_decode_kernels.h.
+#include "paged_decode_kernels.h"
+
 namespace rill_paged {
 
 // The bfloat16 path for D = 32 * C2 and G query heads per KV head. 32 bfloat16 values load as 16
@@ -182,10 +183,10 @@ bool dispatch_bf16_group(int64_t group, uint16_t* out, const uint16_t* q, int64_
 #undef RILL_GROUP
 }
 
-inline bool dispatch_bf16(int64_t D, int64_t group, uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head,
-                          const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* table,
-                          int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                          int64_t heads_per_item, int64_t block_size, float scale) {
+bool dispatch_bf16(int64_t D, int64_t group, uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head,
+                   const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* table, int64_t table_stride,
+                   const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item,
+                   int64_t block_size, float scale) {
     if ((q_head & 1) || (q_tok & 1)) return false;  // the query's 32-bit lanes must be aligned pairs
     switch (D) {
         case 32:

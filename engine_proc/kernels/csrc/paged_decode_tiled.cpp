@@ -1,6 +1,7 @@
 // Paged decode attention's tiled path for float32 (and bfloat16 groups the bfloat16 path has no
-// instance for), for head sizes of 32, 64 or 128. paged_decode.cpp includes this file after the
-// helpers it uses (v16f, load16, hsum16, softmax_rows, touch, TiledScratch).
+// instance for), for head sizes of 32, 64 or 128, on the helpers of paged_decode_kernels.h.
+#include "paged_decode_kernels.h"
+
 namespace rill_paged {
 
 template <typename T, int C>
@@ -107,5 +108,31 @@ void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_ca
         }
     }
 }
+
+template <typename T>
+bool attend_tiled_all(int64_t D, T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_cache,
+                      const T* v_cache, const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B,
+                      int64_t Hq, int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale) {
+    switch (D) {
+        case 32:
+            return attend_all<T, 2>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), true;
+        case 64:
+            return attend_all<T, 4>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), true;
+        case 128:
+            return attend_all<T, 8>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
+                                    group, heads_per_item, block_size, scale), true;
+        default:
+            return false;
+    }
+}
+
+template bool attend_tiled_all<float>(int64_t, float*, const float*, int64_t, int64_t, const float*, const float*,
+                                      const int64_t*, int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                                      int64_t, int64_t, float);
+template bool attend_tiled_all<uint16_t>(int64_t, uint16_t*, const uint16_t*, int64_t, int64_t, const uint16_t*,
+                                         const uint16_t*, const int64_t*, int64_t, const int64_t*, int64_t, int64_t,
+                                         int64_t, int64_t, int64_t, int64_t, float);
 
 }  // namespace rill_paged

@@ -5,34 +5,17 @@
 // and data cold after each kernel), while the second core waited at the next parallel region.
 //
 // The bits are those of the Python layer (engine_proc/model/llama.py) on the same path: the same
-// functions run in the same order. engine_proc/model/prefill_layers.py says when it applies: a
+// functions run in the same order. engine_proc/kernels/prefill_layer.py says when it applies: a
 // Llama-family layer with AmxLinear projections, heads of 64, no per-head norms, a step of fresh
 // prompts only (each attends to its own tokens), no LoRA, one rank.
-//
-// ops.cpp includes this file before the functions it composes, declared here and defined there
-// (and in amx_ops.cpp).
-#include <ATen/core/List.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include "prefill_layer.h"
 
-#include <optional>
-#include <tuple>
+#include "amx_linear.h"
+#include "elementwise.h"
+#include "paged_decode.h"
+#include "prefill_attention.h"
 
-namespace {
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                                double eps);
-void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& slot_mapping);
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                      int64_t out_features, bool fixed_tiles);
-at::Tensor amx_linear_rope(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                           int64_t out_features, bool fixed_tiles, const at::Tensor& cos, const at::Tensor& sin,
-                           int64_t rope_cols);
-at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                               int64_t out_features, bool fixed_tiles);
+namespace rill_cpu {
 
 // (the layer's MLP output, the residual stream before it), as DecoderLayer.forward returns them.
 // weights: input norm, qkv_proj, o_proj, post-attention norm, gate_up_proj, down_proj (the four
@@ -65,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_layer(const at::Tensor& h, const std:
     if (bounds.size() == 2) {  // one prompt: its attention is the whole output
         o = prefill_attention(q, k, v);
     } else {
-        o = at::empty({T, num_heads, D}, q.options());
+        o = q.new_empty({T, num_heads, D});
         for (size_t i = 0; i + 1 < bounds.size(); ++i) {
             const int64_t s = bounds[i], n = bounds[i + 1] - s;
             o.narrow(0, s, n).copy_(prefill_attention(q.narrow(0, s, n), k.narrow(0, s, n), v.narrow(0, s, n)));
@@ -82,4 +65,4 @@ std::tuple<at::Tensor, at::Tensor> prefill_layer(const at::Tensor& h, const std:
     return {amx_linear(act, weights[5], biases.get(3), out_features[3], false), res};
 }
 
-}  // namespace
+}  // namespace rill_cpu

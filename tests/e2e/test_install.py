@@ -30,7 +30,7 @@ def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_di
     (wheel,) = (tmp_path / "dist").glob("rill-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("rill_templates/chatml.jinja", "rill_templates/llama3.jinja", "rill_templates/plain.jinja",
-                 "engine_proc/csrc/ops.cpp", "engine_proc/csrc/float_bits.h", "asgi/app.py"):
+                 "engine_proc/kernels/csrc/bindings.cpp", "engine_proc/kernels/csrc/float_bits.h", "asgi/app.py"):
         assert name in names, name
     # A fresh venv: the wheel installed into it as a user would (`pip install`, not editable); the
     # dependencies come from this venv through a .pth line (no network in tests). The checkout's

@@ -259,7 +259,7 @@ class EngineCore:
             data_parallel_rank=self.rank,
             lora_modules={name: a.path for name, a in lora.adapters.items()}
             if (lora := self.runner.lora) is not None else {},
-            **spec_figures(getattr(self.scheduler, "speculator", None)),
+            **spec_figures(self.scheduler.speculator),
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:

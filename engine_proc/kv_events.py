@@ -155,13 +155,13 @@ class KVEventPublisher(threading.Thread):
 
 def publisher_for(config, rank: int, blocks, device) -> KVEventPublisher:
     """--kv-events-endpoint (`config`: the engine's EngineConfig; `rank`: the engine's among
-    --data-parallel-size): the prefix cache records its events, published after each step."""
+    --data-parallel-size): the events `blocks`' prefix cache records (BlockManager's record_events),
+    published after each step."""
     if blocks.prefix_cache is None:
         raise ValueError("--kv-events-endpoint needs prefix caching: the events are the prefix cache's")
     publisher = KVEventPublisher(endpoint_for_rank(config.kv_events_endpoint, rank), block_size=config.model.block_size,
                                  medium="GPU" if device.type == "cuda" else "CPU", topic=config.kv_events_topic,
                                  data_parallel_rank=rank)
-    blocks.prefix_cache.events = []
     log.info("KV-cache events published on %s", config.kv_events_endpoint)
     if not is_loopback(config.kv_events_endpoint):
         log.warning("KV-cache events on %s carry every user's prompt token ids to anyone who can connect, "

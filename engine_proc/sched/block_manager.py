@@ -30,6 +30,7 @@ class BlockManager:
         *,
         enable_prefix_caching: bool = True,
         hash_fn: Callable[[Hashable], int] = hash,
+        record_events: bool = False,
     ) -> None:
         assert num_blocks >= 2, "block 0 is the null block: at least one more is needed"
         assert block_size >= 1
@@ -41,7 +42,8 @@ class BlockManager:
         # warm in the GPU's L2, is the next one reused. Filled in reverse so that ids come
         # out ascending on a fresh cache, which keeps block tables readable in tests.
         self._free_block_ids = list(range(num_blocks - 1, NULL_BLOCK_ID, -1))
-        self.prefix_cache = PrefixCache(block_size, hash_fn) if enable_prefix_caching else None
+        # `record_events`: the prefix cache keeps its KV-cache events for --kv-events-endpoint.
+        self.prefix_cache = PrefixCache(block_size, hash_fn, record_events) if enable_prefix_caching else None
 
     @property
     def enable_prefix_caching(self) -> bool:

@@ -51,7 +51,7 @@ class PrefixCache:
     (`remove_evictable`), or needed for new tokens (`evict_oldest`).
     """
 
-    def __init__(self, block_size: int, hash_fn: Callable[[Hashable], int] = hash) -> None:
+    def __init__(self, block_size: int, hash_fn: Callable[[Hashable], int] = hash, record_events: bool = False) -> None:
         self.block_size = block_size
         self._hash_fn = hash_fn
         self._block_id_by_hash: dict[int, int] = {}
@@ -68,10 +68,10 @@ class PrefixCache:
         # KV-cache events (--kv-events-endpoint, engine_proc/kv_events.py), when someone listens:
         # ("stored", hash, parent hash or None, token ids, adapter name or "", the adapter's load id or
         # 0) and ("removed", hash), in order.
-        self.events: list[tuple] | None = None
+        self.events: list[tuple] | None = [] if record_events else None
 
     def take_events(self) -> list[tuple]:
-        """The events since the last take (none unless `events` was set to a list)."""
+        """The events since the last take (none unless built to `record_events`)."""
         events = self.events
         if not events:
             return []

@@ -13,6 +13,7 @@ import zmq
 
 from bench.serving.servers import free_port
 from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_loopback, publisher_for
+from ipc.config import EngineConfig, ModelConfig
 from tests.helpers.server import TINY_MODEL, start_server, stats, stop_server
 from tests.helpers.tiny_lora import write_adapter
 
@@ -110,10 +111,9 @@ def test_which_endpoints_other_hosts_can_reach(endpoint, loopback):
 
 
 def test_an_endpoint_open_to_other_hosts_is_warned_about(caplog):
-    blocks = SimpleNamespace(prefix_cache=SimpleNamespace(events=None))
-    config = SimpleNamespace(data_parallel_rank=0, kv_events_endpoint="tcp://*:*", block_size=BLOCK,
-                             kv_events_topic="")
+    blocks = SimpleNamespace(prefix_cache=SimpleNamespace(events=[]))
+    config = EngineConfig(model_id="m", model=ModelConfig(model_dir="m", block_size=BLOCK), kv_events_endpoint="tcp://*:*")
     with caplog.at_level(logging.WARNING, logger="rill.engine"):
-        publisher = publisher_for(config, blocks, SimpleNamespace(type="cpu"))
+        publisher = publisher_for(config, 0, blocks, SimpleNamespace(type="cpu"))
     publisher.close()
     assert any("prompt token ids" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)

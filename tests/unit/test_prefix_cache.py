@@ -172,8 +172,7 @@ def test_prefix_caching_off_finds_and_keeps_nothing() -> None:
 
 
 def test_the_cache_records_stored_and_removed_blocks_in_order() -> None:
-    bm = BlockManager(4, BS)  # three usable blocks
-    bm.prefix_cache.events = []
+    bm = BlockManager(4, BS, record_events=True)  # three usable blocks
     a = computed(bm, make_req("a", ids(100, 8)))  # two full blocks: stored, the second chained to the first
     stored = bm.prefix_cache.take_events()
     first = hash((ROOT_HASH, tuple(ids(100, 4))))

@@ -12,7 +12,6 @@ import pytest
 
 from bench.serving import axis, compare, markdown, serve, sweep
 from bench.serving.axis import Axis
-from tests.helpers.server import start_server, stop_server
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NOISE = [1.0, 0.5, 2.0, 0.9, 1.1]  # per-round multipliers: the median of the first three is 1.0
@@ -212,17 +211,14 @@ def test_command_line_hides_the_api_key():
 
 
 @pytest.mark.e2e
-def test_compare_one_real_server_under_two_labels(tmp_path_factory, tmp_path, model_dir, monkeypatch):
-    srv = start_server(tmp_path_factory, "--max-model-len", "1024")
-    try:
-        argv = ["--server", f"first={srv.base_url}", "--server", f"second={srv.base_url}",
-                "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "4",
-                "--max-concurrency", "1,2", "--rounds", "1", "--num-warmups", "0", "--disable-tqdm",
-                "--out", str(tmp_path)]
-        monkeypatch.setattr(sys, "argv", ["rill", "bench", "compare", *argv])
-        assert compare.main(parse(compare.add_compare_args, argv)) == 0
-    finally:
-        stop_server(srv)
+def test_compare_one_real_server_under_two_labels(server, tmp_path, monkeypatch):
+    # The session's shared server: any real one will do, and a start of its own cost ~6 s.
+    argv = ["--server", f"first={server.base_url}", "--server", f"second={server.base_url}",
+            "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "4",
+            "--max-concurrency", "1,2", "--rounds", "1", "--num-warmups", "0", "--disable-tqdm",
+            "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["rill", "bench", "compare", *argv])
+    assert compare.main(parse(compare.add_compare_args, argv)) == 0
     doc = json.loads((tmp_path / "compare.json").read_text())
     assert [(r["label"], r["setting"], r["result"]["completed"]) for r in doc["runs"]] == [
         ("first", 1, 4), ("second", 1, 4), ("first", 2, 4), ("second", 2, 4)]

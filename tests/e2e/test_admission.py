@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.helpers.openapi import validate
-from tests.helpers.server import start_server, stats, stop_server
+from tests.helpers.server import start_servers, stats, stop_server
 
 MODEL = "smollm2-135m-instruct"
 MAX_QUEUED_REQUESTS = 2
@@ -25,12 +25,22 @@ TIMEOUT_S = 3
 
 
 @pytest.fixture(scope="module")
-def srv(model_dir, tmp_path_factory):
-    server = start_server(tmp_path_factory, "--workers", "2", "--max-num-seqs", "1", "--max-model-len", "2048",
+def servers(model_dir, tmp_path_factory):
+    """`srv` and `timeout_srv`, started at once: their starts overlap."""
+    both = start_servers(tmp_path_factory,
+                         ("--workers", "2", "--max-num-seqs", "1", "--max-model-len", "2048",
                           "--max-queued-requests", str(MAX_QUEUED_REQUESTS), "--max-queued-tokens",
-                          str(MAX_QUEUED_TOKENS), "--log-level", "info", "--log-format", "json")
-    yield server
-    stop_server(server)
+                          str(MAX_QUEUED_TOKENS), "--log-level", "info", "--log-format", "json"),
+                         ("--max-num-seqs", "1", "--max-model-len", "2048",
+                          "--request-timeout", str(TIMEOUT_S), "--sse-keepalive", "0.5"))
+    yield both
+    for server in both:
+        stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def srv(servers):
+    return servers[0]
 
 
 def sdk(server) -> openai.AsyncOpenAI:
@@ -204,11 +214,8 @@ def worker_pids(server, tags: list[str]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def timeout_srv(model_dir, tmp_path_factory):
-    server = start_server(tmp_path_factory, "--max-num-seqs", "1", "--max-model-len", "2048",
-                          "--request-timeout", str(TIMEOUT_S), "--sse-keepalive", "0.5")
-    yield server
-    stop_server(server)
+def timeout_srv(servers):
+    return servers[1]
 
 
 def test_request_timeout_ends_running_and_queued_requests(timeout_srv):

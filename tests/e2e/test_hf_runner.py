@@ -22,7 +22,7 @@ from engine_proc.sched.request import EngineRequest
 from engine_proc.sched.scheduler import Scheduler
 from ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.runners import make_runner
-from tests.helpers.server import start_server, stop_server
+from tests.helpers.server import start_servers, stop_server
 
 EOS_ID = 2
 BLOCK_SIZE = 8
@@ -222,7 +222,10 @@ def test_served_with_model_impl_transformers_matches_native(tmp_path_factory):
 
     prompt = "The lighthouse keeper wrote in his log that"
     messages = [{"role": "user", "content": "Write a haiku about the sea."}]
-    native = start_server(tmp_path_factory, "--dtype", "float32", "--max-model-len", "2048")
+    # Both started at once (their starts overlap); the native one is asked, and stopped, first.
+    native, srv = start_servers(tmp_path_factory, ("--dtype", "float32", "--max-model-len", "2048"),
+                                ("--model-impl", "transformers", "--max-model-len", "2048", "--dtype", "float32",
+                                 "--log-level", "info"))
     try:
         client = OpenAI(base_url=f"{native.base_url}/v1", api_key="unused", _strict_response_validation=True,
                         max_retries=0, timeout=120)
@@ -230,10 +233,11 @@ def test_served_with_model_impl_transformers_matches_native(tmp_path_factory):
                                                 temperature=0).choices[0].text
         native_chat = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
                                                      max_tokens=24, temperature=0).choices[0].message.content
+    except BaseException:
+        srv.stop()
+        raise
     finally:
         stop_server(native)
-    srv = start_server(tmp_path_factory, "--model-impl", "transformers", "--max-model-len", "2048",
-                       "--dtype", "float32", "--log-level", "info")
     try:
         fallback = OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", _strict_response_validation=True,
                           max_retries=0, timeout=120)

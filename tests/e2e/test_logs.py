@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.server import start_server, stop_server
+from tests.helpers.server import start_servers, stop_server
 
 MODEL = "smollm2-135m-instruct"
 TEXT_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<message>.*)$")
@@ -23,19 +23,25 @@ PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 ACCESS = re.compile(r"^(?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d+)(?P<pairs>.*)$")
 
 
-@pytest.fixture(scope="module", params=["text", "json"])
-def logged(request, model_dir, tmp_path_factory):
-    """(format, server, traffic): json also has --log-requests."""
-    fmt = request.param
-    flags = ["--log-format", fmt, "--log-requests"] if fmt == "json" else []
-    server = start_server(tmp_path_factory, "--max-model-len", "512", "--kv-cache-memory", "64MiB",
-                          "--log-level", "info", *flags)
+@pytest.fixture(scope="module")
+def log_servers(model_dir, tmp_path_factory):
+    """format -> its server, both started at once (their starts overlap): json also has --log-requests."""
+    common = ("--max-model-len", "512", "--kv-cache-memory", "64MiB", "--log-level", "info")
+    servers = dict(zip(["text", "json"], start_servers(tmp_path_factory, common,
+                                                       (*common, "--log-format", "json", "--log-requests"))))
     try:
-        yield fmt, server, send_traffic(server)
+        yield servers
     finally:
-        stop_server(server)
-    if fmt == "json":  # the shutdown lines too
-        assert not_json(server.log_path.read_text()) == []
+        for server in servers.values():
+            stop_server(server)
+    assert not_json(servers["json"].log_path.read_text()) == []  # the shutdown lines too
+
+
+@pytest.fixture(scope="module", params=["text", "json"])
+def logged(request, log_servers):
+    """(format, server, traffic)."""
+    server = log_servers[request.param]
+    return request.param, server, send_traffic(server)
 
 
 def send_traffic(server) -> dict:

@@ -16,7 +16,7 @@ import pytest
 from asgi.routes.router_probes import load_snapshot
 from bench.serving.servers import free_port
 from ipc.protocol import EngineStats
-from tests.helpers.server import TINY_MODEL, start_server, stop_server
+from tests.helpers.server import TINY_MODEL, start_servers, stop_server
 
 SMG = Path(sys.executable).parent / "smg"
 SYSTEM = "You are a careful assistant who answers questions about ships, harbours and the sea. " * 8
@@ -27,9 +27,9 @@ def fleet(tmp_path_factory):
     from bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
-    servers = [start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy",
-                            "--served-model-name", TINY_MODEL, "--max-model-len", "1024", "--log-level", "info")
-               for _ in range(2)]  # info: the access log shows what the gateway asks
+    flags = ("--model", str(tiny), "--load-format", "dummy", "--served-model-name", TINY_MODEL,
+             "--max-model-len", "1024", "--log-level", "info")  # info: the access log shows what the gateway asks
+    servers = start_servers(tmp_path_factory, flags, flags)
     port = free_port()
     log = tmp_path_factory.mktemp("smg") / "smg.log"
     with open(log, "wb") as out:

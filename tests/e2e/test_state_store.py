@@ -14,10 +14,11 @@ import pytest
 
 from tests.helpers.redis_server import free_port
 from tests.helpers.responses_events import check_stream, parse_sse
-from tests.helpers.server import start_server, stop_server
+from tests.helpers.server import start_server, start_servers, stop_server
 
 MODEL = "smollm2-135m-instruct"
 FINISHED = ("completed", "incomplete")  # the model's own end, or max_output_tokens (3 here)
+TTL_S = 12  # --responses-store-ttl of two_workers
 SECRET = "Zanzibar-7731"  # stored content that must never appear in a log
 
 
@@ -42,7 +43,12 @@ def alone_tokens(srv, text: str) -> int:
 
 @pytest.fixture(scope="module")
 def two_workers(model_dir, tmp_path_factory):
-    srv = start_server(tmp_path_factory, "--workers", "2", "--responses-store-ttl", "12")
+    srv = start_server(tmp_path_factory, "--workers", "2", "--responses-store-ttl", str(TTL_S))
+    # The TTL's clock starts here and test_ttl_holds_on_every_worker, last in this file, reads it:
+    # the other tests' servers fill the wait that a sleep of the whole TTL (12.5 s) used to.
+    response_id = create(srv, input="Soon gone.")["id"]
+    assert get(srv, f"/v1/responses/{response_id}").status_code == 200
+    srv.expiring = (response_id, time.monotonic())
     yield srv
     stop_server(srv)
 
@@ -97,14 +103,6 @@ def test_cancel_from_any_worker(two_workers):
         assert get(two_workers, f"/v1/responses/{response['id']}").json()["status"] == "cancelled"
 
 
-def test_ttl_holds_on_every_worker(two_workers):
-    response_id = create(two_workers, input="Soon gone.")["id"]
-    assert get(two_workers, f"/v1/responses/{response_id}").status_code == 200
-    time.sleep(12.5)
-    for _ in range(4):
-        assert get(two_workers, f"/v1/responses/{response_id}").status_code == 404
-
-
 def test_durable_sqlite_survives_restarts_and_a_killed_server(model_dir, tmp_path_factory):
     db = tmp_path_factory.mktemp("state") / "state.db"
     url = f"sqlite://{db}"
@@ -141,8 +139,8 @@ def test_durable_sqlite_survives_restarts_and_a_killed_server(model_dir, tmp_pat
 
 
 def test_two_servers_share_one_redis(model_dir, tmp_path_factory, redis_server):
-    a = start_server(tmp_path_factory, "--state-store", redis_server.url)
-    b = start_server(tmp_path_factory, "--state-store", redis_server.url, "--workers", "2")
+    a, b = start_servers(tmp_path_factory, ("--state-store", redis_server.url),
+                         ("--state-store", redis_server.url, "--workers", "2"))
     try:
         made_on_a = client(a).responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=3)
         assert client(b).responses.retrieve(made_on_a.id).status in FINISHED
@@ -185,3 +183,10 @@ def test_a_broken_store_fails_only_its_routes(model_dir, tmp_path_factory, store
         stop_server(srv)
     assert "Traceback" not in srv.log()
     assert "state store" in srv.log() and SECRET not in srv.log()  # the failure is logged, never the content
+
+
+def test_ttl_holds_on_every_worker(two_workers):
+    response_id, created_at = two_workers.expiring  # created, and found, when the server started
+    time.sleep(max(0.0, created_at + TTL_S + 0.5 - time.monotonic()))
+    for _ in range(4):
+        assert get(two_workers, f"/v1/responses/{response_id}").status_code == 404

@@ -43,15 +43,32 @@ def child_pids(parent: int) -> list[int]:
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
 
 
+def launch_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,
+                  compiled: bool = False) -> ServerProcess:
+    """A `rill serve` with `flags`, started but not yet ready; eager unless `compiled`: compiling decode
+    steps costs each start about 30 s on two cores even from the disk cache, and one compiled server
+    (`server`) covers it."""
+    log_path = tmp_path_factory.mktemp("rill") / "serve.log"
+    eager = () if compiled or "--enforce-eager" in flags else ("--enforce-eager",)
+    return rill_server(*flags, *eager, log_path=log_path, env=env)
+
 
 def start_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,
                  compiled: bool = False) -> ServerProcess:
-    """A `rill serve` with `flags`; eager unless `compiled`: compiling decode steps costs each start
-    about 30 s on two cores even from the disk cache, and one compiled server (`server`) covers it."""
-    log_path = tmp_path_factory.mktemp("rill") / "serve.log"
-    eager = () if compiled or "--enforce-eager" in flags else ("--enforce-eager",)
-    return rill_server(*flags, *eager, log_path=log_path, env=env).wait_ready()
+    """A ready `rill serve` with `flags` (see launch_server)."""
+    return launch_server(tmp_path_factory, *flags, env=env, compiled=compiled).wait_ready()
 
+
+def start_servers(tmp_path_factory, *flag_lists: tuple[str, ...]) -> list[ServerProcess]:
+    """Several ready servers, launched together: their starts (about 5 s each, mostly one process
+    importing) overlap on two cores. If one fails to start, all are stopped."""
+    servers = [launch_server(tmp_path_factory, *flags) for flags in flag_lists]
+    try:
+        return [srv.wait_ready() for srv in servers]
+    except BaseException:
+        for srv in servers:
+            srv.stop()
+        raise
 
 
 def stop_server(server: ServerProcess) -> None:

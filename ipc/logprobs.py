@@ -1,6 +1,6 @@
 """Token logprobs as numpy arrays, and their compact wire form: raw little-endian bytes inline.
 
-bench/ipc_bench.py found raw bytes inline in the msgpack frame as fast as a shared-memory ring
+bench/ipc/ipc_bench.py found raw bytes inline in the msgpack frame as fast as a shared-memory ring
 for a step with top-20 logprobs (README, "Measured"), so each array travels as one `bytes` field and
 is read back with `np.frombuffer`, without a copy.
 """

@@ -64,7 +64,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     lora: str = ""  # the LoRA adapter the request runs with, by name ("": the base model)
 
 
-# Token ids travel inline, as msgpack lists: bench/ipc_bench.py measured them against ids in a
+# Token ids travel inline, as msgpack lists: bench/ipc/ipc_bench.py measured them against ids in a
 # shared-memory ring, which cost more for prompts (copying a list into the ring) and the same
 # for decode steps; for large arrays (top-k logprobs) raw bytes inline did as well as the ring.
 

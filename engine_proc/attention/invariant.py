@@ -10,7 +10,7 @@ the real keys keep their places in every reduction, so a row's arithmetic is the
 any batch, at any chunking of its prompt. A prompt token is computed as a decode row of its own
 (its query heads against its padded context, one matmul each), so a recompute after preemption
 repeats the decode's arithmetic too. Operands are contiguous: on strided ones matmul's path
-depends on the batch size. bench/engine_step.py measures what this costs.
+depends on the batch size. bench/kernels/engine_step.py measures what this costs.
 """
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ gets a quantized copy; the embedding lookup keeps the float matrix, exact as bef
 
 The kernel is torch's own `torch.ops.aten._weight_int8pack_mm(x, w_int8[N, K], scales[N])`.
 What it does on x86 (torch 2.13: read in aten/src/ATen/native/cpu/int8mm_kernel.cpp, measured by
-bench/quant_linears.py; figures from bench/results/quant_linears-cpu.md, a Sapphire Rapids, 2 threads):
+bench/kernels/quant_linears.py; figures from bench/results/quant_linears-cpu.md, a Sapphire Rapids, 2 threads):
 
 - It is vectorized (AVX-512 or AVX2) for bfloat16 activations only; float32 and float16 take a
   scalar loop (the head at 1 row: 10.5 ms, against 4.5 ms for a float32 linear). So activations
   enter it as bfloat16 whatever `--dtype` is and leave it in the model's dtype: under `--dtype
-  float32` an int8 linear at decode also rounds its input to bfloat16 (bench/quant_quality.py
+  float32` an int8 linear at decode also rounds its input to bfloat16 (bench/kernels/quant_quality.py
   measures the whole). The scales are bfloat16 as the kernel wants them; each weight row is
   quantized against its bfloat16 scale, so the scale's rounding costs nothing beyond the int8's.
 - It assumes K a multiple of 16 (8 on AVX2) and a row-contiguous, 32-byte-aligned input; other
@@ -57,7 +57,7 @@ from engine_proc.kernels import extension
 QUANTIZATION_METHODS = ("none", "int8")
 
 # Rows up to which the int8 kernel beats the converted weight's GEMM, by activation dtype (measured
-# by bench/quant_linears.py for every shape of the bundled model, 1 and 2 threads on a Sapphire
+# by bench/kernels/quant_linears.py for every shape of the bundled model, 1 and 2 threads on a Sapphire
 # Rapids: the crossover is at 12-17 rows against bfloat16's AMX GEMM, 22-55 against float32's).
 KERNEL_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 16}
 _DEFAULT_KERNEL_MAX_ROWS = 16

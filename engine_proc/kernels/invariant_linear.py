@@ -12,7 +12,7 @@ row's place in its tile, by tests/model/test_batch_invariant.py). One call over 
 (a batched matmul) does not keep it: measured, bmm's result depends on the number of tiles.
 
 The cost is the padding (a decode of 1 row computes `tile_rows`) and one call per tile (a
-512-token prefill is 512 / tile_rows calls per layer); bench/engine_step.py measures it.
+512-token prefill is 512 / tile_rows calls per layer); bench/kernels/engine_step.py measures it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # Rows per matmul call: the padding costs small batches, the calls per tile cost large ones.
-# Measured (bench.engine_step, bfloat16, Sapphire Rapids), decode time over the default at
+# Measured (bench.kernels.engine_step, bfloat16, Sapphire Rapids), decode time over the default at
 # batch 1/8/32: 8 rows 1.23/1.21/1.64x, 16 rows 1.26/1.27/1.43x, 32 rows 1.38/1.35/1.24x.
 TILE_ROWS = 16
 

@@ -12,10 +12,10 @@ N-1 others every step (10-50 ms apart; 1-50 KB, rarely a few MiB). Two transport
   instead of losing data. A message larger than a slot goes over consecutive slots, each with a
   (total length, chunk length) header.
 - `GlooBroadcast`: torch.distributed broadcasts (the length, then the bytes). The baseline that
-  bench/tp_broadcast.py measures against, and the path between machines.
+  bench/ipc/tp_broadcast.py measures against, and the path between machines.
 
 We use os.open + mmap rather than multiprocessing.shared_memory: the latter's resource tracker
-unlinks segments owned by another process at exit (Python < 3.13), as in bench/shm_ring.py.
+unlinks segments owned by another process at exit (Python < 3.13), as in bench/ipc/shm_ring.py.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 //
 // Measured on a 2-core Sapphire Rapids against oneDNN's inner product over its own prepacked
 // weights (what loader.PackedLinear calls), one call with cold weights (python -m
-// bench.linear_kernels): at 1 to 32 rows (decode) 0.76-0.99x its time, oneDNN's per-call overhead
+// bench.kernels.linear_kernels): at 1 to 32 rows (decode) 0.76-0.99x its time, oneDNN's per-call overhead
 // weighing on a small layer; at 512 rows (prefill) 0.70x where the layer has 576 outputs, for
 // which oneDNN's inner product picks a poor blocking, 1.03x at 960, 1.36x at 3,072 (gate_up_proj,
 // which takes it anyway for its SiLU epilogue: see loader.AMX_DEFAULT_LAYERS).
@@ -45,7 +45,7 @@ constexpr int64_t kTile = 32;
 // Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
 // step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
 // all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
-// 23.9; a 512-token prefill 159 against 157 ms (python -m bench.engine_step --dtype bfloat16). With
+// 23.9; a 512-token prefill 159 against 157 ms (python -m bench.kernels.engine_step --dtype bfloat16). With
 // AVX-512 BF16 alone each padded row costs its full arithmetic (16 rows of the bundled model are
 // about 4 GFLOP a step, 12 ms on a 2-core Zen 4), so fewer: RILL_FIXED_TILE_ROWS overrides.
 int64_t fixed_tile() {

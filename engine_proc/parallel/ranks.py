@@ -30,7 +30,7 @@ log = logging.getLogger("rill.tp")
 class TensorParallel:
     """Rank 0's handle on the group; `send(batch, graphs)` before each step's forward."""
 
-    def __init__(self, parallel: ParallelConfig, device_type: str, log: LogConfig) -> None:
+    def __init__(self, parallel: ParallelConfig, device_type: str, log_config: LogConfig) -> None:
         size, nnodes = parallel.tensor_parallel_size, parallel.nnodes
         if size % nnodes:
             raise ValueError(f"--tensor-parallel-size {size} does not split evenly over --nnodes {nnodes}")
@@ -47,7 +47,7 @@ class TensorParallel:
         self.all_reduce = ShmAllReduce(size, ctx) if nnodes == 1 and device_type == "cpu" else None
         self.procs = []
         for rank in range(1, per_node):
-            args = RankArgs(rank, self.parallel, log, device_type)
+            args = RankArgs(rank, self.parallel, log_config, device_type)
             proc = ctx.Process(target=run_rank, args=(args, self.shm.reader(rank - 1), self.all_reduce),
                                name=f"rill-tp-rank-{rank}", daemon=True)
             proc.start()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -106,18 +107,22 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:  # checks the plumbing only: skip the ~30 s compile of decode steps at each start
         common += ("--enforce-eager",)
     overload, single = [], {"bounded": [], "unbounded": []}
-    with tempfile.TemporaryDirectory(prefix="rill-bench-") as scratch:
-        with rill_server(*common, *BOUNDED, log_path=Path(scratch) / "bounded.log") as bounded, \
-                rill_server(*common, log_path=Path(scratch) / "unbounded.log") as unbounded:
-            model = httpx.get(f"{bounded.base_url}/v1/models").json()["data"][0]["id"]
-            asyncio.run(single_round(bounded.base_url, model, 4))  # warm-up of both
-            asyncio.run(single_round(unbounded.base_url, model, 4))
-            for _ in range(rounds):
-                for flood_kind in (None, "refused", "health"):
-                    overload.append(asyncio.run(overload_round(bounded.base_url, model, max_tokens, flood_kind,
-                                                               args.flood_rate)))
-                for name, srv in (("unbounded", unbounded), ("bounded", bounded)):
-                    single[name].append(asyncio.run(single_round(srv.base_url, model, max_tokens)))
+    with tempfile.TemporaryDirectory(prefix="rill-bench-") as scratch, contextlib.ExitStack() as stack:
+        # Both launched before either is waited for: their starts overlap, and nothing is measured yet.
+        launched = [rill_server(*common, *BOUNDED, log_path=Path(scratch) / "bounded.log"),
+                    rill_server(*common, log_path=Path(scratch) / "unbounded.log")]
+        for srv in launched:
+            stack.callback(srv.stop)
+        bounded, unbounded = (srv.wait_ready() for srv in launched)
+        model = httpx.get(f"{bounded.base_url}/v1/models").json()["data"][0]["id"]
+        asyncio.run(single_round(bounded.base_url, model, 4))  # warm-up of both
+        asyncio.run(single_round(unbounded.base_url, model, 4))
+        for _ in range(rounds):
+            for flood_kind in (None, "refused", "health"):
+                overload.append(asyncio.run(overload_round(bounded.base_url, model, max_tokens, flood_kind,
+                                                           args.flood_rate)))
+            for name, srv in (("unbounded", unbounded), ("bounded", bounded)):
+                single[name].append(asyncio.run(single_round(srv.base_url, model, max_tokens)))
     itl = {kind: statistics.median(r["mean_itl_ms"] for r in overload if r["flood"] == kind)
            for kind in ("none", "refused", "health")}
     refused = sum(r["status_counts"].get("429", 0) for r in overload)

@@ -45,7 +45,7 @@ test-unit: install
 
 # The standard benchmark suite (a few minutes): results and SUMMARY.md under bench/results/.
 bench: install
-	$(BIN)/python -m bench.suite $(ARGS)
+	$(BIN)/python -m rill.bench.suite $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,27 +5,27 @@ import logging
 import os
 import time
 
-from asgi.engine_link.client import EngineDead
-from asgi.engine_link.dp_router import total_stats
-from asgi.engine_link.generate import GenerationFailed
-from asgi.errors import APIError, engine_unavailable, error_body, shutting_down
-from asgi.http.access_log import loggable, tag_records_with_request_id
-from asgi.http.paths import normalize
-from asgi.http.primitives import ClientDisconnected, read_json_body, send_response
-from asgi.http.request_context import RequestContext, set_current
-from asgi.http.router import HTTPRequest, Router
-from asgi.routes import conversations, lora_admin, messages, router_probes
-from asgi.routes import stored_responses as stored
-from asgi.routes.chat import chat_completions
-from asgi.routes.completions import completions
-from asgi.routes.embeddings import create_embeddings
-from asgi.routes.metrics import METRICS_PATH, metrics_endpoint
-from asgi.routes.responses import count_input_tokens, create_response
-from asgi.routes.tokenize import detokenize, get_version, tokenize
-from asgi.state import WorkerSettings, WorkerState, dumps
-from asgi.stores.base import StoreUnavailable
-from asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID
-from ipc.lifetime import die_with_parent
+from rill.asgi.engine_link.client import EngineDead
+from rill.asgi.engine_link.dp_router import total_stats
+from rill.asgi.engine_link.generate import GenerationFailed
+from rill.asgi.errors import APIError, engine_unavailable, error_body, shutting_down
+from rill.asgi.http.access_log import loggable, tag_records_with_request_id
+from rill.asgi.http.paths import normalize
+from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_response
+from rill.asgi.http.request_context import RequestContext, set_current
+from rill.asgi.http.router import HTTPRequest, Router
+from rill.asgi.routes import conversations, lora_admin, messages, router_probes
+from rill.asgi.routes import stored_responses as stored
+from rill.asgi.routes.chat import chat_completions
+from rill.asgi.routes.completions import completions
+from rill.asgi.routes.embeddings import create_embeddings
+from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
+from rill.asgi.routes.responses import count_input_tokens, create_response
+from rill.asgi.routes.tokenize import detokenize, get_version, tokenize
+from rill.asgi.state import WorkerSettings, WorkerState, dumps
+from rill.asgi.stores.base import StoreUnavailable
+from rill.asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID
+from rill.ipc.lifetime import die_with_parent
 
 log = logging.getLogger("rill.api")
 

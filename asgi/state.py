@@ -12,20 +12,20 @@ from pathlib import Path
 import msgspec
 from tokenizers import Tokenizer
 
-from asgi.engine_link.client import EngineClient
-from asgi.http.access_log import log_access
-from asgi.http.auth import ApiKeyGuard
-from asgi.http.cors import CorsPolicy
-from asgi.http.request_context import RequestContext
-from asgi.output.detokenizer import Detokenizer
-from asgi.output.token_text import TokenTexts
-from asgi.prompt.templating import ChatTemplate, load_template_arg
-from asgi.routes.metrics import Metrics
-from asgi.stores.base import Bounds, StateStore
-from asgi.stores.open import open_store
-from ipc.channels import RunPaths
-from ipc.config import HttpConfig
-from ipc.protocol import EngineLimits
+from rill.asgi.engine_link.client import EngineClient
+from rill.asgi.http.access_log import log_access
+from rill.asgi.http.auth import ApiKeyGuard
+from rill.asgi.http.cors import CorsPolicy
+from rill.asgi.http.request_context import RequestContext
+from rill.asgi.output.detokenizer import Detokenizer
+from rill.asgi.output.token_text import TokenTexts
+from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
+from rill.asgi.routes.metrics import Metrics
+from rill.asgi.stores.base import Bounds, StateStore
+from rill.asgi.stores.open import open_store
+from rill.ipc.channels import RunPaths
+from rill.ipc.config import HttpConfig
+from rill.ipc.protocol import EngineLimits
 
 SETTINGS_ENV = "RILL_WORKER_SETTINGS"
 log = logging.getLogger("rill.api")

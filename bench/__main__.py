@@ -1,4 +1,4 @@
-"""`python -m bench SUBCOMMAND` (also `rill bench`): serve, compare, sweep."""
+"""`python -m rill.bench SUBCOMMAND` (also `rill bench`): serve, compare, sweep."""
 from __future__ import annotations
 
 import argparse
@@ -18,18 +18,18 @@ def add_bench_subcommands(sub) -> None:
     for name, help_text in SUBCOMMANDS.items():
         parser = sub.add_parser(name, help=help_text, description=help_text,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        module = importlib.import_module(f"bench.serving.{name}")
+        module = importlib.import_module(f"rill.bench.serving.{name}")
         getattr(module, f"add_{name}_args")(parser)
         parser.set_defaults(bench_main=module.main)
 
 
-def build_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m rill.bench") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Rill's serving benchmarks.")
     add_bench_subcommands(parser.add_subparsers(dest="bench_command", required=True))
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m rill.bench") -> int:
     args = build_parser(prog).parse_args(argv)
     return args.bench_main(args) or 0
 

@@ -32,7 +32,7 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
 
 stage tests 180 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_kernels.py tests/model/test_triton_path.py tests/model/test_gpu_decode_graphs.py
-stage engine_step 200 python3 -m bench.kernels.engine_step --device cuda --dtype bfloat16 --model .gpu/smollm2-dummy \
+stage engine_step 200 python3 -m rill.bench.kernels.engine_step --device cuda --dtype bfloat16 --model .gpu/smollm2-dummy \
   --batch-sizes 1,8,32 --rounds 3 --machine gpu --out "$OUT/engine_step-bfloat16-cuda-gpu.json"
 
 # A served run: the engine process on the GPU behind the real HTTP stack, 128 in / 128 out at concurrency 32.
@@ -45,7 +45,7 @@ serve_and_load() {
   curl -s localhost:8123/stats; echo
   curl -s localhost:8123/v1/chat/completions -H 'content-type: application/json' \
     -d '{"model": "smollm2-dummy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'; echo
-  python3 -m bench serve --port 8123 --endpoint /v1/completions --num-prompts 128 --max-concurrency 32 \
+  python3 -m rill.bench serve --port 8123 --endpoint /v1/completions --num-prompts 128 --max-concurrency 32 \
     --random-input-len 128 --random-output-len 128 --ignore-eos --disable-tqdm --num-warmups 4 \
     --tokenizer .gpu/smollm2-dummy --save-result --result-dir "$OUT" --label gpu-serve
   kill -INT $pid; wait $pid

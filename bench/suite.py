@@ -1,4 +1,4 @@
-"""`make bench` (`python -m bench.suite`): the standard suite against servers it starts itself.
+"""`make bench` (`python -m rill.bench.suite`): the standard suite against servers it starts itself.
 
 1. The serving stack alone: Rill serving a tiny random-weight model against a bare Granian app
    that answers the same SSE shape with no engine (the ceiling of the HTTP layer here), at
@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.__main__ import main as bench_main
-from bench.features import prefix_cache
-from bench.ipc import ipc_bench
-from bench.kernels import engine_step
-from bench.peers import run as peers
-from bench.serving.servers import baseline_server, rill_server
-from bench.serving.tiny_model import write_tiny_model
+from rill.bench.__main__ import main as bench_main
+from rill.bench.features import prefix_cache
+from rill.bench.ipc import ipc_bench
+from rill.bench.kernels import engine_step
+from rill.bench.peers import run as peers
+from rill.bench.serving.servers import baseline_server, rill_server
+from rill.bench.serving.tiny_model import write_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = "1,16,64,256"
@@ -42,7 +42,7 @@ def http_stack(out: Path, rounds: int, num_prompts: int, scratch: Path) -> dict[
                     "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", str(output_len),
                     "--num-prompts", str(num_prompts), "--max-concurrency", CONCURRENCY, "--rounds", str(rounds),
                     "--disable-tqdm", "--out", str(out / name)]
-            if bench_main(argv, prog="python -m bench") != 0:
+            if bench_main(argv, prog="python -m rill.bench") != 0:
                 raise SystemExit(f"bench compare failed for {name}")
             reports[name] = out / name / "compare.json"
     return reports
@@ -99,7 +99,7 @@ def targets_headline(peer: dict, prefix: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.suite", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the HTTP comparison")
     ap.add_argument("--num-prompts", type=int, default=256)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_step.main(["--out", str(args.out / "engine_step-float32-cpu.json")])
     peer = peers.main(["--out", str(args.out / "peers-cpu.json")])
     prefix = prefix_cache.main(["--out", str(args.out / "prefix_cache-cpu.json")])
-    summary = ["# Rill benchmark suite", "", f"Made by `make bench` (`python -m bench.suite`) on "
+    summary = ["# Rill benchmark suite", "", f"Made by `make bench` (`python -m rill.bench.suite`) on "
                f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs.", "",
                "## The serving stack alone (tiny random-weight model vs a bare Granian SSE app)", "",
                *http_headline(reports), "",

@@ -5,12 +5,12 @@ import queue
 
 import zmq
 
-from engine_proc.core import EngineCore
-from engine_proc.io_threads import InputThread, OutputThread
-from engine_proc.sched.admission import AdmissionControl
-from engine_proc.sched.deadlines import Deadlines
-from ipc.channels import RunPaths
-from ipc.config import EngineConfig
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.io_threads import InputThread, OutputThread
+from rill.engine_proc.sched.admission import AdmissionControl
+from rill.engine_proc.sched.deadlines import Deadlines
+from rill.ipc.channels import RunPaths
+from rill.ipc.config import EngineConfig
 
 
 def start_core(config: EngineConfig, paths: RunPaths, scheduler, runner, *, rank: int = 0, make_grammar_gate=None,

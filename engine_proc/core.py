@@ -6,16 +6,16 @@ import queue
 import resource
 import time
 
-from engine_proc.grammar.compiler import GrammarCompiled
-from engine_proc.grammar.gate import GrammarGate
-from engine_proc.model.runner_api import Runner
-from engine_proc.sched.admission import AdmissionControl
-from engine_proc.sched.batch import Batch, TokenDelta
-from engine_proc.sched.deadlines import Deadlines
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc import protocol as p
-from ipc.logprobs import TokenLogprobs, encode_logprobs
+from rill.engine_proc.grammar.compiler import GrammarCompiled
+from rill.engine_proc.grammar.gate import GrammarGate
+from rill.engine_proc.model.runner_api import Runner
+from rill.engine_proc.sched.admission import AdmissionControl
+from rill.engine_proc.sched.batch import Batch, TokenDelta
+from rill.engine_proc.sched.deadlines import Deadlines
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc import protocol as p
+from rill.ipc.logprobs import TokenLogprobs, encode_logprobs
 
 log = logging.getLogger("rill.engine")
 _NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT, p.FinishReason.CANCELLED)  # not num_finished
@@ -199,7 +199,7 @@ class EngineCore:
 
     def update_lora(self, item: p.LoRAUpdate) -> p.LoRAResult:
         """Loads or unloads an adapter between two steps; never one that a live request uses."""
-        from engine_proc.lora.adapter import AdapterError
+        from rill.engine_proc.lora.adapter import AdapterError
 
         lora = self.runner.lora
         if lora is None:

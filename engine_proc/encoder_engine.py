@@ -7,10 +7,10 @@ import logging
 import time
 from pathlib import Path
 
-from engine_proc.cpu_features import cpu_info
-from ipc import protocol as p
-from ipc.channels import RunPaths
-from ipc.config import EngineConfig
+from rill.engine_proc.cpu_features import cpu_info
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths
+from rill.ipc.config import EngineConfig
 
 log = logging.getLogger("rill.engine")
 
@@ -18,10 +18,10 @@ log = logging.getLogger("rill.engine")
 def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype_name: str, dtype_reason: str, device):
     import torch
 
-    from engine_proc.assembly import start_core
-    from engine_proc.model.encoder_runner import EncoderRunner
-    from engine_proc.sched.block_manager import BlockManager
-    from engine_proc.sched.scheduler import Scheduler
+    from rill.engine_proc.assembly import start_core
+    from rill.engine_proc.model.encoder_runner import EncoderRunner
+    from rill.engine_proc.sched.block_manager import BlockManager
+    from rill.engine_proc.sched.scheduler import Scheduler
 
     model, limits = config.model, config.scheduler
     model_dir = Path(model.model_dir)

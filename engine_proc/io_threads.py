@@ -16,10 +16,10 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from engine_proc.sched.admission import AdmissionControl
-from engine_proc.sched.request import EngineRequest
-from ipc import protocol as p
-from ipc.channels import RunPaths, make_socket
+from rill.engine_proc.sched.admission import AdmissionControl
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths, make_socket
 
 log = logging.getLogger("rill.engine")
 

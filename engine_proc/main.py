@@ -10,13 +10,13 @@ from pathlib import Path
 
 import msgspec
 
-from engine_proc.cpu_features import cpu_info
-from engine_proc.model.choice import choose_dtype, choose_runner, eos_token_ids
-from ipc import protocol as p
-from ipc.channels import RunPaths
-from ipc.config import EngineConfig
-from ipc.lifetime import die_with_parent
-from ipc.logs import configure_logging
+from rill.engine_proc.cpu_features import cpu_info
+from rill.engine_proc.model.choice import choose_dtype, choose_runner, eos_token_ids
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths
+from rill.ipc.config import EngineConfig
+from rill.ipc.lifetime import die_with_parent
+from rill.ipc.logs import configure_logging
 
 log = logging.getLogger("rill.engine")
 
@@ -74,16 +74,16 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
 def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     import torch
 
-    from engine_proc.assembly import start_core
-    from engine_proc.attention.kv_cache import num_blocks_for_memory
-    from engine_proc.grammar.compiler import GrammarCompiler
-    from engine_proc.grammar.gate import GrammarGate
-    from engine_proc.model.hf_runner import TransformersRunner
-    from engine_proc.model.loader import load_config
-    from engine_proc.model.sentence_layout import is_sentence_transformers
-    from engine_proc.sched.block_manager import BlockManager
-    from engine_proc.sched.scheduler import Scheduler
-    from engine_proc.spec.build import build_speculator
+    from rill.engine_proc.assembly import start_core
+    from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
+    from rill.engine_proc.grammar.compiler import GrammarCompiler
+    from rill.engine_proc.grammar.gate import GrammarGate
+    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.loader import load_config
+    from rill.engine_proc.model.sentence_layout import is_sentence_transformers
+    from rill.engine_proc.sched.block_manager import BlockManager
+    from rill.engine_proc.sched.scheduler import Scheduler
+    from rill.engine_proc.spec.build import build_speculator
 
     model, limits = config.model, config.scheduler
     if model.num_threads:
@@ -94,7 +94,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     log.info("dtype %s: %s; CPU %s", dtype_name, dtype_reason, cpu_info().summary())
     model_dir = Path(model.model_dir)
     if is_sentence_transformers(model_dir):  # an encoder: embeddings only, no KV cache to page
-        from engine_proc.encoder_engine import build_encoder_engine
+        from rill.engine_proc.encoder_engine import build_encoder_engine
 
         return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device)
     hf_config = load_config(model_dir)
@@ -142,7 +142,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
                           max_model_len=max_model_len, eos_token_ids=eos_ids, speculator=speculator)
     kv_events = None
     if config.kv_events_endpoint:
-        from engine_proc.kv_events import publisher_for
+        from rill.engine_proc.kv_events import publisher_for
 
         kv_events = publisher_for(config, rank, blocks, device)
     # Structured outputs: bitmasks as wide as the model's logits, compiled off the busy loop.
@@ -182,12 +182,12 @@ def start_tensor_parallel(config: EngineConfig, dtype_name: str, device, num_blo
     model = config.model
     if config.parallel.tensor_parallel_size <= 1:
         return None, model
-    from engine_proc.parallel.group import RankSetup
-    from engine_proc.parallel.ranks import TensorParallel
+    from rill.engine_proc.parallel.group import RankSetup
+    from rill.engine_proc.parallel.ranks import TensorParallel
 
     if model.enable_embeddings:
         raise ValueError("--enable-embeddings is not served with --tensor-parallel-size > 1")
-    from engine_proc.spec.config import parse_speculative_config
+    from rill.engine_proc.spec.config import parse_speculative_config
 
     speculative = parse_speculative_config(model.speculative_config)
     if speculative is not None and speculative.method == "draft_model":  # refused before any rank starts

@@ -9,7 +9,7 @@ import functools
 import json
 import re
 
-from ipc.protocol import StructuredKind, StructuredSpec
+from rill.ipc.protocol import StructuredKind, StructuredSpec
 
 # OpenAI's json_object promises an object; xgrammar's builtin JSON grammar also admits arrays.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'

@@ -5,7 +5,7 @@ import enum
 
 import msgspec
 
-from ipc.logprobs import LogprobsPayload
+from rill.ipc.logprobs import LogprobsPayload
 
 
 class FinishReason(enum.IntEnum):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from asgi.parsers.reasoning import REASONING_PARSERS
-from asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.parsers.reasoning import REASONING_PARSERS
+from rill.asgi.parsers.tools import TOOL_PARSERS
 
 
 def add_chat_flags(ap: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
 def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Exits (status 2) with one line naming the flag for a chat template that does not load or
     compile, or --enable-auto-tool-choice without a parser: at start, not on the first request."""
-    from asgi.prompt.templating import TemplateError, load_template_arg
+    from rill.asgi.prompt.templating import TemplateError, load_template_arg
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         _fail(parser, "--enable-auto-tool-choice needs --tool-call-parser")

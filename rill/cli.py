@@ -168,7 +168,7 @@ def add_metrics_flags(ap: argparse.ArgumentParser) -> None:
 
 
 def _str_list(text: str) -> list[str]:
-    from asgi.http.cors import parse_list
+    from rill.asgi.http.cors import parse_list
 
     try:
         return parse_list(text)
@@ -211,7 +211,7 @@ def speculative_config(text: str) -> str:
     """--speculative-config checked at once (argparse exits 2 with the message)."""
     from pathlib import Path
 
-    from engine_proc.spec.config import parse_speculative_config
+    from rill.engine_proc.spec.config import parse_speculative_config
 
     try:
         config = parse_speculative_config(text)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                            add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its own parser, so that `rill bench -h` and every flag pass through
-        from bench.__main__ import main as bench_main
+        from rill.bench.__main__ import main as bench_main
 
         try:
             sys.exit(bench_main(argv[1:], prog="rill bench"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from rill.ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from rill.lora_flags import lora_modules
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import zmq
 
-from asgi.engine_link.dp_router import total_stats
-from ipc import protocol as p
-from ipc.channels import RunPaths, make_socket
+from rill.asgi.engine_link.dp_router import total_stats
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths, make_socket
 
 log = logging.getLogger("rill")
 LAUNCHER_ID = "launcher"  # the launcher's worker id: the engine answers it on its own socket

@@ -15,8 +15,8 @@ import os
 import signal
 import threading
 
-from engine_proc.parallel.rank_worker import RankArgs, run_rank
-from ipc.logs import configure_logging
+from rill.engine_proc.parallel.rank_worker import RankArgs, run_rank
+from rill.ipc.logs import configure_logging
 
 log = logging.getLogger("rill")
 

@@ -9,10 +9,10 @@ import os
 import signal
 import threading
 
-from ipc.channels import RunPaths
-from ipc.config import Config
-from ipc.lifetime import PR_SET_PDEATHSIG
 from rill.engine_monitor import EngineMonitor
+from rill.ipc.channels import RunPaths
+from rill.ipc.config import Config
+from rill.ipc.lifetime import PR_SET_PDEATHSIG
 from rill.sdnotify import ServiceReporter
 
 log = logging.getLogger("rill")
@@ -124,7 +124,7 @@ def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporte
         http.shutdown_timeout_s,
         monitor,
         reporter,
-        "asgi.app:app",
+        "rill.asgi.app:app",
         address=http.host,
         port=http.port,
         interface=Interfaces.ASGI,

@@ -20,17 +20,17 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
-from asgi.state import SETTINGS_ENV, WorkerSettings
-from asgi.stores.open import StoreURLError, check_url, describe
-from engine_proc.main import run_engine
-from ipc import protocol as p
-from ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
-from ipc.config import EngineConfig
-from ipc.logs import configure_logging
+from rill.asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
+from rill.asgi.state import SETTINGS_ENV, WorkerSettings
+from rill.asgi.stores.open import StoreURLError, check_url, describe
 from rill.config_args import config_from_args
 from rill.engine_monitor import EngineMonitor
+from rill.engine_proc.main import run_engine
 from rill.http_server import run_granian
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
+from rill.ipc.config import EngineConfig
+from rill.ipc.logs import configure_logging
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
 
@@ -41,7 +41,7 @@ BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
 def resolve_model(args) -> tuple[Path, str]:
     if args.model is None:
-        from engine_proc.model.bundled import ensure_bundled_model
+        from rill.engine_proc.model.bundled import ensure_bundled_model
 
         return ensure_bundled_model(args.cache_dir), args.served_model_name or BUNDLED_MODEL_ID
     model_dir = Path(args.model).expanduser()

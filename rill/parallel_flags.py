@@ -7,7 +7,7 @@ import os
 
 import msgspec
 
-from ipc.config import EngineConfig
+from rill.ipc.config import EngineConfig
 
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
 

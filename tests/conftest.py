@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def model_dir():
-    from engine_proc.model.bundled import ensure_bundled_model
+    from rill.engine_proc.model.bundled import ensure_bundled_model
 
     return ensure_bundled_model()
 
@@ -67,7 +67,7 @@ def tiny_server(model_dir, tmp_path_factory):
     """The hardening suite's server: bench's tiny random-weight model (each step costs almost
     nothing, so what is under test is the serving stack) behind two API workers, with a 12 MiB
     body limit (a 10 MB string fits, 13 MB does not) and a 64 MiB KV cache."""
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",

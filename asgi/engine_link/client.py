@@ -16,11 +16,11 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from asgi.engine_link.dp_router import EngineChooser, total_stats
-from asgi.engine_link.mailbox import Mailbox
-from ipc import protocol as p
-from ipc.channels import RunPaths, make_socket
-from ipc.logprobs import decode_logprobs
+from rill.asgi.engine_link.dp_router import EngineChooser, total_stats
+from rill.asgi.engine_link.mailbox import Mailbox
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths, make_socket
+from rill.ipc.logprobs import decode_logprobs
 
 log = logging.getLogger("rill.api")
 ENGINE_DEAD = "The inference engine stopped unexpectedly."

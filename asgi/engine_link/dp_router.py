@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ipc.protocol import EngineStats
+from rill.ipc.protocol import EngineStats
 
 ROOT_HASH = 0
 MAX_BLOCKS_REMEMBERED = 200_000  # about 12 MiB of hashes per worker

@@ -10,13 +10,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from asgi.engine_link.client import ENGINE_DEAD, EngineClient, EngineDead
-from asgi.engine_link.mailbox import Mailbox
-from asgi.errors import APIError, engine_unavailable, queue_full
-from asgi.http.request_context import current
-from asgi.output.detokenizer import Detokenizer
-from ipc.logprobs import TokenLogprobs
-from ipc.protocol import FinishReason, SamplingParams, Verdict
+from rill.asgi.engine_link.client import ENGINE_DEAD, EngineClient, EngineDead
+from rill.asgi.engine_link.mailbox import Mailbox
+from rill.asgi.errors import APIError, engine_unavailable, queue_full
+from rill.asgi.http.request_context import current
+from rill.asgi.output.detokenizer import Detokenizer
+from rill.ipc.logprobs import TokenLogprobs
+from rill.ipc.protocol import FinishReason, SamplingParams, Verdict
 
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 KEEPALIVE = object()

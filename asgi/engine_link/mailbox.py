@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ipc.logprobs import TokenLogprobs
-from ipc.protocol import FinishReason, RequestTimings
+from rill.ipc.logprobs import TokenLogprobs
+from rill.ipc.protocol import FinishReason, RequestTimings
 
 
 @dataclass(eq=False)

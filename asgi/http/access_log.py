@@ -11,8 +11,8 @@ import logging
 
 import msgspec
 
-from asgi.http.request_context import RequestContext, current
-from ipc.logs import REQUESTS_LOGGER
+from rill.asgi.http.request_context import RequestContext, current
+from rill.ipc.logs import REQUESTS_LOGGER
 
 access_log = logging.getLogger("rill.access")
 requests_log = logging.getLogger(REQUESTS_LOGGER)

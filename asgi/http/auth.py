@@ -10,7 +10,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from asgi.errors import APIError
+from rill.asgi.errors import APIError
 
 API_KEY_ENV = "RILL_API_KEY"
 # Default deny: with keys, every path needs one but these (normalised paths, asgi.http.paths), so

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from asgi.errors import APIError
+from rill.asgi.errors import APIError
 
 DEFAULT_METHODS = ("GET", "POST")
 DEFAULT_HEADERS = ("*",)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asgi.errors import APIError
+from rill.asgi.errors import APIError
 
 
 class ClientDisconnected(Exception):

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.output.chat_delta import merge_delta, message
-from asgi.output.chunk_format import ChunkFormatter
-from asgi.output.logprobs_format import ChatLogprobs, prompt_logprobs
-from asgi.output.token_text import TokenTexts
-from asgi.parsers.chat_output import OutputParser, PlainText
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.output.chat_delta import merge_delta, message
+from rill.asgi.output.chunk_format import ChunkFormatter
+from rill.asgi.output.logprobs_format import ChatLogprobs, prompt_logprobs
+from rill.asgi.output.token_text import TokenTexts
+from rill.asgi.parsers.chat_output import OutputParser, PlainText
 
 _encode = msgspec.json.encode
 

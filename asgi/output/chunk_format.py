@@ -5,7 +5,7 @@ import time
 
 import msgspec
 
-from asgi.engine_link.generate import Usage
+from rill.asgi.engine_link.generate import Usage
 
 _encode = msgspec.json.encode
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.output.chunk_format import ChunkFormatter
-from asgi.output.logprobs_format import CompletionLogprobs, merge_completion_logprobs, prompt_logprobs
-from asgi.output.token_text import TokenTexts
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.output.chunk_format import ChunkFormatter
+from rill.asgi.output.logprobs_format import CompletionLogprobs, merge_completion_logprobs, prompt_logprobs
+from rill.asgi.output.token_text import TokenTexts
 
 _encode = msgspec.json.encode
 

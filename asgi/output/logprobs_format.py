@@ -5,8 +5,8 @@ infinity.
 """
 from __future__ import annotations
 
-from asgi.output.token_text import TokenTexts
-from ipc.logprobs import TokenLogprobs
+from rill.asgi.output.token_text import TokenTexts
+from rill.ipc.logprobs import TokenLogprobs
 
 MIN_LOGPROB = -9999.0
 

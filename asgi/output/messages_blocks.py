@@ -13,8 +13,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from asgi.parsers.chat_output import OutputParser
-from asgi.requests import nesting
+from rill.asgi.parsers.chat_output import OutputParser
+from rill.asgi.requests import nesting
 
 # This server cannot sign thinking; Anthropic's SDKs require the field, so it is empty.
 SIGNATURE = ""

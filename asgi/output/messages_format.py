@@ -7,9 +7,9 @@ from typing import Any
 
 import msgspec
 
-from asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, Usage
-from asgi.output.messages_blocks import MessageBlocks
-from asgi.output.responses_format import sse_event
+from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, Usage
+from rill.asgi.output.messages_blocks import MessageBlocks
+from rill.asgi.output.responses_format import sse_event
 
 # Anthropic's keep-alive, written as Anthropic writes it.
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'

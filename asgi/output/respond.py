@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from asgi.engine_link.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
-from asgi.errors import APIError, error_body
-from asgi.http.primitives import DisconnectWatcher, send_response
-from asgi.http.sse import KEEPALIVE as KEEPALIVE_COMMENT
-from asgi.http.sse import SSEWriter, frame
+from rill.asgi.engine_link.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
+from rill.asgi.errors import APIError, error_body
+from rill.asgi.http.primitives import DisconnectWatcher, send_response
+from rill.asgi.http.sse import KEEPALIVE as KEEPALIVE_COMMENT
+from rill.asgi.http.sse import SSEWriter, frame
 
 if TYPE_CHECKING:
-    from asgi.requests.nvext import NvExtReply
+    from rill.asgi.requests.nvext import NvExtReply
 
 log = logging.getLogger("rill.api")
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.output.logprobs_format import ChatLogprobs
-from asgi.parsers.chat_output import OutputParser
-from asgi.requests.responses_input import new_item_id
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.output.logprobs_format import ChatLogprobs
+from rill.asgi.parsers.chat_output import OutputParser
+from rill.asgi.requests.responses_input import new_item_id
 
 TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed",
             "cancelled": "response.failed"}

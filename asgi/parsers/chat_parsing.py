@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asgi.output.chat_delta import merge_delta
-from asgi.parsers.chat_output import OutputParser, PlainText
-from asgi.parsers.reasoning import REASONING_PARSERS
-from asgi.parsers.tools import TOOL_PARSERS
-from asgi.parsers.tools.forced import NamedCall, RequiredCalls
-from asgi.requests.tool_choice import ToolMode, ToolPlan
+from rill.asgi.output.chat_delta import merge_delta
+from rill.asgi.parsers.chat_output import OutputParser, PlainText
+from rill.asgi.parsers.reasoning import REASONING_PARSERS
+from rill.asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
 
 
 class ReasoningThenTools:

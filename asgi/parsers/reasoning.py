@@ -1,8 +1,8 @@
 """Reasoning parsers (vLLM's `--reasoning-parser` names): `<think>...</think>` becomes `reasoning_content`."""
 from __future__ import annotations
 
-from asgi.parsers.chat_output import BufferedParser
-from asgi.parsers.tools.deltas import DeltaBuilder, held_tail
+from rill.asgi.parsers.chat_output import BufferedParser
+from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail
 
 OPEN, CLOSE = "<think>", "</think>"
 

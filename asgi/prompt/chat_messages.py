@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgi.errors import APIError
-from asgi.prompt.encoding import encode_texts
-from asgi.prompt.templating import ChatTemplate, TemplateError, request_template
-from asgi.requests import nesting
-from asgi.requests.schemas import ChatCompletionRequest, ChatMessage
-from asgi.requests.tool_choice import template_tools
-from asgi.state import WorkerState
+from rill.asgi.errors import APIError
+from rill.asgi.prompt.encoding import encode_texts
+from rill.asgi.prompt.templating import ChatTemplate, TemplateError, request_template
+from rill.asgi.requests import nesting
+from rill.asgi.requests.schemas import ChatCompletionRequest, ChatMessage
+from rill.asgi.requests.tool_choice import template_tools
+from rill.asgi.state import WorkerState
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Set by the request's own fields, never through chat_template_kwargs.

@@ -5,7 +5,7 @@ import asyncio
 
 from tokenizers import Tokenizer
 
-from asgi.errors import APIError
+from rill.asgi.errors import APIError
 
 # A 64 KiB prompt encodes in about 30 ms here: below that, the encode stays on the loop (a thread
 # hop would cost more than the stall); above it, it runs on a thread. `tokenizers` releases the

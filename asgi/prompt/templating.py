@@ -14,7 +14,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # The top-level templates/ folder, installed as the package rill_templates (pyproject.toml).
-BUNDLED_TEMPLATES_DIR = Path(str(importlib.resources.files("rill_templates")))
+BUNDLED_TEMPLATES_DIR = Path(str(importlib.resources.files("rill.templates")))
 DEFAULT_TEMPLATE_NAME = "chatml"
 
 

@@ -7,8 +7,8 @@ from typing import TypeVar
 
 import msgspec
 
-from asgi.errors import APIError, from_validation_error
-from asgi.requests.nesting import MAX_DEPTH, deep_field
+from rill.asgi.errors import APIError, from_validation_error
+from rill.asgi.requests.nesting import MAX_DEPTH, deep_field
 
 T = TypeVar("T")
 

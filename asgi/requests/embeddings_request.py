@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from asgi.requests.bounds import MAX_PROMPTS, Name
+from rill.asgi.requests.bounds import MAX_PROMPTS, Name
 
 MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the inputs of one request
 

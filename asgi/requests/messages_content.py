@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgi.errors import APIError
-from asgi.requests.bounds import MAX_CONTENT_PARTS
+from rill.asgi.errors import APIError
+from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
 
 BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 # A tool_result's text says it reports an error this way: chat's tool message has no such field.

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError
-from asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
-from asgi.requests.messages_content import chat_messages
-from asgi.requests.messages_tools import (
+from rill.asgi.errors import APIError
+from rill.asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
+from rill.asgi.requests.messages_content import chat_messages
+from rill.asgi.requests.messages_tools import (
     AnthropicTool,
     Thinking,
     ToolChoice,
@@ -23,7 +23,7 @@ from asgi.requests.messages_tools import (
     chat_tools,
     thinking_enabled,
 )
-from asgi.requests.schemas import ChatCompletionRequest, chat_from
+from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
 
 UNSUPPORTED = ("service_tier", "container", "mcp_servers")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from asgi.errors import APIError
-from asgi.requests.bounds import Name
+from rill.asgi.errors import APIError
+from rill.asgi.requests.bounds import Name
 
 # Anthropic's rule for a tool's name.
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

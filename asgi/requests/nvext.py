@@ -16,10 +16,10 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asgi.engine_link.generate import Generation
-from asgi.errors import APIError
-from asgi.requests.bounds import MAX_SMALL_LIST, Name
-from ipc.protocol import SamplingParams
+from rill.asgi.engine_link.generate import Generation
+from rill.asgi.errors import APIError
+from rill.asgi.requests.bounds import MAX_SMALL_LIST, Name
+from rill.ipc.protocol import SamplingParams
 
 INT64_MAX = 2**63 - 1
 # Sent at the start of a stream (what the request became), or at its end (how it went).

@@ -10,10 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from asgi.errors import APIError
-from asgi.requests.bounds import MAX_CONTENT_PARTS
-from asgi.requests.responses_request import ResponsesRequest, wants_logprobs
-from asgi.requests.schemas import ChatCompletionRequest, chat_from
+from rill.asgi.errors import APIError
+from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
+from rill.asgi.requests.responses_request import ResponsesRequest, wants_logprobs
+from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
 
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}

@@ -6,9 +6,9 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, unsupported
-from asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
-from asgi.requests.schemas import PositiveInt, Temperature, TopP
+from rill.asgi.errors import APIError, unsupported
+from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
+from rill.asgi.requests.schemas import PositiveInt, Temperature, TopP
 
 MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN = MAX_METADATA, 64, 512
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import re
 
-from asgi.errors import APIError
-from asgi.requests.schemas import SamplingFields
-from asgi.requests.structured import structured_spec
-from ipc.protocol import SamplingParams
+from rill.asgi.errors import APIError
+from rill.asgi.requests.schemas import SamplingFields
+from rill.asgi.requests.structured import structured_spec
+from rill.ipc.protocol import SamplingParams
 
 
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, from_validation_error, not_found, unsupported
-from asgi.requests.body import decode_json
-from asgi.requests.bounds import (
+from rill.asgi.errors import APIError, from_validation_error, not_found, unsupported
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.bounds import (
     MAX_CHAT_TEMPLATE_LEN,
     MAX_CHOICES,
     MAX_CONTENT_PARTS,
@@ -30,7 +30,7 @@ from asgi.requests.bounds import (
     Name,
     StopString,
 )
-from asgi.requests.nvext import NvExt
+from rill.asgi.requests.nvext import NvExt
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]

@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from asgi.errors import APIError
-from asgi.requests import nesting
-from asgi.requests.bounds import MAX_CONSTRAINT_LEN
-from asgi.requests.schemas import SamplingFields
-from ipc.protocol import StructuredKind, StructuredSpec
+from rill.asgi.errors import APIError
+from rill.asgi.requests import nesting
+from rill.asgi.requests.bounds import MAX_CONSTRAINT_LEN
+from rill.asgi.requests.schemas import SamplingFields
+from rill.ipc.protocol import StructuredKind, StructuredSpec
 
 _GUIDED = (("guided_json", StructuredKind.JSON_SCHEMA), ("guided_regex", StructuredKind.REGEX),
            ("guided_choice", StructuredKind.CHOICE), ("guided_grammar", StructuredKind.GRAMMAR))
@@ -53,7 +53,7 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     if not constrained:
         return
     if not _checker_loaded:
-        await asyncio.to_thread(importlib.import_module, "ipc.grammar_spec")
+        await asyncio.to_thread(importlib.import_module, "rill.ipc.grammar_spec")
         _checker_loaded = True
     await asyncio.to_thread(_check_all, req, forced_schema, text_format)
 
@@ -105,7 +105,7 @@ def checked(spec: StructuredSpec, param: str) -> StructuredSpec:
 
 def _build_error(kind: StructuredKind, value: str) -> str | None:
     """Why xgrammar cannot build the grammar, or why it admits no output (about a millisecond), or None."""
-    from ipc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
+    from rill.ipc.grammar_spec import GrammarError, check_spec  # imports xgrammar on first use
 
     try:
         check_spec(StructuredSpec(kind, value))

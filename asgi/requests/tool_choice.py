@@ -11,10 +11,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from asgi.errors import APIError
-from asgi.requests.schemas import ChatCompletionRequest, NamedToolChoice
-from asgi.requests.structured import json_schema_spec
-from ipc.protocol import StructuredSpec
+from rill.asgi.errors import APIError
+from rill.asgi.requests.schemas import ChatCompletionRequest, NamedToolChoice
+from rill.asgi.requests.structured import json_schema_spec
+from rill.ipc.protocol import StructuredSpec
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 

@@ -1,22 +1,22 @@
 """POST /v1/chat/completions: messages -> chat template -> engine -> chunks or one body."""
 from __future__ import annotations
 
-from asgi.engine_link.generate import Generation, new_request_id
-from asgi.http.access_log import log_request_content
-from asgi.http.request_context import current
-from asgi.http.router import HTTPRequest
-from asgi.output.chat_format import ChatFormatter
-from asgi.output.logprobs_format import ChatLogprobs
-from asgi.output.respond import ChunkStream, respond
-from asgi.parsers.chat_parsing import parser_factory
-from asgi.prompt.chat_messages import render_messages
-from asgi.requests.nvext import NvExtReply
-from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import chat_decoder, stop_strings, stream_usage
-from asgi.requests.structured import load_checker
-from asgi.requests.tool_choice import forced_spec, plan_tools
-from asgi.routes.lora_admin import decode_for_model
-from asgi.state import WorkerState
+from rill.asgi.engine_link.generate import Generation, new_request_id
+from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.request_context import current
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.chat_format import ChatFormatter
+from rill.asgi.output.logprobs_format import ChatLogprobs
+from rill.asgi.output.respond import ChunkStream, respond
+from rill.asgi.parsers.chat_parsing import parser_factory
+from rill.asgi.prompt.chat_messages import render_messages
+from rill.asgi.requests.nvext import NvExtReply
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.schemas import chat_decoder, stop_strings, stream_usage
+from rill.asgi.requests.structured import load_checker
+from rill.asgi.requests.tool_choice import forced_spec, plan_tools
+from rill.asgi.routes.lora_admin import decode_for_model
+from rill.asgi.state import WorkerState
 
 
 async def chat_completions(http: HTTPRequest) -> None:

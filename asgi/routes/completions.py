@@ -1,20 +1,20 @@
 """POST /v1/completions: a prompt (text or token ids, one or a batch) -> engine -> text."""
 from __future__ import annotations
 
-from asgi.engine_link.generate import Generation, new_request_id
-from asgi.http.access_log import log_request_content
-from asgi.http.request_context import current
-from asgi.http.router import HTTPRequest
-from asgi.output.completion_format import CompletionFormatter, Echo, PromptScores
-from asgi.output.logprobs_format import CompletionLogprobs
-from asgi.output.respond import ChunkStream, respond
-from asgi.prompt.encoding import tokenize_prompts
-from asgi.requests.nvext import NvExtReply
-from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import check_choices, completion_decoder, prompt_batch, stop_strings, stream_usage
-from asgi.requests.structured import load_checker
-from asgi.routes.lora_admin import decode_for_model
-from asgi.state import WorkerState
+from rill.asgi.engine_link.generate import Generation, new_request_id
+from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.request_context import current
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.completion_format import CompletionFormatter, Echo, PromptScores
+from rill.asgi.output.logprobs_format import CompletionLogprobs
+from rill.asgi.output.respond import ChunkStream, respond
+from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.requests.nvext import NvExtReply
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.schemas import check_choices, completion_decoder, prompt_batch, stop_strings, stream_usage
+from rill.asgi.requests.structured import load_checker
+from rill.asgi.routes.lora_admin import decode_for_model
+from rill.asgi.state import WorkerState
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 

@@ -16,14 +16,14 @@ from urllib.parse import parse_qs
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError
-from asgi.http.primitives import send_response
-from asgi.http.router import HTTPRequest
-from asgi.requests.body import decode_json
-from asgi.requests.responses_input import items_to_messages, typed_items
-from asgi.state import WorkerState
-from asgi.stores.base import MAX_CONVERSATION_ITEMS, MAX_PAGE, Conversation, Order, Page
-from asgi.stores.items import Refused, stored_items
+from rill.asgi.errors import APIError
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.responses_input import items_to_messages, typed_items
+from rill.asgi.state import WorkerState
+from rill.asgi.stores.base import MAX_CONVERSATION_ITEMS, MAX_PAGE, Conversation, Order, Page
+from rill.asgi.stores.items import Refused, stored_items
 
 log = logging.getLogger("rill.store")
 

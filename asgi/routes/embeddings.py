@@ -10,17 +10,17 @@ import base64
 import msgspec
 import numpy as np
 
-from asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, new_request_id
-from asgi.errors import APIError
-from asgi.http.request_context import current
-from asgi.http.router import HTTPRequest
-from asgi.output.respond import respond
-from asgi.prompt.encoding import tokenize_prompts
-from asgi.requests.body import decode_json
-from asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
-from asgi.requests.schemas import prompt_batch, unknown_model
-from asgi.state import WorkerState
-from ipc.protocol import SamplingParams
+from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, new_request_id
+from rill.asgi.errors import APIError
+from rill.asgi.http.request_context import current
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.respond import respond
+from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
+from rill.asgi.requests.schemas import prompt_batch, unknown_model
+from rill.asgi.state import WorkerState
+from rill.ipc.protocol import SamplingParams
 
 EMBED = SamplingParams(max_tokens=1, temperature=0.0, embed=True)
 

@@ -8,13 +8,13 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError, engine_unavailable
-from asgi.http.primitives import send_response
-from asgi.http.router import HTTPRequest
-from asgi.requests.body import decode_json
-from asgi.requests.bounds import MAX_LORA_PATH_LEN, Name
-from asgi.requests.schemas import decode_request
-from asgi.state import WorkerState
+from rill.asgi.errors import APIError, engine_unavailable
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.bounds import MAX_LORA_PATH_LEN, Name
+from rill.asgi.requests.schemas import decode_request
+from rill.asgi.state import WorkerState
 
 
 class LoadLoRA(msgspec.Struct, forbid_unknown_fields=True):

@@ -10,23 +10,23 @@ import uuid
 
 import msgspec
 
-from asgi.engine_link.generate import Generation
-from asgi.http.access_log import log_request_content
-from asgi.http.primitives import send_response
-from asgi.http.request_context import current
-from asgi.http.router import HTTPRequest
-from asgi.output.messages_blocks import MessageBlocks
-from asgi.output.messages_format import MessageStream, error_event
-from asgi.output.respond import respond
-from asgi.parsers.chat_parsing import parser_factory
-from asgi.prompt.chat_messages import render_messages
-from asgi.requests.body import decode_json
-from asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
-from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import unknown_model
-from asgi.requests.structured import load_checker
-from asgi.requests.tool_choice import forced_spec, plan_tools
-from asgi.state import WorkerState
+from rill.asgi.engine_link.generate import Generation
+from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.request_context import current
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.messages_blocks import MessageBlocks
+from rill.asgi.output.messages_format import MessageStream, error_event
+from rill.asgi.output.respond import respond
+from rill.asgi.parsers.chat_parsing import parser_factory
+from rill.asgi.prompt.chat_messages import render_messages
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.schemas import unknown_model
+from rill.asgi.requests.structured import load_checker
+from rill.asgi.requests.tool_choice import forced_spec, plan_tools
+from rill.asgi.state import WorkerState
 
 # Anthropic's error types by HTTP status.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

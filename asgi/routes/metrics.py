@@ -27,12 +27,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from asgi.engine_link.client import EngineDead
-from asgi.http.paths import normalize
-from asgi.http.primitives import send_response
-from asgi.http.request_context import RequestContext
-from asgi.http.router import HTTPRequest
-from ipc.protocol import EngineStats
+from rill.asgi.engine_link.client import EngineDead
+from rill.asgi.http.paths import normalize
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.request_context import RequestContext
+from rill.asgi.http.router import HTTPRequest
+from rill.ipc.protocol import EngineStats
 
 METRICS_PATH = "/metrics"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

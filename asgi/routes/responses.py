@@ -5,27 +5,27 @@ from typing import Any
 
 import msgspec
 
-from asgi.engine_link.generate import Generation, Usage, new_request_id
-from asgi.errors import APIError
-from asgi.http.access_log import log_request_content
-from asgi.http.primitives import send_response
-from asgi.http.request_context import current
-from asgi.http.router import HTTPRequest
-from asgi.output.logprobs_format import ChatLogprobs
-from asgi.output.respond import respond
-from asgi.output.responses_format import ResponseBuilder, ResponseStream
-from asgi.parsers.chat_parsing import parser_factory
-from asgi.prompt.chat_messages import render_messages
-from asgi.requests.body import decode_json
-from asgi.requests.responses_input import chat_request, input_items, items_to_messages
-from asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
-from asgi.requests.sampling import sampling_params
-from asgi.requests.schemas import unknown_model
-from asgi.requests.structured import load_checker, text_format_spec
-from asgi.requests.tool_choice import forced_spec, plan_tools
-from asgi.routes.conversations import append_items, conversation_id_of, items_or_404
-from asgi.state import WorkerState
-from asgi.stores.base import StoredResponse, StoreUnavailable
+from rill.asgi.engine_link.generate import Generation, Usage, new_request_id
+from rill.asgi.errors import APIError
+from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.request_context import current
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.logprobs_format import ChatLogprobs
+from rill.asgi.output.respond import respond
+from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
+from rill.asgi.parsers.chat_parsing import parser_factory
+from rill.asgi.prompt.chat_messages import render_messages
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.responses_input import chat_request, input_items, items_to_messages
+from rill.asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.schemas import unknown_model
+from rill.asgi.requests.structured import load_checker, text_format_spec
+from rill.asgi.requests.tool_choice import forced_spec, plan_tools
+from rill.asgi.routes.conversations import append_items, conversation_id_of, items_or_404
+from rill.asgi.state import WorkerState
+from rill.asgi.stores.base import StoredResponse, StoreUnavailable
 
 
 def decode(body: bytes, served_model: str) -> ResponsesRequest:

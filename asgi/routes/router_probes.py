@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import datetime
 
-from asgi.engine_link.client import EngineDead
-from asgi.errors import engine_unavailable
-from asgi.http.primitives import send_response
-from asgi.http.router import HTTPRequest
-from asgi.state import WorkerState, dumps
-from ipc.protocol import EngineStats
+from rill.asgi.engine_link.client import EngineDead
+from rill.asgi.errors import engine_unavailable
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.state import WorkerState, dumps
+from rill.ipc.protocol import EngineStats
 
 
 async def _stats(state: WorkerState) -> EngineStats:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import msgspec
 
-from asgi.engine_link.generate import engine_id
-from asgi.errors import APIError
-from asgi.http.primitives import send_response
-from asgi.http.router import HTTPRequest
-from asgi.routes.conversations import page, page_query
-from asgi.routes.responses import stored_or_404
-from asgi.stores.base import Page
+from rill.asgi.engine_link.generate import engine_id
+from rill.asgi.errors import APIError
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.routes.conversations import page, page_query
+from rill.asgi.routes.responses import stored_or_404
+from rill.asgi.stores.base import Page
 
 
 async def retrieve(http: HTTPRequest) -> None:

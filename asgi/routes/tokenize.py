@@ -7,14 +7,14 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asgi.errors import APIError
-from asgi.http.primitives import send_response
-from asgi.http.router import HTTPRequest
-from asgi.prompt.chat_messages import render_messages
-from asgi.prompt.encoding import encode_texts
-from asgi.requests.body import decode_json
-from asgi.requests.schemas import INT64_MAX, ChatCompletionRequest, unknown_model
-from asgi.state import WorkerState, dumps
+from rill.asgi.errors import APIError
+from rill.asgi.http.primitives import send_response
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.prompt.chat_messages import render_messages
+from rill.asgi.prompt.encoding import encode_texts
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.schemas import INT64_MAX, ChatCompletionRequest, unknown_model
+from rill.asgi.state import WorkerState, dumps
 
 
 class TokenizePrompt(msgspec.Struct, kw_only=True):

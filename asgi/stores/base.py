@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID, Refused, stored_items
+from rill.asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID, Refused, stored_items
 
 log = logging.getLogger("rill.store")
 

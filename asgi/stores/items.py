@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from asgi.errors import APIError
+from rill.asgi.errors import APIError
 
 # The shape of every id the server mints (msg_<hex>, fc_<hex>, ...); a client's own item id must
 # have it too, as OpenAI asks ("Expected an ID that begins with 'msg'"), so no id is odd in a key.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asgi.stores.base import Bounds, StateStore
+from rill.asgi.stores.base import Bounds, StateStore
 
 DEFAULT_FILE = "state.db"
 
@@ -24,7 +24,7 @@ def describe(url: str) -> str:
         return "SQLite in the run directory (gone when the server stops)"
     if url.startswith("sqlite://"):
         return f"SQLite at {sqlite_path(url)} (durable)"
-    from asgi.stores.redis_store import _without_password
+    from rill.asgi.stores.redis_store import _without_password
 
     return f"Redis at {_without_password(url)}"
 
@@ -48,10 +48,10 @@ def sqlite_path(url: str) -> Path:
 def open_store(url: str, run_dir: Path, responses: Bounds, conversations: Bounds) -> StateStore:
     """Connects lazily: a store that is down gives 503s on its routes, never a failed start."""
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from asgi.stores.redis_store import RedisStore
+        from rill.asgi.stores.redis_store import RedisStore
 
         return RedisStore(url, responses, conversations)
-    from asgi.stores.sqlite_store import SQLiteStore
+    from rill.asgi.stores.sqlite_store import SQLiteStore
 
     if url:
         return SQLiteStore(sqlite_path(url), responses, conversations, durable=True)

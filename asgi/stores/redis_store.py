@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from asgi.stores.base import (
+from rill.asgi.stores.base import (
     MAX_CONVERSATION_ITEMS,
     AddResult,
     AfterNotFound,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from asgi.stores.base import encode, response_decoder
+from rill.asgi.stores.base import encode, response_decoder
 
 VERSION = 2
 _COLUMNS = {"responses": ("num_bytes",), "conversations": ("num_bytes", "num_items")}

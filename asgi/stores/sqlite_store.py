@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asgi.stores.base import (
+from rill.asgi.stores.base import (
     MAX_CONVERSATION_ITEMS,
     AddResult,
     AfterNotFound,
@@ -27,7 +27,7 @@ from asgi.stores.base import (
     StateStore,
     StoreUnavailable,
 )
-from asgi.stores.sqlite_migrate import migrate
+from rill.asgi.stores.sqlite_migrate import migrate
 
 log = logging.getLogger("rill.store")
 

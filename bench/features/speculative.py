@@ -1,4 +1,4 @@
-"""`python -m bench.features.speculative`: `rill serve --speculative-config` (ngram) against `rill serve` without it,
+"""`python -m rill.bench.features.speculative`: `rill serve --speculative-config` (ngram) against `rill serve` without it,
 each otherwise with its defaults, the bundled model, the same requests, servers one after the other.
 
 1. A workload that copies from its prompt, concurrency 1: chat requests asking the model to repeat a
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 MODEL = "smollm2-135m-instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     eager = ["--enforce-eager"] if args.quick else []
     off = measure(eager, tmp / "off.log", args.quick)
     spec = measure([*eager, "--speculative-config", args.config], tmp / "ngram.log", args.quick)
-    report = {**provenance("bench.features.speculative", argv, args.machine), "spec_config": json.loads(args.config),
+    report = {**provenance("rill.bench.features.speculative", argv, args.machine), "spec_config": json.loads(args.config),
               "off": off, "ngram": spec}
     md = report_markdown(report)
     if not args.quick:

@@ -1,4 +1,4 @@
-"""`python -m bench.features.state_store`: what the shared state store costs a Responses API request.
+"""`python -m rill.bench.features.state_store`: what the shared state store costs a Responses API request.
 
 For each store (the default SQLite in the run directory, a durable SQLite file, Redis when
 `redis-server` is installed), a server with 2 API workers answers interleaved rounds of
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import free_port, rill_server
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import free_port, rill_server
 
 MODEL = "smollm2-135m-instruct"
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if redis is not None:
             redis.terminate()
-    report = {**provenance("bench.features.state_store", argv, args.machine), "rounds": args.rounds, "results": results}
+    report = {**provenance("rill.bench.features.state_store", argv, args.machine), "rounds": args.rounds, "results": results}
     rows = [[name, f"{r['create_stored_ms']:.1f}", f"{r['create_unstored_ms']:.1f}", f"{r['ratio']:.2f}x",
              f"{r['get_ms']:.1f}"] for name, r in results.items()]
     md = (f"# The state store's cost to a Responses API request\n\n`{report['command']}` on "

@@ -1,4 +1,4 @@
-"""`python -m bench.features.tensor_parallel`: `rill serve --tensor-parallel-size 2` against `rill serve` (one rank),
+"""`python -m rill.bench.features.tensor_parallel`: `rill serve --tensor-parallel-size 2` against `rill serve` (one rank),
 each otherwise with its defaults, the bundled model, the same requests.
 
 1. Latency at concurrency 1: the median inter-token gap of 128 forced tokens, and the TTFT of a
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.features.data_parallel import MODEL, drive, throughput_bodies
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.features.data_parallel import MODEL, drive, throughput_bodies
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 
 def stream_times(base_url: str, body: dict) -> list[float]:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rill-bench-tp-"))
     one = measure([], tmp / "tp1.log")
     two = measure(["--tensor-parallel-size", "2"], tmp / "tp2.log")
-    report = {**provenance("bench.features.tensor_parallel", argv, args.machine), "tp1": one, "tp2": two}
+    report = {**provenance("rill.bench.features.tensor_parallel", argv, args.machine), "tp1": one, "tp2": two}
     md = report_markdown(report)
     save_results(args.out / f"tensor_parallel-{report['machine']['name']}.json", report, md)
     print(md)

@@ -1,1 +1,1 @@
-"""IPC experiments: wire formats, the shared-memory ring, the tensor-parallel broadcast: `python -m bench.ipc.<name>`."""
+"""IPC experiments: wire formats, the shared-memory ring, the tensor-parallel broadcast: `python -m rill.bench.ipc.<name>`."""

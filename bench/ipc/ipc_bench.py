@@ -1,6 +1,6 @@
 """Microbenchmark: token ids between two processes by ZeroMQ frames alone vs ZeroMQ + ShmRing.
 
-`python -m bench.ipc.ipc_bench [--quick]`. This process sends, a spawned child receives; each
+`python -m rill.bench.ipc.ipc_bench [--quick]`. This process sends, a spawned child receives; each
 message pays the whole path: build, encode, send, recv, decode, ids out as Python lists, and
 for a step the per-request slicing `asgi/engine_link/client.py` does. How the ids travel:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import zmq
 
-from bench.ipc.ipc_variants import (
+from rill.bench.ipc.ipc_variants import (
     BASELINE,
     NUM_MSGS,
     NUM_VERSIONS,
@@ -51,10 +51,10 @@ from bench.ipc.ipc_variants import (
     receive,
     send,
 )
-from bench.ipc.shm_ring import ShmRing, segment_name
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from ipc.channels import make_socket
+from rill.bench.ipc.shm_ring import ShmRing, segment_name
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.ipc.channels import make_socket
 
 
 def _receiver_main(address_dir: str, ring_specs: dict[str, tuple[str, int]], parent_pid: int) -> None:
@@ -205,7 +205,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.ipc.ipc_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.ipc.ipc_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="40 messages a trial, 2 rounds: checks that it runs")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
     ap.add_argument("--machine", default=None, help="machine name for the result file name (default: hostname)")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     num_msgs = QUICK_NUM_MSGS if args.quick else NUM_MSGS
-    report = {"benchmark": "ipc_bench", **provenance("bench.ipc.ipc_bench", argv, args.machine),
+    report = {"benchmark": "ipc_bench", **provenance("rill.bench.ipc.ipc_bench", argv, args.machine),
               "params": {"rounds": rounds, "num_msgs": num_msgs, "quick": args.quick, "stream_window": STREAM_WINDOW,
                          "variants": list(VARIANTS), "baseline": BASELINE},
               "results": run(rounds, num_msgs)}

@@ -10,8 +10,8 @@ import msgspec
 import numpy as np
 import zmq
 
-from bench.ipc.shm_ring import ShmRing, ShmSlice
-from ipc import protocol as p
+from rill.bench.ipc.shm_ring import ShmRing, ShmSlice
+from rill.ipc import protocol as p
 
 VARIANTS = ("zmq_list", "shm_ring", "zmq_bytes", "zmq_multipart")
 BASELINE = "zmq_list"

@@ -1,4 +1,4 @@
-"""`python -m bench.ipc.tp_broadcast [--quick]`: one step's batch from the engine (rank 0) to the other
+"""`python -m rill.bench.ipc.tp_broadcast [--quick]`: one step's batch from the engine (rank 0) to the other
 tensor-parallel ranks on this machine: engine_proc/parallel/step_broadcast.py's ShmBroadcast
 (a /dev/shm ring, semaphore wake-ups) against GlooBroadcast (torch.distributed gloo broadcasts).
 
@@ -27,9 +27,9 @@ import struct
 import time
 from pathlib import Path
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
 
 SIZES = {"2KB": 2048, "32KB": 32 * 1024, "1MiB": 1 << 20}
 SIZE_NOTES = {"2KB": "a decode step of 32 sequences", "32KB": "a 2048-token prefill", "1MiB": "rare"}
@@ -185,7 +185,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.ipc.tp_broadcast", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.ipc.tp_broadcast", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20 messages a size, 1 reader; writes nothing unless --out")
     ap.add_argument("--machine", default=None, help="machine name recorded (default: hostname)")
     ap.add_argument("--out", type=Path, default=None,
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     num_msgs, num_warmup = (QUICK_NUM_MSGS, QUICK_NUM_WARMUP) if args.quick else (NUM_MSGS, NUM_WARMUP)
     reader_counts = [1] if args.quick else [1, 2]
-    report = {"benchmark": "tp_broadcast", **provenance("bench.ipc.tp_broadcast", argv, args.machine),
+    report = {"benchmark": "tp_broadcast", **provenance("rill.bench.ipc.tp_broadcast", argv, args.machine),
               "params": {"num_msgs": num_msgs, "num_warmup": num_warmup, "gap_s": GAP_S, "quick": args.quick,
                          "sizes": SIZES, "reader_counts": reader_counts, "shm_slot_bytes": 1 << 20,
                          "shm_num_slots": 4},

@@ -1,1 +1,1 @@
-"""Microbenchmarks of kernels and of the engine step, in-process: `python -m bench.kernels.<name>`."""
+"""Microbenchmarks of kernels and of the engine step, in-process: `python -m rill.bench.kernels.<name>`."""

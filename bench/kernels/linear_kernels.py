@@ -1,4 +1,4 @@
-"""`python -m bench.kernels.linear_kernels`: Rill's AMX linear against oneDNN's, per layer and row count.
+"""`python -m rill.bench.kernels.linear_kernels`: Rill's AMX linear against oneDNN's, per layer and row count.
 
 For every linear shape of the bundled model in bfloat16 and M rows of activations, the time of one
 call of `amx` (loader.AmxLinear: csrc/amx_linear.cpp over 64-column panels) and `onednn`
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from bench.kernels.quant_linears import SHAPES
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.kernels import extension
-from engine_proc.kernels.linear import AmxLinear, PackedLinear
+from rill.bench.kernels.quant_linears import SHAPES
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.linear import AmxLinear, PackedLinear
 
 ROWS = [1, 8, 32, 128, 512]
 COPIES = 24  # the bundled model's gate_up x 24 is 85 MB
@@ -96,7 +96,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernels.linear_kernels", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.linear_kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M, comma-separated")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     ap.add_argument("--quick", action="store_true", help="rows 1 and 32, 1 round: checks that it runs")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
     rounds = 1 if args.quick else args.rounds
-    report = {"benchmark": "linear_kernels", **provenance("bench.kernels.linear_kernels", argv, None),
+    report = {"benchmark": "linear_kernels", **provenance("rill.bench.kernels.linear_kernels", argv, None),
               "params": {"rows": rows_list, "rounds": rounds, "torch_threads": torch.get_num_threads()},
               "results": run(rows_list, rounds)}
     text = markdown(report)

@@ -1,4 +1,4 @@
-"""`python -m bench.kernels.quant_linears`: int8 linears against float32 and bfloat16 ones, per row count.
+"""`python -m rill.bench.kernels.quant_linears`: int8 linears against float32 and bfloat16 ones, per row count.
 
 For every linear shape of the bundled model (fused q/k/v, o, fused gate/up, down, the LM head)
 and M rows of activations, the time of one call of:
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.kernels.int8_linear import KERNEL_MAX_ROWS, Int8Linear
-from engine_proc.kernels.linear import PackedLinear
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.kernels.int8_linear import KERNEL_MAX_ROWS, Int8Linear
+from rill.engine_proc.kernels.linear import PackedLinear
 
 # (name, out_features N, in_features K) of SmolLM2-135M (hidden 576, 9 + 2 x 3 heads of 64, MLP 1536).
 SHAPES = [("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576),
@@ -131,7 +131,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernels.quant_linears", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.quant_linears", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M, comma-separated")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     ap.add_argument("--budget-ms", type=float, default=40.0, help="time spent per cell per round")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
     rounds, budget_s = (1, 0.002) if args.quick else (args.rounds, args.budget_ms / 1000)
     results = run(rows_list, rounds, budget_s)
-    report = {"benchmark": "quant_linears", **provenance("bench.kernels.quant_linears", argv, None),
+    report = {"benchmark": "quant_linears", **provenance("rill.bench.kernels.quant_linears", argv, None),
               "params": {"rows": rows_list, "rounds": rounds, "budget_ms": budget_s * 1000, "quick": args.quick,
                          "torch_threads": torch.get_num_threads(),
                          "kernel_max_rows": {str(k).removeprefix("torch."): v for k, v in KERNEL_MAX_ROWS.items()}},

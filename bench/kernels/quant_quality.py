@@ -1,4 +1,4 @@
-"""`python -m bench.kernels.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
+"""`python -m rill.bench.kernels.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
 
 The bundled model is loaded through Rill's own ModelRunner (engine_proc/model/loader.load_model)
 four times: float32 and bfloat16, each with quantization none and int8. For each:
@@ -31,15 +31,15 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from engine_proc.model.bundled import ensure_bundled_model
-from engine_proc.model.runner import ModelRunner
-from engine_proc.model.step_inputs import prepare_step
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.config import ModelConfig
-from ipc.protocol import SamplingParams
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.model.step_inputs import prepare_step
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.config import ModelConfig
+from rill.ipc.protocol import SamplingParams
 
 DATA_DIR = Path(__file__).parents[1] / "data"
 TEXT_PATH = DATA_DIR / "opticks.txt"
@@ -272,7 +272,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernels.quant_quality", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.quant_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
     for key, value in FULL.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.num_threads)
     sizes = {k: getattr(args, k) or v for k, v in (QUICK if args.quick else FULL).items()}
     results = run(args.dtypes.split(","), sizes)
-    report = {"benchmark": "quant_quality", **provenance("bench.kernels.quant_quality", argv, None),
+    report = {"benchmark": "quant_quality", **provenance("rill.bench.kernels.quant_quality", argv, None),
               "params": {**sizes, "dtypes": args.dtypes.split(","), "quick": args.quick,
                          "torch_threads": torch.get_num_threads()},
               "results": results}

@@ -2,7 +2,7 @@
 an earlier revision of the code, in one run: did preparing sampling inputs once per request
 (engine_proc/sample/prepared.py) move an ordinary step?
 
-    python -m bench.kernels.sampler_step [--baseline-rev 5d1abf3] [--out bench/results/sampler_step-cpu.json]
+    python -m rill.bench.kernels.sampler_step [--baseline-rev 5d1abf3] [--out bench/results/sampler_step-cpu.json]
 
 Both sides run this same file in a subprocess each, from their own tree (the baseline's a
 `git worktree` of its revision); batches of plain greedy rows, of seeded sampled rows, and of rows
@@ -29,7 +29,7 @@ NUM_STEPS = 60
 
 
 def _params(kind: str, i: int):
-    from ipc.protocol import SamplingParams
+    from rill.ipc.protocol import SamplingParams
 
     if kind == "greedy":
         return SamplingParams(max_tokens=4096, temperature=0.0, ignore_eos=True)
@@ -41,10 +41,10 @@ def _params(kind: str, i: int):
 
 
 def _engine(kind: str, num_rows: int):
-    from engine_proc.sample.sampler import Sampler
-    from engine_proc.sched.block_manager import BlockManager
-    from engine_proc.sched.request import EngineRequest
-    from engine_proc.sched.scheduler import Scheduler
+    from rill.engine_proc.sample.sampler import Sampler
+    from rill.engine_proc.sched.block_manager import BlockManager
+    from rill.engine_proc.sched.request import EngineRequest
+    from rill.engine_proc.sched.scheduler import Scheduler
 
     scheduler = Scheduler(BlockManager(4096, 16), max_num_seqs=num_rows, max_num_batched_tokens=8192,
                           max_model_len=4096, eos_token_ids=[2])
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.measure:
         print(json.dumps(measure()))
         return {}
-    from bench.serving.markdown import table
-    from bench.serving.provenance import provenance
+    from rill.bench.serving.markdown import table
+    from rill.bench.serving.provenance import provenance
 
     with tempfile.TemporaryDirectory(prefix="rill-baseline-") as scratch:
         base = Path(scratch) / "base"
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
     best = {side: {k: min(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
     ratios = {k: best["this"][k] / best["baseline"][k] for k in best["this"]}
-    report = {"benchmark": "sampler_step", **provenance("bench.kernels.sampler_step", argv, None),
+    report = {"benchmark": "sampler_step", **provenance("rill.bench.kernels.sampler_step", argv, None),
               "baseline_rev": args.baseline_rev, "step_ms": best, "ratios": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

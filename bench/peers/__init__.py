@@ -1,1 +1,1 @@
-"""Rill against its peers (vLLM-CPU, transformers) on one machine: `python -m bench.peers`."""
+"""Rill against its peers (vLLM-CPU, transformers) on one machine: `python -m rill.bench.peers`."""

@@ -1,4 +1,4 @@
-"""`python -m bench.peers`: runs bench/peers/run.py."""
-from bench.peers.run import main
+"""`python -m rill.bench.peers`: runs bench/peers/run.py."""
+from rill.bench.peers.run import main
 
 main()

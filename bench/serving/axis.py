@@ -18,7 +18,7 @@ class Axis:
 
 def serve_module():
     # Imported when used: bench/serving/serve.py is the load generator these commands drive.
-    return importlib.import_module("bench.serving.serve")
+    return importlib.import_module("rill.bench.serving.serve")
 
 
 def int_list(text: str) -> list[int]:

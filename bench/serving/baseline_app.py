@@ -1,6 +1,6 @@
 """The HTTP ceiling: a bare ASGI app that streams Rill's SSE shape with no engine and no tokenizer.
 
-    python -m bench.serving.baseline_app --port 8100 [--workers 1]
+    python -m rill.bench.serving.baseline_app --port 8100 [--workers 1]
     granian --interface asgi --loop uvloop bench.serving.baseline_app:app
 
 `POST /v1/completions` and `/v1/chat/completions` answer `max_tokens` chunks of a fixed token
@@ -20,13 +20,13 @@ from typing import Any
 
 import msgspec
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.errors import APIError
-from asgi.http.primitives import ClientDisconnected, read_body, send_response
-from asgi.http.sse import SSEWriter
-from asgi.output.chat_format import ChatFormatter
-from asgi.output.completion_format import CompletionFormatter
-from asgi.routes.completions import DEFAULT_MAX_TOKENS
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.errors import APIError
+from rill.asgi.http.primitives import ClientDisconnected, read_body, send_response
+from rill.asgi.http.sse import SSEWriter
+from rill.asgi.output.chat_format import ChatFormatter
+from rill.asgi.output.completion_format import CompletionFormatter
+from rill.asgi.routes.completions import DEFAULT_MAX_TOKENS
 
 MODEL_ID = "baseline"
 TOKEN_TEXT = " token"  # one token per chunk to the bundled tokenizer, if a harness counts them
@@ -131,12 +131,12 @@ def serve_baseline(port: int, workers: int = 1, host: str = "127.0.0.1", log_lev
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    Granian("bench.serving.baseline_app:app", address=host, port=port, interface=Interfaces.ASGI, workers=workers,
+    Granian("rill.bench.serving.baseline_app:app", address=host, port=port, interface=Interfaces.ASGI, workers=workers,
             loop=Loops.uvloop, log_level=log_level, backlog=2048).serve()
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.serving.baseline_app", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.serving.baseline_app", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--workers", type=int, default=1)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from bench.serving.sse import SSEParser
+from rill.bench.serving.sse import SSEParser
 
 _perf_counter = time.perf_counter  # a local name: looked up once, not per read
 

@@ -13,8 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from bench.serving import markdown
-from bench.serving.axis import Axis, add_axis_args, base_config, resolve_axis, serve_module
+from rill.bench.serving import markdown
+from rill.bench.serving.axis import Axis, add_axis_args, base_config, resolve_axis, serve_module
 
 DEFAULT_CONCURRENCY = [1, 8, 32]
 # Ratios are only taken for metrics with a "better" direction; counts like `completed` have none.
@@ -155,7 +155,7 @@ def write_json(path: Path, doc: dict) -> None:
 
 def write_outputs(out_dir: Path, doc: dict) -> list[Path]:
     """<kind>.json, report.md, latency.png and throughput.png in out_dir."""
-    from bench.serving import plots  # matplotlib loads only when a report is written, not on every `rill`
+    from rill.bench.serving import plots  # matplotlib loads only when a report is written, not on every `rill`
 
     paths = [out_dir / f"{doc['kind']}.json", out_dir / "report.md", out_dir / "latency.png",
              out_dir / "throughput.png"]

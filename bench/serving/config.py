@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from bench.serving.metrics import METRIC_NAMES, parse_goodput
+from rill.bench.serving.metrics import METRIC_NAMES, parse_goodput
 
 
 @dataclass

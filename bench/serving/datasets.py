@@ -27,7 +27,7 @@ class SampleRequest:  # vLLM's name; one prompt of the workload
 
 
 def default_tokenizer_path() -> Path:
-    from engine_proc.model.bundled import ensure_bundled_model
+    from rill.engine_proc.model.bundled import ensure_bundled_model
 
     return ensure_bundled_model()
 

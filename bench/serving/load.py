@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 import numpy as np
 
-from bench.serving.client import RequestOutput, RequestState, send_request
+from rill.bench.serving.client import RequestOutput, RequestState, send_request
 
 
 def arrival_offsets_s(num_requests: int, request_rate: float, burstiness: float,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.serving.client import RequestOutput, RequestState
+from rill.bench.serving.client import RequestOutput, RequestState
 
 METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")

@@ -8,8 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from bench.serving.markdown import machine_info as base_machine_info
-from engine_proc.cpu_features import machine_record
+from rill.bench.serving.markdown import machine_info as base_machine_info
+from rill.engine_proc.cpu_features import machine_record
 
 
 def provenance(module: str, argv: list[str] | None, machine_name: str | None) -> dict:

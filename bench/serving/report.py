@@ -5,7 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from bench.serving.metrics import METRIC_NAMES, percentile_key
+from rill.bench.serving.metrics import METRIC_NAMES, percentile_key
 
 _HEADERS = {
     "ttft": ("TTFT", "Time to First Token"),

@@ -17,10 +17,10 @@ from datetime import datetime
 import numpy as np
 from tqdm import tqdm
 
-from bench.serving import client
-from bench.serving.client import RequestState
-from bench.serving.config import BenchConfig, add_serve_args, config_from_args
-from bench.serving.datasets import (
+from rill.bench.serving import client
+from rill.bench.serving.client import RequestState
+from rill.bench.serving.config import BenchConfig, add_serve_args, config_from_args
+from rill.bench.serving.datasets import (
     SampleRequest,
     count_tokens,
     default_tokenizer_path,
@@ -28,9 +28,9 @@ from bench.serving.datasets import (
     sample_conversations,
     sample_random,
 )
-from bench.serving.load import arrival_offsets_s, run_load
-from bench.serving.metrics import calculate_metrics
-from bench.serving.report import print_result, save_result
+from rill.bench.serving.load import arrival_offsets_s, run_load
+from rill.bench.serving.metrics import calculate_metrics
+from rill.bench.serving.report import print_result, save_result
 
 log = logging.getLogger("rill.bench")
 __all__ = ["BenchConfig", "BenchError", "add_serve_args", "build_prompts", "config_from_args", "main",
@@ -179,7 +179,7 @@ def _result(cfg: BenchConfig, model: str, prompts: list[SampleRequest], outputs:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`python -m bench serve` / `rill bench serve`: run, print the table, maybe save the JSON."""
+    """`python -m rill.bench serve` / `rill bench serve`: run, print the table, maybe save the JSON."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         cfg = config_from_args(args)

@@ -78,4 +78,4 @@ def rill_server(*flags: str, log_path: Path, env: dict[str, str] | None = None) 
 
 def baseline_server(log_path: Path) -> ServerProcess:
     port = free_port()
-    return ServerProcess([sys.executable, "-m", "bench.serving.baseline_app", "--port", str(port)], port, log_path)
+    return ServerProcess([sys.executable, "-m", "rill.bench.serving.baseline_app", "--port", str(port)], port, log_path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.serving import compare
-from bench.serving.axis import add_axis_args, base_config, resolve_axis
+from rill.bench.serving import compare
+from rill.bench.serving.axis import add_axis_args, base_config, resolve_axis
 
 DEFAULT_CONCURRENCY = [1, 4, 16, 64]
 

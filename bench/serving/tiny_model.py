@@ -1,6 +1,6 @@
 """A tiny Llama config with the bundled tokenizer, for `rill serve --load-format dummy` benchmarks.
 
-    python -m bench.serving.tiny_model DIR
+    python -m rill.bench.serving.tiny_model DIR
     rill serve --model DIR --load-format dummy --max-model-len 2048
 
 The model costs almost nothing per step (2 layers of width 64, random weights, no weight
@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.bundled import ensure_bundled_model
 
 TINY_SHAPE = {
     "hidden_size": 64,
@@ -49,7 +49,7 @@ def write_tiny_model(model_dir: str | Path, source_dir: str | Path | None = None
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        sys.exit("usage: python -m bench.serving.tiny_model DIR")
+        sys.exit("usage: python -m rill.bench.serving.tiny_model DIR")
     print(write_tiny_model(args[0]))
 
 

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from engine_proc.attention.invariant import PAD_MULTIPLE, invariant_paged_attention
-from engine_proc.attention.kv_cache import (
+from rill.engine_proc.attention.invariant import PAD_MULTIPLE, invariant_paged_attention
+from rill.engine_proc.attention.kv_cache import (
     AttentionMetadata,
     GraphDecodeMetadata,
     additive_mask,
@@ -14,8 +14,8 @@ from engine_proc.attention.kv_cache import (
     paged_attention,
     write_kv,
 )
-from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from rill.engine_proc.sched.batch import Batch
 
 CPU = torch.device("cpu")
 StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
@@ -89,7 +89,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, device: torch.device, block_size: int) -> None:
         super().__init__(device, block_size)
         # Imported only when chosen: importing triton needs its GPU driver (or TRITON_INTERPRET=1).
-        from engine_proc.attention.triton import paged_attention_triton
+        from rill.engine_proc.attention.triton import paged_attention_triton
 
         self.kernel = paged_attention_triton
         if device.type == "cuda":
@@ -129,7 +129,7 @@ def paged_decode_attention(
     k_cache, v_cache = _kv_caches[layer]
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     if q.is_cuda:  # the Triton kernel reads each row's blocks up to its length: no gather, no mask
-        from engine_proc.attention.triton import paged_attention_triton
+        from rill.engine_proc.attention.triton import paged_attention_triton
 
         rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
         return paged_attention_triton(q, k_cache, v_cache, block_table, rows, context_lens, q.shape[-1] ** -0.5)

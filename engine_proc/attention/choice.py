@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.attention import cpu
-from engine_proc.attention.backend import AttentionBackend, InvariantBackend, TorchBackend, TritonBackend
+from rill.engine_proc.attention import cpu
+from rill.engine_proc.attention.backend import AttentionBackend, InvariantBackend, TorchBackend, TritonBackend
 
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 

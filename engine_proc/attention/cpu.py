@@ -15,11 +15,11 @@ import functools
 
 import torch
 
-from engine_proc.attention.backend import AttentionBackend, StepInputs
-from engine_proc.attention.kv_cache import AttentionMetadata, paged_attention, torch_decode
-from engine_proc.kernels import extension
-from engine_proc.model.step_inputs import prepare_flat_step, prepare_step
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.attention.backend import AttentionBackend, StepInputs
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, paged_attention, torch_decode
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.model.step_inputs import prepare_flat_step, prepare_step
+from rill.engine_proc.sched.batch import Batch
 
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.attention.kv_cache import AttentionMetadata, gather_blocks
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, gather_blocks
 
 PAD_MULTIPLE = 64  # tokens; a multiple of every SIMD width and of the usual block sizes
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.batch import ScheduledSeq
 
 _BITS = 32  # xgrammar packs 32 tokens into each int32 of a bitmask row; bit j of word w is token 32 * w + j
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipc.grammar_spec import GrammarError, error_text, spec_key, to_grammar
-from ipc.protocol import StructuredSpec
+from rill.ipc.grammar_spec import GrammarError, error_text, spec_key, to_grammar
+from rill.ipc.protocol import StructuredSpec
 
 log = logging.getLogger("rill.engine")
 

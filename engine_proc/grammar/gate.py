@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler, GrammarKey
-from engine_proc.grammar.matcher import RequestGrammar
-from engine_proc.sched.batch import TokenDelta
-from engine_proc.sched.request import EngineRequest, RequestState
-from engine_proc.sched.scheduler import Scheduler
-from ipc.grammar_spec import GrammarError, spec_key
-from ipc.protocol import FinishReason
+from rill.engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler, GrammarKey
+from rill.engine_proc.grammar.matcher import RequestGrammar
+from rill.engine_proc.sched.batch import TokenDelta
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.grammar_spec import GrammarError, spec_key
+from rill.ipc.protocol import FinishReason
 
 
 class GrammarGate:

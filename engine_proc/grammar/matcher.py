@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from ipc.protocol import FinishReason
+from rill.ipc.protocol import FinishReason
 
 log = logging.getLogger("rill.engine")
 

@@ -62,8 +62,8 @@ def _torch_link_flags() -> list[str]:
 
 
 def _library_path(compiler: str) -> Path:
-    from engine_proc.cpu_features import cpu_info
-    from engine_proc.model.bundled import default_cache_dir
+    from rill.engine_proc.cpu_features import cpu_info
+    from rill.engine_proc.model.bundled import default_cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     info = cpu_info()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine_proc.kernels import extension
+from rill.engine_proc.kernels import extension
 
 _DTYPES = (torch.float32, torch.bfloat16)
 

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_proc.kernels import extension
+from rill.engine_proc.kernels import extension
 
 QUANTIZATION_METHODS = ("none", "int8")
 

@@ -6,7 +6,7 @@ import logging
 import torch
 from torch import nn
 
-from engine_proc.kernels import extension
+from rill.engine_proc.kernels import extension
 
 log = logging.getLogger("rill.model")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.attention.kv_cache import AttentionMetadata
-from engine_proc.kernels.linear import AmxLinear
+from rill.engine_proc.attention.kv_cache import AttentionMetadata
+from rill.engine_proc.kernels.linear import AmxLinear
 
 
 def layer_args(layer) -> tuple | None:

@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 
-from engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
 
 # The linears LoRA may target, by PEFT's module name: where each lies in Rill's fused layers.
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -20,7 +20,7 @@ import itertools
 import torch
 from torch import nn
 
-from engine_proc.lora.adapter import LoRAAdapter, module_shapes
+from rill.engine_proc.lora.adapter import LoRAAdapter, module_shapes
 
 
 class LoRAState:

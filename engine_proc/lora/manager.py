@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from engine_proc.lora.adapter import AdapterError, LoRAAdapter, load_adapter
-from engine_proc.lora.layers import LoRAState, wrap_linears
+from rill.engine_proc.lora.adapter import AdapterError, LoRAAdapter, load_adapter
+from rill.engine_proc.lora.layers import LoRAState, wrap_linears
 
 log = logging.getLogger("rill.engine")
 

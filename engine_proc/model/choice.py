@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from engine_proc.cpu_features import auto_cpu_dtype
+from rill.engine_proc.cpu_features import auto_cpu_dtype
 
 log = logging.getLogger("rill.engine")
 
@@ -41,9 +41,9 @@ MODEL_IMPLS = ("auto", "native", "transformers")
 def choose_runner(model_impl: str, hf_config):
     """The runner class for this model, chosen once at start: native where it supports the
     architecture, else (or when asked) the generic transformers runner."""
-    from engine_proc.model.hf_runner import TransformersRunner
-    from engine_proc.model.llama import check_supported
-    from engine_proc.model.runner import ModelRunner
+    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.llama import check_supported
+    from rill.engine_proc.model.runner import ModelRunner
 
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl {model_impl!r}: expected one of {MODEL_IMPLS}")

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from engine_proc.attention.kv_cache import GraphDecodeMetadata
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.attention.kv_cache import GraphDecodeMetadata
+from rill.engine_proc.sched.batch import Batch
 
 log = logging.getLogger("rill.model")
 
@@ -36,7 +36,7 @@ GUARDS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 def default_cache_dir_env() -> None:
     """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from engine_proc.model.bundled import default_cache_dir
+        from rill.engine_proc.model.bundled import default_cache_dir
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir() / "inductor")
 

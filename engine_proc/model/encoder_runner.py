@@ -7,12 +7,12 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
-from engine_proc.model.hf_runner import KVBudget
-from engine_proc.model.runner_api import RunnerInfo
-from engine_proc.model.sentence_layout import PoolingSpec, read_pooling
-from engine_proc.sample.sampler import SamplerOutput
-from engine_proc.sched.batch import Batch
-from ipc.config import ModelConfig
+from rill.engine_proc.model.hf_runner import KVBudget
+from rill.engine_proc.model.runner_api import RunnerInfo
+from rill.engine_proc.model.sentence_layout import PoolingSpec, read_pooling
+from rill.engine_proc.sample.sampler import SamplerOutput
+from rill.engine_proc.sched.batch import Batch
+from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 

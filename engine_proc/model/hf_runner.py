@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_proc.attention.kv_cache import bytes_per_block
-from engine_proc.model.loader import LOAD_FORMATS, load_config
-from engine_proc.model.runner_api import RunnerInfo
-from engine_proc.model.sampling_runner import SamplingRunner
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest, RequestState
-from ipc.config import ModelConfig
+from rill.engine_proc.attention.kv_cache import bytes_per_block
+from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
+from rill.engine_proc.model.runner_api import RunnerInfo
+from rill.engine_proc.model.sampling_runner import SamplingRunner
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 

@@ -9,13 +9,19 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from engine_proc.attention.backend import AttentionBackend, TorchBackend
-from engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache, head_dim_of, num_kv_heads_of
-from engine_proc.kernels import prefill_layer
-from engine_proc.kernels.fused_ops import TorchOps, elementwise_ops
-from engine_proc.model import llama_weights
-from engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
-from engine_proc.parallel.sharding import Shard
+from rill.engine_proc.attention.backend import AttentionBackend, TorchBackend
+from rill.engine_proc.attention.kv_cache import (
+    AttentionMetadata,
+    GraphDecodeMetadata,
+    KVCache,
+    head_dim_of,
+    num_kv_heads_of,
+)
+from rill.engine_proc.kernels import prefill_layer
+from rill.engine_proc.kernels.fused_ops import TorchOps, elementwise_ops
+from rill.engine_proc.model import llama_weights
+from rill.engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
+from rill.engine_proc.parallel.sharding import Shard
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -11,11 +11,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
-from engine_proc.attention.backend import AttentionBackend
-from engine_proc.kernels.int8_linear import check_quantization, quantize_linears
-from engine_proc.kernels.linear import pack_linears_for_cpu
-from engine_proc.model.llama import LlamaForCausalLM
-from engine_proc.parallel.sharding import Shard
+from rill.engine_proc.attention.backend import AttentionBackend
+from rill.engine_proc.kernels.int8_linear import check_quantization, quantize_linears
+from rill.engine_proc.kernels.linear import pack_linears_for_cpu
+from rill.engine_proc.model.llama import LlamaForCausalLM
+from rill.engine_proc.parallel.sharding import Shard
 
 log = logging.getLogger("rill.model")
 

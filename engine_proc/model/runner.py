@@ -6,18 +6,18 @@ from pathlib import Path
 
 import torch
 
-from engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
-from engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
-from engine_proc.kernels.invariant_linear import tile_linears
-from engine_proc.model.decode_graphs import DecodeGraphs
-from engine_proc.model.loader import load_config, load_model
-from engine_proc.model.runner_api import RunnerInfo
-from engine_proc.model.sampling_runner import SamplingRunner
-from engine_proc.parallel.sharding import Shard
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import Batch
-from engine_proc.spec.config import parse_speculative_config
-from ipc.config import ModelConfig
+from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
+from rill.engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
+from rill.engine_proc.kernels.invariant_linear import tile_linears
+from rill.engine_proc.model.decode_graphs import DecodeGraphs
+from rill.engine_proc.model.loader import load_config, load_model
+from rill.engine_proc.model.runner_api import RunnerInfo
+from rill.engine_proc.model.sampling_runner import SamplingRunner
+from rill.engine_proc.parallel.sharding import Shard
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.spec.config import parse_speculative_config
+from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 
@@ -66,7 +66,7 @@ class ModelRunner(SamplingRunner):
         if model.max_loras:
             if shard is not None:
                 raise ValueError("--enable-lora is not served with --tensor-parallel-size > 1")
-            from engine_proc.lora.manager import LoRAManager
+            from rill.engine_proc.lora.manager import LoRAManager
 
             self.lora = LoRAManager(self.model, self.model.config, model.max_loras, model.max_lora_rank, self.device)
         self.kv_cache = KVCache(
@@ -87,7 +87,7 @@ class ModelRunner(SamplingRunner):
         if speculative is not None and speculative.method == "draft_model":
             if shard is not None:
                 raise ValueError("--speculative-config method 'draft_model' is not served with --tensor-parallel-size > 1")
-            from engine_proc.spec.draft_model import DraftModelProposer
+            from rill.engine_proc.spec.draft_model import DraftModelProposer
 
             self.drafter = DraftModelProposer(speculative, self)
         self.info = RunnerInfo("native", self.attention_backend, self.decode_graphs is not None)

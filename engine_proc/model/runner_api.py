@@ -5,11 +5,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from engine_proc.sample.sampler import SamplerOutput
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.sample.sampler import SamplerOutput
+from rill.engine_proc.sched.batch import Batch
 
 if TYPE_CHECKING:  # the manager imports torch and the model's layers; the protocol needs only the name
-    from engine_proc.lora.manager import LoRAManager
+    from rill.engine_proc.lora.manager import LoRAManager
 
 
 class RunnerInfo(msgspec.Struct, frozen=True):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sample.prompt_logprobs import score_prompts
-from engine_proc.sample.sampler import Sampler, SamplerOutput
-from engine_proc.sched.batch import Batch
-from engine_proc.spec import verify as spec_verify
+from rill.engine_proc.sample.prompt_logprobs import score_prompts
+from rill.engine_proc.sample.sampler import Sampler, SamplerOutput
+from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.spec import verify as spec_verify
 
 
 class SamplingRunner:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk
+from rill.engine_proc.sched.batch import Batch
 
 
 def prepare_step(

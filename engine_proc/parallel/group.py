@@ -13,7 +13,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ipc.config import ModelConfig
+from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.tp")
 

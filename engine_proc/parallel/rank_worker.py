@@ -14,7 +14,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ipc.config import LogConfig, ParallelConfig
+from rill.ipc.config import LogConfig, ParallelConfig
 
 log = logging.getLogger("rill.tp")
 
@@ -34,19 +34,19 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     """Process entry point. `reader`: the shared-memory broadcast's reader on rank 0's node; None on
     another node, where the steps come over the network. `all_reduce`: the ShmAllReduce of a group
     on one node."""
-    from engine_proc.model.runner import ModelRunner
-    from engine_proc.parallel import group
-    from engine_proc.parallel.step_broadcast import GlooBroadcast
-    from engine_proc.parallel.step_message import decoder, replica_batch
-    from ipc.lifetime import die_with_parent
-    from ipc.logs import configure_logging
+    from rill.engine_proc.model.runner import ModelRunner
+    from rill.engine_proc.parallel import group
+    from rill.engine_proc.parallel.step_broadcast import GlooBroadcast
+    from rill.engine_proc.parallel.step_message import decoder, replica_batch
+    from rill.ipc.lifetime import die_with_parent
+    from rill.ipc.logs import configure_logging
 
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGHUP):  # the launcher (or rank 0) decides when we stop
         signal.signal(sig, signal.SIG_IGN)
     configure_logging(args.log.level, args.log.format, with_transformers=True)
     if all_reduce is not None:
-        from engine_proc.parallel.collectives import use_shm_all_reduce
+        from rill.engine_proc.parallel.collectives import use_shm_all_reduce
 
         all_reduce.attach(args.rank)  # before joining: rank 0 unlinks the segment once all have
         use_shm_all_reduce(all_reduce)

@@ -16,13 +16,13 @@ import threading
 
 import msgspec
 
-from engine_proc.parallel import group
-from engine_proc.parallel.collectives import use_shm_all_reduce
-from engine_proc.parallel.rank_worker import RankArgs, run_rank
-from engine_proc.parallel.shm_all_reduce import ShmAllReduce
-from engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
-from engine_proc.parallel.step_message import STOP, encode_step
-from ipc.config import LogConfig, ParallelConfig
+from rill.engine_proc.parallel import group
+from rill.engine_proc.parallel.collectives import use_shm_all_reduce
+from rill.engine_proc.parallel.rank_worker import RankArgs, run_rank
+from rill.engine_proc.parallel.shm_all_reduce import ShmAllReduce
+from rill.engine_proc.parallel.step_broadcast import GlooBroadcast, ShmBroadcast
+from rill.engine_proc.parallel.step_message import STOP, encode_step
+from rill.ipc.config import LogConfig, ParallelConfig
 
 log = logging.getLogger("rill.tp")
 

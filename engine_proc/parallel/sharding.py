@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
-from engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
 
 
 def split_range(total: int, size: int, rank: int) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from engine_proc.sched.batch import Batch
+from rill.engine_proc.sched.batch import Batch
 
 
 class SeqStep(msgspec.Struct, array_like=True, gc=False):

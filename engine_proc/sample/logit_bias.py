@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sample.prepared import SamplePrep
+from rill.engine_proc.sample.prepared import SamplePrep
 
 
 def biased_rows(preps: list[SamplePrep]) -> list[int]:

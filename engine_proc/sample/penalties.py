@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 
 def uses_penalties(params: SamplingParams) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ipc.protocol import SamplingParams
+from rill.ipc.protocol import SamplingParams
 
 DENSE_FRACTION = 1 / 8
 

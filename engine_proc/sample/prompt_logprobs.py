@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sched.batch import ScheduledSeq
-from ipc.logprobs import TokenLogprobs
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.ipc.logprobs import TokenLogprobs
 
 ROWS_PER_SLICE = 256  # log_softmax over the vocabulary a slice at a time: memory stays bounded
 

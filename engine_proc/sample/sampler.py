@@ -5,12 +5,12 @@ from typing import Any
 
 import torch
 
-from engine_proc.grammar.bitmask import GrammarMasker
-from engine_proc.sample.logit_bias import add_logit_bias, biased_rows
-from engine_proc.sample.penalties import penalize, uses_penalties
-from engine_proc.sample.prepared import SamplePrep, prepared
-from engine_proc.sched.batch import ScheduledSeq
-from ipc.logprobs import TokenLogprobs
+from rill.engine_proc.grammar.bitmask import GrammarMasker
+from rill.engine_proc.sample.logit_bias import add_logit_bias, biased_rows
+from rill.engine_proc.sample.penalties import penalize, uses_penalties
+from rill.engine_proc.sample.prepared import SamplePrep, prepared
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.ipc.logprobs import TokenLogprobs
 
 _MASK_64 = (1 << 64) - 1
 
@@ -237,7 +237,7 @@ class Sampler:
 
 
 def _triton_sample_tokens():
-    from engine_proc.sample.triton import sample_tokens_triton  # needs triton's driver
+    from rill.engine_proc.sample.triton import sample_tokens_triton  # needs triton's driver
 
     return sample_tokens_triton
 

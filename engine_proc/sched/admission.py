@@ -13,7 +13,7 @@ import math
 import threading
 import time
 
-from ipc.protocol import Verdict
+from rill.ipc.protocol import Verdict
 
 MAX_RETRY_AFTER_S = 60  # the OpenAI SDK ignores a longer Retry-After and uses its own backoff
 _SMOOTHING = 0.25  # weight of the newest interval between queue departures

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_proc.sched.request import EngineRequest
-from ipc.logprobs import TokenLogprobs
-from ipc.protocol import FinishReason
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.logprobs import TokenLogprobs
+from rill.ipc.protocol import FinishReason
 
 
 @dataclass(eq=False)

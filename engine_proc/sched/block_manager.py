@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from engine_proc.sched.prefix_cache import PrefixCache
-from engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.prefix_cache import PrefixCache
+from rill.engine_proc.sched.request import EngineRequest
 
 # Block 0 is never handed to a request: the model runner can pad block tables and point the
 # slots of padding tokens at it, so padded writes land somewhere harmless. The KV tensor

@@ -1,8 +1,8 @@
 """When a request ends, decided after each token it samples (Scheduler.update)."""
 from __future__ import annotations
 
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import FinishReason
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import FinishReason
 
 
 def finish_after(req: EngineRequest, token_id: int, *, eos_token_ids: frozenset[int], max_model_len: int,

@@ -5,7 +5,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.request import EngineRequest
 
 # The parent of a request's first block. Serials of real entries count from 1.
 ROOT_HASH = 0

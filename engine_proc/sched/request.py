@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipc.protocol import FinishReason, RequestTimings, SamplingParams
+from rill.ipc.protocol import FinishReason, RequestTimings, SamplingParams
 
 
 class RequestState(enum.IntEnum):

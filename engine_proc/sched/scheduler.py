@@ -4,11 +4,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine_proc.sched.batch import Batch, ScheduledSeq, TokenDelta
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.finish import append_outputs
-from engine_proc.sched.request import EngineRequest, RequestState
-from ipc.protocol import FinishReason
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq, TokenDelta
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.finish import append_outputs
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.ipc.protocol import FinishReason
 
 _RUNNING = RequestState.RUNNING
 _WAITING_FOR_GRAMMAR = RequestState.WAITING_FOR_GRAMMAR

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 
-from engine_proc.spec.config import SpeculativeConfig, parse_speculative_config
-from engine_proc.spec.ngram import NgramProposer
-from engine_proc.spec.speculator import Speculator
+from rill.engine_proc.spec.config import SpeculativeConfig, parse_speculative_config
+from rill.engine_proc.spec.ngram import NgramProposer
+from rill.engine_proc.spec.speculator import Speculator
 
 log = logging.getLogger("rill.engine")
 

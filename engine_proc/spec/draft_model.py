@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_proc.attention.choice import create_attention_backend
-from engine_proc.attention.kv_cache import KVCache
-from engine_proc.model.loader import load_config, load_model
-from engine_proc.parallel.step_message import ReplicaBatch, ReplicaSeq
-from engine_proc.sched.batch import Batch
-from engine_proc.sched.request import EngineRequest
-from engine_proc.spec.config import SpeculativeConfig
+from rill.engine_proc.attention.choice import create_attention_backend
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.model.loader import load_config, load_model
+from rill.engine_proc.parallel.step_message import ReplicaBatch, ReplicaSeq
+from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.spec.config import SpeculativeConfig
 
 log = logging.getLogger("rill.engine")
 PLACEHOLDER = -1  # a draft slot the scheduler reserved, filled before the step runs

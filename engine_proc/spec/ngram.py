@@ -8,7 +8,7 @@ reads, never a scan of the whole context.
 """
 from __future__ import annotations
 
-from engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.request import EngineRequest
 
 
 class NgramIndex:

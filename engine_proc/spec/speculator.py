@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.request import EngineRequest
 
 
 @dataclass

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from engine_proc.sample.sampler import Sampler, SamplerOutput
-from engine_proc.sched.batch import ScheduledSeq
-from ipc.logprobs import TokenLogprobs
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sample.sampler import Sampler, SamplerOutput
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.ipc.logprobs import TokenLogprobs
+from rill.ipc.protocol import SamplingParams
 
 
 @dataclass(eq=False, slots=True)

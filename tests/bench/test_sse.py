@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving.client import RequestOutput, RequestState, parse_stream
-from bench.serving.sse import SSEEvent, SSEParser
+from rill.bench.serving.client import RequestOutput, RequestState, parse_stream
+from rill.bench.serving.sse import SSEEvent, SSEParser
 
 
 def parse_all(chunks: list[bytes]) -> tuple[list[SSEEvent], SSEParser]:

@@ -1,4 +1,4 @@
-"""bench.ipc.tp_broadcast --quick: both transports deliver every message intact, and the report has every
+"""rill.bench.ipc.tp_broadcast --quick: both transports deliver every message intact, and the report has every
 field; timings are not checked (this machine is shared)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from bench.ipc import tp_broadcast
+from rill.bench.ipc import tp_broadcast
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 

@@ -37,7 +37,7 @@ def test_stats_report_memory(server):
 
 def test_stats_say_which_dtype_auto_chose_and_why(server):
     """The default server runs --dtype auto: /stats names what this CPU got, as cpu_features decides."""
-    from engine_proc.cpu_features import auto_cpu_dtype, cpu_info
+    from rill.engine_proc.cpu_features import auto_cpu_dtype, cpu_info
 
     figures = httpx.get(f"{server.base_url}/stats").json()
     assert (figures["dtype"], figures["dtype_reason"]) == auto_cpu_dtype()

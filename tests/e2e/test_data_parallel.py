@@ -19,7 +19,7 @@ SHARED = list(range(100, 100 + 5 * 16))  # five full blocks
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 

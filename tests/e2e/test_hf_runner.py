@@ -11,16 +11,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
-from engine_proc.core import EngineCore
-from engine_proc.model.choice import choose_runner
-from engine_proc.model.hf_runner import TransformersRunner
-from engine_proc.model.loader import load_config
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc.protocol import FinishReason, SamplingParams
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.model.choice import choose_runner
+from rill.engine_proc.model.hf_runner import TransformersRunner
+from rill.engine_proc.model.loader import load_config
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.runners import make_runner
 from tests.helpers.server import start_servers, stop_server
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.servers import ROOT, ServerProcess, free_port
+from rill.bench.serving.servers import ROOT, ServerProcess, free_port
 
 
 def pip(*args: str, cwd: Path) -> None:
@@ -29,9 +29,13 @@ def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_di
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src), cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("rill-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("rill_templates/chatml.jinja", "rill_templates/llama3.jinja", "rill_templates/plain.jinja",
-                 "engine_proc/kernels/csrc/bindings.cpp", "engine_proc/kernels/csrc/float_bits.h", "asgi/app.py"):
+    for name in ("rill/templates/chatml.jinja", "rill/templates/llama3.jinja", "rill/templates/plain.jinja",
+                 "rill/engine_proc/kernels/csrc/bindings.cpp", "rill/engine_proc/kernels/csrc/float_bits.h",
+                 "rill/asgi/app.py", "rill/cli.py"):
         assert name in names, name
+    # Nothing but rill/ and its dist-info at the top of site-packages: no name another distribution may use.
+    assert {name.split("/")[0] for name in names} == {"rill", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
+                                                      + ".dist-info"}, sorted({n.split("/")[0] for n in names})
     # A fresh venv: the wheel installed into it as a user would (`pip install`, not editable); the
     # dependencies come from this venv through a .pth line (no network in tests). The checkout's
     # editable install is not seen there: .pth files of a directory a .pth line adds are not read.
@@ -43,7 +47,7 @@ def test_a_wheel_installed_elsewhere_serves_the_bundled_model(tmp_path, model_di
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run([str(fresh / "bin" / "python"), "-c", "import asgi.prompt.templating as t; "
+    where = subprocess.run([str(fresh / "bin" / "python"), "-c", "import rill.asgi.prompt.templating as t; "
                             "print(t.__file__); print(t.BUNDLED_TEMPLATES_DIR)"], cwd=elsewhere,
                            capture_output=True, text=True, timeout=120)
     module_file, templates_dir = where.stdout.split()

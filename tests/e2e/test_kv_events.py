@@ -9,8 +9,8 @@ import msgspec
 import pytest
 import zmq
 
-from bench.serving.servers import free_port
-from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from rill.bench.serving.servers import free_port
+from rill.engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 BLOCK = 16
@@ -19,7 +19,7 @@ decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
 
 @pytest.fixture(scope="module")
 def events_server(tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     port = free_port()
@@ -108,7 +108,7 @@ def test_a_subscriber_rebuilds_the_engines_cached_blocks(events_server):
 
 
 def test_kv_events_need_prefix_caching(tmp_path_factory):
-    from bench.serving.servers import rill_server
+    from rill.bench.serving.servers import rill_server
 
     log = tmp_path_factory.mktemp("rill") / "serve.log"
     srv = rill_server("--no-enable-prefix-caching", "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}",

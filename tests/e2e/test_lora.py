@@ -12,7 +12,7 @@ import pytest
 import torch
 from openai import NotFoundError, OpenAI
 
-from bench.features.lora_adapters import make_adapter
+from rill.bench.features.lora_adapters import make_adapter
 from tests.helpers.adapters import ADAPTERS
 from tests.helpers.openapi import validate
 from tests.helpers.server import sdk_client, start_server, stop_server

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipc.channels import run_dirs_of
+from rill.ipc.channels import run_dirs_of
 from tests.helpers.server import start_server, stop_server
 
 MODEL = "smollm2-135m-instruct"

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from asgi.routes.router_probes import load_snapshot
-from bench.serving.servers import free_port
-from ipc.protocol import EngineStats
+from rill.asgi.routes.router_probes import load_snapshot
+from rill.bench.serving.servers import free_port
+from rill.ipc.protocol import EngineStats
 from tests.helpers.server import TINY_MODEL, start_servers, stop_server
 
 SMG = Path(sys.executable).parent / "smg"
@@ -24,7 +24,7 @@ SYSTEM = "You are a careful assistant who answers questions about ships, harbour
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     flags = ("--model", str(tiny), "--load-format", "dummy", "--served-model-name", TINY_MODEL,

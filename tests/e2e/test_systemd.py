@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.serving.servers import RILL, ServerProcess, free_port
+from rill.bench.serving.servers import RILL, ServerProcess, free_port
 from rill.sdnotify import Notifier
 from rill.systemd_unit import STOP_MARGIN_S, render_unit
 from tests.helpers.server import leftovers, stats

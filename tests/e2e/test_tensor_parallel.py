@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from bench.serving.servers import RILL, free_port
+from rill.bench.serving.servers import RILL, free_port
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner
 from tests.helpers.server import leftovers, start_server, stop_server

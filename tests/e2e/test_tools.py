@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from bench.serving.servers import RILL
+from rill.bench.serving.servers import RILL
 from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS
 from tests.helpers.openapi import validate
 from tests.helpers.server import start_server, stop_server

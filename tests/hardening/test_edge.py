@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from asgi.http.access_log import loggable
-from asgi.http.paths import normalize
+from rill.asgi.http.access_log import loggable
+from rill.asgi.http.paths import normalize
 from tests.helpers.openapi import validate
 from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
@@ -29,7 +29,7 @@ FORGED = "2031-01-01 00:00:00,000 INFO rill.access: GET /forged 200"
 
 @pytest.fixture(scope="module")
 def edge(model_dir, tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     broken = tmp_path_factory.mktemp("broken-store") / "state.db"

@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from bench.serving.tiny_model import write_tiny_model
+from rill.bench.serving.tiny_model import write_tiny_model
 from tests.helpers.openapi import validate
 from tests.helpers.server import start_server, stop_server
 from tests.helpers.tiny_lora import broken_adapters, write_adapter

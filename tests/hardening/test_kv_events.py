@@ -11,9 +11,16 @@ import msgspec
 import pytest
 import zmq
 
-from bench.serving.servers import free_port
-from engine_proc.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_loopback, publisher_for
-from ipc.config import EngineConfig, ModelConfig
+from rill.bench.serving.servers import free_port
+from rill.engine_proc.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    is_loopback,
+    publisher_for,
+)
+from rill.ipc.config import EngineConfig, ModelConfig
 from tests.helpers.server import TINY_MODEL, start_server, stats, stop_server
 from tests.helpers.tiny_lora import write_adapter
 
@@ -23,7 +30,7 @@ decode_batch = msgspec.msgpack.Decoder(KVEventBatch).decode
 
 @pytest.fixture(scope="module")
 def lora_events_server(tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     adapter = write_adapter(tmp_path_factory.mktemp("adapter") / "ad", seed=1)

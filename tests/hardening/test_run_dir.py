@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving.servers import RILL, ServerProcess, free_port
-from ipc.channels import RUN_FILE, remove_stale_run_dirs, run_dir_base, run_dirs_of
+from rill.bench.serving.servers import RILL, ServerProcess, free_port
+from rill.ipc.channels import RUN_FILE, remove_stale_run_dirs, run_dir_base, run_dirs_of
 from tests.helpers.server import TINY_MODEL, leftovers
 
 NOBODY = 65534
@@ -30,7 +30,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 
 
 def test_a_planted_run_directory_is_not_adopted(tmp_path_factory):
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     port = free_port()

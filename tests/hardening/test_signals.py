@@ -22,7 +22,7 @@ ENDLESS = {"model": TINY_MODEL, "prompt": "Once upon a time", "max_tokens": 8000
 @pytest.fixture(scope="module")
 def hup_server(tmp_path_factory):
     """Two API workers; a 2 s drain, so that SIGHUP's drain ends an endless stream quickly."""
-    from bench.serving.tiny_model import write_tiny_model
+    from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",

@@ -24,7 +24,7 @@ def run(coro):
 
 
 def _bounds(max_entries=100, ttl_s=3600.0, **more):
-    from asgi.stores.base import Bounds
+    from rill.asgi.stores.base import Bounds
 
     return Bounds(max_entries, ttl_s, **more)
 
@@ -39,8 +39,8 @@ class Backend:
             self.redis.command("FLUSHALL")
 
     def store(self, responses=None, conversations=None):
-        from asgi.stores.redis_store import RedisStore
-        from asgi.stores.sqlite_store import SQLiteStore
+        from rill.asgi.stores.redis_store import RedisStore
+        from rill.asgi.stores.sqlite_store import SQLiteStore
 
         responses, conversations = responses or _bounds(), conversations or _bounds()
         if self.kind == "sqlite":
@@ -81,7 +81,7 @@ def message(i: int, text: str = "hi", **extra) -> dict:
 
 
 def record(i: int, items: list[dict] | None = None, text: str = "hello"):
-    from asgi.stores.base import StoredResponse
+    from rill.asgi.stores.base import StoredResponse
 
     return StoredResponse(id=f"resp_{i}", response={"id": f"resp_{i}", "status": "completed", "text": text},
                           input_items=items if items is not None else [message(i)],
@@ -89,7 +89,7 @@ def record(i: int, items: list[dict] | None = None, text: str = "hello"):
 
 
 def conversation(i: int):
-    from asgi.stores.base import Conversation
+    from rill.asgi.stores.base import Conversation
 
     return Conversation(id=f"conv_{i}", created_at=1, metadata={})
 
@@ -120,7 +120,7 @@ def test_only_the_fields_the_api_defines_are_stored(backend):
 
 
 def test_an_item_of_another_shape_is_refused_naming_it(backend):
-    from asgi.stores.items import Refused
+    from rill.asgi.stores.items import Refused
 
     async def go():
         store = backend.store()
@@ -137,8 +137,8 @@ def test_an_item_of_another_shape_is_refused_naming_it(backend):
 
 
 def test_one_entry_and_one_item_are_bounded_in_bytes(backend):
-    from asgi.stores.base import MAX_ITEM_BYTES
-    from asgi.stores.items import Refused
+    from rill.asgi.stores.base import MAX_ITEM_BYTES
+    from rill.asgi.stores.items import Refused
 
     async def go():
         store = backend.store(responses=_bounds(max_entry_bytes=20_000))
@@ -158,8 +158,8 @@ def test_one_entry_and_one_item_are_bounded_in_bytes(backend):
 
 
 def test_a_conversation_is_bounded_in_items_and_bytes(backend):
-    from asgi.stores.base import MAX_CONVERSATION_ITEMS
-    from asgi.stores.items import Refused
+    from rill.asgi.stores.base import MAX_CONVERSATION_ITEMS
+    from rill.asgi.stores.items import Refused
 
     async def go():
         store = backend.store(conversations=_bounds(max_entry_bytes=200_000))
@@ -202,7 +202,7 @@ def test_the_total_bytes_evict_the_oldest(backend):
 def test_lists_read_one_page_from_the_database(backend):
     """The first item is not JSON any more: a page that does not hold it reads fine, so the
     store never read the whole list; paging itself is OpenAI's (order, after, has_more)."""
-    from asgi.stores.items import Refused
+    from rill.asgi.stores.items import Refused
 
     async def go():
         store = backend.store()
@@ -270,7 +270,7 @@ def test_a_durable_file_of_the_older_schema_is_upgraded(tmp_path):
     keeps what it held, and its lists page."""
     import msgspec
 
-    from asgi.stores.sqlite_store import SQLiteStore
+    from rill.asgi.stores.sqlite_store import SQLiteStore
 
     path = tmp_path / "state.db"
     with sqlite3.connect(path) as conn:

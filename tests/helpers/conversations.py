@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from asgi.prompt.chat_messages import render_prompt
-from asgi.prompt.templating import ChatTemplate
-from asgi.requests.schemas import chat_decoder
+from rill.asgi.prompt.chat_messages import render_prompt
+from rill.asgi.prompt.templating import ChatTemplate
+from rill.asgi.requests.schemas import chat_decoder
 
 TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
 <tools>

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import random
 
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 EOS_ID = 2
 

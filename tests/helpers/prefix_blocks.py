@@ -1,8 +1,8 @@
 """Prefix-cache tests' small pieces: the block size, requests of given ids, runs of ids, the blocks a row wrote."""
 from __future__ import annotations
 
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 BS = 4  # tokens per block in the pure tests
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ipc.config import ModelConfig
+from rill.ipc.config import ModelConfig
 
 
 def make_runner(model_dir, *, num_kv_blocks: int, eos_token_ids: list[int], dtype: torch.dtype = torch.float32,
@@ -16,6 +16,6 @@ def make_runner(model_dir, *, num_kv_blocks: int, eos_token_ids: list[int], dtyp
     computed = dict(dtype=dtype, device=device, num_kv_blocks=num_kv_blocks, eos_token_ids=eos_token_ids)
     if runner_class is not None:
         return runner_class(model, **computed)
-    from engine_proc.model.runner import ModelRunner
+    from rill.engine_proc.model.runner import ModelRunner
 
     return ModelRunner(model, **computed, tp_rank=tp_rank, tp_size=tp_size)

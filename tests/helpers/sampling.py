@@ -1,9 +1,9 @@
 """Scheduled rows for sampler tests: a request with some tokens generated and the given sampling params."""
 from __future__ import annotations
 
-from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 EOS_ID = 2
 

@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from engine_proc.sched.batch import Batch, TokenDelta
-from engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
-from engine_proc.sched.request import EngineRequest, RequestState
-from engine_proc.sched.scheduler import Scheduler
-from ipc.protocol import FinishReason, SamplingParams
+from rill.engine_proc.sched.batch import Batch, TokenDelta
+from rill.engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.protocol import FinishReason, SamplingParams
 
 EOS = 2
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving.servers import ServerProcess, rill_server
-from ipc.channels import run_dirs_of
+from rill.bench.serving.servers import ServerProcess, rill_server
+from rill.ipc.channels import run_dirs_of
 
 
 def leftovers(run_id: int) -> list[str]:

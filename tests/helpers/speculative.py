@@ -1,12 +1,12 @@
 """Speculative decoding in tests: the copy prompt, an n-gram speculator, prompts run through the real scheduler."""
 from __future__ import annotations
 
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from engine_proc.spec.ngram import NgramProposer
-from engine_proc.spec.speculator import Speculator
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.engine_proc.spec.ngram import NgramProposer
+from rill.engine_proc.spec.speculator import Speculator
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID
 
 COPY = ("Repeat this text exactly, word for word: The quick brown fox jumps over the lazy dog near the "

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from bench.serving.tiny_model import TINY_SHAPE
+from rill.bench.serving.tiny_model import TINY_SHAPE
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

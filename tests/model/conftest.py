@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_proc.model.bundled import ensure_bundled_model
-from engine_proc.model.runner import ModelRunner
+from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model

@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from engine_proc.attention import backend as backends
-from engine_proc.attention import cpu
-from engine_proc.attention.choice import create_attention_backend
-from engine_proc.attention.kv_cache import AttentionMetadata, KVCache
-from engine_proc.model.llama import LlamaForCausalLM
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.attention import backend as backends
+from rill.engine_proc.attention import cpu
+from rill.engine_proc.attention.choice import create_attention_backend
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, KVCache
+from rill.engine_proc.model.llama import LlamaForCausalLM
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the Triton kernel is decorated
@@ -79,7 +79,7 @@ def test_the_backend_is_chosen_once_and_every_layer_holds_it(monkeypatch):
     calls = []
     monkeypatch.setattr(backend, "forward", lambda *a, real=backend.forward: calls.append(1) or real(*a))
     for name in ("create_attention_backend", "resolve_attention_backend"):  # a step decides nothing again
-        monkeypatch.setattr(f"engine_proc.attention.choice.{name}", lambda *a, **k: pytest.fail("chosen again"))
+        monkeypatch.setattr(f"rill.engine_proc.attention.choice.{name}", lambda *a, **k: pytest.fail("chosen again"))
     run_steps(model, backend, torch.float32)
     assert len(calls) == 2 * CONFIG.num_hidden_layers
 

@@ -11,12 +11,12 @@ import random
 import pytest
 import torch
 
-from engine_proc.attention import cpu as cpu_attention
-from engine_proc.cpu_features import cpu_info
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.attention import cpu as cpu_attention
+from rill.engine_proc.cpu_features import cpu_info
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, BlockAllocator
 from tests.helpers.runners import make_runner
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from engine_proc.model import bundled as bundled_model
-from engine_proc.model.bundled import ensure_bundled_model
-from engine_proc.model.loader import load_config
+from rill.engine_proc.model import bundled as bundled_model
+from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.loader import load_config
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,10 @@ import logging
 import pytest
 import torch
 
-from engine_proc.attention import cpu as cpu_attention
-from engine_proc.attention.choice import resolve_attention_backend
-from engine_proc.attention.kv_cache import additive_mask, decode_attention
-from engine_proc.kernels import extension
+from rill.engine_proc.attention import cpu as cpu_attention
+from rill.engine_proc.attention.choice import resolve_attention_backend
+from rill.engine_proc.attention.kv_cache import additive_mask, decode_attention
+from rill.engine_proc.kernels import extension
 from tests.helpers.generation import step_logits
 from tests.helpers.runners import make_runner
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_proc.cpu_features import cpu_info
-from engine_proc.kernels import extension
+from rill.engine_proc.cpu_features import cpu_info
+from rill.engine_proc.kernels import extension
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_proc.model.runner import ModelRunner
+from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner
 
@@ -46,9 +46,9 @@ def test_one_token_prompt_chunks_are_computed_but_not_sampled(compiled, prompts,
 
 def test_the_graph_and_the_eager_step_agree_on_logits(compiled, runner, prompts):
     """Same decode step, both paths: float32 logits within fused-op rounding."""
-    from engine_proc.sched.batch import Batch, ScheduledSeq
-    from engine_proc.sched.request import EngineRequest
-    from ipc.protocol import SamplingParams
+    from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+    from rill.engine_proc.sched.request import EngineRequest
+    from rill.ipc.protocol import SamplingParams
     from tests.helpers.generation import BlockAllocator
 
     logits = []
@@ -70,7 +70,7 @@ def test_drafts_run_as_rows_of_the_graph(compiled, runner, model_dir):
     position, the same blocks): the same greedy tokens as the eager step without drafts."""
     from transformers import AutoTokenizer
 
-    from ipc.protocol import SamplingParams
+    from rill.ipc.protocol import SamplingParams
     from tests.helpers.speculative import COPY, ngram, serve
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -95,9 +95,9 @@ def test_no_batch_size_compiles_a_new_graph(tmp_path):
     import torch._dynamo.utils
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from engine_proc.sched.batch import Batch, ScheduledSeq
-    from engine_proc.sched.request import EngineRequest
-    from ipc.protocol import SamplingParams
+    from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+    from rill.engine_proc.sched.request import EngineRequest
+    from rill.ipc.protocol import SamplingParams
     from tests.helpers.generation import BlockAllocator
 
     config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=1,

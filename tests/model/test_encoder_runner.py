@@ -10,12 +10,12 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
 
-from engine_proc.model.encoder_runner import EncoderRunner
-from engine_proc.model.sentence_layout import PoolingSpec, is_sentence_transformers, read_pooling
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.config import ModelConfig
-from ipc.protocol import SamplingParams
+from rill.engine_proc.model.encoder_runner import EncoderRunner
+from rill.engine_proc.model.sentence_layout import PoolingSpec, is_sentence_transformers, read_pooling
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.config import ModelConfig
+from rill.ipc.protocol import SamplingParams
 
 SENTENCES = [
     "Hi",

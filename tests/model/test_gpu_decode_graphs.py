@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from engine_proc.model.runner import ModelRunner
+from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate
 from tests.helpers.runners import make_runner as build_runner
 from tests.helpers.tiny_models import save_tiny_model
@@ -63,9 +63,9 @@ def test_cuda_graph_decodes_match_the_eager_runner(tiny_model_dir, prompts):
 
 def test_bfloat16_graphs_agree_with_eager_logits(tiny_model_dir, prompts):
     """The dtype a GPU serves in: the graph's logits within bfloat16 rounding of the eager step's."""
-    from engine_proc.sched.batch import Batch, ScheduledSeq
-    from engine_proc.sched.request import EngineRequest
-    from ipc.protocol import SamplingParams
+    from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+    from rill.engine_proc.sched.request import EngineRequest
+    from rill.ipc.protocol import SamplingParams
     from tests.helpers.generation import BlockAllocator
 
     logits = []

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from bench.features.lora_adapters import make_adapter
-from engine_proc.lora.adapter import AdapterError
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc.protocol import SamplingParams
+from rill.bench.features.lora_adapters import make_adapter
+from rill.engine_proc.lora.adapter import AdapterError
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.adapters import ADAPTERS
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID
 from tests.helpers.runners import make_runner

@@ -6,12 +6,12 @@ import shutil
 import pytest
 import torch
 
-from engine_proc.attention.kv_cache import bytes_per_block
-from engine_proc.model.loader import load_config
-from engine_proc.model.runner import ModelRunner
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.attention.kv_cache import bytes_per_block
+from rill.engine_proc.model.loader import load_config
+from rill.engine_proc.model.runner import ModelRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model

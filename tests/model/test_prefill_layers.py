@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from engine_proc.kernels import extension
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BlockAllocator
 from tests.helpers.runners import make_runner
 
@@ -81,7 +81,7 @@ def test_a_chunk_on_cached_tokens_takes_the_python_layers(runner):
 def test_lora_layers_take_the_python_path(runner, tmp_path):
     """With --enable-lora every projection is a LoRALinear (per-row adapters): a fresh prompt must
     not go around them through the operator, even after a prompt took it before they were wrapped."""
-    from engine_proc.lora.layers import LoRAState, wrap_linears
+    from rill.engine_proc.lora.layers import LoRAState, wrap_linears
 
     model = runner.model
     (req,) = requests(runner, [60])

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine_proc.core import EngineCore
-from engine_proc.model.hf_runner import TransformersRunner
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc.logprobs import decode_logprobs
-from ipc.protocol import SamplingParams
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.model.hf_runner import TransformersRunner
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.logprobs import decode_logprobs
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID
 from tests.helpers.runners import make_runner
 

@@ -11,15 +11,15 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, LlamaConfig
 
-from bench.kernels import quant_linears, quant_quality
-from engine_proc.kernels import extension
-from engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
-from engine_proc.kernels.linear import PackedLinear
-from engine_proc.model.hf_runner import TransformersRunner
-from engine_proc.model.llama import LlamaForCausalLM
-from engine_proc.model.loader import load_config, load_model
-from engine_proc.model.runner import ModelRunner
+from rill.bench.kernels import quant_linears, quant_quality
 from rill.cli import serve_parser
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from rill.engine_proc.kernels.linear import PackedLinear
+from rill.engine_proc.model.hf_runner import TransformersRunner
+from rill.engine_proc.model.llama import LlamaForCausalLM
+from rill.engine_proc.model.loader import load_config, load_model
+from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import MESSAGES, generate
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import TINY
@@ -185,9 +185,9 @@ def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dty
 
 
 def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
-    from engine_proc.sched.batch import Batch, ScheduledSeq
-    from engine_proc.sched.request import EngineRequest
-    from ipc.protocol import SamplingParams
+    from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+    from rill.engine_proc.sched.request import EngineRequest
+    from rill.ipc.protocol import SamplingParams
     from tests.helpers.generation import BlockAllocator
 
     reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]

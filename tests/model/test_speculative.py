@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from engine_proc.spec.build import build_speculator
-from engine_proc.spec.speculator import Speculator
-from ipc.logprobs import TokenLogprobs
-from ipc.protocol import SamplingParams
+from rill.engine_proc.spec.build import build_speculator
+from rill.engine_proc.spec.speculator import Speculator
+from rill.ipc.logprobs import TokenLogprobs
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import MESSAGES
 from tests.helpers.speculative import COPY, ngram, serve
 from tests.helpers.truncated_model import write_truncated_model
@@ -65,8 +65,8 @@ def test_logprobs_are_those_of_the_tokens_kept(runner, chat_prompts):
 
 def draft_model(runner, model_dir, k=3) -> Speculator:
     """The shared runner with a draft model (the engine's runner builds its own from the config)."""
-    from engine_proc.spec.config import parse_speculative_config
-    from engine_proc.spec.draft_model import DraftModelProposer
+    from rill.engine_proc.spec.config import parse_speculative_config
+    from rill.engine_proc.spec.draft_model import DraftModelProposer
 
     text = f'{{"method": "draft_model", "model": "{model_dir}", "num_speculative_tokens": {k}}}'
     runner.drafter = DraftModelProposer(parse_speculative_config(text), runner)

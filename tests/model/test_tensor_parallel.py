@@ -13,10 +13,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from engine_proc.parallel.sharding import Shard, split_range
-from engine_proc.sched.batch import Batch, ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.parallel.sharding import Shard, split_range
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
 
 LOGITS_ATOL = 1e-3
@@ -31,10 +31,10 @@ def _prompt_logits(runner, prompts):
 
 
 def _rank0(model_dir, prompts, compile_decode, results) -> None:
-    from engine_proc.model.runner import ModelRunner
-    from engine_proc.parallel.group import RankSetup
-    from engine_proc.parallel.ranks import TensorParallel
-    from ipc.config import LogConfig, ModelConfig, ParallelConfig
+    from rill.engine_proc.model.runner import ModelRunner
+    from rill.engine_proc.parallel.group import RankSetup
+    from rill.engine_proc.parallel.ranks import TensorParallel
+    from rill.ipc.config import LogConfig, ModelConfig, ParallelConfig
 
     torch.set_num_threads(1)
     model = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, enforce_eager=not compile_decode,

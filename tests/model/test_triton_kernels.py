@@ -20,14 +20,14 @@ DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e .[test] on Linux)")
 
-from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention, write_kv  # noqa: E402
-from engine_proc.attention.triton import (  # noqa: E402
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention, write_kv  # noqa: E402
+from rill.engine_proc.attention.triton import (  # noqa: E402
     _paged_attention_kernel,
     paged_attention_triton,
     tile_lens_of,
 )
-from engine_proc.sample.sampler import sample_tokens  # noqa: E402
-from engine_proc.sample.triton import _sample_kernel, sample_tokens_triton  # noqa: E402
+from rill.engine_proc.sample.sampler import sample_tokens  # noqa: E402
+from rill.engine_proc.sample.triton import _sample_kernel, sample_tokens_triton  # noqa: E402
 
 # A step as the engine lays it out: decodes first, then prefill chunks. (num_cached, num_new)
 # per sequence: contexts of 1 and of exact block multiples, a fresh prefill, chunks on a

@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
-from engine_proc.model.runner import resolve_attention_backend
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.model.runner import resolve_attention_backend
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, step_logits
 from tests.helpers.runners import make_runner
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import queue
 
-from engine_proc.core import EngineCore
-from engine_proc.io_threads import InputThread
-from engine_proc.sched.admission import MAX_RETRY_AFTER_S, AdmissionControl
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.deadlines import Deadlines
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc import protocol as p
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.io_threads import InputThread
+from rill.engine_proc.sched.admission import MAX_RETRY_AFTER_S, AdmissionControl
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.deadlines import Deadlines
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc import protocol as p
 
 ADMITTED, QUEUE_FULL, TOKENS_FULL = p.Verdict.ADMITTED, p.Verdict.QUEUE_FULL, p.Verdict.QUEUE_TOKENS_FULL
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc.kernels import extension
-from engine_proc.kernels.linear import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.linear import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
 
 
 def supported() -> bool:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 
 def make_req(req_id: str = "r") -> EngineRequest:

@@ -7,20 +7,20 @@ import json
 import msgspec
 import pytest
 
-from asgi.errors import APIError
-from asgi.parsers.chat_parsing import parser_factory
-from asgi.requests import nesting
-from asgi.requests.body import decode_json
-from asgi.requests.bounds import MAX_CHOICES, MAX_PROMPTS
-from asgi.requests.messages_request import chat_request as messages_chat_request
-from asgi.requests.messages_request import messages_decoder
-from asgi.requests.responses_input import chat_request as responses_chat_request
-from asgi.requests.responses_input import input_items, items_to_messages
-from asgi.requests.responses_request import responses_decoder
-from asgi.requests.sampling import logit_bias
-from asgi.requests.schemas import chat_decoder, check_choices, prompt_batch
-from asgi.requests.tool_choice import ToolMode, plan_tools
-from asgi.routes.lora_admin import _load_decoder, _unload_decoder
+from rill.asgi.errors import APIError
+from rill.asgi.parsers.chat_parsing import parser_factory
+from rill.asgi.requests import nesting
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.bounds import MAX_CHOICES, MAX_PROMPTS
+from rill.asgi.requests.messages_request import chat_request as messages_chat_request
+from rill.asgi.requests.messages_request import messages_decoder
+from rill.asgi.requests.responses_input import chat_request as responses_chat_request
+from rill.asgi.requests.responses_input import input_items, items_to_messages
+from rill.asgi.requests.responses_request import responses_decoder
+from rill.asgi.requests.sampling import logit_bias
+from rill.asgi.requests.schemas import chat_decoder, check_choices, prompt_batch
+from rill.asgi.requests.tool_choice import ToolMode, plan_tools
+from rill.asgi.routes.lora_admin import _load_decoder, _unload_decoder
 from tests.helpers.parser_checks import run
 
 DEPTH = nesting.MAX_DEPTH
@@ -168,7 +168,7 @@ def test_constraints_compile_off_the_event_loop(monkeypatch):
     import asyncio
     import threading
 
-    import asgi.requests.structured as structured
+    import rill.asgi.requests.structured as structured
 
     threads = []
     monkeypatch.setattr(structured, "_grammar_error",

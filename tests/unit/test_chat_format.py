@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.output.chat_delta import merge_delta, message
-from asgi.output.chat_format import ChatFormatter
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.output.chat_delta import merge_delta, message
+from rill.asgi.output.chat_format import ChatFormatter
 from tests.helpers.openapi import validate
 
 

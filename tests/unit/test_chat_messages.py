@@ -6,9 +6,9 @@ import json
 import msgspec
 import pytest
 
-from asgi.errors import APIError, from_validation_error
-from asgi.prompt.templating import ChatTemplate
-from asgi.requests.tool_choice import ToolMode, plan_tools
+from rill.asgi.errors import APIError, from_validation_error
+from rill.asgi.prompt.templating import ChatTemplate
+from rill.asgi.requests.tool_choice import ToolMode, plan_tools
 from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS, render, request, state_with
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.cpu_features import CpuInfo, auto_cpu_dtype, cpu_info
+from rill.engine_proc.cpu_features import CpuInfo, auto_cpu_dtype, cpu_info
 
 CPUINFO = """processor\t: 0
 vendor_id\t: {vendor}

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc.attention import cpu as cpu_attention
-from engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention
-from engine_proc.kernels import extension
+from rill.engine_proc.attention import cpu as cpu_attention
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, PrefillChunk, paged_attention
+from rill.engine_proc.kernels import extension
 
 
 def supported() -> bool:

@@ -7,8 +7,8 @@ import random
 import pytest
 import tokenizers
 
-import asgi.output.detokenizer as detokenizer_module
-from asgi.output.detokenizer import Detokenizer
+import rill.asgi.output.detokenizer as detokenizer_module
+from rill.asgi.output.detokenizer import Detokenizer
 
 MULTILINGUAL_TEXT = (
     "Hello 世界! 🎉👨\u200d👩\u200d👧 naïve café. 日本語のテキスト、絵文字😀😃😄も。"

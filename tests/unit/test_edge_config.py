@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from asgi.errors import APIError
-from asgi.http.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
-from asgi.http.cors import CorsPolicy, parse_list
-from ipc.logs import JsonFormatter, TextFormatter
+from rill.asgi.errors import APIError
+from rill.asgi.http.auth import ApiKeyGuard, KeyFileError, collect_api_keys, digest, read_key_file
+from rill.asgi.http.cors import CorsPolicy, parse_list
 from rill.cli import serve_parser
 from rill.http_server import http1_settings
+from rill.ipc.logs import JsonFormatter, TextFormatter
 
 
 def serve_args(*argv: str):
@@ -76,7 +76,7 @@ def test_guard_denies_by_default_but_probes_and_metrics():
 
 def test_guard_compares_against_every_key(monkeypatch):
     """No early exit: the first key matching still costs a comparison with every other one."""
-    import asgi.http.auth as auth
+    import rill.asgi.http.auth as auth
 
     calls = []
     real = auth.hmac.compare_digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import time
 
-from engine_proc.main import freeze_startup_heap
+from rill.engine_proc.main import freeze_startup_heap
 
 
 def test_a_full_collection_no_longer_walks_the_startup_heap():

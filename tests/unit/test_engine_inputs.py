@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import queue
 
-from engine_proc.core import EngineCore
-from engine_proc.io_threads import InputThread
-from engine_proc.lora.adapter import AdapterError
-from engine_proc.sched.admission import AdmissionControl
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc import protocol as p
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.io_threads import InputThread
+from rill.engine_proc.lora.adapter import AdapterError
+from rill.engine_proc.sched.admission import AdmissionControl
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc import protocol as p
 
 VOCAB_SIZE = 100
 

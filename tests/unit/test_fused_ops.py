@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_proc.kernels import extension, fused_ops
-from engine_proc.kernels.fused_ops import CpuOps, TorchOps, elementwise_ops
+from rill.engine_proc.kernels import extension, fused_ops
+from rill.engine_proc.kernels.fused_ops import CpuOps, TorchOps, elementwise_ops
 
 needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -107,7 +107,7 @@ def test_the_fused_ops_are_chosen_for_cpu_float_weights_once_loaded():
 def test_write_kv_stores_each_token_at_its_slot(dtype):
     """The C++ write (kv_cache.write_kv on the CPU) against index_copy_, from views of a fused qkv
     as the model passes them, to scattered slots."""
-    from engine_proc.attention.kv_cache import write_kv
+    from rill.engine_proc.attention.kv_cache import write_kv
 
     gen = torch.Generator().manual_seed(4)
     qkv = torch.randn(21, 9 + 2 * 3, 64, generator=gen).to(dtype)

@@ -8,18 +8,18 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from engine_proc.core import EngineCore
-from engine_proc.grammar.bitmask import GrammarMasker, apply_token_bitmask, apply_token_bitmask_kernel
-from engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler
-from engine_proc.grammar.gate import GrammarGate
-from engine_proc.grammar.matcher import RequestGrammar
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest, RequestState
-from engine_proc.sched.scheduler import Scheduler
-from ipc.grammar_spec import GrammarError, to_grammar
-from ipc.protocol import FinishReason, SamplingParams, StructuredKind, StructuredSpec
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.grammar.bitmask import GrammarMasker, apply_token_bitmask, apply_token_bitmask_kernel
+from rill.engine_proc.grammar.compiler import GrammarCompiled, GrammarCompiler
+from rill.engine_proc.grammar.gate import GrammarGate
+from rill.engine_proc.grammar.matcher import RequestGrammar
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.grammar_spec import GrammarError, to_grammar
+from rill.ipc.protocol import FinishReason, SamplingParams, StructuredKind, StructuredSpec
 
 EOS_ID = 2
 VOCAB = 49152  # SmolLM2's tokenizer and logits

@@ -1,8 +1,8 @@
 """The scheduler with structured requests (a fake grammar, no xgrammar): waiting for a grammar, ending by it."""
 from __future__ import annotations
 
-from engine_proc.sched.request import RequestState
-from ipc.protocol import FinishReason
+from rill.engine_proc.sched.request import RequestState
+from rill.ipc.protocol import FinishReason
 from tests.helpers.scheduling import EOS, PagedFakeModel, assert_all_blocks_free, make_req, make_scheduler, step
 
 

@@ -12,7 +12,10 @@ KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def module_name(path: Path) -> str:
+    """Its name as installed: the repo's asgi/, engine_proc/ and ipc/ are rill.asgi, ... (pyproject's package-dir)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "rill":
+        parts.insert(0, "rill")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -97,3 +100,17 @@ def test_known_cycles_still_exist():
 
 def test_finds_a_cycle():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_imports_a_bare_top_level_folder():
+    """`import asgi...` would load a second copy of a module beside rill.asgi's (two registries, two custom ops)."""
+    bare = ("asgi", "engine_proc", "ipc", "bench", "rill_templates")
+    found = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.relative_to(ROOT).parts[0] not in (*PACKAGES, "bench", "tests"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in bare]
+    assert not found, "import rill.<package> instead:\n" + "\n".join(found)

@@ -10,16 +10,16 @@ import numpy as np
 import torch
 import zmq
 
-from asgi.engine_link.client import EngineClient
-from asgi.engine_link.mailbox import Mailbox
-from engine_proc.core import EngineCore
-from engine_proc.io_threads import InputThread, OutputThread
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.scheduler import Scheduler
-from ipc import protocol as p
-from ipc.channels import RunPaths, make_socket
-from ipc.logprobs import TokenLogprobs, decode_logprobs, encode_logprobs
+from rill.asgi.engine_link.client import EngineClient
+from rill.asgi.engine_link.mailbox import Mailbox
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.io_threads import InputThread, OutputThread
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc import protocol as p
+from rill.ipc.channels import RunPaths, make_socket
+from rill.ipc.logprobs import TokenLogprobs, decode_logprobs, encode_logprobs
 
 EOS_ID = 2
 
@@ -146,7 +146,7 @@ def test_tied_top_logprobs_list_the_lowest_id_first_as_greedy_picks_it():
     so that a greedy token is its own first top entry."""
     import torch
 
-    from engine_proc.sample.sampler import gather_logprobs
+    from rill.engine_proc.sample.sampler import gather_logprobs
 
     logits = torch.full((1, 4096), -5.0)
     logits[0, [7, 3000, 1500]] = 2.0  # a three-way tie at the top

@@ -6,10 +6,10 @@ import queue
 import pytest
 import torch
 
-from engine_proc.io_threads import InputThread
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.admission import AdmissionControl
-from ipc import protocol as p
+from rill.engine_proc.io_threads import InputThread
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.admission import AdmissionControl
+from rill.ipc import protocol as p
 from tests.helpers.sampling import EOS_ID, make_seq
 
 
@@ -50,7 +50,7 @@ def test_logprobs_stay_raw_under_a_bias(logits):
 
 
 def test_no_bias_no_copy(logits, monkeypatch):
-    import engine_proc.sample.sampler as sampler_mod
+    import rill.engine_proc.sample.sampler as sampler_mod
 
     monkeypatch.setattr(sampler_mod, "add_logit_bias", lambda *a: pytest.fail("called without a bias"))
     Sampler([EOS_ID]).sample(logits, [make_seq(temperature=0.0) for _ in range(4)])

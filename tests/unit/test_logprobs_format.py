@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from asgi.output.logprobs_format import ChatLogprobs, CompletionLogprobs, merge_completion_logprobs
-from asgi.output.token_text import TokenTexts
-from ipc.logprobs import TokenLogprobs
+from rill.asgi.output.logprobs_format import ChatLogprobs, CompletionLogprobs, merge_completion_logprobs
+from rill.asgi.output.token_text import TokenTexts
+from rill.ipc.logprobs import TokenLogprobs
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.lora.adapter import AdapterError, load_adapter
+from rill.engine_proc.lora.adapter import AdapterError, load_adapter
 from tests.helpers.tiny_lora import broken_adapters, tiny_config, write_adapter
 
 REASONS = {

@@ -7,10 +7,10 @@ import json
 import pydantic
 import pytest
 
-from asgi.output.messages_blocks import MessageBlocks
-from asgi.output.messages_format import stop_reason
-from asgi.parsers.chat_parsing import parser_factory
-from asgi.requests.tool_choice import ToolMode, ToolPlan
+from rill.asgi.output.messages_blocks import MessageBlocks
+from rill.asgi.output.messages_format import stop_reason
+from rill.asgi.parsers.chat_parsing import parser_factory
+from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
 from tests.helpers.messages_events import check_stream
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "get_time"}}]

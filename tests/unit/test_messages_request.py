@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from asgi.errors import APIError
-from asgi.prompt.chat_messages import render_prompt
-from asgi.prompt.templating import ChatTemplate
-from asgi.requests.body import decode_json
-from asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
-from asgi.requests.tool_choice import ToolMode, plan_tools
+from rill.asgi.errors import APIError
+from rill.asgi.prompt.chat_messages import render_prompt
+from rill.asgi.prompt.templating import ChatTemplate
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
+from rill.asgi.requests.tool_choice import ToolMode, plan_tools
 from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS, render, state_with
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",

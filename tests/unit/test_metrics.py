@@ -8,15 +8,15 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asgi.http import request_context
-from asgi.http.request_context import RequestContext
-from asgi.routes.metrics import TTFT_BUCKETS, Metrics, buckets_1_2_5
-from engine_proc.core import EngineCore
-from engine_proc.sample.sampler import SamplerOutput
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc import protocol as p
+from rill.asgi.http import request_context
+from rill.asgi.http.request_context import RequestContext
+from rill.asgi.routes.metrics import TTFT_BUCKETS, Metrics, buckets_1_2_5
+from rill.engine_proc.core import EngineCore
+from rill.engine_proc.sample.sampler import SamplerOutput
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc import protocol as p
 
 VLLM_NAMES = {  # the families vLLM dashboards read, as the parser names them (counters without _total)
     "time_to_first_token_seconds", "inter_token_latency_seconds", "request_time_per_output_token_seconds",

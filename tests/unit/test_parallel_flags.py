@@ -7,8 +7,8 @@ import argparse
 import msgspec
 import pytest
 
-from ipc.config import EngineConfig, ModelConfig, ParallelConfig
 from rill.cli import serve_parser
+from rill.ipc.config import EngineConfig, ModelConfig, ParallelConfig
 from rill.parallel_flags import DEFAULT_MASTER_PORT, check_parallel_flags, engine_configs
 
 

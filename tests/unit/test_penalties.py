@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from engine_proc.sample.penalties import penalize
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sample.penalties import penalize
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 
 EOS_ID = 2
 ROW = [2.0, -1.0, 0.5, -0.5, 3.0, 0.0, 1.0, -2.0]

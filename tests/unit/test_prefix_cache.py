@@ -1,10 +1,10 @@
 """Prefix caching: the chained-hash index, LRU eviction, sharing (block manager level)."""
 from __future__ import annotations
 
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.prefix_cache import ROOT_HASH
-from engine_proc.sched.request import EngineRequest
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.prefix_cache import ROOT_HASH
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
 from tests.helpers.prefix_blocks import BS, ids, make_req
 from tests.helpers.scheduling import PagedFakeModel, make_scheduler, run_until_done
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest, RequestState
-from ipc.protocol import FinishReason, SamplingParams
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.prefix_blocks import BS, ids, make_req, written_block_ids
 from tests.helpers.runners import make_runner
 from tests.helpers.scheduling import (
@@ -212,7 +212,7 @@ def texts(tokenizer) -> dict[str, list[int]]:
 def greedy(runner, prompts: dict[str, list[int]], *, caching: bool, arrival_steps: dict[str, int],
            max_num_batched_tokens: int = 2048) -> dict[str, EngineRequest]:
     """Runs the prompts through the real scheduler and model, each arriving at its step."""
-    from engine_proc.sched.scheduler import Scheduler
+    from rill.engine_proc.sched.scheduler import Scheduler
 
     sched = Scheduler(
         BlockManager(runner.kv_cache.num_blocks, MODEL_BS, enable_prefix_caching=caching),

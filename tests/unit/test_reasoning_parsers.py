@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from asgi.parsers.chat_output import PlainText
-from asgi.parsers.chat_parsing import ReasoningThenTools, parser_factory
-from asgi.parsers.reasoning import REASONING_PARSERS
-from asgi.parsers.tools.forced import NamedCall, RequiredCalls
-from asgi.parsers.tools.hermes import HermesParser
-from asgi.requests.tool_choice import ToolMode, ToolPlan
+from rill.asgi.parsers.chat_output import PlainText
+from rill.asgi.parsers.chat_parsing import ReasoningThenTools, parser_factory
+from rill.asgi.parsers.reasoning import REASONING_PARSERS
+from rill.asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from rill.asgi.parsers.tools.hermes import HermesParser
+from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
 from tests.helpers.parser_checks import check_every_split
 
 R1, QWEN3 = REASONING_PARSERS["deepseek_r1"], REASONING_PARSERS["qwen3"]

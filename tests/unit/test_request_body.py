@@ -4,8 +4,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from asgi.errors import APIError
-from asgi.requests.body import decode_json
+from rill.asgi.errors import APIError
+from rill.asgi.requests.body import decode_json
 
 
 class Body(msgspec.Struct):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from asgi.engine_link.generate import ChoiceDelta, Usage
-from asgi.errors import APIError
-from asgi.output.responses_format import ResponseBuilder, sse_event
-from asgi.requests.responses_input import items_to_messages
+from rill.asgi.engine_link.generate import ChoiceDelta, Usage
+from rill.asgi.errors import APIError
+from rill.asgi.output.responses_format import ResponseBuilder, sse_event
+from rill.asgi.requests.responses_input import items_to_messages
 from tests.helpers.responses_events import check_stream, parse_sse
 
 FIELDS = {"id": "resp_1", "model": "m", "instructions": None, "max_output_tokens": None, "parallel_tool_calls": True,

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from asgi.http.router import MAX_PATH_PARAM_LEN, HTTPRequest, Router
+from rill.asgi.http.router import MAX_PATH_PARAM_LEN, HTTPRequest, Router
 
 
 async def a(http):

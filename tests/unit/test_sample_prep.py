@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_proc.sample.prepared import SamplePrep
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.finish import finish_after
-from ipc.protocol import FinishReason
+from rill.engine_proc.sample.prepared import SamplePrep
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.finish import finish_after
+from rill.ipc.protocol import FinishReason
 from tests.helpers.sampling import EOS_ID, make_seq
 
 VOCAB = 300

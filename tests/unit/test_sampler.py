@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine_proc.sample.sampler import Sampler, sample_tokens
-from engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sample.sampler import Sampler, sample_tokens
+from rill.engine_proc.sched.batch import ScheduledSeq
 from tests.helpers.sampling import EOS_ID, make_seq
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.sched.batch import TokenDelta
-from engine_proc.sched.request import EngineRequest, RequestState
-from ipc.protocol import FinishReason
+from rill.engine_proc.sched.batch import TokenDelta
+from rill.engine_proc.sched.request import EngineRequest, RequestState
+from rill.ipc.protocol import FinishReason
 from tests.helpers.scheduling import (
     EOS,
     PagedFakeModel,

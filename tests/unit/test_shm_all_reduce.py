@@ -7,7 +7,7 @@ import multiprocessing as mp
 
 import torch
 
-from engine_proc.parallel.shm_all_reduce import ShmAllReduce
+from rill.engine_proc.parallel.shm_all_reduce import ShmAllReduce
 
 CALLS = 300
 

@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from engine_proc.spec.build import describe
-from engine_proc.spec.config import parse_speculative_config
 from rill.cli import serve_parser
+from rill.engine_proc.spec.build import describe
+from rill.engine_proc.spec.config import parse_speculative_config
 
 
 def parse(*argv: str):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine_proc.sample.sampler import SamplerOutput
-from engine_proc.sched.batch import Batch
-from engine_proc.spec.ngram import NgramProposer
-from engine_proc.spec.speculator import Speculator
-from engine_proc.spec.verify import accepted
-from ipc.protocol import FinishReason
+from rill.engine_proc.sample.sampler import SamplerOutput
+from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.spec.ngram import NgramProposer
+from rill.engine_proc.spec.speculator import Speculator
+from rill.engine_proc.spec.verify import accepted
+from rill.ipc.protocol import FinishReason
 from tests.helpers.scheduling import (
     EOS,
     PagedFakeModel,

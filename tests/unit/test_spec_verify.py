@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.batch import ScheduledSeq
-from engine_proc.sched.request import EngineRequest
-from engine_proc.spec.verify import accepted, sample
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.spec.verify import accepted, sample
+from rill.ipc.protocol import SamplingParams
 
 VOCAB = 8
 # Row 0: the distribution of the token after the prompt; row 1: after the draft d0 = 2.

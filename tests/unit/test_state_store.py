@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from asgi.stores.base import Bounds, Conversation, StoredResponse, StoreUnavailable
-from asgi.stores.open import StoreURLError, check_url, open_store
-from asgi.stores.redis_store import RedisStore, _without_password
-from asgi.stores.sqlite_store import SQLiteStore
+from rill.asgi.stores.base import Bounds, Conversation, StoredResponse, StoreUnavailable
+from rill.asgi.stores.open import StoreURLError, check_url, open_store
+from rill.asgi.stores.redis_store import RedisStore, _without_password
+from rill.asgi.stores.sqlite_store import SQLiteStore
 from tests.helpers.redis_server import free_port
 
 
@@ -292,8 +292,8 @@ def test_a_conversation_body_is_bounded_naming_the_field():
     """OpenAI's bounds: 16 metadata pairs, keys up to 64 characters, values up to 512, 20 items a call."""
     import json
 
-    from asgi.errors import APIError
-    from asgi.routes.conversations import _decode
+    from rill.asgi.errors import APIError
+    from rill.asgi.routes.conversations import _decode
 
     message = {"type": "message", "role": "user", "content": "hi"}
     for body, param in [({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),

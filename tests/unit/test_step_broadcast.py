@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine_proc.parallel.step_broadcast import SHM_DIR, GlooBroadcast, ShmBroadcast
+from rill.engine_proc.parallel.step_broadcast import SHM_DIR, GlooBroadcast, ShmBroadcast
 
 CTX = mp.get_context("spawn")
 TIMEOUT_S = 10  # every wait is bounded: a hang fails the test instead of stalling the run

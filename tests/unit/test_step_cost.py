@@ -9,11 +9,11 @@ import time
 
 import torch
 
-from engine_proc.sample.sampler import Sampler
-from engine_proc.sched.block_manager import BlockManager
-from engine_proc.sched.request import EngineRequest
-from engine_proc.sched.scheduler import Scheduler
-from ipc.protocol import SamplingParams
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.block_manager import BlockManager
+from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.sched.scheduler import Scheduler
+from rill.ipc.protocol import SamplingParams
 
 VOCAB_SIZE = 49_152  # the bundled model's
 MAX_MODEL_LEN = 4096

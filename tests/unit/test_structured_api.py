@@ -6,11 +6,11 @@ import json
 import msgspec
 import pytest
 
-from asgi.errors import APIError
-from asgi.requests.schemas import chat_decoder, completion_decoder
-from asgi.requests.structured import json_schema_spec, structured_spec
-from ipc.protocol import StructuredKind as K
-from ipc.protocol import StructuredSpec
+from rill.asgi.errors import APIError
+from rill.asgi.requests.schemas import chat_decoder, completion_decoder
+from rill.asgi.requests.structured import json_schema_spec, structured_spec
+from rill.ipc.protocol import StructuredKind as K
+from rill.ipc.protocol import StructuredSpec
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
 
@@ -127,7 +127,7 @@ def test_the_grammar_checker_loads_off_the_event_loop(monkeypatch):
     import importlib
     import threading
 
-    import asgi.requests.structured as structured
+    import rill.asgi.requests.structured as structured
 
     imported = []
     monkeypatch.setattr(structured, "_checker_loaded", False)
@@ -138,6 +138,6 @@ def test_the_grammar_checker_loads_off_the_event_loop(monkeypatch):
                                              tool_choice="auto")))
     assert imported == []
     asyncio.run(structured.load_checker(chat(tool_choice="required")))
-    assert imported == [("ipc.grammar_spec", False)]
+    assert imported == [("rill.ipc.grammar_spec", False)]
     asyncio.run(structured.load_checker(chat(response_format={"type": "json_object"})))
     assert len(imported) == 1  # once per process

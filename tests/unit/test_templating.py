@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asgi.prompt.templating import ChatTemplate, TemplateError
+from rill.asgi.prompt.templating import ChatTemplate, TemplateError
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

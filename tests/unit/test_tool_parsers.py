@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from asgi.parsers.tools import TOOL_PARSERS
-from asgi.parsers.tools.forced import NamedCall, RequiredCalls
-from asgi.parsers.tools.hermes import HermesParser
-from asgi.parsers.tools.llama3_json import Llama3JsonParser
+from rill.asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.parsers.tools.forced import NamedCall, RequiredCalls
+from rill.asgi.parsers.tools.hermes import HermesParser
+from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
 from tests.helpers.parser_checks import check_every_split, run
 
 WEATHER = {"city": "Paris", "units": ["C", {"nested": "}]\"{"}], "n": -1.5e3, "ok": True}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
-from asgi.parsers.tools.hermes import CallCounter
-from asgi.parsers.tools.json_call import CallScanner
+from rill.asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
+from rill.asgi.parsers.tools.hermes import CallCounter
+from rill.asgi.parsers.tools.json_call import CallScanner
 
 _WS = " \t\r\n"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asgi.parsers.chat_output import BufferedParser
-from asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
-from asgi.parsers.tools.json_call import CallScanner
+from rill.asgi.parsers.chat_output import BufferedParser
+from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
+from rill.asgi.parsers.tools.json_call import CallScanner
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

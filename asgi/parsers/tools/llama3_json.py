@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asgi.parsers.chat_output import BufferedParser
-from asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
-from asgi.parsers.tools.hermes import CallCounter
-from asgi.parsers.tools.json_call import CallScanner
+from rill.asgi.parsers.chat_output import BufferedParser
+from rill.asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
+from rill.asgi.parsers.tools.hermes import CallCounter
+from rill.asgi.parsers.tools.json_call import CallScanner
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"

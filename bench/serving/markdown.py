@@ -41,7 +41,9 @@ def command_line(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     prog = Path(argv[0]).name if argv else "rill"
     if prog == "__main__.py":
-        prog = f"python -m {Path(argv[0]).parent.name}"
+        parts = Path(argv[0]).parent.parts  # .../bench[/peers]/__main__.py, installed as rill.bench[.peers]
+        package = parts[len(parts) - parts[::-1].index("bench") - 1:] if "bench" in parts else parts[-1:]
+        prog = "python -m rill." + ".".join(package)
     words = argv[1:]
     for i, word in enumerate(words):
         if word == "--api-key" and i + 1 < len(words):

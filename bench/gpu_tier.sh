@@ -13,9 +13,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:/tmp/site"
 mkdir -p /tmp/site
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-# Not installed here: the top-level templates/ folder as the package an install names rill_templates.
-ln -sfn "$PWD/templates" /tmp/site/rill_templates
-STAGES=${STAGES:-tests engine_step serve}  # a rerun can name fewer
+# Not installed here: the repo's folders as the packages an install names rill.asgi, rill.engine_proc, ...
+for d in asgi engine_proc ipc bench templates; do ln -sfn "../$d" "rill/$d"; done
+STAGES=${STAGES:-tests profile engine_step serve}  # a rerun can name fewer
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
@@ -32,6 +32,8 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
 
 stage tests 180 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_kernels.py tests/model/test_triton_path.py tests/model/test_gpu_decode_graphs.py
+stage profile 130 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$OUT/profile-135m.json"
+stage profile1b 130 python3 -m rill.bench.kernels.gpu_step_profile --model bench/models/llama-3.2-1b --out "$OUT/profile-1b.json"
 stage engine_step 200 python3 -m rill.bench.kernels.engine_step --device cuda --dtype bfloat16 --model .gpu/smollm2-dummy \
   --batch-sizes 1,8,32 --rounds 3 --machine gpu --out "$OUT/engine_step-bfloat16-cuda-gpu.json"
 

@@ -80,8 +80,10 @@ class InvariantBackend(AttentionBackend):
 
 
 class TritonBackend(AttentionBackend):
-    """One Triton kernel for every token of a step (engine_proc/attention/triton.py): the GPU's; on
-    the CPU under Triton's interpreter (TRITON_INTERPRET=1), for tests, without compiled decode."""
+    """One Triton kernel for every token of a step (engine_proc/attention/triton.py), and on a GPU
+    the K/V writes and compiled decode steps' attention in kernels of their own (triton_decode.py):
+    the GPU's; on the CPU under Triton's interpreter (TRITON_INTERPRET=1), for tests, without
+    compiled decode."""
 
     name = "triton"
     flat = True
@@ -89,19 +91,29 @@ class TritonBackend(AttentionBackend):
     def __init__(self, device: torch.device, block_size: int) -> None:
         super().__init__(device, block_size)
         # Imported only when chosen: importing triton needs its GPU driver (or TRITON_INTERPRET=1).
-        from rill.engine_proc.attention.triton import paged_attention_triton
+        from rill.engine_proc.attention.triton import paged_attention_triton, tokens_per_tile
+        from rill.engine_proc.attention.triton_decode import write_kv_triton
 
-        self.kernel = paged_attention_triton
+        self.kernel, self.tokens_per_tile = paged_attention_triton, tokens_per_tile
+        self.write = write_kv
         if device.type == "cuda":
             self.graph_decode_op = torch.ops.rill.paged_decode_attention
+            self.write = write_kv_triton
 
     def prepare(self, batch: Batch) -> StepInputs:
         return prepare_flat_step(batch, self.block_size, self.device)
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        self.write(k_cache, v_cache, k, v, meta.slot_mapping)
+        # The step's tiles, worked out by its first layer for all of them (again for a draft model
+        # whose heads group otherwise).
+        per_tile = self.tokens_per_tile(q.shape[1], k_cache.shape[2])
+        if meta.tile_lens is None or meta.tile_lens[0] != per_tile:
+            from rill.engine_proc.attention.triton import tile_lens_of
+
+            meta.tile_lens = (per_tile, tile_lens_of(meta.seq_of_token, per_tile))
         return self.kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token, meta.context_lens,
-                           q.shape[-1] ** -0.5)
+                           q.shape[-1] ** -0.5, meta.tile_lens[1])
 
 
 # The KV cache of each layer for rill::paged_decode_attention (bind_kv_caches). The op reads and
@@ -123,16 +135,16 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
     row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
-    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernel, on the CPU the torch path
+    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernels (triton_decode.py), on the CPU the torch path
     with an additive mask (the "cpu" backend's graphs call the C++ operator rill_cpu::paged_decode_layer
     instead)."""
     k_cache, v_cache = _kv_caches[layer]
-    write_kv(k_cache, v_cache, k, v, slot_mapping)
-    if q.is_cuda:  # the Triton kernel reads each row's blocks up to its length: no gather, no mask
-        from rill.engine_proc.attention.triton import paged_attention_triton
+    if q.is_cuda:  # two kernels: every row's K/V written, then each row's blocks read up to its length
+        from rill.engine_proc.attention.triton_decode import decode_attention_triton, write_kv_triton
 
-        rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
-        return paged_attention_triton(q, k_cache, v_cache, block_table, rows, context_lens, q.shape[-1] ** -0.5)
+        write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
+        return decode_attention_triton(q, k_cache, v_cache, block_table, context_lens, q.shape[-1] ** -0.5)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
     return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
 
 

@@ -117,6 +117,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [num_seqs, max_num_blocks] int32
     seq_of_token: torch.Tensor | None = None  # [num_tokens] int32: each token's row of block_tables
     context_lens: torch.Tensor | None = None  # [num_tokens] int32: position + 1
+    # (tokens per tile, [num_tokens] int32): the Triton kernel's tiles, worked out by the first layer
+    tile_lens: tuple[int, torch.Tensor] | None = None
 
 
 @dataclass

@@ -100,6 +100,12 @@ def tile_lens_of(seq_of_token: torch.Tensor, tokens_per_tile: int) -> torch.Tens
     return torch.where(leads, (run_end - index).clamp(max=tokens_per_tile), 0).to(torch.int32)
 
 
+def tokens_per_tile(num_heads: int, num_kv_heads: int) -> int:
+    """Tokens of one sequence a program covers: as many as fill its rows with their query heads."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return max(_BLOCK_M, group_pad) // group_pad
+
+
 def paged_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -108,6 +114,7 @@ def paged_attention_triton(
     seq_of_token: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    tile_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each query token over its sequence's cached K/V: out [T, H, D].
 
@@ -115,6 +122,7 @@ def paged_attention_triton(
     written; token t attends to positions [0, context_lens[t]) of sequence seq_of_token[t],
     whose blocks are block_tables[seq_of_token[t]]. A prefill token at position p has
     context_len p + 1, which makes the same loop causal for prefill and plain for decode.
+    `tile_lens`: tile_lens_of(seq_of_token, tokens_per_tile(H, H_kv)), when the step has it already.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
@@ -128,7 +136,8 @@ def paged_attention_triton(
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_m = max(_BLOCK_M, group_pad)
-    tile_lens = tile_lens_of(seq_of_token, block_m // group_pad)
+    if tile_lens is None:
+        tile_lens = tile_lens_of(seq_of_token, block_m // group_pad)
     # fp32 caches: exact fp32 products, to match the CPU twin (the default would be TF32).
     dot_precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
     _paged_attention_kernel[(num_tokens, num_kv_heads)](

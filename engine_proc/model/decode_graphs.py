@@ -17,6 +17,7 @@ import logging
 import os
 import time
 
+import numpy as np
 import torch
 
 from rill.engine_proc.attention.kv_cache import GraphDecodeMetadata
@@ -52,7 +53,9 @@ class DecodeGraphs:
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
-                 max_num_seqs: int) -> None:
+                 max_num_seqs: int, max_model_len: int | None = None) -> None:
+        """`max_model_len`: the longest sequence a step can hold (the model's, the scheduler's limit or
+        the cache's): on a GPU the block tables are that wide."""
         default_cache_dir_env()
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
@@ -63,8 +66,10 @@ class DecodeGraphs:
         # (the kernel reads each row only up to its length); on the CPU its width follows the step.
         self.table_width = None
         if device.type == "cuda":
-            self.table_width = -(-model.config.max_position_embeddings // block_size)
+            longest = min(model.config.max_position_embeddings, max_model_len or model.config.max_position_embeddings)
+            self.table_width = -(-longest // block_size)
             self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
+            self.inputs = StepBuffers(self.sizes[-1], self.table_width, device)
             # mode="reduce-overhead" is these options (torch takes a mode or options, not both)
             self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
                                           options={**GUARDS, "triton.cudagraphs": True})
@@ -93,24 +98,33 @@ class DecodeGraphs:
         one token per sequence, and its drafts: each draft a row of its own at the next position,
         against the same blocks (the kernel writes every row's K/V before any row attends)."""
         bs = self.block_size
-        input_ids, positions, slots, table, sampled_rows = [], [], [], [], []
+        num_rows = batch.num_tokens
+        padded = self.padded_size(num_rows)
+        width = self.table_width or -(-max(s.start_pos + s.num_new_tokens for s in batch.seqs) // bs)
+        # Per row its input id, position, slot and context length (4 rows of `padded`), then the
+        # block table; padded rows are token 0 at position 0 in the padding block 0, context 1.
+        host = self.inputs.host(padded, width) if self.sizes else np.zeros(padded * (4 + width), dtype=np.int64)
+        fields, table = host[: 4 * padded].reshape(4, padded), host[4 * padded:].reshape(padded, width)
+        fields[:3], fields[3] = 0, 1
+        sampled_rows, row = [], 0
         for s in batch.seqs:
+            n, start = s.num_new_tokens, s.start_pos
             if s.needs_sample:
-                sampled_rows.extend(range(len(input_ids), len(input_ids) + s.num_new_tokens))
-            input_ids.extend(s.token_ids)
-            for p in range(s.start_pos, s.start_pos + s.num_new_tokens):
-                positions.append(p)
-                slots.append(s.req.block_ids[p // bs] * bs + p % bs)
-                table.append(s.req.block_ids[: p // bs + 1])
-        num_rows = len(input_ids)
-        pad = self.padded_size(num_rows) - num_rows
-        num_blocks = self.table_width or -(-(max(positions) + 1) // bs)
-        # Padded rows: token 0 at position 0 in the padding block 0, attending to its slot 0 only.
-        table = [row + [0] * (num_blocks - len(row)) for row in table] + [[0] * num_blocks] * pad
-        positions_t = torch.tensor(positions + [0] * pad, dtype=torch.long)
-        logits = self._forward(torch.tensor(input_ids + [0] * pad, dtype=torch.long), positions_t,
-                               torch.tensor(slots + [0] * pad, dtype=torch.long), torch.tensor(table, dtype=torch.long),
-                               positions_t + 1)
+                sampled_rows.extend(range(row, row + n))
+            blocks = s.req.block_ids[: (start + n - 1) // bs + 1]
+            fields[0, row:row + n] = s.token_ids
+            fields[1, row:row + n] = range(start, start + n)
+            table[row:row + n, : len(blocks)] = blocks
+            row += n
+        positions = fields[1, :num_rows]
+        fields[2, :num_rows] = table[np.arange(num_rows), positions // bs] * bs + positions % bs
+        fields[3, :num_rows] = positions + 1
+        if self.sizes:
+            ids, positions, slots, context_lens, table = self.inputs.to_device(padded, width)
+        else:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
+            ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields)
+            table = torch.from_numpy(table.copy())
+        logits = self._forward(ids, positions, slots, table, context_lens)
         if len(sampled_rows) == num_rows:
             return logits[:num_rows]
         # A one-token chunk in the middle of a prompt is computed but not sampled.
@@ -149,3 +163,35 @@ class DecodeGraphs:
         log.info("decode graphs compiled in %.1f s (%s)", elapsed,
                  "one for every batch size" if self.sizes is None else f"batch sizes {list(self.sizes)}")
         return elapsed
+
+
+class StepBuffers:
+    """A decode step's inputs on their way to the GPU: written into one pinned host buffer, copied without
+    blocking the host into five device tensors of their own (inputs sharing a buffer would be guarded
+    on as aliases). The host buffer is written again only once the last step's copies have left it."""
+
+    def __init__(self, max_rows: int, width: int, device: torch.device) -> None:
+        self._pinned = torch.zeros(max_rows * (4 + width), dtype=torch.long, pin_memory=True)
+        self._numpy = self._pinned.numpy()
+        self._fields = [torch.zeros(max_rows, dtype=torch.long, device=device) for _ in range(4)]
+        self._table = torch.zeros(max_rows * width, dtype=torch.long, device=device)
+        self._copied = None
+
+    def host(self, rows: int, width: int) -> np.ndarray:
+        if self._copied is not None:
+            self._copied.synchronize()
+        host = self._numpy[: rows * (4 + width)]
+        host[4 * rows:] = 0
+        return host
+
+    def to_device(self, rows: int, width: int) -> tuple[torch.Tensor, ...]:
+        """input ids, positions, slots, context lengths [rows] and the block table [rows, width]."""
+        out = []
+        for i, field in enumerate(self._fields):
+            out.append(field[:rows])
+            out[-1].copy_(self._pinned[i * rows:(i + 1) * rows], non_blocking=True)
+        table = self._table[: rows * width]
+        table.copy_(self._pinned[4 * rows: rows * (4 + width)], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return (*out, table.view(rows, width))

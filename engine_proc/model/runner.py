@@ -36,8 +36,10 @@ class ModelRunner(SamplingRunner):
         tp_rank: int = 0,
         tp_size: int = 1,
         step_broadcast=None,
+        max_model_len: int | None = None,
     ) -> None:
-        """`model`: the settings (ipc/config.py); the rest was decided at start (engine_proc/main.py)."""
+        """`model`: the settings (ipc/config.py); the rest was decided at start (engine_proc/main.py).
+        `max_model_len`: --max-model-len where given, which bounds the decode graphs' block tables."""
         model_dir, block_size, batch_invariant = model.model_dir, model.block_size, model.batch_invariant
         attention_backend, quantization, load_format = model.attention_backend, model.quantization, model.load_format
         self.embeddings = model.enable_embeddings  # serve embedding requests too (--enable-embeddings)
@@ -75,7 +77,8 @@ class ModelRunner(SamplingRunner):
         # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
         self.decode_graphs = None
         if not model.enforce_eager:
-            self.decode_graphs = self._compiled_decode(model.max_num_seqs)
+            longest = min(max_model_len or self.max_model_len, self.max_model_len, num_kv_blocks * block_size)
+            self.decode_graphs = self._compiled_decode(model.max_num_seqs, longest)
         self.sampler = Sampler(eos_token_ids, device=self.device,
                                use_triton=self.attention_backend == "triton")
         cache_mib = self.kv_cache.num_bytes / 2**20
@@ -96,11 +99,11 @@ class ModelRunner(SamplingRunner):
         if self.step_broadcast is not None:
             self.step_broadcast.stop()
 
-    def _compiled_decode(self, max_num_seqs: int) -> DecodeGraphs | None:
+    def _compiled_decode(self, max_num_seqs: int, max_model_len: int) -> DecodeGraphs | None:
         if self.attention.graph_decode_op is None:
             return None  # the invariant backends have their own attention; Triton on the CPU is for tests
         try:
-            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs)
+            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs, max_model_len)
             graphs.warm_up()
         except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
             log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)

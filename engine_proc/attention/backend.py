@@ -5,12 +5,12 @@ import math
 
 import torch
 
+from rill.engine_proc.attention import graph_ops
 from rill.engine_proc.attention.invariant import PAD_MULTIPLE, invariant_paged_attention
 from rill.engine_proc.attention.kv_cache import (
     AttentionMetadata,
     GraphDecodeMetadata,
-    additive_mask,
-    decode_attention,
+    GraphPrefillMetadata,
     paged_attention,
     write_kv,
 )
@@ -48,9 +48,14 @@ class AttentionBackend:
     def graph_decode(self, q, k, v, meta: GraphDecodeMetadata, layer: int) -> torch.Tensor:
         return self.graph_decode_op(q, k, v, meta.slot_mapping, meta.block_table, meta.context_lens, layer)
 
+    def graph_prefill(self, q, k, v, meta: GraphPrefillMetadata, layer: int) -> torch.Tensor:
+        """A compiled prompt (or mixed) step's attention (engine_proc/model/compiled_prefill.py)."""
+        return graph_ops.paged_prefill_attention(q, k, v, meta.slot_mapping, meta.block_tables, meta.seq_of_token,
+                                                 meta.context_lens, meta.tile_lens, layer)
+
     def bind_kv_caches(self, kv_cache) -> None:
-        """The caches graph_decode_op reads by layer index (a cache passed in would be copied by the graph)."""
-        _kv_caches[:] = list(zip(kv_cache.k_caches, kv_cache.v_caches))
+        """The caches the graphs' ops read by layer index (a cache passed in would be copied by the graph)."""
+        graph_ops.bind_kv_caches(kv_cache)
 
 
 class TorchBackend(AttentionBackend):
@@ -58,7 +63,7 @@ class TorchBackend(AttentionBackend):
 
     def __init__(self, device: torch.device = CPU, block_size: int = 16) -> None:
         super().__init__(device, block_size)
-        self.graph_decode_op = torch.ops.rill.paged_decode_attention
+        self.graph_decode_op = graph_ops.paged_decode_attention
 
 
 class InvariantBackend(AttentionBackend):
@@ -97,7 +102,7 @@ class TritonBackend(AttentionBackend):
         self.kernel, self.tokens_per_tile = paged_attention_triton, tokens_per_tile
         self.write = write_kv
         if device.type == "cuda":
-            self.graph_decode_op = torch.ops.rill.paged_decode_attention
+            self.graph_decode_op = graph_ops.paged_decode_attention
             self.write = write_kv_triton
 
     def prepare(self, batch: Batch) -> StepInputs:
@@ -114,40 +119,3 @@ class TritonBackend(AttentionBackend):
             meta.tile_lens = (per_tile, tile_lens_of(meta.seq_of_token, per_tile))
         return self.kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_of_token, meta.context_lens,
                            q.shape[-1] ** -0.5, meta.tile_lens[1])
-
-
-# The KV cache of each layer for rill::paged_decode_attention (bind_kv_caches). The op reads and
-# writes it by layer index instead of taking it as an argument, as vLLM's attention op does: a cache
-# passed in and declared mutated is functionalized by torch.compile, which copied the whole cache
-# every step. The op's writes are its own layer's slots, which nothing else in the graph reads.
-_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-
-@torch.library.custom_op("rill::paged_decode_attention", mutates_args=())
-def paged_decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_table: torch.Tensor,
-    context_lens: torch.Tensor,
-    layer: int,
-) -> torch.Tensor:
-    """Writes the step's K/V at their slots of layer `layer`'s cache, then one query token per
-    row [B, H, D] against its sequence's cached context: keys 0..context_lens[b]-1, in the
-    blocks of `block_table` [B, num_blocks]: on a GPU the Triton kernels (triton_decode.py), on the CPU the torch path
-    with an additive mask (the "cpu" backend's graphs call the C++ operator rill_cpu::paged_decode_layer
-    instead)."""
-    k_cache, v_cache = _kv_caches[layer]
-    if q.is_cuda:  # two kernels: every row's K/V written, then each row's blocks read up to its length
-        from rill.engine_proc.attention.triton_decode import decode_attention_triton, write_kv_triton
-
-        write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
-        return decode_attention_triton(q, k_cache, v_cache, block_table, context_lens, q.shape[-1] ** -0.5)
-    write_kv(k_cache, v_cache, k, v, slot_mapping)
-    return decode_attention(q, k_cache, v_cache, block_table, additive_mask(context_lens, block_table, k_cache))
-
-
-@paged_decode_attention.register_fake
-def _(q, k, v, slot_mapping, block_table, context_lens, layer):
-    return torch.empty_like(q)

@@ -132,6 +132,18 @@ class GraphDecodeMetadata:
     context_lens: torch.Tensor  # [rows] int64: position + 1
 
 
+@dataclass
+class GraphPrefillMetadata:
+    """A compiled prompt (or mixed) step's (engine_proc/model/compiled_prefill.py): the Triton
+    backend's flat view (AttentionMetadata's last fields), its tiles worked out before the graph."""
+
+    slot_mapping: torch.Tensor  # [num_tokens]
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32
+    seq_of_token: torch.Tensor  # [num_tokens] int32
+    context_lens: torch.Tensor  # [num_tokens] int32
+    tile_lens: torch.Tensor  # [num_tokens] int32
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -13,6 +13,7 @@ from rill.engine_proc.attention.backend import AttentionBackend, TorchBackend
 from rill.engine_proc.attention.kv_cache import (
     AttentionMetadata,
     GraphDecodeMetadata,
+    GraphPrefillMetadata,
     KVCache,
     head_dim_of,
     num_kv_heads_of,
@@ -156,6 +157,9 @@ class Attention(nn.Module):
             q, k, v = self._qkv_rope(x, cos, sin, heads)
         if isinstance(meta, GraphDecodeMetadata):  # a compiled decode step: its K/V written and attended by one op
             o = self.backend.graph_decode(q, k, v, meta, self.layer_index)
+            return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
+        if isinstance(meta, GraphPrefillMetadata):  # a compiled prompt step: likewise one op
+            o = self.backend.graph_prefill(q, k, v, meta, self.layer_index)
             return self.reduce(self.o_proj(o.reshape(num_tokens, self.num_heads * self.head_dim)))
         o = self.backend.forward(q, k, v, k_cache, v_cache, meta).reshape(num_tokens, self.num_heads * self.head_dim)
         return self.reduce(self.o_proj(o if rows is None else o.index_select(0, rows)))

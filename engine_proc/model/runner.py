@@ -75,7 +75,9 @@ class ModelRunner(SamplingRunner):
             self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
         # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
-        self.decode_graphs = None
+        self.decode_graphs = self.compiled_prefill = None
+        if not model.enforce_eager and self.attention_backend == "triton" and self.device.type == "cuda":
+            self.compiled_prefill = self._compiled_prefill()
         if not model.enforce_eager:
             longest = min(max_model_len or self.max_model_len, self.max_model_len, num_kv_blocks * block_size)
             self.decode_graphs = self._compiled_decode(model.max_num_seqs, longest)
@@ -110,6 +112,17 @@ class ModelRunner(SamplingRunner):
             return None
         return graphs
 
+    def _compiled_prefill(self):
+        from rill.engine_proc.model.compiled_prefill import CompiledPrefill
+
+        try:
+            compiled = CompiledPrefill(self.model, self.kv_cache, self.device)
+            compiled.warm_up()
+        except Exception as exc:  # an unsupported torch: serve, slower
+            log.warning("prompt steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return compiled
+
     @staticmethod
     def num_kv_blocks_for_memory(
         model_dir: str | Path, *, dtype: torch.dtype, block_size: int, memory_bytes: int
@@ -140,6 +153,8 @@ class ModelRunner(SamplingRunner):
             return self.decode_graphs.run(batch)
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         if self.lora is None or not any(s.req.lora for s in batch.seqs):
+            if self.compiled_prefill is not None and not hidden_only:  # on a GPU (compiled_prefill.py)
+                return self.compiled_prefill.run(input_ids, positions, meta, logits_indices)
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
         # Token rows in the order the step laid them out: the flat step keeps the batch's order,
         # prepare_step puts one-token decodes first.

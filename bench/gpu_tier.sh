@@ -36,10 +36,10 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
   tar czf "$OUT/gpu-tier.tar.gz" -C "$WORK" .
 }
 
-stage tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+stage tests 110 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_decode.py tests/model/test_triton_kernels.py tests/model/test_triton_path.py \
   tests/model/test_compiled_prefill.py tests/model/test_gpu_decode_graphs.py
-stage profile 100 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
+stage profile 90 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
 
 # serve_and_load TREE MODEL LABEL PORT CONCURRENCY:PROMPTS...: a server from TREE on the GPU behind the
 # real HTTP stack, loaded by this tree's client with 128-token prompts and 128 forced output tokens.
@@ -71,8 +71,8 @@ kill_tree() {  # a process and every descendant, by their parent ids
 export -f kill_tree
 export -f serve_and_load
 export OUT WORK
-stage serve 90 bash -c 'serve_and_load . .gpu/smollm2-dummy serve-135m 8123 32:128'
-[ -d .gpu/baseline ] && stage serve_baseline 80 bash -c 'serve_and_load .gpu/baseline .gpu/smollm2-dummy baseline-135m 8124 32:128'
-stage profile1b 90 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/llama-3.2-1b-dummy --out "$WORK/profile-1b.json"
-stage serve1b 100 bash -c 'serve_and_load . .gpu/llama-3.2-1b-dummy serve-1b 8125 1:16 32:128'
+stage serve 80 bash -c 'serve_and_load . .gpu/smollm2-dummy serve-135m 8123 32:128'
+[ -d .gpu/baseline ] && stage serve_baseline 75 bash -c 'serve_and_load .gpu/baseline .gpu/smollm2-dummy baseline-135m 8124 32:128'
+stage profile1b 80 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/llama-3.2-1b-dummy --out "$WORK/profile-1b.json"
+stage serve1b 90 bash -c 'serve_and_load . .gpu/llama-3.2-1b-dummy serve-1b 8125 1:16 32:128'
 cat "$WORK/stages.txt"

@@ -48,8 +48,11 @@ class DecodeGraphs:
     One compiled graph serves every batch size: on the CPU every context length too (both
     dimensions dynamic); measured there, it is as fast at batch 1 as a graph compiled for that size
     alone, and one compile instead of one per size keeps start-up short. On a GPU each batch is
-    padded to the next of `CUDA_SIZES` and the block table to the model's longest context, and a
-    CUDA graph is recorded per padded size at start, as vLLM captures them.
+    padded to the next of `CUDA_SIZES` and the block table to the longest sequence's width, and a
+    CUDA graph is captured per padded size at start around the compiled code, as vLLM captures them:
+    its inputs are static buffers (StepBuffers), so a step copies its inputs in and replays, and no
+    Python of torch.compile's (guards, graph-tree bookkeeping) runs per step. Where a capture fails,
+    torch.compile's own CUDA graphs ("reduce-overhead") take over.
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache, block_size: int, device: torch.device,
@@ -65,14 +68,15 @@ class DecodeGraphs:
         # A CUDA graph replays fixed shapes: the block table is as wide as the longest sequence's
         # (the kernel reads each row only up to its length); on the CPU its width follows the step.
         self.table_width = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None  # padded size ->
         if device.type == "cuda":
             longest = min(model.config.max_position_embeddings, max_model_len or model.config.max_position_embeddings)
             self.table_width = -(-longest // block_size)
             self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
             self.inputs = StepBuffers(self.sizes[-1], self.table_width, device)
-            # mode="reduce-overhead" is these options (torch takes a mode or options, not both)
-            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
-                                          options={**GUARDS, "triton.cudagraphs": True})
+            self.graphs = {}
+            self.model = model
+            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True, options=GUARDS)
         else:
             import torch._inductor.config as inductor_config
 
@@ -119,12 +123,15 @@ class DecodeGraphs:
         positions = fields[1, :num_rows]
         fields[2, :num_rows] = table[np.arange(num_rows), positions // bs] * bs + positions % bs
         fields[3, :num_rows] = positions + 1
-        if self.sizes:
-            ids, positions, slots, context_lens, table = self.inputs.to_device(padded, width)
-        else:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
+        if not self.sizes:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
             ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields)
-            table = torch.from_numpy(table.copy())
-        logits = self._forward(ids, positions, slots, table, context_lens)
+            logits = self._forward(ids, positions, slots, torch.from_numpy(table.copy()), context_lens)
+        elif self.graphs:  # the inputs into the captured graph's buffers, then the graph
+            self.inputs.to_device(padded, width)
+            graph, logits = self.graphs[padded]
+            graph.replay()
+        else:
+            logits = self._forward(*self.inputs.to_device(padded, width))
         if len(sampled_rows) == num_rows:
             return logits[:num_rows]
         # A one-token chunk in the middle of a prompt is computed but not sampled.
@@ -143,25 +150,53 @@ class DecodeGraphs:
             mark(meta.block_table, 1)
         for t in (args[0], args[1], meta.slot_mapping, meta.block_table, meta.context_lens, logits_indices):
             mark(t, 0)
-        if self.sizes is not None:  # a new step: the last step's outputs (in the graphs' pool) are consumed
+        if self.sizes and self.graphs is None:  # torch.compile's CUDA graphs: the last step's outputs are consumed
             torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(*args)
+
+    def _capture(self) -> None:
+        """A CUDA graph per padded size, the largest first (the smaller reuse its memory), each
+        around the compiled forward on the static buffers' first rows (padding rows: the block 0)."""
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            args = self.inputs.static(size, self.table_width)
+            self._forward(*args)  # the first compiles; every later size runs the same compiled code
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._forward(*args)
+            self.graphs[size] = (graph, logits)
+
+    def _graph_trees(self) -> None:
+        """torch.compile's own CUDA graphs instead, recorded on each size's second call."""
+        self.graphs = None
+        self.compiled = torch.compile(self.model.forward, dynamic=False, fullgraph=True,
+                                      options={**GUARDS, "triton.cudagraphs": True})
+        for size in self.sizes:
+            for _ in range(2):
+                zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
+                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, self.table_width, dtype=torch.long),
+                              torch.ones(size, dtype=torch.long))
 
     @torch.inference_mode()
     def warm_up(self) -> float:
         """Compile (or load from the disk cache) now, on padding rows; the seconds it took."""
         started = time.perf_counter()
-        # On a GPU a size's first call compiles and its second records the CUDA graph; on the CPU
-        # two context widths, since that dimension is dynamic there.
-        calls = [(size, self.table_width) for size in self.sizes for _ in range(2)] if self.sizes else \
-            [(size, num_blocks) for size in (1, 3) for num_blocks in (1, 3)]
-        for size, num_blocks in calls:
-            zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
-            self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
-                          torch.ones(size, dtype=torch.long))
+        if self.sizes:
+            try:
+                self._capture()
+            except Exception as exc:  # an unsupported torch: its own CUDA graphs, with more Python a step
+                log.warning("CUDA graph capture failed (%s: %s): torch.compile's CUDA graphs instead",
+                            type(exc).__name__, exc)
+                self._graph_trees()
+        else:  # two context widths, since that dimension is dynamic on the CPU
+            for size, num_blocks in ((1, 1), (1, 3), (3, 1), (3, 3)):
+                zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
+                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
+                              torch.ones(size, dtype=torch.long))
         elapsed = time.perf_counter() - started
-        log.info("decode graphs compiled in %.1f s (%s)", elapsed,
-                 "one for every batch size" if self.sizes is None else f"batch sizes {list(self.sizes)}")
+        log.info("decode graphs compiled in %.1f s (%s)", elapsed, "one for every batch size" if self.sizes is None
+                 else f"CUDA graphs {'captured' if self.graphs else 'by torch.compile'} for batch sizes {list(self.sizes)}")
         return elapsed
 
 
@@ -184,8 +219,19 @@ class StepBuffers:
         host[4 * rows:] = 0
         return host
 
+    def static(self, rows: int, width: int) -> tuple[torch.Tensor, ...]:
+        """The device tensors of `rows` padding rows (token 0 at position 0, slot 0 of block 0), as
+        to_device gives them: the same addresses every step, which a captured CUDA graph reads."""
+        ids, positions, slots, context_lens = (field[:rows] for field in self._fields)
+        for field in (ids, positions, slots):
+            field.zero_()
+        context_lens.fill_(1)
+        table = self._table[: rows * width]
+        table.zero_()
+        return ids, positions, slots, table.view(rows, width), context_lens
+
     def to_device(self, rows: int, width: int) -> tuple[torch.Tensor, ...]:
-        """input ids, positions, slots, context lengths [rows] and the block table [rows, width]."""
+        """input ids, positions, slots [rows], the block table [rows, width] and context lengths [rows]."""
         out = []
         for i, field in enumerate(self._fields):
             out.append(field[:rows])
@@ -194,4 +240,4 @@ class StepBuffers:
         table.copy_(self._pinned[4 * rows: rows * (4 + width)], non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        return (*out, table.view(rows, width))
+        return (*out[:3], table.view(rows, width), out[3])

@@ -47,6 +47,7 @@ def test_cuda_graph_decodes_match_the_eager_runner(tiny_model_dir, prompts):
     compiled = make_runner(tiny_model_dir, compile_decode=True, max_num_seqs=8)
     assert compiled.decode_graphs is not None, "torch.compile failed: see the warning in the log"
     assert compiled.decode_graphs.sizes == (1, 2, 4, 8)
+    assert set(compiled.decode_graphs.graphs or {}) == {1, 2, 4, 8}, "CUDA graph capture failed: see the log"
     graphs_after_warm_up = counters["stats"]["unique_graphs"]
     runs = []
     run = compiled.decode_graphs.run

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The GPU tier in one run of about 8 minutes, on a machine with CUDA, torch, Triton and transformers but
+# The GPU tier in about 10 minutes of device time, as two calls of under 10 minutes (a cold start of the
+# 135M shape compiles for about 100 s): STAGES="tests profile serve serve_baseline", then
+# STAGES="profile1b serve1b". It runs, on a machine with CUDA, torch, Triton and transformers but
 # no network (the lent GPU machines): the tests that run on the GPU when it has one, the step profile
 # (kernels per step, GPU busy time, wall time) at the bundled model's shape and at Llama-3.2-1B's, and
 # real `rill serve --device cuda` servers under load: the 135M shape at concurrency 32 (this tree, and
@@ -39,7 +41,7 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
 stage tests 110 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_decode.py tests/model/test_triton_kernels.py tests/model/test_triton_path.py \
   tests/model/test_compiled_prefill.py tests/model/test_gpu_decode_graphs.py
-stage profile 90 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
+stage profile 150 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
 
 # serve_and_load TREE MODEL LABEL PORT CONCURRENCY:PROMPTS...: a server from TREE on the GPU behind the
 # real HTTP stack, loaded by this tree's client with 128-token prompts and 128 forced output tokens.
@@ -50,7 +52,7 @@ serve_and_load() {
     --model "$OLDPWD/$model" --load-format dummy --served-model-name dummy --port "$port" \
     --max-model-len 2048) > "$WORK/$label-server.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 100); do curl -sf "localhost:$port/ready" > /dev/null && break; sleep 1; done
+  for _ in $(seq 150); do curl -sf "localhost:$port/ready" > /dev/null && break; sleep 1; done
   grep -E "compiled|KV cache" "$WORK/$label-server.log" | tail -n 3
   for load in "$@"; do
     python3 -m rill.bench serve --port "$port" --endpoint /v1/completions --num-prompts "${load#*:}" \
@@ -71,8 +73,8 @@ kill_tree() {  # a process and every descendant, by their parent ids
 export -f kill_tree
 export -f serve_and_load
 export OUT WORK
-stage serve 80 bash -c 'serve_and_load . .gpu/smollm2-dummy serve-135m 8123 32:128'
+stage serve 110 bash -c 'serve_and_load . .gpu/smollm2-dummy serve-135m 8123 32:128'
 [ -d .gpu/baseline ] && stage serve_baseline 75 bash -c 'serve_and_load .gpu/baseline .gpu/smollm2-dummy baseline-135m 8124 32:128'
-stage profile1b 80 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/llama-3.2-1b-dummy --out "$WORK/profile-1b.json"
+stage profile1b 90 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/llama-3.2-1b-dummy --out "$WORK/profile-1b.json"
 stage serve1b 90 bash -c 'serve_and_load . .gpu/llama-3.2-1b-dummy serve-1b 8125 1:16 32:128'
 cat "$WORK/stages.txt"

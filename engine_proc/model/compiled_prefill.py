@@ -43,6 +43,12 @@ class CompiledPrefill:
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             logits_indices: torch.Tensor) -> torch.Tensor:
+        # A step of prompt chunks none of which ends its prompt samples no row: Inductor's kernels for
+        # a dimension of 0 divide by it at launch (seen on an H200, torch 2.11), so such a step computes
+        # one row's logits and returns none.
+        no_rows = logits_indices.shape[0] == 0
+        if no_rows:
+            logits_indices = logits_indices.new_zeros(1)
         graph_meta = GraphPrefillMetadata(meta.slot_mapping, meta.block_tables, meta.seq_of_token, meta.context_lens,
                                           self.tile_lens_of(meta.seq_of_token, self.per_tile))
         mark = torch._dynamo.decorators.mark_unbacked
@@ -50,7 +56,8 @@ class CompiledPrefill:
                   graph_meta.tile_lens, logits_indices, graph_meta.block_tables):
             mark(t, 0)
         mark(graph_meta.block_tables, 1)
-        return self.compiled(input_ids, positions, graph_meta, self.kv_cache, logits_indices)
+        logits = self.compiled(input_ids, positions, graph_meta, self.kv_cache, logits_indices)
+        return logits[:0] if no_rows else logits
 
     @torch.inference_mode()
     def warm_up(self) -> float:

@@ -71,7 +71,7 @@ def test_bfloat16_graphs_agree_with_eager_logits(tiny_model_dir, prompts):
 
     logits = []
     for kw in ({"compile_decode": True, "max_num_seqs": 4}, {}):
-        r = make_runner(tiny_model_dir, dtype=torch.bfloat16, num_kv_blocks=64, block_size=BLOCK_SIZE,
+        r = build_runner(tiny_model_dir, dtype=torch.bfloat16, num_kv_blocks=64, block_size=BLOCK_SIZE,
                         eos_token_ids=[EOS_ID], device="cuda", **kw)
         allocator = BlockAllocator(r.kv_cache.num_blocks)
         reqs = [EngineRequest(f"r{i}", "w", list(p), SamplingParams(max_tokens=4, temperature=0.0))

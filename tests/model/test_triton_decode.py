@@ -22,7 +22,7 @@ from rill.engine_proc.attention.triton_decode import (  # noqa: E402
     num_splits,
     write_kv_triton,
 )
-from tests.model.test_triton_kernels import build_step, per_token_reference  # noqa: E402
+from tests.helpers.paged_steps import build_step, per_token_reference  # noqa: E402
 
 # Decode rows only: contexts of 1, of exact block multiples, mid-block, and over one key tile (64).
 DECODES = [(0, 1), (15, 1), (31, 1), (8, 1), (70, 1), (127, 1)]

@@ -64,6 +64,7 @@ class ModelRunner(SamplingRunner):
         )
         if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
             tile_linears(self.model)
+            self.model.bind_kernels()  # the kernel paths chosen again, for the wrapped linears
         self.lora = None  # --enable-lora: adapters in slots, applied per row (engine_proc/lora/)
         if model.max_loras:
             if shard is not None:

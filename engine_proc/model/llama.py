@@ -36,6 +36,9 @@ def check_supported(config: PretrainedConfig) -> None:
         raise ValueError("sliding-window attention is not supported")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
+    rope_type = rope_parameters(config)["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:
@@ -49,31 +52,29 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     return params
 
 
-def rope_inv_freq(config: PretrainedConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], written as transformers does so fp32 matches bit for bit."""
+# RoPE scalings fixed at load: transformers' own functions compute them. Not "dynamic" and "longrope",
+# whose frequencies transformers changes with each sequence's length as it runs.
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim / 2] and the factor cos and sin are scaled by (YaRN's attention
+    factor; 1 otherwise): the default written as transformers does, the scalings by transformers' own
+    functions, so that fp32 matches bit for bit."""
     params = rope_parameters(config)
+    rope_type = params["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        with torch.device("cpu"):  # the model may be built under a meta-device context
+            inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        return inv_freq.float(), float(factor)
     dim = head_dim_of(config)
     base = params["rope_theta"]
-    # device="cpu": the model may be built under a meta-device context.
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
-    rope_type = params["rope_type"]
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / params["factor"]
-    if rope_type == "llama3":
-        factor = params["factor"]
-        low_freq_factor, high_freq_factor = params["low_freq_factor"], params["high_freq_factor"]
-        old_context_len = params["original_max_position_embeddings"]
-        low_freq_wavelen = old_context_len / low_freq_factor
-        high_freq_wavelen = old_context_len / high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
+    return inv_freq, 1.0
 
 
 class RMSNorm(nn.Module):
@@ -219,6 +220,9 @@ class LlamaForCausalLM(nn.Module):
                  attention: AttentionBackend | None = None) -> None:
         super().__init__()
         check_supported(config)
+        # Not a buffer: rebuilt after the module is materialised from the meta device. From the whole
+        # model's config (a rank's has its share of the heads).
+        self.inv_freq, self.rope_factor = rope_inv_freq(config)
         self.attention = attention = attention or TorchBackend()
         self.shard = shard if shard is not None and shard.size > 1 else None
         self.config = config = self.shard.local_config() if self.shard else config
@@ -234,8 +238,6 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, self.shard.vocab_per_rank, bias=False)
         elif not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        # Not a buffer: rebuilt after the module is materialised from the meta device.
-        self.inv_freq = rope_inv_freq(config)
         # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
@@ -261,7 +263,10 @@ class LlamaForCausalLM(nn.Module):
         """cos and sin [T, 1, D/2] for the step, computed once and shared by all layers."""
         inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.to(torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
-        return freqs.cos().to(dtype).unsqueeze(1), freqs.sin().to(dtype).unsqueeze(1)
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.rope_factor != 1.0:  # YaRN's attention factor, in fp32 as transformers applies it
+            cos, sin = cos * self.rope_factor, sin * self.rope_factor
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def forward(
         self,

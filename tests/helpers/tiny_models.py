@@ -1,4 +1,4 @@
-"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3), saved by transformers."""
+"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN), saved by transformers."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +20,9 @@ def _tiny_config(kind: str):
         return Qwen2Config(**TINY, tie_word_embeddings=True)
     if kind == "qwen3":
         return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False)
+    if kind == "qwen3-yarn":  # a long-context Qwen3: YaRN, 4x its original 64 positions
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+        return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False, rope_parameters=rope)
     raise ValueError(kind)
 
 

@@ -86,7 +86,25 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
 # ---- other architectures: tiny random models saved by transformers ------------------------
 
 
-@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_type):
+    """transformers recomputes these frequencies as a sequence grows: the native runner refuses them,
+    and --model-impl auto serves such a model with the transformers runner instead."""
+    from transformers import LlamaConfig
+
+    from rill.engine_proc.model.choice import choose_runner
+    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.llama import check_supported
+
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, rope_parameters=rope)
+    with pytest.raises(ValueError, match=rope_type):
+        check_supported(config)
+    assert choose_runner("auto", config) is TransformersRunner
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn"])
 def test_tiny_architectures_match_transformers(kind, tmp_path):
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])

@@ -70,8 +70,7 @@ class DecodeGraphs:
         self.table_width = None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None  # padded size ->
         if device.type == "cuda":
-            longest = min(model.config.max_position_embeddings, max_model_len or model.config.max_position_embeddings)
-            self.table_width = -(-longest // block_size)
+            self.table_width = -(-(max_model_len or model.config.max_position_embeddings) // block_size)
             self.sizes = tuple(s for s in CUDA_SIZES if s < max_num_seqs) + (max_num_seqs,)
             self.inputs = StepBuffers(self.sizes[-1], self.table_width, device)
             self.graphs = {}
@@ -210,11 +209,10 @@ class StepBuffers:
         self._numpy = self._pinned.numpy()
         self._fields = [torch.zeros(max_rows, dtype=torch.long, device=device) for _ in range(4)]
         self._table = torch.zeros(max_rows * width, dtype=torch.long, device=device)
-        self._copied = None
+        self._copied = torch.cuda.Event()  # recorded after each step's copies (waiting on it unrecorded returns)
 
     def host(self, rows: int, width: int) -> np.ndarray:
-        if self._copied is not None:
-            self._copied.synchronize()
+        self._copied.synchronize()
         host = self._numpy[: rows * (4 + width)]
         host[4 * rows:] = 0
         return host
@@ -238,6 +236,5 @@ class StepBuffers:
             out[-1].copy_(self._pinned[i * rows:(i + 1) * rows], non_blocking=True)
         table = self._table[: rows * width]
         table.copy_(self._pinned[4 * rows: rows * (4 + width)], non_blocking=True)
-        self._copied = torch.cuda.Event()
         self._copied.record()
         return (*out[:3], table.view(rows, width), out[3])

@@ -62,9 +62,7 @@ def rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
     factor; 1 otherwise): the default written as transformers does, the scalings by transformers' own
     functions, so that fp32 matches bit for bit."""
     params = rope_parameters(config)
-    rope_type = params["rope_type"]
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")
+    rope_type = params["rope_type"]  # one of ROPE_TYPES (check_supported)
     if rope_type != "default":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -13,6 +13,14 @@ from pathlib import Path
 if not shutil.which("nvidia-smi"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `make test` runs two pytest-xdist workers on a two-core machine. Each process's torch (and every
+# server a test starts, which inherits this) then gets its share of the cores, not all of them: two
+# OpenMP teams as wide as the machine wait at every op's barrier for each other's descheduled
+# threads (measured: a model test file took 20x as long beside a copy of itself, 1.3x with one
+# thread each). Set before anything imports torch, which reads it once.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
 import pytest  # noqa: E402
 
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
@@ -115,7 +123,9 @@ def processes_of_this_session() -> list[tuple[int, str]]:
 def pytest_sessionfinish(session, exitstatus):
     """No server, engine or worker of this session outlives it: any still running once every
     fixture is torn down is killed, named, and fails the run (a run once left three API workers
-    behind, with PPID 1)."""
+    behind, with PPID 1). Under pytest-xdist each worker checks its own; the controller starts nothing."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        return
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := processes_of_this_session()) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -259,19 +260,24 @@ def main(argv: list[str] | None = None) -> dict:
                          "env": {**vllm_cpu.SERVER_ENV, **env}, "startup_s": vllm.startup_s,
                          "dtype": vllm_cpu.logged_dtype(vllm.log_path), "venv": str(vllm_cpu.venv_dir())}
             print(f"vLLM CPU ready after {vllm.startup_s:.0f} s (dtype {vllm_info['dtype']})", flush=True)
-        warm_up(servers, model, model_dir, sizes)
-        for r in range(num_rounds):
-            work = build_workload(sizes, r)
-            runs = phases(servers, model, model_dir, work, sizes)
-            sides = [s for s in SIDES if s in runs]
-            order = [sides[(r + i) % len(sides)] for i in range(len(sides))]
-            row = {"round": r, "first": order[0]}
-            for side in order:
-                row[side] = runs[side]()
-            check_prompt_tokens(row, work)
-            rounds.append(row)
-            print(f"round {r + 1}/{num_rounds}: " + ", ".join(
-                f"{TITLES[s]} {row[s]['output_throughput']:.0f} tok/s" for s in sides), flush=True)
+        try:
+            warm_up(servers, model, model_dir, sizes)
+            for r in range(num_rounds):
+                work = build_workload(sizes, r)
+                runs = phases(servers, model, model_dir, work, sizes)
+                sides = [s for s in SIDES if s in runs]
+                order = [sides[(r + i) % len(sides)] for i in range(len(sides))]
+                row = {"round": r, "first": order[0]}
+                for side in order:
+                    row[side] = runs[side]()
+                check_prompt_tokens(row, work)
+                rounds.append(row)
+                print(f"round {r + 1}/{num_rounds}: " + ", ".join(
+                    f"{TITLES[s]} {row[s]['output_throughput']:.0f} tok/s" for s in sides), flush=True)
+        except Exception:  # what each server said is what explains a failed request
+            for name, srv in servers.items():
+                print(f"--- {name}'s log, its end ---\n{srv.log()}", file=sys.stderr, flush=True)
+            raise
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds, "settle_s": SETTLE_S[0],
                         "requested_sides": args.peers, "sides": sides, "unavailable": unavailable,

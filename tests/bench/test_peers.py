@@ -42,6 +42,9 @@ def run_quick(tmp_path, sides: str, timeout_s: float) -> dict:
     return report
 
 
+# Alone (make test's serial run): beside another test's servers, `transformers serve` once cut both
+# warm-up streams short (its log is printed on such a failure now).
+@pytest.mark.serial
 def test_quick_run_of_ci_sides(model_dir, tmp_path):
     report = run_quick(tmp_path, CI_SIDES, timeout_s=300)
     params, results = report["params"], report["results"]

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the paged KV cache."""
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite) in plain torch over the paged KV cache."""
 from __future__ import annotations
 
 import math
@@ -24,7 +24,7 @@ from rill.engine_proc.model import llama_weights
 from rill.engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from rill.engine_proc.parallel.sharding import Shard
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")
 
 
 def check_supported(config: PretrainedConfig) -> None:
@@ -236,6 +236,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, self.shard.vocab_per_rank, bias=False)
         elif not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Granite's multipliers: the embedding's, the residual branches' and attention's are folded
+        # into the weights at load (llama_weights.fold_multipliers); what is left is one scale of the
+        # head's input, which a tied head (the scaled embedding) owes the embedding's too.
+        embedding, logits = (float(getattr(config, name, None) or 1.0) for name in ("embedding_multiplier", "logits_scaling"))
+        self.head_scale = 1.0 / (logits * (embedding if self.lm_head is None else 1.0))
         # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
@@ -303,6 +308,9 @@ class LlamaForCausalLM(nn.Module):
         return h if hidden_only else self.lm_logits(h)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of final hidden states (the rows the head reads)."""
+        if self.head_scale != 1.0:
+            h = h * self.head_scale
         if self.lm_head is None:
             return F.linear(h, self.embed_tokens.weight)
         if self.shard:
@@ -311,6 +319,8 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         llama_weights.load_weights(self, weights)
+        llama_weights.fold_multipliers(self)
 
     def init_dummy_weights(self, seed: int = 0) -> None:
         llama_weights.init_dummy_weights(self, seed)
+        llama_weights.fold_multipliers(self)

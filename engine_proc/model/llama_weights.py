@@ -1,6 +1,7 @@
 """Hugging Face checkpoint tensors into the native Llama: fused q/k/v and gate/up, a rank's shard."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -101,3 +102,38 @@ def init_dummy_weights(model, seed: int = 0) -> None:
         else:
             values = torch.empty(param.shape, dtype=torch.float32)
             param.data.copy_(values.normal_(0.0, std, generator=generator))
+
+
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+
+
+def has_multipliers(config) -> bool:
+    """Whether the config scales what a Llama does not (Granite's multipliers, fold_multipliers)."""
+    if getattr(config, "attention_multiplier", None) is not None:  # a softmax scale: 1.0 is one too
+        return True
+    return any(getattr(config, name, None) not in (None, 1.0) for name in MULTIPLIERS)
+
+
+@torch.no_grad()
+def fold_multipliers(model) -> None:
+    """Granite's scalars into the weights they multiply, once after loading (before any packing or
+    quantization): `embedding_multiplier` into the embedding, `residual_multiplier` into o_proj and
+    down_proj (each residual branch ends there), and `attention_multiplier`, Granite's softmax scale
+    in place of 1/sqrt(head_dim), into q's rows of qkv_proj (RoPE is linear). `logits_scaling` is the
+    model's head_scale. A no-op for a config without them."""
+    config = model.config
+    embedding = float(getattr(config, "embedding_multiplier", None) or 1.0)
+    residual = float(getattr(config, "residual_multiplier", None) or 1.0)
+    attention = getattr(config, "attention_multiplier", None)
+    if embedding != 1.0:
+        model.embed_tokens.weight.mul_(embedding)
+    for layer in model.layers:
+        scaled = [(layer.attn.o_proj, None), (layer.mlp.down_proj, None)] if residual != 1.0 else []
+        if attention is not None:
+            q_rows = layer.attn.num_heads * layer.attn.head_dim
+            scaled.append((layer.attn.qkv_proj, q_rows))
+        for linear, rows in scaled:
+            factor = residual if rows is None else float(attention) * math.sqrt(layer.attn.head_dim)
+            for param in (linear.weight, linear.bias):
+                if param is not None:
+                    (param if rows is None else param[:rows]).mul_(factor)

@@ -10,6 +10,7 @@ from rill.engine_proc.attention.choice import create_attention_backend, resolve_
 from rill.engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
+from rill.engine_proc.model.llama_weights import has_multipliers
 from rill.engine_proc.model.loader import load_config, load_model
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
@@ -69,6 +70,9 @@ class ModelRunner(SamplingRunner):
         if model.max_loras:
             if shard is not None:
                 raise ValueError("--enable-lora is not served with --tensor-parallel-size > 1")
+            if has_multipliers(self.config):  # an adapter's delta would miss the scale folded into the weights
+                raise ValueError(f"--enable-lora is not served for model_type {self.config.model_type!r} "
+                                 "(its residual and attention multipliers)")
             from rill.engine_proc.lora.manager import LoRAManager
 
             self.lora = LoRAManager(self.model, self.model.config, model.max_loras, model.max_lora_rank, self.device)

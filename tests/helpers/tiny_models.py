@@ -1,8 +1,8 @@
-"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN), saved by transformers."""
+"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite), saved by transformers."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, GraniteConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -23,6 +23,11 @@ def _tiny_config(kind: str):
     if kind == "qwen3-yarn":  # a long-context Qwen3: YaRN, 4x its original 64 positions
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
         return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False, rope_parameters=rope)
+    if kind.startswith("granite"):  # its four multipliers, each away from 1; tied or not, biased or not
+        tied = kind == "granite"
+        return GraniteConfig(**TINY, tie_word_embeddings=tied, attention_bias=not tied, mlp_bias=not tied,
+                             embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.05,
+                             logits_scaling=2.5)
     raise ValueError(kind)
 
 

@@ -104,7 +104,7 @@ def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_
     assert choose_runner("auto", config) is TransformersRunner
 
 
-@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn"])
+@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn", "granite", "granite-untied-biased"])
 def test_tiny_architectures_match_transformers(kind, tmp_path):
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
@@ -120,3 +120,10 @@ def test_tiny_architectures_match_transformers(kind, tmp_path):
         req.output_ids, req.prompt_ids = [], ids[: start + num_new]  # makes this chunk the sampled one
         logits = runner.compute_logits(Batch([seq]))
         torch.testing.assert_close(logits[0], expected[start + num_new - 1], atol=1e-4, rtol=1e-4)
+
+
+def test_granite_refuses_lora_at_start(tmp_path):
+    """Granite's multipliers are folded into the weights an adapter adds to: refused, not wrong."""
+    save_tiny_model("granite", tmp_path)
+    with pytest.raises(ValueError, match="--enable-lora is not served for model_type 'granite'"):
+        make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], max_loras=1)

@@ -35,9 +35,10 @@ def step_bounds(meta: AttentionMetadata) -> list[int] | None:
     return [chunk.token_start for chunk in meta.prefills] + [meta.prefills[-1].token_end]
 
 
-def run(model, h, cos, sin, meta: AttentionMetadata, kv_cache, bounds: list[int], last_rows) -> tuple | None:
+def run(model, h, rope: list, meta: AttentionMetadata, kv_cache, bounds: list[int], last_rows) -> tuple | None:
     """(hidden, residual) after every layer through the operator, or None where a layer cannot take it
-    (then nothing has run). `last_rows`: the rows the last layer keeps past its K/V writes (or None)."""
+    (then nothing has run). `rope`: each layer's (cos, sin); `last_rows`: the rows the last layer keeps
+    past its K/V writes (or None)."""
     if model.prefill_layer_args is None:  # built once: the layers' modules do not change after loading
         model.prefill_layer_args = [layer_args(layer) for layer in model.layers]
     args = model.prefill_layer_args
@@ -46,7 +47,8 @@ def run(model, h, cos, sin, meta: AttentionMetadata, kv_cache, bounds: list[int]
     op, first = torch.ops.rill_cpu.prefill_layer, model.layers[0]
     eps, num_heads, num_kv_heads = first.input_norm.eps, first.attn.num_heads, first.attn.num_kv_heads
     residual, last = None, len(args) - 1
-    for i, ((weights, biases, outs), k_cache, v_cache) in enumerate(zip(args, kv_cache.k_caches, kv_cache.v_caches)):
+    for i, ((weights, biases, outs), (cos, sin), k_cache, v_cache) in enumerate(
+            zip(args, rope, kv_cache.k_caches, kv_cache.v_caches)):
         h, residual = op(h, residual, weights, biases, outs, eps, cos, sin, num_heads, num_kv_heads, k_cache, v_cache,
                          meta.slot_mapping, bounds, last_rows if i == last else None)
     return h, residual

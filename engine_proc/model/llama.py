@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite) in plain torch over the paged KV cache."""
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3) in plain torch over the paged KV cache."""
 from __future__ import annotations
 
 import math
@@ -21,10 +21,11 @@ from rill.engine_proc.attention.kv_cache import (
 from rill.engine_proc.kernels import prefill_layer
 from rill.engine_proc.kernels.fused_ops import TorchOps, elementwise_ops
 from rill.engine_proc.model import llama_weights
+from rill.engine_proc.model.rope import ROPE_TYPES, rope_inv_freq, rope_parameters
 from rill.engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from rill.engine_proc.parallel.sharding import Shard
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3")
 
 
 def check_supported(config: PretrainedConfig) -> None:
@@ -39,40 +40,6 @@ def check_supported(config: PretrainedConfig) -> None:
     rope_type = rope_parameters(config)["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")
-
-
-def rope_parameters(config: PretrainedConfig) -> dict:
-    """rope_theta and scaling, from transformers 5's rope_parameters or the older fields."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    if not params:
-        params = dict(getattr(config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    params.setdefault("rope_theta", 10000.0)
-    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
-    return params
-
-
-# RoPE scalings fixed at load: transformers' own functions compute them. Not "dynamic" and "longrope",
-# whose frequencies transformers changes with each sequence's length as it runs.
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-def rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim / 2] and the factor cos and sin are scaled by (YaRN's attention
-    factor; 1 otherwise): the default written as transformers does, the scalings by transformers' own
-    functions, so that fp32 matches bit for bit."""
-    params = rope_parameters(config)
-    rope_type = params["rope_type"]  # one of ROPE_TYPES (check_supported)
-    if rope_type != "default":
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        with torch.device("cpu"):  # the model may be built under a meta-device context
-            inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-        return inv_freq.float(), float(factor)
-    dim = head_dim_of(config)
-    base = params["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
-    return inv_freq, 1.0
 
 
 class RMSNorm(nn.Module):
@@ -241,6 +208,9 @@ class LlamaForCausalLM(nn.Module):
         # head's input, which a tied head (the scaled embedding) owes the embedding's too.
         embedding, logits = (float(getattr(config, name, None) or 1.0) for name in ("embedding_multiplier", "logits_scaling"))
         self.head_scale = 1.0 / (logits * (embedding if self.lm_head is None else 1.0))
+        # SmolLM3's NoPE layers (no_rope_layers[i] == 0) rotate by nothing: cos 1, sin 0 (layer_rope).
+        flags = getattr(config, "no_rope_layers", None)
+        self.rope_layers = [bool(f) for f in flags] if flags and not all(flags) else None
         # Whether every layer must see every token row (LoRA's linears hold per-row masks); else
         # the last layer goes past its K/V writes with the rows the head reads alone.
         self.all_rows_to_the_end = False
@@ -271,6 +241,13 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = cos * self.rope_factor, sin * self.rope_factor
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
+    def layer_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (cos, sin): the step's, or the identity rotation for a NoPE layer."""
+        if self.rope_layers is None:
+            return [(cos, sin)] * len(self.layers)
+        identity = (torch.ones_like(cos), torch.zeros_like(sin))
+        return [(cos, sin) if rope else identity for rope in self.rope_layers]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -283,7 +260,7 @@ class LlamaForCausalLM(nn.Module):
         """Logits [len(logits_indices), vocab] for the chosen tokens of the flattened step
         (`hidden_only`: their final hidden states [len(logits_indices), hidden], before the head)."""
         h, residual = self.embed_tokens(input_ids), None
-        cos, sin = self.rope_cos_sin(positions, h.dtype)
+        rope = self.layer_rope(*self.rope_cos_sin(positions, h.dtype))
         # Past the last layer's K/V writes every op is per token: only the rows the head reads need
         # them (a 512-token prompt's last layer then runs its o_proj and MLP on one row). Compiled
         # decode steps read every row.
@@ -295,12 +272,13 @@ class LlamaForCausalLM(nn.Module):
         done = None
         if (self.attention.fused_prompt_layers and not torch.compiler.is_compiling()
                 and (bounds := prefill_layer.step_bounds(meta)) is not None):
-            done = prefill_layer.run(self, h, cos, sin, meta, kv_cache, bounds, last_rows)
+            done = prefill_layer.run(self, h, rope, meta, kv_cache, bounds, last_rows)
         if done is not None:
             h, residual = done
         else:
             last = len(self.layers) - 1
-            for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, kv_cache.k_caches, kv_cache.v_caches)):
+            for i, (layer, (cos, sin), k_cache, v_cache) in enumerate(
+                    zip(self.layers, rope, kv_cache.k_caches, kv_cache.v_caches)):
                 h, residual = layer(h, residual, cos, sin, meta, k_cache, v_cache, last_rows if i == last else None)
         if not trim:
             h, residual = h.index_select(0, logits_indices), residual.index_select(0, logits_indices)

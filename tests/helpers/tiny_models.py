@@ -1,8 +1,8 @@
-"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite), saved by transformers."""
+"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite, SmolLM3), saved by transformers."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, GraniteConfig, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, GraniteConfig, LlamaConfig, Qwen2Config, Qwen3Config, SmolLM3Config
 
 TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -28,6 +28,9 @@ def _tiny_config(kind: str):
         return GraniteConfig(**TINY, tie_word_embeddings=tied, attention_bias=not tied, mlp_bias=not tied,
                              embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.05,
                              logits_scaling=2.5)
+    if kind == "smollm3":  # its second layer a NoPE layer (no_rope_layers [1, 0])
+        return SmolLM3Config(**TINY, no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None,
+                             bos_token_id=1, eos_token_id=2)
     raise ValueError(kind)
 
 

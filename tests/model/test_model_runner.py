@@ -104,7 +104,8 @@ def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_
     assert choose_runner("auto", config) is TransformersRunner
 
 
-@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn", "granite", "granite-untied-biased"])
+@pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn", "granite", "granite-untied-biased",
+                                  "smollm3"])
 def test_tiny_architectures_match_transformers(kind, tmp_path):
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3) in plain torch over the paged KV cache."""
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, Phi-3) in plain torch over the paged KV cache."""
 from __future__ import annotations
 
 import math
@@ -25,18 +25,20 @@ from rill.engine_proc.model.rope import ROPE_TYPES, rope_inv_freq, rope_paramete
 from rill.engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from rill.engine_proc.parallel.sharding import Shard
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3")
 
 
 def check_supported(config: PretrainedConfig) -> None:
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {config.model_type!r} is not supported: {SUPPORTED_MODEL_TYPES}")
     window_len = getattr(config, "sliding_window", None) or math.inf
-    uses_window = config.model_type == "mistral" and window_len < config.max_position_embeddings
+    uses_window = config.model_type in ("mistral", "phi3") and window_len < config.max_position_embeddings
     if uses_window or getattr(config, "use_sliding_window", False):
         raise ValueError("sliding-window attention is not supported")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
+    if rope_parameters(config).get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings are not supported")
     rope_type = rope_parameters(config)["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")

@@ -32,9 +32,28 @@ def fused_shards(config) -> dict[str, tuple[str, int, int]]:
     }
 
 
+def split_fused(weights: Iterable[tuple[str, torch.Tensor]], config) -> Iterable[tuple[str, torch.Tensor]]:
+    """Phi-3's checkpoint fuses q/k/v (`qkv_proj`) and gate/up (`gate_up_proj`): its tensors as a
+    Llama's, so that a rank's slice and the fused weights are found as for any other. `config`: the
+    whole model's."""
+    head_dim = head_dim_of(config)
+    q_dim, kv_dim = config.num_attention_heads * head_dim, num_kv_heads_of(config) * head_dim
+    intermediate = config.intermediate_size
+    for name, tensor in weights:
+        if ".self_attn.qkv_proj." in name:
+            parts = zip(("q_proj", "k_proj", "v_proj"), tensor.split([q_dim, kv_dim, kv_dim]))
+            yield from ((name.replace("qkv_proj", part), t) for part, t in parts)
+        elif ".mlp.gate_up_proj." in name:
+            parts = zip(("gate_proj", "up_proj"), tensor.split([intermediate, intermediate]))
+            yield from ((name.replace("gate_up_proj", part), t) for part, t in parts)
+        else:
+            yield name, tensor
+
+
 def load_weights(model, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy Hugging Face-named tensors into `model` (its rank's slice of each under tensor
     parallelism, engine_proc/parallel/sharding.py); fail on a missing or misshapen one."""
+    weights = split_fused(weights, model.shard.config if model.shard is not None else model.config)
     params = dict(model.named_parameters())
     loaded: set[tuple[str, int | None]] = set()
     shards = fused_shards(model.config)

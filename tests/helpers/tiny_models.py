@@ -1,8 +1,16 @@
-"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite, SmolLM3), saved by transformers."""
+"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite, SmolLM3, Phi-3), saved by transformers."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, GraniteConfig, LlamaConfig, Qwen2Config, Qwen3Config, SmolLM3Config
+from transformers import (
+    AutoModelForCausalLM,
+    GraniteConfig,
+    LlamaConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    SmolLM3Config,
+)
 
 TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -11,7 +19,7 @@ TINY = dict(
 
 
 
-def _tiny_config(kind: str):
+def tiny_config(kind: str):
     if kind == "llama3-rope-untied":
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
@@ -31,14 +39,18 @@ def _tiny_config(kind: str):
     if kind == "smollm3":  # its second layer a NoPE layer (no_rope_layers [1, 0])
         return SmolLM3Config(**TINY, no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None,
                              bos_token_id=1, eos_token_id=2)
+    if kind.startswith("phi3"):  # Phi-4's shape of Phi-3 (no window); "phi3-window": Phi-3-mini's 4k one
+        window = 32 if kind == "phi3-window" else None
+        return Phi3Config(**TINY, sliding_window=window, tie_word_embeddings=False, pad_token_id=None,
+                          bos_token_id=1, eos_token_id=2)
     raise ValueError(kind)
 
 
 
 def save_tiny_model(kind: str, path):
-    """A tiny model of `kind` (_tiny_config) with seeded random weights, saved at `path`; returned."""
+    """A tiny model of `kind` (tiny_config) with seeded random weights, saved at `path`; returned."""
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_tiny_config(kind), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32).eval()
     with torch.no_grad():
         for param in hf.parameters():  # biases and norms too, so that loading each is checked
             param.normal_(0.0, 0.2)

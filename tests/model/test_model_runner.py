@@ -105,7 +105,7 @@ def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_
 
 
 @pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn", "granite", "granite-untied-biased",
-                                  "smollm3"])
+                                  "smollm3", "phi3"])
 def test_tiny_architectures_match_transformers(kind, tmp_path):
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
@@ -128,3 +128,18 @@ def test_granite_refuses_lora_at_start(tmp_path):
     save_tiny_model("granite", tmp_path)
     with pytest.raises(ValueError, match="--enable-lora is not served for model_type 'granite'"):
         make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], max_loras=1)
+
+
+@pytest.mark.parametrize("kind, reason", [("phi3-window", "sliding-window"), ("phi3-partial-rotary", "partial rotary")])
+def test_a_phi3_the_native_model_cannot_run_goes_to_the_transformers_runner(kind, reason):
+    from rill.engine_proc.model.choice import choose_runner
+    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.llama import check_supported
+    from tests.helpers.tiny_models import tiny_config
+
+    config = tiny_config("phi3-window" if kind == "phi3-window" else "phi3")
+    if kind == "phi3-partial-rotary":  # Phi-4-mini's kind: RoPE on 3/4 of each head
+        config.rope_parameters["partial_rotary_factor"] = 0.75
+    with pytest.raises(ValueError, match=reason):
+        check_supported(config)
+    assert choose_runner("auto", config) is TransformersRunner

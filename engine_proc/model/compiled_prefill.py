@@ -18,7 +18,7 @@ import time
 import torch
 
 from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphPrefillMetadata, num_kv_heads_of
-from rill.engine_proc.model.decode_graphs import GUARDS, default_cache_dir_env
+from rill.engine_proc.model.decode_graphs import GUARDS, default_cache_dir_env, own_forward
 
 log = logging.getLogger("rill.model")
 
@@ -38,7 +38,7 @@ class CompiledPrefill:
         self.tile_lens_of = tile_lens_of
         self.per_tile = tokens_per_tile(config.num_attention_heads, num_kv_heads_of(config))
         options = GUARDS if backend == "inductor" else None
-        self.compiled = torch.compile(model.forward, backend=backend, dynamic=False, fullgraph=True, options=options)
+        self.compiled = torch.compile(own_forward(model), backend=backend, dynamic=False, fullgraph=True, options=options)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import torch
@@ -33,6 +34,18 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # batch 1 on a Zen 4): the modules do not change after the compile (LoRA wraps its linears when the
 # runner is built, before it; adapters load into slots of those, and their steps run eagerly).
 GUARDS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
+def own_forward(model: torch.nn.Module):
+    """`model.forward` on a code object of its own, to compile. torch.compile keeps its compiled code
+    on the function's code object, which every instance of the class shares: with the module guards
+    gone (GUARDS) and the weights frozen into the graph, a second model of the class in the process
+    (a draft model, another test's) would run the first one's graph and weights."""
+    func = model.forward.__func__
+    clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                               func.__closure__)
+    clone.__kwdefaults__ = func.__kwdefaults__
+    return types.MethodType(clone, model)
 
 def default_cache_dir_env() -> None:
     """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
@@ -75,14 +88,14 @@ class DecodeGraphs:
             self.inputs = StepBuffers(self.sizes[-1], self.table_width, device)
             self.graphs = {}
             self.model = model
-            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True, options=GUARDS)
+            self.compiled = torch.compile(own_forward(model), dynamic=False, fullgraph=True, options=GUARDS)
         else:
             import torch._inductor.config as inductor_config
 
             # Weights become constants of the graph, so Inductor prepacks them for oneDNN itself.
             inductor_config.freezing = True
             self.sizes = None
-            self.compiled = torch.compile(model.forward, dynamic=False, fullgraph=True, options=GUARDS)
+            self.compiled = torch.compile(own_forward(model), dynamic=False, fullgraph=True, options=GUARDS)
 
     def can_run(self, batch: Batch) -> bool:
         """Decode-only: one token per sequence, and its drafts (speculative decoding), each a row."""
@@ -169,7 +182,7 @@ class DecodeGraphs:
     def _graph_trees(self) -> None:
         """torch.compile's own CUDA graphs instead, recorded on each size's second call."""
         self.graphs = None
-        self.compiled = torch.compile(self.model.forward, dynamic=False, fullgraph=True,
+        self.compiled = torch.compile(own_forward(self.model), dynamic=False, fullgraph=True,
                                       options={**GUARDS, "triton.cudagraphs": True})
         for size in self.sizes:
             for _ in range(2):

@@ -143,3 +143,27 @@ def test_a_phi3_the_native_model_cannot_run_goes_to_the_transformers_runner(kind
     with pytest.raises(ValueError, match=reason):
         check_supported(config)
     assert choose_runner("auto", config) is TransformersRunner
+
+
+def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
+    """transformers' greedy continuation, each token from a full forward (no cache to get wrong)."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(num_tokens):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("kind", ["granite", "smollm3"])
+def test_tiny_architectures_through_the_compiled_decode_graph(kind, tmp_path):
+    """What these families add to a step (Granite's head scale, SmolLM3's NoPE rotations) inside the
+    compiled decode graph: transformers' greedy tokens, with the decode steps through the graph."""
+    hf = save_tiny_model(kind, tmp_path)
+    runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID],
+                         compile_decode=True, max_num_seqs=4)
+    assert runner.decode_graphs is not None, "torch.compile failed: see the warning in the log"
+    run, runs = runner.decode_graphs.run, []
+    runner.decode_graphs.run = lambda batch: runs.append(1) or run(batch)
+    prompts = [torch.randint(3, 128, (n,)).tolist() for n in (9, 21)]
+    assert generate(runner, prompts, max_tokens=8) == [hf_greedy(hf, p, 8) for p in prompts]
+    assert len(runs) >= 7

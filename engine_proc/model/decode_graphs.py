@@ -47,6 +47,7 @@ def own_forward(model: torch.nn.Module):
     clone.__kwdefaults__ = func.__kwdefaults__
     return types.MethodType(clone, model)
 
+
 def default_cache_dir_env() -> None:
     """Inductor's on-disk cache under Rill's cache folder, unless the user chose one."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:

@@ -37,9 +37,10 @@ def check_supported(config: PretrainedConfig) -> None:
         raise ValueError("sliding-window attention is not supported")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
-    if rope_parameters(config).get("partial_rotary_factor", 1.0) != 1.0:
+    rope = rope_parameters(config)
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial rotary embeddings are not supported")
-    rope_type = rope_parameters(config)["rope_type"]
+    rope_type = rope["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported {ROPE_TYPES}")
 
@@ -208,8 +209,8 @@ class LlamaForCausalLM(nn.Module):
         # Granite's multipliers: the embedding's, the residual branches' and attention's are folded
         # into the weights at load (llama_weights.fold_multipliers); what is left is one scale of the
         # head's input, which a tied head (the scaled embedding) owes the embedding's too.
-        embedding, logits = (float(getattr(config, name, None) or 1.0) for name in ("embedding_multiplier", "logits_scaling"))
-        self.head_scale = 1.0 / (logits * (embedding if self.lm_head is None else 1.0))
+        embedding = llama_weights.multiplier(config, "embedding_multiplier") if self.lm_head is None else 1.0
+        self.head_scale = 1.0 / (llama_weights.multiplier(config, "logits_scaling") * embedding)
         # SmolLM3's NoPE layers (no_rope_layers[i] == 0) rotate by nothing: cos 1, sin 0 (layer_rope).
         flags = getattr(config, "no_rope_layers", None)
         self.rope_layers = [bool(f) for f in flags] if flags and not all(flags) else None

@@ -36,15 +36,14 @@ def split_fused(weights: Iterable[tuple[str, torch.Tensor]], config) -> Iterable
     """Phi-3's checkpoint fuses q/k/v (`qkv_proj`) and gate/up (`gate_up_proj`): its tensors as a
     Llama's, so that a rank's slice and the fused weights are found as for any other. `config`: the
     whole model's."""
-    head_dim = head_dim_of(config)
-    q_dim, kv_dim = config.num_attention_heads * head_dim, num_kv_heads_of(config) * head_dim
-    intermediate = config.intermediate_size
+    rows = {hf_part: count for hf_part, (_, _, count) in fused_shards(config).items()}
+    qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
     for name, tensor in weights:
         if ".self_attn.qkv_proj." in name:
-            parts = zip(("q_proj", "k_proj", "v_proj"), tensor.split([q_dim, kv_dim, kv_dim]))
+            parts = zip(qkv, tensor.split([rows[f"self_attn.{part}"] for part in qkv]))
             yield from ((name.replace("qkv_proj", part), t) for part, t in parts)
         elif ".mlp.gate_up_proj." in name:
-            parts = zip(("gate_proj", "up_proj"), tensor.split([intermediate, intermediate]))
+            parts = zip(gate_up, tensor.split([rows[f"mlp.{part}"] for part in gate_up]))
             yield from ((name.replace("gate_up_proj", part), t) for part, t in parts)
         else:
             yield name, tensor
@@ -123,14 +122,18 @@ def init_dummy_weights(model, seed: int = 0) -> None:
             param.data.copy_(values.normal_(0.0, std, generator=generator))
 
 
-MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+def multiplier(config, name: str) -> float:
+    """One of Granite's scalars (`embedding_multiplier`, `residual_multiplier`, `logits_scaling`); 1
+    where the config has none."""
+    return float(getattr(config, name, None) or 1.0)
 
 
 def has_multipliers(config) -> bool:
     """Whether the config scales what a Llama does not (Granite's multipliers, fold_multipliers)."""
     if getattr(config, "attention_multiplier", None) is not None:  # a softmax scale: 1.0 is one too
         return True
-    return any(getattr(config, name, None) not in (None, 1.0) for name in MULTIPLIERS)
+    return any(multiplier(config, name) != 1.0
+               for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"))
 
 
 @torch.no_grad()
@@ -141,18 +144,15 @@ def fold_multipliers(model) -> None:
     in place of 1/sqrt(head_dim), into q's rows of qkv_proj (RoPE is linear). `logits_scaling` is the
     model's head_scale. A no-op for a config without them."""
     config = model.config
-    embedding = float(getattr(config, "embedding_multiplier", None) or 1.0)
-    residual = float(getattr(config, "residual_multiplier", None) or 1.0)
+    embedding, residual = multiplier(config, "embedding_multiplier"), multiplier(config, "residual_multiplier")
     attention = getattr(config, "attention_multiplier", None)
     if embedding != 1.0:
         model.embed_tokens.weight.mul_(embedding)
     for layer in model.layers:
-        scaled = [(layer.attn.o_proj, None), (layer.mlp.down_proj, None)] if residual != 1.0 else []
-        if attention is not None:
-            q_rows = layer.attn.num_heads * layer.attn.head_dim
-            scaled.append((layer.attn.qkv_proj, q_rows))
-        for linear, rows in scaled:
-            factor = residual if rows is None else float(attention) * math.sqrt(layer.attn.head_dim)
-            for param in (linear.weight, linear.bias):
+        head_dim = layer.attn.head_dim
+        q_scale = 1.0 if attention is None else float(attention) * math.sqrt(head_dim)
+        for linear, rows, factor in ((layer.attn.o_proj, None, residual), (layer.mlp.down_proj, None, residual),
+                                     (layer.attn.qkv_proj, layer.attn.num_heads * head_dim, q_scale)):
+            for param in (linear.weight, linear.bias) if factor != 1.0 else ():
                 if param is not None:
-                    (param if rows is None else param[:rows]).mul_(factor)
+                    param[:rows].mul_(factor)  # rows None: the whole tensor

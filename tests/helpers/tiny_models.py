@@ -39,10 +39,11 @@ def tiny_config(kind: str):
     if kind == "smollm3":  # its second layer a NoPE layer (no_rope_layers [1, 0])
         return SmolLM3Config(**TINY, no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None,
                              bos_token_id=1, eos_token_id=2)
-    if kind.startswith("phi3"):  # Phi-4's shape of Phi-3 (no window); "phi3-window": Phi-3-mini's 4k one
+    if kind.startswith("phi3"):  # Phi-4's shape of Phi-3 (no window); Phi-3-mini's 4k window; Phi-4-mini's 3/4 rotary
         window = 32 if kind == "phi3-window" else None
-        return Phi3Config(**TINY, sliding_window=window, tie_word_embeddings=False, pad_token_id=None,
-                          bos_token_id=1, eos_token_id=2)
+        rotary = 0.75 if kind == "phi3-partial-rotary" else 1.0
+        return Phi3Config(**TINY, sliding_window=window, partial_rotary_factor=rotary, tie_word_embeddings=False,
+                          pad_token_id=None, bos_token_id=1, eos_token_id=2)
     raise ValueError(kind)
 
 

@@ -137,9 +137,7 @@ def test_a_phi3_the_native_model_cannot_run_goes_to_the_transformers_runner(kind
     from rill.engine_proc.model.llama import check_supported
     from tests.helpers.tiny_models import tiny_config
 
-    config = tiny_config("phi3-window" if kind == "phi3-window" else "phi3")
-    if kind == "phi3-partial-rotary":  # Phi-4-mini's kind: RoPE on 3/4 of each head
-        config.rope_parameters["partial_rotary_factor"] = 0.75
+    config = tiny_config(kind)
     with pytest.raises(ValueError, match=reason):
         check_supported(config)
     assert choose_runner("auto", config) is TransformersRunner

@@ -80,6 +80,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.grammar.gate import GrammarGate
     from rill.engine_proc.model.hf_runner import TransformersRunner
     from rill.engine_proc.model.loader import load_config
+    from rill.engine_proc.model.runner import ModelRunner
     from rill.engine_proc.model.sentence_layout import is_sentence_transformers
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.scheduler import Scheduler
@@ -99,7 +100,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(model.model_impl, hf_config)
-    if runner_class is TransformersRunner and (model.enable_embeddings or model.max_loras):
+    if runner_class is not ModelRunner and (model.enable_embeddings or model.max_loras):
         raise ValueError("--enable-embeddings and --enable-lora need the native runner (a Llama-family model)")
     enable_prefix_caching = limits.enable_prefix_caching
     if runner_class is TransformersRunner and enable_prefix_caching:
@@ -114,10 +115,10 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
                          f"{model.block_size} tokens for this model; give it more memory")
     started = time.perf_counter()
     computed = dict(dtype=dtype, device=device, num_kv_blocks=num_blocks, eos_token_ids=eos_ids)
-    if runner_class is TransformersRunner:
+    if runner_class is not ModelRunner:
         if config.parallel.tensor_parallel_size > 1:
             raise ValueError("--tensor-parallel-size needs the native runner (a Llama-family model)")
-        runner = TransformersRunner(model, **computed)
+        runner = runner_class(model, **computed)
     else:
         tp, model = start_tensor_parallel(config, dtype_name, device, num_blocks, eos_ids)
         runner = runner_class(model, **computed, tp_size=config.parallel.tensor_parallel_size, step_broadcast=tp,

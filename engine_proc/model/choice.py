@@ -40,22 +40,32 @@ MODEL_IMPLS = ("auto", "native", "transformers")
 
 def choose_runner(model_impl: str, hf_config):
     """The runner class for this model, chosen once at start: native where it supports the
-    architecture, else (or when asked) the generic transformers runner."""
-    from rill.engine_proc.model.hf_runner import TransformersRunner
+    architecture, else (or when asked) transformers' own model over the paged cache, or, for the
+    few it cannot run, one sequence at a time (hf_paged.paged_unsupported says which)."""
     from rill.engine_proc.model.llama import check_supported
     from rill.engine_proc.model.runner import ModelRunner
 
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl {model_impl!r}: expected one of {MODEL_IMPLS}")
     if model_impl == "transformers":
-        log.info("model_type %r: using the transformers runner (--model-impl transformers)", hf_config.model_type)
-        return TransformersRunner
+        return _transformers_runner(hf_config, "--model-impl transformers")
     try:
         check_supported(hf_config)
     except ValueError as exc:
         if model_impl == "native":
             raise ValueError(f"--model-impl native: {exc}; use --model-impl auto or transformers") from None
-        log.warning("model_type %r has no native implementation (%s): falling back to the transformers "
-                    "runner, which is correct but slower", hf_config.model_type, exc)
-        return TransformersRunner
+        return _transformers_runner(hf_config, f"no native implementation: {exc}")
     return ModelRunner
+
+
+def _transformers_runner(hf_config, why: str):
+    from rill.engine_proc.model.hf_paged import PagedTransformersRunner, paged_unsupported
+    from rill.engine_proc.model.hf_runner import TransformersRunner
+
+    reason = paged_unsupported(hf_config)
+    if reason is None:
+        log.info("model_type %r: transformers' model over the paged KV cache (%s)", hf_config.model_type, why)
+        return PagedTransformersRunner
+    log.warning("model_type %r: transformers' model one sequence at a time (%s; the paged route cannot run it: "
+                "%s), correct but slower", hf_config.model_type, why, reason)
+    return TransformersRunner

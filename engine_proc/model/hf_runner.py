@@ -7,9 +7,9 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from rill.engine_proc.attention.kv_cache import bytes_per_block
+from rill.engine_proc.model.hf_paged import load_hf_model
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
@@ -80,7 +80,7 @@ class TransformersRunner(SamplingRunner):
         self.max_model_len: int = (
             getattr(text_config, "max_position_embeddings", None) or num_kv_blocks * block_size
         )
-        self.model = _load_hf_model(model_dir, self.config, dtype, self.device, load_format)
+        self.model = load_hf_model(model_dir, self.config, dtype, self.device, load_format, attn_implementation=None)
         # The LM head on the last token only, where the model's forward allows it.
         accepts_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if accepts_logits_to_keep else {}
@@ -146,14 +146,3 @@ class TransformersRunner(SamplingRunner):
         for req in list(self._caches.keys()):
             if req.state is not RequestState.RUNNING and id(req) not in in_batch:
                 del self._caches[req]
-
-
-def _load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, load_format: str):
-    if load_format == "dummy":
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), config=config, dtype=dtype, local_files_only=True,
-            use_safetensors=True if load_format == "safetensors" else None,
-        )
-    return model.to(device).eval().requires_grad_(False)

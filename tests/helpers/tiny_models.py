@@ -44,7 +44,40 @@ def tiny_config(kind: str):
         rotary = 0.75 if kind == "phi3-partial-rotary" else 1.0
         return Phi3Config(**TINY, sliding_window=window, partial_rotary_factor=rotary, tie_word_embeddings=False,
                           pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    if kind in PAGED_ROUTE_KINDS:
+        return _paged_route_config(kind)
     raise ValueError(kind)
+
+
+# Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
+# with prompts longer than its window where it has one (WINDOW tokens).
+PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2")
+WINDOW = 16
+
+
+def _paged_route_config(kind: str):
+    from transformers import (Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig, MixtralConfig,
+                              Olmo2Config, Qwen3MoeConfig)
+
+    special = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    alternating = ["sliding_attention", "full_attention"]
+    experts = dict(num_experts_per_tok=2)
+    if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
+        return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
+                                query_pre_attn_scalar=48)
+    if kind == "gemma2":  # soft-capped attention and final logits
+        return Gemma2Config(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
+                            attn_logit_softcapping=5.0, final_logit_softcapping=8.0, query_pre_attn_scalar=32)
+    if kind == "mistral-window":
+        return MistralConfig(**TINY, **special, sliding_window=WINDOW)
+    if kind == "qwen3_moe":
+        return Qwen3MoeConfig(**TINY, **special, **experts, head_dim=32, num_experts=8, moe_intermediate_size=48)
+    if kind == "mixtral":
+        return MixtralConfig(**TINY, **special, **experts, num_local_experts=8)
+    if kind == "gpt_oss":  # alternating windows, attention sinks, experts
+        return GptOssConfig(**TINY, **special, **experts, head_dim=32, num_local_experts=8, sliding_window=WINDOW,
+                            layer_types=alternating)
+    return Olmo2Config(**TINY, **special)
 
 
 

@@ -1,0 +1,122 @@
+"""`python -m rill.bench.families`: each model family's served throughput against a llama of the same shape.
+
+Every family is a random-weight model at one shape (hidden 256, 4 layers, 4 heads, 2 KV heads,
+head_dim 64, the bundled tokenizer and its vocabulary; 8 experts, top-2, for the MoE families; a
+64-token window where the family has one), served by `rill serve --model DIR --load-format dummy`
+at its defaults and driven at concurrency 16 with 128-token random prompts and 64 forced output
+tokens, one server at a time. The ratio to the llama run (native, on the same build and machine)
+is issue 32's target: at least 0.6x natively, 0.5x on the transformers route.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from rill.bench.__main__ import build_parser
+from rill.bench.serving.config import config_from_args
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.bench.serving.serve import run_benchmark
+from rill.bench.serving.servers import rill_server
+from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
+
+SHAPE = dict(vocab_size=49152, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+             pad_token_id=None)  # fmt: skip
+WINDOW = 64
+ALTERNATING = ["sliding_attention", "full_attention"] * 2
+TARGETS = {"native": 0.6, "transformers": 0.5}
+
+
+def family_configs() -> dict:
+    """name -> a transformers config at SHAPE (imported here: transformers is slow to import)."""
+    import transformers as t
+
+    experts = dict(num_experts_per_tok=2)
+    return {
+        "llama": t.LlamaConfig(**SHAPE),
+        "qwen3": t.Qwen3Config(**SHAPE),
+        "granite": t.GraniteConfig(**SHAPE, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                   attention_multiplier=0.015625, logits_scaling=8.0),
+        "smollm3": t.SmolLM3Config(**SHAPE, no_rope_layer_interval=4),
+        "phi3": t.Phi3Config(**SHAPE),
+        "olmo2": t.Olmo2Config(**SHAPE),
+        "gemma3_text": t.Gemma3TextConfig(**SHAPE, sliding_window=WINDOW,
+                                          layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+        "gemma2": t.Gemma2Config(**SHAPE, sliding_window=WINDOW, layer_types=ALTERNATING),
+        "mistral-window": t.MistralConfig(**SHAPE, sliding_window=WINDOW),
+        "qwen3_moe": t.Qwen3MoeConfig(**SHAPE, **experts, num_experts=8, moe_intermediate_size=256),
+        "mixtral": t.MixtralConfig(**SHAPE, **experts, num_local_experts=8),
+        "gpt_oss": t.GptOssConfig(**{**SHAPE, "intermediate_size": 256}, **experts, num_local_experts=8,
+                                  sliding_window=WINDOW, layer_types=ALTERNATING,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    }
+
+
+def write_model_dir(config, out: Path) -> Path:
+    """config.json beside the bundled model's tokenizer files: a directory `--load-format dummy` serves."""
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    source = ensure_bundled_model()
+    for name in TOKENIZER_FILE_NAMES:
+        if (source / name).is_file() and name != "generation_config.json":
+            shutil.copyfile(source / name, out / name)
+    return out
+
+
+def serve_and_measure(model_dir: Path, log_path: Path, args) -> dict:
+    with rill_server("--model", str(model_dir), "--load-format", "dummy", "--served-model-name", "m",
+                     "--max-model-len", "2048", "--log-level", "info", log_path=log_path) as srv:
+        bench_args = build_parser().parse_args([
+            "serve", "--base-url", srv.base_url, "--model", "m", "--dataset-name", "random",
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+            "--num-warmups", str(args.concurrency), "--disable-tqdm"])
+        result = asyncio.run(run_benchmark(config_from_args(bench_args)))
+    log = log_path.read_text(errors="replace")
+    runner = "native" if "native runner" in log else "transformers"
+    return {"output_throughput": result["output_throughput"], "completed": result["completed"], "runner": runner}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.families", description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=None, help="comma-separated (default: all; llama always runs)")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/families-cpu.json"))
+    args = ap.parse_args(argv)
+    configs = family_configs()
+    names = ["llama"] + [n for n in (args.families.split(",") if args.families else configs) if n != "llama"]
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="rill-families-") as scratch:
+        for name in names:
+            model_dir = write_model_dir(configs[name], Path(scratch) / name)
+            rows[name] = serve_and_measure(model_dir, Path(scratch) / f"{name}.log", args)
+            print(name, json.dumps(rows[name]), flush=True)
+    llama = rows["llama"]["output_throughput"]
+    for row in rows.values():
+        row["ratio"] = row["output_throughput"] / llama
+        row["target"] = TARGETS[row["runner"]]
+        row["pass"] = row["ratio"] >= row["target"]
+    report = {"benchmark": "families", **provenance("rill.bench.families", argv, None), "params": vars(args) | {
+        "out": str(args.out)}, "families": rows}
+    lines = [f"# Model families: output tok/s at concurrency {args.concurrency}, against a llama of the same shape", "",
+             f"`{report['command']}` on {report['date']}, CPU: {report['machine'].get('cpu_model', '?')}.", "",
+             table(["family", "runner", "output tok/s", "/ llama", "target"],
+                   [[n, r["runner"], f"{r['output_throughput']:.0f}", f"{r['ratio']:.2f}x",
+                     f"{r['target']}x {'PASS' if r['pass'] else 'FAIL'}"] for n, r in rows.items()]), ""]
+    save_results(args.out, report, "\n".join(lines))
+    print("\n".join(lines))
+    return report
+
+
+if __name__ == "__main__":
+    main()

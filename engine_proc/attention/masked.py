@@ -1,0 +1,101 @@
+"""Attention the paged kernels do not do, in torch over the paged cache: sliding windows, logit
+soft-capping (Gemma 2) and attention sinks (GPT-OSS), for the transformers route's layers that ask
+for them (engine_proc/model/hf_attention.py).
+
+A query at position p attends to keys at positions (p - window, p] of its own sequence (all of
+[0, p] without a window), as transformers' sliding_window_overlay masks them. One-token rows (the
+decodes) go as one batch over their gathered blocks; each prompt chunk on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rill.engine_proc.attention.kv_cache import gather_blocks
+from rill.engine_proc.sched.batch import Batch
+
+
+@dataclass
+class TokenTables:
+    """The step's rows as this module reads them: each sequence's blocks and its rows."""
+
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] long, padded with block 0
+    positions: torch.Tensor  # [num_tokens] long: each row's position
+    single_rows: torch.Tensor  # [n] long: the rows of one-token sequences
+    single_seqs: torch.Tensor  # [n] long: their rows of block_tables
+    spans: list[tuple[int, int, int, int]]  # (seq, first row, end row, first position) of each longer chunk
+
+
+def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes_first: bool) -> TokenTables:
+    """TokenTables of `batch` in the row order of the step's inputs: the batch's order, or its
+    one-token seqs first (engine_proc/model/step_inputs.py prepare_step)."""
+    seqs = ([s for s in batch.seqs if s.num_new_tokens == 1] + [s for s in batch.seqs if s.num_new_tokens > 1]
+            if decodes_first else list(batch.seqs))
+    tables, single_rows, single_seqs, spans, row = [], [], [], [], 0
+    for i, s in enumerate(seqs):
+        end_pos = s.start_pos + s.num_new_tokens
+        tables.append(s.req.block_ids[: -(-end_pos // block_size)])
+        if s.num_new_tokens == 1:
+            single_rows.append(row)
+            single_seqs.append(i)
+        else:
+            spans.append((i, row, row + s.num_new_tokens, s.start_pos))
+        row += s.num_new_tokens
+    width = max(map(len, tables))
+    device = positions.device
+    as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+    return TokenTables(as_long([t + [0] * (width - len(t)) for t in tables]), positions,
+                       as_long(single_rows), as_long(single_seqs), spans)
+
+
+def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: TokenTables,
+                     scale: float, window: int | None = None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention [T, H, D] of the step's queries q [T, H, D] over the cache (the step's K/V already
+    written), each within its window; `softcap`: scores pass through softcap * tanh(s / softcap);
+    `sinks` [H]: a logit per head that joins each softmax's denominator and attends to nothing."""
+    out = torch.empty_like(q)
+    if tables.single_rows.numel():
+        rows = tables.single_rows
+        out[rows] = _attend(q[rows].unsqueeze(1), k_cache, v_cache, tables.block_tables[tables.single_seqs],
+                            tables.positions[rows].unsqueeze(1), scale, window, softcap, sinks)[:, 0]
+    for seq, first, end, _ in tables.spans:
+        out[first:end] = _attend(q[first:end].unsqueeze(0), k_cache, v_cache, tables.block_tables[seq : seq + 1],
+                                 tables.positions[first:end].unsqueeze(0), scale, window, softcap, sinks)[0]
+    return out
+
+
+def _attend(q, k_cache, v_cache, block_table, query_pos, scale, window, softcap, sinks) -> torch.Tensor:
+    """q [B, n, H, D] at positions query_pos [B, n] over the blocks of block_table [B, blocks]: [B, n, H, D]."""
+    num_kv_heads = k_cache.shape[2]
+    context_len = int(query_pos.max()) + 1
+    first_key = 0
+    if window is not None:  # no key before the earliest query's window is read
+        first_key = max(0, int(query_pos.min()) - window + 1) // k_cache.shape[1] * k_cache.shape[1]
+        block_table = block_table[:, first_key // k_cache.shape[1] :]
+    keys = gather_blocks(k_cache, block_table)[:, : context_len - first_key].transpose(1, 2)  # [B, Hkv, L, D]
+    values = gather_blocks(v_cache, block_table)[:, : context_len - first_key].transpose(1, 2)
+    key_pos = torch.arange(first_key, context_len, device=q.device)
+    keep = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(-1)  # [B, n, L]
+    if window is not None:
+        keep &= key_pos.view(1, 1, -1) > query_pos.unsqueeze(-1) - window
+    batch, n, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    # [B, Hkv, group * n, D]: the query heads that share a KV head side by side, so no K/V is repeated
+    queries = q.permute(0, 2, 1, 3).reshape(batch, num_kv_heads, group * n, head_dim)
+    mask = keep.unsqueeze(1).repeat(1, 1, group, 1)  # [B, 1, group * n, L]
+    if softcap is None and sinks is None:
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    else:
+        scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None:  # one more column per head, dropped after the softmax
+            sink = sinks.float().view(1, num_kv_heads, group, 1, 1).expand(batch, -1, -1, n, 1)
+            scores = torch.cat([scores, sink.reshape(batch, num_kv_heads, group * n, 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.matmul(probs[..., : keys.shape[2]].to(values.dtype), values)
+    return o.view(batch, num_heads, n, head_dim).transpose(1, 2)

@@ -1,0 +1,86 @@
+"""Rill's paged attention inside any transformers model: registered in transformers' attention
+interface as "rill_paged", so each attention layer's call writes its K/V into Rill's paged cache
+and attends through the runner's backend, as vLLM's Transformers backend does.
+
+Transformers builds no mask for an implementation it has no mask function for: the step's
+sequences go as one row of tokens with their own positions, and the backend's metadata keeps
+them apart. A layer with a sliding window, soft-capped logits or attention sinks goes through
+engine_proc/attention/masked.py; every other layer through the backend's kernels.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+
+from rill.engine_proc.attention.backend import AttentionBackend
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, KVCache, write_kv
+from rill.engine_proc.attention.masked import TokenTables, masked_attention, token_tables
+from rill.engine_proc.sched.batch import Batch
+
+IMPLEMENTATION = "rill_paged"
+
+
+@dataclass
+class PagedStep:
+    """What a step's attention layers read: set by the runner around its forward."""
+
+    backend: AttentionBackend
+    kv_cache: KVCache
+    meta: AttentionMetadata
+    batch: Batch
+    positions: torch.Tensor  # [T] each row's position
+    longest: int  # a window at least this long masks nothing
+
+    @functools.cached_property
+    def tables(self) -> TokenTables:
+        """The masked layers' view of the rows, made by the first such layer of the step."""
+        return token_tables(self.batch, self.backend.block_size, self.positions, decodes_first=not self.backend.flat)
+
+
+_current = threading.local()
+
+
+class step_context:
+    """`with step_context(step):` the model's forward inside it attends through `step`."""
+
+    def __init__(self, step: PagedStep) -> None:
+        self.step = step
+
+    def __enter__(self) -> PagedStep:
+        _current.step = self.step
+        return self.step
+
+    def __exit__(self, *exc) -> None:
+        _current.step = None
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask, scaling: float | None = None, dropout: float = 0.0,
+                            sliding_window: int | None = None, softcap: float | None = None,
+                            s_aux: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query [1, H, T, D], key and value [1, H_kv, T, D]
+    after RoPE; the output [1, T, H, D]."""
+    step: PagedStep | None = getattr(_current, "step", None)
+    if step is None:
+        raise RuntimeError("a rill_paged attention layer ran outside a runner step")
+    layer = module.layer_idx
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
+    head_dim = q.shape[-1]
+    scale = head_dim**-0.5 if scaling is None else scaling
+    window = sliding_window if sliding_window and sliding_window < step.longest else None
+    if window is not None or softcap or s_aux is not None:
+        write_kv(k_cache, v_cache, k, v, step.meta.slot_mapping)
+        out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux)
+    else:
+        if scale != head_dim**-0.5:  # the kernels scale by 1/sqrt(D): the rest goes on the queries
+            q = q * (scale * head_dim**0.5)
+        out = step.backend.forward(q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache, step.meta)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(IMPLEMENTATION, paged_attention_forward)

@@ -1,0 +1,126 @@
+"""Any transformers causal LM over Rill's paged KV cache: continuous batching, chunked prefill and
+prefix caching for a family with no native implementation (engine_proc/model/hf_attention.py)."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.kernels.int8_linear import check_quantization, quantize_linears
+from rill.engine_proc.kernels.invariant_linear import tile_linears
+from rill.engine_proc.kernels.linear import pack_linears_for_cpu
+from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
+from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
+from rill.engine_proc.model.runner_api import RunnerInfo
+from rill.engine_proc.model.sampling_runner import SamplingRunner
+from rill.engine_proc.sample.sampler import Sampler
+from rill.engine_proc.sched.batch import Batch
+from rill.ipc.config import ModelConfig
+
+log = logging.getLogger("rill.model")
+
+# RoPE scalings whose frequencies transformers works out from the longest position in the forward's
+# batch: with every sequence of a step in one row, a sequence's rotation would depend on the others.
+BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def paged_unsupported(config) -> str | None:
+    """Why this model cannot run on the paged transformers route (it then runs one sequence at a
+    time, engine_proc/model/hf_runner.py), or None."""
+    text_config = config.get_text_config()
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is None:
+        return f"model_type {config.model_type!r} has no transformers causal-LM class"
+    if not getattr(model_class, "_supports_attention_backend", False):
+        return f"{model_class.__name__}'s attention does not go through transformers' attention interface"
+    rope_types = _rope_types(text_config)
+    if batch_dependent := sorted(rope_types & set(BATCH_DEPENDENT_ROPE)):
+        return f"RoPE scaling {batch_dependent[0]!r} depends on the longest sequence in the batch"
+    layer_types = set(getattr(text_config, "layer_types", None) or ())
+    if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
+        return f"its {other[0]!r} layers have no paged form"
+    if getattr(text_config, "num_kv_shared_layers", 0):
+        return "its layers share KV caches"
+    return None
+
+
+def _rope_types(config) -> set[str]:
+    """Every rope_type of the config: transformers 5's rope_parameters (one dict, or one per layer
+    type) or the older rope_scaling."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    dicts = [p for p in params.values() if isinstance(p, dict)] or [params]
+    return {p.get("rope_type", p.get("type", "default")) for p in dicts}
+
+
+class PagedTransformersRunner(SamplingRunner):
+    """transformers' own modules and weights; attention through Rill's backends (`--model-impl
+    transformers`, or `auto` for a family without a native implementation)."""
+
+    def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
+                 eos_token_ids: list[int]) -> None:
+        if model.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
+        check_quantization(model.quantization, torch.device(device))
+        self.config = load_config(model.model_dir)
+        if reason := paged_unsupported(self.config):
+            raise ValueError(f"the paged transformers route cannot run this model: {reason}")
+        text_config = self.config.get_text_config()
+        self.dtype, self.device, self.block_size = dtype, torch.device(device), model.block_size
+        self.vocab_size: int = text_config.vocab_size
+        self.max_model_len: int = getattr(text_config, "max_position_embeddings", None) or num_kv_blocks * model.block_size
+        self.attention_backend = resolve_attention_backend(model.attention_backend, self.device)
+        self.attention = create_attention_backend(self.attention_backend, self.device, dtype, model.block_size,
+                                                  model.batch_invariant)
+        self.model = load_hf_model(model.model_dir, self.config, dtype, self.device, model.load_format)
+        layers = sorted(m.layer_idx for m in self.model.modules() if _is_attention(m))
+        if layers != list(range(text_config.num_hidden_layers)):
+            raise ValueError(f"the paged transformers route found attention layers {layers[:8]}, not one per "
+                             f"decoder layer: use --model-impl transformers on a model it supports")
+        # The native model's linear kernels under transformers' modules: int8, or on the CPU the
+        # packed layouts (engine_proc/kernels/linear.py); a family's fused expert tensors stay as loaded.
+        if model.quantization == "int8":
+            log.info("int8 weights for %d linear layers, the head included", quantize_linears(self.model))
+        elif self.device.type == "cpu":
+            pack_linears_for_cpu(self.model, model.batch_invariant)
+        if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
+            tile_linears(self.model)
+        self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
+                                device=self.device)
+        self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
+        self.info = RunnerInfo("transformers", self.attention_backend)
+
+    @torch.inference_mode()
+    def compute_logits(self, batch: Batch, eager: bool = False, hidden_only: bool = False) -> torch.Tensor:
+        """Logits of the sampled rows, then the prompt-scoring rows (step_inputs.logits_rows): the
+        step's sequences as one row of tokens, the LM head (and the family's logit scaling or
+        soft-capping, in its own forward) on the rows asked for only."""
+        assert not hidden_only, "the transformers route does not embed (refused at start)"
+        input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
+        step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
+        with step_context(step):
+            out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
+                             logits_to_keep=logits_indices)
+        return out.logits[0]
+
+
+def _is_attention(module: torch.nn.Module) -> bool:
+    """A decoder layer's self-attention: what transformers names *Attention and gives a layer index."""
+    return type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
+
+
+def load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, load_format: str,
+                  attn_implementation: str = IMPLEMENTATION):
+    """transformers' model of the directory (or of its config, with `dummy` weights), eval, on `device`."""
+    if load_format == "dummy":
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation,
+            use_safetensors=True if load_format == "safetensors" else None,
+        )
+    return model.to(device).eval().requires_grad_(False)

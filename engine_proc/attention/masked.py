@@ -25,6 +25,7 @@ class TokenTables:
     positions: torch.Tensor  # [num_tokens] long: each row's position
     single_rows: torch.Tensor  # [n] long: the rows of one-token sequences
     single_seqs: torch.Tensor  # [n] long: their rows of block_tables
+    single_positions: tuple[int, int]  # the lowest and highest position of those rows
     spans: list[tuple[int, int, int, int]]  # (seq, first row, end row, first position) of each longer chunk
 
 
@@ -33,21 +34,23 @@ def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes
     one-token seqs first (engine_proc/model/step_inputs.py prepare_step)."""
     seqs = ([s for s in batch.seqs if s.num_new_tokens == 1] + [s for s in batch.seqs if s.num_new_tokens > 1]
             if decodes_first else list(batch.seqs))
-    tables, single_rows, single_seqs, spans, row = [], [], [], [], 0
+    tables, single_rows, single_seqs, single_positions, spans, row = [], [], [], [], [], 0
     for i, s in enumerate(seqs):
         end_pos = s.start_pos + s.num_new_tokens
         tables.append(s.req.block_ids[: -(-end_pos // block_size)])
         if s.num_new_tokens == 1:
             single_rows.append(row)
             single_seqs.append(i)
+            single_positions.append(s.start_pos)
         else:
             spans.append((i, row, row + s.num_new_tokens, s.start_pos))
         row += s.num_new_tokens
     width = max(map(len, tables))
     device = positions.device
     as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-    return TokenTables(as_long([t + [0] * (width - len(t)) for t in tables]), positions,
-                       as_long(single_rows), as_long(single_seqs), spans)
+    return TokenTables(as_long([t + [0] * (width - len(t)) for t in tables]), positions, as_long(single_rows),
+                       as_long(single_seqs), (min(single_positions, default=0), max(single_positions, default=0)),
+                       spans)
 
 
 def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: TokenTables,
@@ -60,21 +63,24 @@ def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if tables.single_rows.numel():
         rows = tables.single_rows
         out[rows] = _attend(q[rows].unsqueeze(1), k_cache, v_cache, tables.block_tables[tables.single_seqs],
-                            tables.positions[rows].unsqueeze(1), scale, window, softcap, sinks)[:, 0]
-    for seq, first, end, _ in tables.spans:
+                            tables.positions[rows].unsqueeze(1), tables.single_positions, scale, window, softcap,
+                            sinks)[:, 0]
+    for seq, first, end, start_pos in tables.spans:
         out[first:end] = _attend(q[first:end].unsqueeze(0), k_cache, v_cache, tables.block_tables[seq : seq + 1],
-                                 tables.positions[first:end].unsqueeze(0), scale, window, softcap, sinks)[0]
+                                 tables.positions[first:end].unsqueeze(0), (start_pos, start_pos + end - first - 1),
+                                 scale, window, softcap, sinks)[0]
     return out
 
 
-def _attend(q, k_cache, v_cache, block_table, query_pos, scale, window, softcap, sinks) -> torch.Tensor:
-    """q [B, n, H, D] at positions query_pos [B, n] over the blocks of block_table [B, blocks]: [B, n, H, D]."""
-    num_kv_heads = k_cache.shape[2]
-    context_len = int(query_pos.max()) + 1
+def _attend(q, k_cache, v_cache, block_table, query_pos, pos_range, scale, window, softcap, sinks) -> torch.Tensor:
+    """q [B, n, H, D] at positions query_pos [B, n] (from pos_range[0] to pos_range[1]) over the blocks of
+    block_table [B, blocks]: [B, n, H, D]."""
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    context_len = pos_range[1] + 1
     first_key = 0
     if window is not None:  # no key before the earliest query's window is read
-        first_key = max(0, int(query_pos.min()) - window + 1) // k_cache.shape[1] * k_cache.shape[1]
-        block_table = block_table[:, first_key // k_cache.shape[1] :]
+        first_key = max(0, pos_range[0] - window + 1) // block_size * block_size
+        block_table = block_table[:, first_key // block_size :]
     keys = gather_blocks(k_cache, block_table)[:, : context_len - first_key].transpose(1, 2)  # [B, Hkv, L, D]
     values = gather_blocks(v_cache, block_table)[:, : context_len - first_key].transpose(1, 2)
     key_pos = torch.arange(first_key, context_len, device=q.device)
@@ -88,6 +94,14 @@ def _attend(q, k_cache, v_cache, block_table, query_pos, scale, window, softcap,
     mask = keep.unsqueeze(1).repeat(1, 1, group, 1)  # [B, 1, group * n, L]
     if softcap is None and sinks is None:
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    elif softcap is None and q.device.type == "cpu":
+        # Sinks from the log-sum-exp torch's CPU flash attention returns: with a sink logit s the
+        # softmax's weights are those without it times sigmoid(lse - s).
+        additive = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, attn_mask=additive,
+                                                                            scale=scale)
+        sink = sinks.float().view(1, num_kv_heads, group, 1).expand(-1, -1, -1, n).reshape(1, num_kv_heads, -1)
+        o = o * torch.sigmoid(lse.view(batch, num_kv_heads, -1) - sink).unsqueeze(-1).to(o.dtype)
     else:
         scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * scale
         if softcap is not None:

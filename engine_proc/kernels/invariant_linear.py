@@ -35,6 +35,9 @@ class RowTiledLinear(nn.Module):
         self.tile_rows = tile_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:  # transformers' modules: [batch, tokens, in]
+            out = self.forward(x.reshape(-1, x.shape[-1]))
+            return out.view(*x.shape[:-1], out.shape[-1])
         num_rows = x.shape[0]
         num_tiles = -(-num_rows // self.tile_rows)
         num_padded = num_tiles * self.tile_rows

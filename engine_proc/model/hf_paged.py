@@ -70,6 +70,10 @@ class PagedTransformersRunner(SamplingRunner):
         if reason := paged_unsupported(self.config):
             raise ValueError(f"the paged transformers route cannot run this model: {reason}")
         text_config = self.config.get_text_config()
+        if model.batch_invariant and _num_experts(text_config):
+            raise ValueError(f"--batch-invariant is not served for mixture-of-experts models (model_type "
+                             f"{self.config.model_type!r}): each expert's matmul sees as many rows as the "
+                             "batch routes to it")
         self.dtype, self.device, self.block_size = dtype, torch.device(device), model.block_size
         self.vocab_size: int = text_config.vocab_size
         self.max_model_len: int = getattr(text_config, "max_position_embeddings", None) or num_kv_blocks * model.block_size
@@ -106,6 +110,11 @@ class PagedTransformersRunner(SamplingRunner):
             out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
                              logits_to_keep=logits_indices)
         return out.logits[0]
+
+
+def _num_experts(config) -> int:
+    return next((getattr(config, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")
+                 if getattr(config, name, None)), 0)
 
 
 def _is_attention(module: torch.nn.Module) -> bool:

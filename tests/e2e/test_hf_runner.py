@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import queue
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,29 +10,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
-from rill.engine_proc.core import EngineCore
 from rill.engine_proc.model.choice import choose_runner
+from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.hf_runner import TransformersRunner
 from rill.engine_proc.model.loader import load_config
 from rill.engine_proc.model.runner import ModelRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
-from rill.engine_proc.sched.block_manager import BlockManager
 from rill.engine_proc.sched.request import EngineRequest
-from rill.engine_proc.sched.scheduler import Scheduler
-from rill.ipc.protocol import FinishReason, SamplingParams
+from rill.ipc.protocol import SamplingParams
+from tests.helpers import scheduled
 from tests.helpers.runners import make_runner
+from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, PROMPTS, SHARED, outputs
 from tests.helpers.server import start_servers, stop_server
-
-EOS_ID = 2
-BLOCK_SIZE = 8
-NUM_NEW_TOKENS = 12
-SHARED = [5 + (i * 7) % 120 for i in range(26)]  # a prefix of more than three blocks
-PROMPTS = {
-    "a": SHARED + [9, 41, 77],
-    "b": [13, 101, 56, 3, 88, 20, 64, 31, 47],
-    "c": [7, 19, 123, 60, 33, 90, 12, 71, 26, 58, 44, 99, 15, 82, 37, 6, 111, 50],
-    "a2": SHARED + [30, 2, 115, 8],  # a prefix-cache hit on "a"'s blocks when it comes later
-}
 
 
 def _tiny_config(kind: str):
@@ -65,64 +53,13 @@ def tiny(request, tmp_path_factory) -> Tiny:
                 param.normal_(0.0, 0.2)
     model_dir = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(model_dir)
-    expected = {}
-    with torch.inference_mode():
-        for name, ids in PROMPTS.items():
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS,
-                              do_sample=False, pad_token_id=0)
-            expected[name] = out[0, len(ids):].tolist()
+    expected = scheduled.hf_continuations(hf)
     runner = make_runner(model_dir, runner_class=TransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
     return Tiny(model_dir, hf, runner, expected)
 
 
-def run_scheduled(tiny: Tiny, arrivals: dict[str, int], *, num_blocks: int = 64,
-                  max_num_batched_tokens: int = 2048, caching: bool = False) -> dict[str, EngineRequest]:
-    """Greedy generation through the real scheduler and engine step, each prompt arriving at its step.
-
-    Every sampled row is also checked against transformers' logits over the request's whole
-    sequence: tiny random models are nearly bigram models, so their greedy tokens alone would
-    hardly notice a cache that holds the wrong context.
-    """
-    runner = tiny.runner
-    mismatches: list[str] = []
-
-    def checked_compute_logits(batch: Batch) -> torch.Tensor:
-        logits = TransformersRunner.compute_logits(runner, batch)
-        with torch.inference_mode():
-            for row, seq in zip(logits, batch.sampled_seqs):
-                ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
-                expected = tiny.hf_model(torch.tensor([ids])).logits[0, -1]
-                if not torch.allclose(row, expected, atol=1e-4, rtol=1e-4):
-                    mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
-        return logits
-
-    scheduler = Scheduler(
-        BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching),
-        max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
-    )
-    core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
-    params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, min_tokens=NUM_NEW_TOKENS)
-    reqs = {name: EngineRequest(name, "w", list(PROMPTS[name]), params) for name in arrivals}
-    runner.compute_logits = checked_compute_logits  # execute() calls it; a failure here would end the batch
-    try:
-        for step_index in range(1000):
-            for name, arrival in arrivals.items():
-                if arrival == step_index:
-                    scheduler.add(reqs[name])
-            if step_index > max(arrivals.values()) and not scheduler.has_work:
-                break
-            batch = scheduler.schedule()
-            if batch:
-                core.step(batch)
-    finally:
-        del runner.compute_logits
-    assert mismatches == []
-    assert [r.finish for r in reqs.values()] == [FinishReason.LENGTH] * len(reqs)
-    return reqs
-
-
-def outputs(reqs: dict[str, EngineRequest]) -> dict[str, list[int]]:
-    return {name: r.output_ids for name, r in reqs.items()}
+def run_scheduled(tiny: Tiny, arrivals: dict[str, int], **kwargs) -> dict[str, EngineRequest]:
+    return scheduled.run_scheduled(tiny.runner, tiny.hf_model, arrivals, **kwargs)
 
 
 def test_batched_prompts_match_transformers(tiny):
@@ -189,17 +126,30 @@ def test_runner_limits(tiny):
 # ---- choosing the runner ----------------------------------------------------------------------
 
 
-def test_auto_falls_back_for_other_architectures(tiny, model_dir, caplog):
+def test_auto_takes_the_paged_transformers_route_for_other_architectures(tiny, model_dir, caplog):
     tiny_dir = tiny.model_dir
     with caplog.at_level(logging.INFO, logger="rill.engine"):
-        assert choose_runner("auto", load_config(tiny_dir)) is TransformersRunner
+        assert choose_runner("auto", load_config(tiny_dir)) is PagedTransformersRunner
     [record] = [r for r in caplog.records if r.name == "rill.engine"]
     model_type = load_config(tiny_dir).model_type
-    assert record.levelno == logging.WARNING and repr(model_type) in record.getMessage()
-    assert "correct but slower" in record.getMessage()
+    assert record.levelno == logging.INFO and repr(model_type) in record.getMessage()
+    assert "over the paged KV cache (no native implementation" in record.getMessage()
     assert choose_runner("auto", load_config(model_dir)) is ModelRunner
     assert choose_runner("native", load_config(model_dir)) is ModelRunner
-    assert choose_runner("transformers", load_config(model_dir)) is TransformersRunner
+    assert choose_runner("transformers", load_config(model_dir)) is PagedTransformersRunner
+
+
+def test_batch_dependent_rope_runs_one_sequence_at_a_time(tiny, caplog):
+    """transformers' dynamic RoPE rescales by the longest position in its forward's batch: with the
+    step's sequences in one row that would be another sequence's length, so such a model gets
+    the one-sequence runner, with a warning that says why."""
+    config = load_config(tiny.model_dir)
+    config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    with caplog.at_level(logging.INFO, logger="rill.engine"):
+        assert choose_runner("transformers", config) is TransformersRunner
+    [record] = [r for r in caplog.records if r.name == "rill.engine"]
+    assert record.levelno == logging.WARNING and "'dynamic' depends on the longest sequence" in record.getMessage()
+    assert "correct but slower" in record.getMessage()
 
 
 def test_native_on_an_unsupported_architecture_fails(tiny):
@@ -248,6 +198,7 @@ def test_served_with_model_impl_transformers_matches_native(tmp_path_factory):
         log_text = srv.log()
     finally:
         stop_server(srv)
-    assert "using the transformers runner" in log_text
+    assert "transformers' model over the paged KV cache (--model-impl transformers)" in log_text
+    assert "transformers runner on cpu" in log_text
     assert resp.choices[0].text == native_text and resp.usage.completion_tokens == 24
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == native_chat

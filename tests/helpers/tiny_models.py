@@ -1,4 +1,5 @@
-"""Tiny random models of other architectures (Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite, SmolLM3, Phi-3), saved by transformers."""
+"""Tiny random models of other architectures, saved by transformers: the native model's families
+(Llama 3 rope, Qwen2, Qwen3, Qwen3 with YaRN, Granite, SmolLM3, Phi-3) and the transformers route's zoo."""
 from __future__ import annotations
 
 import torch
@@ -46,6 +47,16 @@ def tiny_config(kind: str):
                           pad_token_id=None, bos_token_id=1, eos_token_id=2)
     if kind in PAGED_ROUTE_KINDS:
         return _paged_route_config(kind)
+    if kind == "gpt2":  # learned absolute positions: a position off by one changes every token
+        from transformers import GPT2Config
+
+        return GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1,
+                          eos_token_id=2)
+    if kind == "gpt_neox":  # rotary on part of each head, parallel attention and MLP
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=96, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
     raise ValueError(kind)
 
 
@@ -56,8 +67,15 @@ WINDOW = 16
 
 
 def _paged_route_config(kind: str):
-    from transformers import (Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig, MixtralConfig,
-                              Olmo2Config, Qwen3MoeConfig)
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GptOssConfig,
+        MistralConfig,
+        MixtralConfig,
+        Olmo2Config,
+        Qwen3MoeConfig,
+    )
 
     special = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
     alternating = ["sliding_attention", "full_attention"]
@@ -74,9 +92,11 @@ def _paged_route_config(kind: str):
         return Qwen3MoeConfig(**TINY, **special, **experts, head_dim=32, num_experts=8, moe_intermediate_size=48)
     if kind == "mixtral":
         return MixtralConfig(**TINY, **special, **experts, num_local_experts=8)
-    if kind == "gpt_oss":  # alternating windows, attention sinks, experts
+    if kind == "gpt_oss":  # alternating windows, attention sinks, experts, YaRN
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                "beta_fast": 32.0, "beta_slow": 1.0}
         return GptOssConfig(**TINY, **special, **experts, head_dim=32, num_local_experts=8, sliding_window=WINDOW,
-                            layer_types=alternating)
+                            layer_types=alternating, rope_parameters=rope)
     return Olmo2Config(**TINY, **special)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from rill.engine_proc.attention import cpu as cpu_attention
 from rill.engine_proc.cpu_features import cpu_info
+from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.runner import ModelRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
@@ -30,17 +31,21 @@ def onednn_avx512() -> bool:
 
 
 # The CPU backend runs every token through the C++ kernel as a row of its own; the torch backend
-# (no C++ compiler) pads contexts instead (engine_proc/attention/invariant.py). Both must hold.
-@pytest.fixture(scope="module", params=[("cpu", torch.float32), ("cpu", torch.bfloat16), ("torch", torch.float32),
-                                        ("torch", torch.bfloat16)], ids=lambda p: f"{p[0]}-{str(p[1])[6:]}")
+# (no C++ compiler) pads contexts instead (engine_proc/attention/invariant.py). Both must hold, on
+# the native model and on transformers' own (the paged transformers route, engine_proc/model/hf_paged.py).
+@pytest.fixture(scope="module", params=[("cpu", torch.float32, "native"), ("cpu", torch.bfloat16, "native"),
+                                        ("torch", torch.float32, "native"), ("torch", torch.bfloat16, "native"),
+                                        ("cpu", torch.float32, "transformers"), ("torch", torch.bfloat16, "transformers")],
+                ids=lambda p: f"{p[0]}-{str(p[1])[6:]}-{p[2]}")
 def runners(request, model_dir) -> dict[bool, ModelRunner]:
-    backend, dtype = request.param
+    backend, dtype, impl = request.param
     if backend == "cpu" and not cpu_attention.available():
         pytest.skip("no C++ compiler: the CPU kernel is not built")
+    runner_class = PagedTransformersRunner if impl == "transformers" else None
 
     def make(invariant: bool) -> ModelRunner:
         return make_runner(model_dir, dtype=dtype, num_kv_blocks=160, block_size=BLOCK_SIZE, eos_token_ids=[2],
-                           batch_invariant=invariant, attention_backend=backend)
+                           batch_invariant=invariant, attention_backend=backend, runner_class=runner_class)
     runners = {True: make(True), False: make(False)}
     assert runners[True].attention.name == ("batch-invariant-cpu" if backend == "cpu" else "batch-invariant")
     return runners

@@ -131,16 +131,16 @@ def test_granite_refuses_lora_at_start(tmp_path):
 
 
 @pytest.mark.parametrize("kind, reason", [("phi3-window", "sliding-window"), ("phi3-partial-rotary", "partial rotary")])
-def test_a_phi3_the_native_model_cannot_run_goes_to_the_transformers_runner(kind, reason):
+def test_a_phi3_the_native_model_cannot_run_takes_the_transformers_route(kind, reason):
     from rill.engine_proc.model.choice import choose_runner
-    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.hf_paged import PagedTransformersRunner
     from rill.engine_proc.model.llama import check_supported
     from tests.helpers.tiny_models import tiny_config
 
     config = tiny_config(kind)
     with pytest.raises(ValueError, match=reason):
         check_supported(config)
-    assert choose_runner("auto", config) is TransformersRunner
+    assert choose_runner("auto", config) is PagedTransformersRunner
 
 
 def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:

@@ -1,0 +1,98 @@
+"""The paged transformers route (engine_proc/model/hf_paged.py) on a zoo of tiny random-weight models,
+one per family without a native implementation (tests/helpers/tiny_models.py): through the real
+scheduler, every sampled row's logits are transformers' own over the whole sequence, with prompts
+and generations longer than the sliding windows, batched, in chunks, after a prefix-cache hit and
+after preemption."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from rill.engine_proc.model.hf_paged import PagedTransformersRunner
+from rill.engine_proc.sched.batch import Batch, ScheduledSeq
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.protocol import SamplingParams
+from tests.helpers.generation import BlockAllocator
+from tests.helpers.runners import make_runner
+from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, PROMPTS, SHARED, hf_continuations, outputs, run_scheduled
+from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
+
+KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox")
+
+
+@dataclass
+class Zoo:
+    kind: str
+    model_dir: Path
+    hf_model: torch.nn.Module
+    runner: PagedTransformersRunner
+    expected: dict[str, list[int]]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def zoo(request, tmp_path_factory) -> Zoo:
+    model_dir = tmp_path_factory.mktemp(request.param)
+    hf = save_tiny_model(request.param, model_dir)
+    runner = make_runner(model_dir, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID])
+    return Zoo(request.param, model_dir, hf, runner, hf_continuations(hf))
+
+
+def test_batched_prompts_match_transformers(zoo):
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0})
+    assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
+
+
+def test_chunked_prefill_mixed_with_decodes_matches_transformers(zoo):
+    # A budget of 5 tokens splits every prompt into chunks and mixes them with decodes.
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 2, "c": 5}, max_num_batched_tokens=5)
+    assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
+
+
+def test_prefix_cache_hit_matches_transformers(zoo):
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "a2": 6}, caching=True)
+    assert reqs["a2"].num_cached_tokens == len(SHARED) // BLOCK_SIZE * BLOCK_SIZE
+    assert outputs(reqs) == {k: zoo.expected[k] for k in ("a", "b", "a2")}
+
+
+def test_preempted_requests_match_transformers(zoo):
+    # 8 blocks of 8 tokens (one reserved) cannot hold the three requests at their full length.
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=8, caching=True)
+    assert sum(r.num_preemptions for r in reqs.values()) > 0
+    assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
+
+
+def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
+    cache = zoo.runner.kv_cache
+    config = zoo.runner.config
+    assert cache.num_blocks == 64 and len(cache.k_caches) == config.num_hidden_layers
+    assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
+def test_batch_invariant_logits_do_not_depend_on_the_batch(kind, tmp_path):
+    """--batch-invariant on the route: a prompt's logits alone and beside other prompts and decodes are
+    bit for bit the same (MoE families are refused: their experts see a batch-dependent row count)."""
+    hf = save_tiny_model(kind, tmp_path)
+    build = lambda: make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64,  # noqa: E731
+                                block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], batch_invariant=True)
+    if kind == "gpt_oss":
+        with pytest.raises(ValueError, match="--batch-invariant is not served for mixture-of-experts"):
+            build()
+        return
+    runner = build()
+    free_ids = BlockAllocator(64, seed=3).free_ids  # shuffled, never block 0
+    reqs = {name: EngineRequest(name, "w", list(PROMPTS[name]), SamplingParams(max_tokens=1)) for name in PROMPTS}
+    for req in reqs.values():
+        req.block_ids = [free_ids.pop() for _ in range(-(-req.num_tokens // BLOCK_SIZE))]
+    a = reqs["a"]
+    alone = runner.compute_logits(Batch([ScheduledSeq(a, 0, a.num_tokens)]))
+    runner.compute_logits(Batch([ScheduledSeq(reqs["c"], 0, 17)]))  # c's first 17 tokens in the cache
+    mixed = runner.compute_logits(Batch([ScheduledSeq(reqs["c"], 17, 1), ScheduledSeq(reqs["b"], 0, 9),
+                                         ScheduledSeq(a, 0, a.num_tokens)]))
+    assert torch.equal(alone[0], mixed[2])
+    with torch.inference_mode():
+        torch.testing.assert_close(alone[0], hf(torch.tensor([PROMPTS["a"]])).logits[0, -1], atol=1e-4, rtol=1e-4)

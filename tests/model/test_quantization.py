@@ -16,6 +16,7 @@ from rill.cli import serve_parser
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
 from rill.engine_proc.kernels.linear import PackedLinear
+from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.hf_runner import TransformersRunner
 from rill.engine_proc.model.llama import LlamaForCausalLM
 from rill.engine_proc.model.loader import load_config, load_model
@@ -162,13 +163,19 @@ def prompts(model_dir) -> list[list[int]]:
                                                tokenize=True, return_dict=True)["input_ids"]) for m in MESSAGES]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dtype):
+@pytest.mark.parametrize("dtype, impl", [*((dtype, "native") for dtype in DTYPES), (torch.float32, "transformers")])
+def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dtype, impl):
+    """The native model, and transformers' own on the paged transformers route (its q, k, v, gate
+    and up projections separate: 7 linears a layer)."""
+    runner_class = PagedTransformersRunner if impl == "transformers" else None
+
     def runner(quantization: str) -> ModelRunner:
-        return make_runner(model_dir, dtype=dtype, num_kv_blocks=48, eos_token_ids=[2], quantization=quantization)
+        return make_runner(model_dir, dtype=dtype, num_kv_blocks=48, eos_token_ids=[2], quantization=quantization,
+                           runner_class=runner_class)
 
     reference, int8 = runner("none"), runner("int8")
-    assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == 4 * 30 + 1
+    per_layer = 7 if impl == "transformers" else 4
+    assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == per_layer * 30 + 1
     expected, got = generate(reference, prompts, max_tokens=12), generate(int8, prompts, max_tokens=12)
     prefix_lens = [next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), len(e)) for e, g in zip(expected, got)]
     # Greedy decoding amplifies any change at a near tie, so not every token: most of them. In

@@ -49,6 +49,17 @@ def paged_unsupported(config) -> str | None:
     return None
 
 
+def uniform_window(config, max_model_len: int) -> int | None:
+    """The sliding window every layer of the model attends within (Mistral, Phi-3-mini, a Qwen2 with
+    every layer sliding), when shorter than its context: the scheduler releases the KV blocks that
+    fall out of it. None where any layer is global (Gemma 2 and 3, GPT-OSS: all blocks are kept)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if not window or window >= max_model_len or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window if layer_types is None or set(layer_types) == {"sliding_attention"} else None
+
+
 def _rope_types(config) -> set[str]:
     """Every rope_type of the config: transformers 5's rope_parameters (one dict, or one per layer
     type) or the older rope_scaling."""
@@ -93,6 +104,7 @@ class PagedTransformersRunner(SamplingRunner):
             pack_linears_for_cpu(self.model, model.batch_invariant)
         if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
             tile_linears(self.model)
+        self.sliding_window = uniform_window(text_config, self.max_model_len)
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
                                 device=self.device)
         self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")

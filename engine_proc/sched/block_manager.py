@@ -16,7 +16,7 @@ class BlockManager:
     """Hands out KV blocks to requests; a block is free again when its reference count hits 0.
 
     With prefix caching on, full blocks of computed tokens are entered into a `PrefixCache`
-    (`cache_full_blocks`), found again by content (`find_cached_blocks`) and shared between
+    (`after_step`), found again by content (`find_cached_blocks`) and shared between
     requests (`share`). A freed cached block stays findable until its slot is needed: a block
     is free either on the plain stack (never cached) or on the cache's LRU (evictable), and
     `allocate` takes from the stack first, so cached content is given up only under pressure.
@@ -31,6 +31,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         hash_fn: Callable[[Hashable], int] = hash,
         record_events: bool = False,
+        sliding_window: int | None = None,
     ) -> None:
         assert num_blocks >= 2, "block 0 is the null block: at least one more is needed"
         assert block_size >= 1
@@ -44,6 +45,9 @@ class BlockManager:
         self._free_block_ids = list(range(num_blocks - 1, NULL_BLOCK_ID, -1))
         # `record_events`: the prefix cache keeps its KV-cache events for --kv-events-endpoint.
         self.prefix_cache = PrefixCache(block_size, hash_fn, record_events) if enable_prefix_caching else None
+        # A model whose every layer attends within this many tokens: a block whose tokens all lie
+        # before every later query's window is released as the request moves on (after_step).
+        self.sliding_window = sliding_window
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -116,31 +120,56 @@ class BlockManager:
         if cache is not None:
             cache.start_chain(req)
 
-    def cache_full_blocks(self, req: EngineRequest) -> None:
-        """Enters req's blocks that are now full of computed tokens (after a step) into the cache."""
+    def after_step(self, req: EngineRequest) -> None:
+        """After a step computed more of req: its blocks now full of computed tokens enter the prefix
+        cache, then, under a sliding window, those no later query can reach are released."""
         if self.prefix_cache is not None:
             self.prefix_cache.register(req, req.num_computed_tokens // self.block_size)
+        if self.sliding_window is not None:
+            self._release_out_of_window(req)
+
+    def _release_out_of_window(self, req: EngineRequest) -> None:
+        """The next query sits at position num_computed_tokens or later and sees keys after
+        position num_computed_tokens - window: a block whose last position is at or before that is
+        released, and the null block takes its place in req.block_ids (which keeps its length, so
+        every position keeps its index). Cached ones stay findable, as a finished request's do."""
+        num_gone = max(0, req.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        block_ids = req.block_ids
+        if num_gone == 0 or block_ids[num_gone - 1] == NULL_BLOCK_ID:
+            return
+        for i in range(num_gone - 1, -1, -1):  # tail first, as free() does
+            if block_ids[i] == NULL_BLOCK_ID:
+                break
+            self._release(block_ids[i])
+        # A new list: a step in flight may still read the old block table.
+        req.block_ids = [NULL_BLOCK_ID] * num_gone + block_ids[num_gone:]
+
+    def held_blocks(self, req: EngineRequest) -> int:
+        """Blocks req holds: its table less the null blocks of released ones."""
+        return sum(1 for block_id in req.block_ids if block_id != NULL_BLOCK_ID)
 
     # ---- release ------------------------------------------------------------------------------
 
     def free(self, req: EngineRequest) -> None:
         """Releases all of `req`'s blocks (each is free again once nobody holds it)."""
-        ref_counts = self.ref_counts
-        free_ids = self._free_block_ids
-        cache = self.prefix_cache
-        if cache is not None:
-            cache.end_chain(req)
+        if self.prefix_cache is not None:
+            self.prefix_cache.end_chain(req)
         # Tail first: cached blocks join the LRU in that order, so a request's tail is
         # evicted before its head; a tail block is unreachable without its head anyway, and
         # heads (system prompts) are what other requests share.
         for block_id in reversed(req.block_ids):
-            count = ref_counts[block_id] - 1
-            assert count >= 0, f"block {block_id} freed more often than held"
-            ref_counts[block_id] = count
-            if count == 0:
-                if cache is not None and cache.is_cached(block_id):
-                    cache.add_evictable(block_id)
-                else:
-                    free_ids.append(block_id)
+            if block_id != NULL_BLOCK_ID:  # a block a sliding window released already
+                self._release(block_id)
         # A new list rather than clear(): a step in flight may still read the old block table.
         req.block_ids = []
+
+    def _release(self, block_id: int) -> None:
+        count = self.ref_counts[block_id] - 1
+        assert count >= 0, f"block {block_id} freed more often than held"
+        self.ref_counts[block_id] = count
+        if count == 0:
+            cache = self.prefix_cache
+            if cache is not None and cache.is_cached(block_id):
+                cache.add_evictable(block_id)
+            else:
+                self._free_block_ids.append(block_id)

@@ -286,14 +286,14 @@ class Scheduler:
             if not needs_sample or req.params.embed:
                 # Blocks this step filled become findable now, before the request may finish:
                 # another request can share them while this one still runs.
-                block_manager.cache_full_blocks(req)
+                block_manager.after_step(req)
                 if needs_sample:  # an embedding: pooled (the runner kept its vector), it ends here
                     self._finish_running(req, FinishReason.STOP)
                     deltas.append(TokenDelta(req, [], FinishReason.STOP))
                 continue
             new_ids, finish = append_outputs(req, token_ids, eos_token_ids=self.eos_token_ids,
                                              max_model_len=self.max_model_len, cache_len=self._cache_len)
-            block_manager.cache_full_blocks(req)  # after the drafts kept joined the output
+            block_manager.after_step(req)  # after the drafts kept joined the output
             if finish is not None:
                 self._finish_running(req, finish)
             deltas.append(TokenDelta(req, new_ids, finish))

@@ -1,10 +1,13 @@
-"""End to end: a family with no native implementation (a tiny random-weight Gemma 3: sliding and
-global layers, queries scaled by query_pre_attn_scalar) served by `rill serve` at its defaults on the
-paged transformers route, through the OpenAI SDK: prompt logprobs and greedy tokens are transformers'
-own, and a shared prefix is served from the KV cache."""
+"""End to end: families with no native implementation served by `rill serve` at its defaults on the
+paged transformers route, through the OpenAI SDK. A tiny random-weight Gemma 3 (sliding and global
+layers, queries scaled by query_pre_attn_scalar): prompt logprobs and greedy tokens are
+transformers' own, and a shared prefix is served from the KV cache. A tiny Mistral with a window:
+on a long generation it holds its window of KV blocks, as /stats shows."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
 from tests.helpers.http_calls import post
-from tests.helpers.server import sdk_client, start_server, stop_server
+from tests.helpers.server import sdk_client, start_server, stats, stop_server
 from tests.helpers.tiny_models import WINDOW, tiny_config
 
 MODEL = "tiny-gemma3"
@@ -20,11 +23,13 @@ TEXT = ("The keeper of the lighthouse wrote in his log, every night for forty ye
         "that day and what the ships had signalled as they passed the rocks below the tower.")
 
 
-@pytest.fixture(scope="module")
-def gemma(model_dir, tmp_path_factory):
-    path = tmp_path_factory.mktemp("gemma3")
-    config = tiny_config("gemma3_text")
+def save_servable(kind: str, model_dir, tmp_path_factory, **overrides):
+    """A tiny random-weight model of `kind` with the bundled tokenizer, saved: (hf model, its directory)."""
+    path = tmp_path_factory.mktemp(kind)
+    config = tiny_config(kind)
     config.vocab_size = 49152  # the bundled tokenizer's
+    for name, value in overrides.items():
+        setattr(config, name, value)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -34,6 +39,12 @@ def gemma(model_dir, tmp_path_factory):
     for name in TOKENIZER_FILE_NAMES:
         if (model_dir / name).is_file() and name != "generation_config.json":
             shutil.copyfile(model_dir / name, path / name)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def gemma(model_dir, tmp_path_factory):
+    hf, path = save_servable("gemma3_text", model_dir, tmp_path_factory)
     srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32",
                        "--log-level", "info")
     yield hf, srv
@@ -79,3 +90,31 @@ def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
     second = client.completions.create(model=MODEL, prompt=ids + [2000], max_tokens=8, temperature=0)
     assert first.usage.prompt_tokens_details is None or not first.usage.prompt_tokens_details.cached_tokens
     assert second.usage.prompt_tokens_details.cached_tokens == len(ids) // 16 * 16
+
+
+def test_a_model_whose_every_layer_slides_holds_its_window_of_kv_blocks(model_dir, tmp_path_factory, tokenizer):
+    _, path = save_servable("mistral-window", model_dir, tmp_path_factory, sliding_window=32,
+                           max_position_embeddings=1024)
+    srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--block-size", "16")
+    used, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            s = stats(srv)
+            used.append(s["num_total_blocks"] - s["num_free_blocks"])
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    try:
+        poller.start()
+        resp = sdk_client(srv).completions.create(model=MODEL, prompt=TEXT, max_tokens=240, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+        done.set()
+        poller.join()
+    finally:
+        done.set()
+        stop_server(srv)
+    num_tokens = resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert resp.usage.completion_tokens == 240 and num_tokens > 16 * 16
+    # the window's two blocks and the one being written, never the 17 its tokens span
+    assert 0 < max(used) <= 3, used

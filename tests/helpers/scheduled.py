@@ -39,9 +39,9 @@ def hf_continuations(hf_model, num_tokens: int = NUM_NEW_TOKENS) -> dict[str, li
 
 def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int = 64,
                   max_num_batched_tokens: int = 2048, caching: bool = False, atol: float = 1e-4,
-                  num_new_tokens: int = NUM_NEW_TOKENS) -> dict[str, EngineRequest]:
+                  num_new_tokens: int = NUM_NEW_TOKENS, on_step=None) -> dict[str, EngineRequest]:
     """Greedy generation of PROMPTS through the real scheduler and engine step, each prompt arriving
-    at its step.
+    at its step. `on_step(running requests)` after each step.
 
     Every sampled row is also checked against transformers' logits over the request's whole
     sequence: tiny random models are nearly bigram models, so their greedy tokens alone would
@@ -60,8 +60,10 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
                     mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
         return logits
 
+    # A model whose every layer slides: its out-of-window blocks released as in the engine (main.py).
     scheduler = Scheduler(
-        BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching),
+        BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching,
+                     sliding_window=getattr(runner, "sliding_window", None)),
         max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
     )
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
@@ -78,6 +80,8 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
             batch = scheduler.schedule()
             if batch:
                 core.step(batch)
+                if on_step is not None:
+                    on_step([r for r in reqs.values() if r.block_ids])
     finally:
         del runner.compute_logits
     assert mismatches == []

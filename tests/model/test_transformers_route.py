@@ -59,10 +59,31 @@ def test_prefix_cache_hit_matches_transformers(zoo):
 
 
 def test_preempted_requests_match_transformers(zoo):
-    # 8 blocks of 8 tokens (one reserved) cannot hold the three requests at their full length.
+    # 8 blocks of 8 tokens (one reserved) cannot hold the three requests at their full length. A
+    # model whose every layer slides holds its window only (released blocks): it may fit them.
     reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=8, caching=True)
-    assert sum(r.num_preemptions for r in reqs.values()) > 0
+    if zoo.runner.sliding_window is None:
+        assert sum(r.num_preemptions for r in reqs.values()) > 0
     assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
+
+
+@pytest.mark.parametrize("kind, window", [("mistral-window", 16), ("phi3-window", 32), ("gemma3_text", None)])
+def test_a_model_whose_every_layer_slides_holds_its_window_of_blocks(kind, window, tmp_path):
+    """Mistral's and Phi-3-mini's layers all slide: a request holds the blocks of its last `window`
+    positions and the one being written, the rest released as it goes (and its logits stay
+    transformers'). Gemma 3's global layers need every block: none is released."""
+    hf = save_tiny_model(kind, tmp_path)
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID])
+    assert runner.sliding_window == window
+    held = []
+    track = lambda reqs: held.append(max((sum(b != 0 for b in r.block_ids) for r in reqs), default=0))  # noqa: E731
+    reqs = run_scheduled(runner, hf, {"a": 0, "c": 0}, num_new_tokens=40, on_step=track)
+    longest = max(r.num_tokens for r in reqs.values())
+    if window is None:
+        assert max(held) == -(-longest // BLOCK_SIZE)
+    else:
+        assert max(held) <= -(-window // BLOCK_SIZE) + 1 < -(-longest // BLOCK_SIZE)
 
 
 def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):

@@ -13,7 +13,7 @@ def computed(bm: BlockManager, req: EngineRequest) -> EngineRequest:
     """Gives req blocks for all its tokens and enters them as computed, as a step would."""
     bm.allocate(req, req.num_tokens)
     req.num_computed_tokens = req.num_tokens
-    bm.cache_full_blocks(req)
+    bm.after_step(req)
     return req
 
 

@@ -78,7 +78,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                        help="dummy: random weights from the config, no weight files read")
     model.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
                        help="native: Rill's own Llama-family model (an error for other architectures); "
-                            "transformers: the generic transformers model, correct but slower; "
+                            "transformers: transformers' own model over Rill's paged KV cache and attention kernels; "
                             "auto: native where supported, else transformers")
     model.add_argument("--cache-dir", default=None,
                        help="where the bundled model is converted once (default $RILL_CACHE or ~/.cache/rill)")

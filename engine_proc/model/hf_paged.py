@@ -10,10 +10,11 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
 from rill.engine_proc.attention.kv_cache import KVCache
-from rill.engine_proc.kernels.int8_linear import check_quantization, quantize_linears
+from rill.engine_proc.kernels.int8_linear import Int8Linear, check_quantization, quantize_linears
 from rill.engine_proc.kernels.invariant_linear import tile_linears
-from rill.engine_proc.kernels.linear import pack_linears_for_cpu
+from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
+from rill.engine_proc.model.hf_experts import pack_experts
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
@@ -102,6 +103,8 @@ class PagedTransformersRunner(SamplingRunner):
             log.info("int8 weights for %d linear layers, the head included", quantize_linears(self.model))
         elif self.device.type == "cpu":
             pack_linears_for_cpu(self.model, model.batch_invariant)
+        if self.device.type == "cpu":
+            self._pack_experts(model.quantization)
         if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
             tile_linears(self.model)
         self.sliding_window = uniform_window(text_config, self.max_model_len)
@@ -109,6 +112,20 @@ class PagedTransformersRunner(SamplingRunner):
                                 device=self.device)
         self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
         self.info = RunnerInfo("transformers", self.attention_backend)
+
+    def _pack_experts(self, quantization: str) -> None:
+        """A mixture of experts: each expert's projections in the native linear kernels (hf_experts.py)."""
+        if quantization == "int8":
+            make = lambda weight, bias, name: Int8Linear(weight, bias)  # noqa: E731
+        else:
+            make = lambda weight, bias, name: packed_linear(weight, bias, name, False)  # noqa: E731
+        try:
+            num_packed = pack_experts(self.model, make)
+        except (RuntimeError, AttributeError) as exc:  # a dtype oneDNN cannot pack here: transformers' own
+            log.info("experts keep transformers' grouped GEMM: %s", exc)
+            return
+        if num_packed:
+            log.info("experts of %d layers packed for the CPU, one GEMM per expert a step", num_packed)
 
     @torch.inference_mode()
     def compute_logits(self, batch: Batch, eager: bool = False, hidden_only: bool = False) -> torch.Tensor:

@@ -21,6 +21,7 @@ from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, PROMPTS, SHARED, hf_cont
 from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox")
+MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
 @dataclass
@@ -91,6 +92,28 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     config = zoo.runner.config
     assert cache.num_blocks == 64 and len(cache.k_caches) == config.num_hidden_layers
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
+    # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
+    packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
+    assert len(packed) == (config.num_hidden_layers if zoo.kind in MOE_KINDS else 0)
+    assert all(m.config._experts_implementation == "rill_experts" and m.gate_up_proj.numel() == 0 for m in packed)
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_int8_experts_barely_move_the_logits(kind, tmp_path):
+    """--quantization int8 on a mixture of experts: every expert's projections int8 too."""
+    from rill.engine_proc.kernels.int8_linear import Int8Linear
+
+    hf = save_tiny_model(kind, tmp_path)
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID], quantization="int8")
+    experts = [m for m in runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
+    assert experts and all(isinstance(layer, Int8Linear) for m in experts for layer in m.rill_down_proj)
+    req = EngineRequest("a", "w", list(PROMPTS["a"]), SamplingParams(max_tokens=1))
+    req.block_ids = list(range(1, 1 + -(-req.num_tokens // BLOCK_SIZE)))
+    got = runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))[0].softmax(-1)
+    with torch.inference_mode():
+        want = hf(torch.tensor([PROMPTS["a"]])).logits[0, -1].softmax(-1)
+    assert float((want * (want.log() - got.log())).sum()) < 1e-4
 
 
 @pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
@@ -117,3 +140,21 @@ def test_batch_invariant_logits_do_not_depend_on_the_batch(kind, tmp_path):
     assert torch.equal(alone[0], mixed[2])
     with torch.inference_mode():
         torch.testing.assert_close(alone[0], hf(torch.tensor([PROMPTS["a"]])).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_auto_serves_the_zoo_on_the_paged_route(kind):
+    from rill.engine_proc.model.choice import choose_runner
+    from tests.helpers.tiny_models import tiny_config
+
+    assert choose_runner("auto", tiny_config(kind)) is PagedTransformersRunner
+
+
+def test_a_model_the_paged_route_cannot_run_is_refused_with_why(tmp_path):
+    """Built directly (not through choose_runner, which would take the one-sequence runner)."""
+    save_tiny_model("olmo2", tmp_path)
+    config = (tmp_path / "config.json").read_text().replace('"rope_parameters": {', '"rope_parameters": {"factor": 2.0, '
+                                                            ).replace('"rope_type": "default"', '"rope_type": "dynamic"')
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(ValueError, match="cannot run this model: RoPE scaling 'dynamic' depends on the longest"):
+        make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=8, eos_token_ids=[EOS_ID])

@@ -5,6 +5,7 @@ and generations longer than the sliding windows, batched, in chunks, after a pre
 after preemption."""
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,20 @@ def test_a_model_whose_every_layer_slides_holds_its_window_of_blocks(kind, windo
         assert max(held) == -(-longest // BLOCK_SIZE)
     else:
         assert max(held) <= -(-window // BLOCK_SIZE) + 1 < -(-longest // BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
+def test_the_triton_backend_under_the_route_matches_transformers(kind, tmp_path):
+    """The GPU's attention backend (here on CPU tensors under Triton's interpreter): its flat step
+    layout, the masked layers' view of it included, in chunks mixed with decodes."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    hf = save_tiny_model(kind, tmp_path)
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID], attention_backend="triton")
+    assert runner.attention.flat
+    reqs = run_scheduled(runner, hf, {"a": 0, "b": 2, "c": 5}, max_num_batched_tokens=5)
+    assert outputs(reqs) == {k: v for k, v in hf_continuations(hf).items() if k in "abc"}
 
 
 def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):

@@ -114,11 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
         # the median of its rounds' ratios is its figure: this shared 2-core machine's throughput
         # drifts by a third from one minute to the next (seen: the llama's runs from 1,520 to 2,429).
         with serve(write_model_dir(configs["llama"], scratch / "llama"), scratch / "llama.log") as llama_srv:
+            measure(llama_srv, args)  # unmeasured, as each family's first run below
             llama_runs = [measure(llama_srv, args)]
             for name in names:
                 log_path = scratch / f"{name}.log"
                 ratios, runs = [], []
                 with serve(write_model_dir(configs[name], scratch / name), log_path) as srv:
+                    measure(srv, args)  # unmeasured: a fresh server's first run is slower (its cache's pages)
                     for _ in range(args.rounds):  # llama, family, llama, family, ..., llama
                         runs.append(measure(srv, args))
                         llama_runs.append(measure(llama_srv, args))

@@ -31,6 +31,7 @@ class AttentionBackend:
     flat = False  # the step's token rows in the batch's order (prepare_flat_step), else decodes first
     graph_decode_op = None
     fused_prompt_layers = False
+    write = staticmethod(write_kv)  # the step's K/V [T, H_kv, D] into the cache at its slots
 
     def __init__(self, device: torch.device = CPU, block_size: int = 16) -> None:
         self.device, self.block_size = device, block_size

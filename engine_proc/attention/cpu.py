@@ -86,6 +86,7 @@ class CpuBackend(AttentionBackend):
     C++ operator rill_cpu::paged_decode_layer (no Python inside the step)."""
 
     name = "cpu"
+    write = staticmethod(write_kv)
 
     def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype) -> None:
         super().__init__(device, block_size)
@@ -119,6 +120,7 @@ class InvariantCpuBackend(AttentionBackend):
 
     name = "batch-invariant-cpu"
     flat = True
+    write = staticmethod(write_kv)
 
     def prepare(self, batch: Batch) -> StepInputs:
         input_ids, positions, meta, logits_indices = prepare_flat_step(batch, self.block_size, self.device)

@@ -17,7 +17,7 @@ import torch
 from transformers import AttentionInterface
 
 from rill.engine_proc.attention.backend import AttentionBackend
-from rill.engine_proc.attention.kv_cache import AttentionMetadata, KVCache, write_kv
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, KVCache
 from rill.engine_proc.attention.masked import TokenTables, masked_attention, token_tables
 from rill.engine_proc.sched.batch import Batch
 
@@ -68,18 +68,18 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     if step is None:
         raise RuntimeError("a rill_paged attention layer ran outside a runner step")
     layer = module.layer_idx
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scaling is None else scaling
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:
-        write_kv(k_cache, v_cache, k, v, step.meta.slot_mapping)
+        step.backend.write(k_cache, v_cache, k, v, step.meta.slot_mapping)
         out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux)
     else:
         if scale != head_dim**-0.5:  # the kernels scale by 1/sqrt(D): the rest goes on the queries
             q = q * (scale * head_dim**0.5)
-        out = step.backend.forward(q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache, step.meta)
+        out = step.backend.forward(q, k, v, k_cache, v_cache, step.meta)
     return out.unsqueeze(0), None
 
 

@@ -95,10 +95,10 @@ class PagedTransformersRunner(SamplingRunner):
         self.model = load_hf_model(model.model_dir, self.config, dtype, self.device, model.load_format)
         layers = sorted(m.layer_idx for m in self.model.modules() if _is_attention(m))
         if layers != list(range(text_config.num_hidden_layers)):
-            raise ValueError(f"the paged transformers route found attention layers {layers[:8]}, not one per "
-                             f"decoder layer: use --model-impl transformers on a model it supports")
+            raise ValueError(f"the paged transformers route cannot run this model: it found attention layers "
+                             f"{layers[:8]}, not one per decoder layer ({text_config.num_hidden_layers})")
         # The native model's linear kernels under transformers' modules: int8, or on the CPU the
-        # packed layouts (engine_proc/kernels/linear.py); a family's fused expert tensors stay as loaded.
+        # packed layouts (engine_proc/kernels/linear.py); on the CPU a family's experts too.
         if model.quantization == "int8":
             log.info("int8 weights for %d linear layers, the head included", quantize_linears(self.model))
         elif self.device.type == "cpu":

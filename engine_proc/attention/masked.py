@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from rill.engine_proc.attention.kv_cache import gather_blocks
 from rill.engine_proc.sched.batch import Batch
 
+EXPLICIT_QUERIES = 256
+
 
 @dataclass
 class TokenTables:
@@ -65,9 +67,14 @@ def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out[rows] = _attend(q[rows].unsqueeze(1), k_cache, v_cache, tables.block_tables[tables.single_seqs],
                             tables.positions[rows].unsqueeze(1), tables.single_positions, scale, window, softcap,
                             sinks)[:, 0]
+    # A chunk's explicit scores (soft-capping) are [heads, queries, keys] in float32: its queries go
+    # EXPLICIT_QUERIES at a time, so a long prompt's chunk does not hold them all at once.
+    piece = EXPLICIT_QUERIES if softcap is not None else 1 << 30
     for seq, first, end, start_pos in tables.spans:
-        out[first:end] = _attend(q[first:end].unsqueeze(0), k_cache, v_cache, tables.block_tables[seq : seq + 1],
-                                 tables.positions[first:end].unsqueeze(0), (start_pos, start_pos + end - first - 1),
+        for lo in range(first, end, piece):
+            hi = min(end, lo + piece)
+            out[lo:hi] = _attend(q[lo:hi].unsqueeze(0), k_cache, v_cache, tables.block_tables[seq : seq + 1],
+                                 tables.positions[lo:hi].unsqueeze(0), (start_pos + lo - first, start_pos + hi - first - 1),
                                  scale, window, softcap, sinks)[0]
     return out
 

@@ -173,3 +173,20 @@ def test_a_model_the_paged_route_cannot_run_is_refused_with_why(tmp_path):
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(ValueError, match="cannot run this model: RoPE scaling 'dynamic' depends on the longest"):
         make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=8, eos_token_ids=[EOS_ID])
+
+
+def test_a_soft_capped_chunk_goes_a_few_queries_at_a_time(monkeypatch, tmp_path):
+    """Gemma 2's explicit scores are [heads, queries, keys]: a chunk's queries go EXPLICIT_QUERIES at
+    a time (5 here, so the 29-token prompt splits unevenly), with transformers' logits."""
+    from rill.engine_proc.attention import masked
+
+    hf = save_tiny_model("gemma2", tmp_path)
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID])
+    calls = []
+    attend = masked._attend
+    monkeypatch.setattr(masked, "EXPLICIT_QUERIES", 5)
+    monkeypatch.setattr(masked, "_attend", lambda q, *args: calls.append(q.shape[1]) or attend(q, *args))
+    reqs = run_scheduled(runner, hf, {"a": 0, "c": 0})
+    assert outputs(reqs) == {k: v for k, v in hf_continuations(hf).items() if k in "ac"}
+    assert 5 in calls and 4 in calls  # a's 29 prompt rows: 5 x 5 and 4

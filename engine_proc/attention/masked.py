@@ -98,7 +98,8 @@ def _attend(q, k_cache, v_cache, block_table, query_pos, pos_range, scale, windo
     group = num_heads // num_kv_heads
     # [B, Hkv, group * n, D]: the query heads that share a KV head side by side, so no K/V is repeated
     queries = q.permute(0, 2, 1, 3).reshape(batch, num_kv_heads, group * n, head_dim)
-    mask = keep.unsqueeze(1).repeat(1, 1, group, 1)  # [B, 1, group * n, L]
+    # [B, 1, group * n, L]; one query a row (a decode) broadcasts over its group's heads
+    mask = keep.unsqueeze(1) if n == 1 else keep.unsqueeze(1).repeat(1, 1, group, 1)
     if softcap is None and sinks is None:
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
     elif softcap is None and q.device.type == "cpu":
@@ -110,10 +111,12 @@ def _attend(q, k_cache, v_cache, block_table, query_pos, pos_range, scale, windo
         sink = sinks.float().view(1, num_kv_heads, group, 1).expand(-1, -1, -1, n).reshape(1, num_kv_heads, -1)
         o = o * torch.sigmoid(lse.view(batch, num_kv_heads, -1) - sink).unsqueeze(-1).to(o.dtype)
     else:
-        scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * scale
+        scores = torch.matmul(queries, keys.transpose(-1, -2)).float()  # a new tensor: changed in place below
         if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~mask, float("-inf"))
+            scores.mul_(scale / softcap).tanh_().mul_(softcap)
+        else:
+            scores.mul_(scale)
+        scores.masked_fill_(~mask, float("-inf"))
         if sinks is not None:  # one more column per head, dropped after the softmax
             sink = sinks.float().view(1, num_kv_heads, group, 1, 1).expand(batch, -1, -1, n, 1)
             scores = torch.cat([scores, sink.reshape(batch, num_kv_heads, group * n, 1)], dim=-1)

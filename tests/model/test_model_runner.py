@@ -123,6 +123,25 @@ def test_tiny_architectures_match_transformers(kind, tmp_path):
         torch.testing.assert_close(logits[0], expected[start + num_new - 1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["granite", "granite-untied-biased", "smollm3", "phi3"])
+@pytest.mark.parametrize("variant", ["bfloat16", "int8"])
+def test_the_newer_native_families_in_bfloat16_and_int8(kind, variant, tmp_path):
+    """Granite's folded multipliers, SmolLM3's NoPE layers and Phi-3's split projections under the
+    served defaults' dtype (bfloat16) and under --quantization int8: the next token's distribution
+    stays transformers' (float32) within their rounding."""
+    hf = save_tiny_model(kind, tmp_path)
+    extra = {"dtype": torch.bfloat16} if variant == "bfloat16" else {"quantization": "int8"}
+    runner = make_runner(tmp_path, num_kv_blocks=32, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID], **extra)
+    ids = torch.randint(3, 128, (1, 40)).tolist()[0]
+    req = EngineRequest("r", "w", ids, SamplingParams(max_tokens=1))
+    BlockAllocator(runner.kv_cache.num_blocks).cover(req, len(ids))
+    got = runner.compute_logits(Batch([ScheduledSeq(req, 0, len(ids))]))[0].float().softmax(-1)
+    with torch.inference_mode():
+        want = hf(torch.tensor([ids])).logits[0, -1].softmax(-1)
+    kl = float((want * (want.log() - got.clamp_min(1e-12).log())).sum())
+    assert kl < 1e-3, kl
+
+
 def test_granite_refuses_lora_at_start(tmp_path):
     """Granite's multipliers are folded into the weights an adapter adds to: refused, not wrong."""
     save_tiny_model("granite", tmp_path)

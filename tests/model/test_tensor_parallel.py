@@ -93,3 +93,19 @@ def test_two_ranks_give_one_rank_logits(tp2, runner, prompts):
 def test_two_ranks_give_one_rank_greedy_tokens(tp2, runner, prompts):
     _, tokens, _ = tp2
     assert tokens == generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
+
+
+@pytest.mark.parametrize("kind", ["granite-untied-biased", "phi3"])
+def test_two_ranks_of_the_newer_families_give_transformers_logits(kind, tmp_path):
+    """Granite's multipliers folded into each rank's shard (o_proj and down_proj are row-parallel:
+    a rank's partial sum carries the residual multiplier once) and Phi-3's fused projections split
+    before a rank takes its slice: two ranks give transformers' logits."""
+    from tests.helpers.tiny_models import save_tiny_model
+
+    hf = save_tiny_model(kind, tmp_path)
+    prompts = [[(7 * i + 3 * n) % 120 + 5 for i in range(n)] for n in (21, 9, 34)]
+    logits, _, num_kv_heads = run_tp2(tmp_path, prompts)
+    assert num_kv_heads == 1  # 2 KV heads, one a rank
+    with torch.inference_mode():
+        want = torch.stack([hf(torch.tensor([ids])).logits[0, -1] for ids in prompts])
+    torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)

@@ -155,7 +155,11 @@ def load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, l
                   attn_implementation: str = IMPLEMENTATION):
     """transformers' model of the directory (or of its config, with `dummy` weights), eval, on `device`."""
     if load_format == "dummy":
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        # Seeded, as the native model's dummy weights are: every data-parallel engine (and every
+        # start) gets the same weights, so they answer alike.
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation,

@@ -99,3 +99,29 @@ def test_an_engines_death_stops_the_server_with_a_failure(tmp_path_factory, tiny
     for pid in pids:  # rank 0 was stopped, not orphaned
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert leftovers(srv.proc.pid) == []
+
+
+def test_a_family_on_the_transformers_route_serves_from_both_engines(tmp_path_factory):
+    """A Gemma 3 (no native implementation: transformers' model over the paged cache) behind two
+    engines: each runs the route, both serve, and they answer alike (the same dummy weights)."""
+    from rill.bench.families import family_configs, write_model_dir
+
+    model_dir = write_model_dir(family_configs()["gemma3_text"], tmp_path_factory.mktemp("gemma3") / "g")
+    srv = start_server(tmp_path_factory, "--model", str(model_dir), "--load-format", "dummy", "--served-model-name",
+                       TINY_MODEL, "--data-parallel-size", "2", "--max-model-len", "512", "--log-level", "info")
+    try:
+        with httpx.Client() as one_connection, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            def run(_):
+                r = one_connection.post(f"{srv.base_url}/v1/completions", timeout=120, json={
+                    "model": TINY_MODEL, "prompt": [7, 8, 9], "max_tokens": 24, "temperature": 0, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            texts = list(pool.map(run, range(4)))
+        served = [e["num_finished"] for e in engines(srv)]
+        log = srv.log()
+    finally:
+        stop_server(srv)
+    assert min(served) >= 1 and sum(served) == 4, served
+    assert len(set(texts)) == 1
+    assert log.count("transformers runner on cpu") == 2

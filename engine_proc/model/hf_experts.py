@@ -5,8 +5,10 @@ Transformers keeps each layer's experts as two stacked tensors and multiplies th
 torch._grouped_mm. Here each expert's two projections are packed once at load into the layers the
 native model uses (oneDNN's packed bfloat16 or float32 weights, or int8 with `--quantization int8`),
 and a step sorts its (token, expert) pairs by expert and runs one GEMM per expert over all of its
-tokens: 2.1x faster than the grouped GEMM at 16 tokens a step (Qwen3-MoE's shape in
-bench.families, bfloat16, a Zen 4), 1.2x at 512, with the same results. The routing (the router,
+tokens: 1.4-2.2x faster than the grouped GEMM at 16 tokens a step, 1.1-1.2x at 512, with the same
+results (bench.families' shapes of Qwen3-MoE, Mixtral and GPT-OSS, bfloat16, a Zen 4:
+`python -m rill.bench.kernels.moe_experts`). The GEMMs are dispatched from Python, one call per
+expert the step hits; one grouped kernel in C++ is not built. The routing (the router,
 top-k, the weights) and the gate between the projections are still the family's own.
 """
 from __future__ import annotations

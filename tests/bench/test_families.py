@@ -1,5 +1,6 @@
 """bench.families' models: each family's config builds, takes the route the table says, and its
-directory is one `rill serve --load-format dummy` can serve (the bundled tokenizer, its vocabulary)."""
+directory is one `rill serve --load-format dummy` can serve (the bundled tokenizer, its vocabulary).
+And bench.kernels.moe_experts runs."""
 from __future__ import annotations
 
 import json
@@ -23,3 +24,14 @@ def test_each_family_takes_its_route_at_the_shared_shape(name, tmp_path):
     assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (256, 4, 64)
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     assert len(tokenizer["model"]["vocab"]) == SHAPE["vocab_size"] == config.vocab_size
+
+
+def test_moe_experts_quick_writes_its_files(tmp_path):
+    """bench.kernels.moe_experts: Rill's packed experts give transformers' grouped GEMM's output."""
+    from rill.bench.kernels import moe_experts
+
+    out = tmp_path / "moe_experts-test.json"
+    report = moe_experts.main(["--quick", "--out", str(out)])
+    assert [(r["family"], r["tokens"]) for r in report["rows"]] == [("qwen3_moe", 16), ("qwen3_moe", 512)]
+    assert all(r["max_abs_diff"] <= 1e-2 * r["max_abs"] and r["rill_ms"] > 0 for r in report["rows"])
+    assert json.loads(out.read_text())["benchmark"] == "moe_experts" and out.with_suffix(".md").is_file()

@@ -128,7 +128,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # A model whose every layer slides holds at most its window of KV blocks per request (hf_paged.py).
     blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=enable_prefix_caching,
-                          sliding_window=getattr(runner, "sliding_window", None),
+                          sliding_window=runner.sliding_window,
                           record_events=bool(config.kv_events_endpoint))
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
     max_model_len = min(max_model_len, blocks.num_total_blocks() * model.block_size)

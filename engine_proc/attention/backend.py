@@ -43,7 +43,7 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The attention output [T, H, D] of the step's queries, after writing its K/V [T, H_kv, D]."""
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return paged_attention(q, k, v, k_cache, v_cache, meta)
 
     def graph_decode(self, q, k, v, meta: GraphDecodeMetadata, layer: int) -> torch.Tensor:
@@ -81,7 +81,7 @@ class InvariantBackend(AttentionBackend):
         return prepare_step(batch, self.block_size, self.device, context_pad=self.context_pad)
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return invariant_paged_attention(q, k_cache, v_cache, meta)
 
 
@@ -101,8 +101,7 @@ class TritonBackend(AttentionBackend):
         from rill.engine_proc.attention.triton_decode import write_kv_triton
 
         self.kernel, self.tokens_per_tile = paged_attention_triton, tokens_per_tile
-        self.write = write_kv
-        if device.type == "cuda":
+        if device.type == "cuda":  # else the class's torch write
             self.graph_decode_op = graph_ops.paged_decode_attention
             self.write = write_kv_triton
 

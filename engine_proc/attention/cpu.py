@@ -101,7 +101,7 @@ class CpuBackend(AttentionBackend):
         return prepare_step(batch, self.block_size, self.device, decode_lens=self.decode_kernel)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill)
 
     def bind_kv_caches(self, kv_cache) -> None:
@@ -129,7 +129,7 @@ class InvariantCpuBackend(AttentionBackend):
         return input_ids, positions, meta, logits_indices
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
 
 

@@ -31,6 +31,7 @@ class Runner(Protocol):
     kv_cache: KVSize  # the paged cache, or the budget that stands in for it (its bytes go to /stats)
     info: RunnerInfo
     lora: LoRAManager | None  # --enable-lora's adapters (the native runner's); None without
+    sliding_window: int | None  # the window every layer attends within, whose blocks the scheduler releases
 
     def execute(self, batch: Batch) -> SamplerOutput:
         """One engine step: a sampled token id per seq of `batch.sampled_seqs`, in that order."""

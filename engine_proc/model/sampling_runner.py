@@ -16,6 +16,7 @@ class SamplingRunner:
     drafter = None  # a draft model that fills the draft slots before the step (the native runner's)
     embeddings = False  # embedding requests too: rows pooled from the final hidden states
     lora = None  # --enable-lora's adapters (engine_proc/lora/manager.py): the native runner's
+    sliding_window = None  # every layer's window, where the model has one (the paged transformers route's)
 
     def compute_logits(self, batch: Batch, eager: bool = False, hidden_only: bool = False) -> torch.Tensor:
         raise NotImplementedError

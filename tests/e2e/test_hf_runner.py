@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
+from transformers import AutoModelForCausalLM
 
 from rill.engine_proc.model.choice import choose_runner
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
@@ -22,16 +22,7 @@ from tests.helpers import scheduled
 from tests.helpers.runners import make_runner
 from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, PROMPTS, SHARED, outputs
 from tests.helpers.server import start_servers, stop_server
-
-
-def _tiny_config(kind: str):
-    special = dict(vocab_size=128, bos_token_id=1, eos_token_id=EOS_ID, pad_token_id=0)
-    if kind == "gpt2":  # learned absolute positions: a position off by one changes every token
-        return GPT2Config(**special, n_embd=64, n_layer=2, n_head=4, n_positions=256)
-    if kind == "gpt_neox":  # rotary on part of each head, parallel attention and MLP
-        return GPTNeoXConfig(**special, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=96, max_position_embeddings=256)
-    raise ValueError(kind)
+from tests.helpers.tiny_models import tiny_config
 
 
 @dataclass
@@ -46,7 +37,7 @@ class Tiny:
 def tiny(request, tmp_path_factory) -> Tiny:
     """A tiny random model saved by transformers, with its greedy continuation of each prompt."""
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_tiny_config(request.param), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(tiny_config(request.param), dtype=torch.float32).eval()
     with torch.no_grad():
         for param in hf.parameters():  # spread the logits (norms kept at 1: random ones flatten them)
             if param.dim() >= 2:

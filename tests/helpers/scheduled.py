@@ -63,7 +63,7 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
     # A model whose every layer slides: its out-of-window blocks released as in the engine (main.py).
     scheduler = Scheduler(
         BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching,
-                     sliding_window=getattr(runner, "sliding_window", None)),
+                     sliding_window=runner.sliding_window),
         max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
     )
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)

@@ -51,12 +51,13 @@ def tiny_config(kind: str):
         from transformers import GPT2Config
 
         return GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1,
-                          eos_token_id=2)
+                          eos_token_id=2, pad_token_id=0)
     if kind == "gpt_neox":  # rotary on part of each head, parallel attention and MLP
         from transformers import GPTNeoXConfig
 
         return GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=96, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+                             intermediate_size=96, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                             pad_token_id=0)
     raise ValueError(kind)
 
 

@@ -46,6 +46,14 @@ class AttentionBackend:
         self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return paged_attention(q, k, v, k_cache, v_cache, meta)
 
+    def masked_decode(self, q, k_cache, v_cache, meta: AttentionMetadata, window: int, softcap: float,
+                      sinks: torch.Tensor | None) -> torch.Tensor | None:
+        """The decode rows' attention (the first meta.num_decode_tokens of q, or every row of a flat
+        backend) within a sliding window (0: none), with soft-capped scores (0: none) and attention
+        sinks [H] (None), the step's K/V already written; None where this backend has no kernel for
+        it (engine_proc/attention/masked.py attends them in torch)."""
+        return None
+
     def graph_decode(self, q, k, v, meta: GraphDecodeMetadata, layer: int) -> torch.Tensor:
         return self.graph_decode_op(q, k, v, meta.slot_mapping, meta.block_table, meta.context_lens, layer)
 

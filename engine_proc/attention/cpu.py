@@ -104,6 +104,12 @@ class CpuBackend(AttentionBackend):
         self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill)
 
+    def masked_decode(self, q, k_cache, v_cache, meta, window, softcap, sinks):
+        if not self.decode_kernel or not meta.num_decode_tokens:
+            return None
+        return torch.ops.rill_cpu.paged_decode(q[: meta.num_decode_tokens], k_cache, v_cache, meta.decode_block_table,
+                                               meta.decode_lens, None, None, None, window, softcap, sinks)
+
     def bind_kv_caches(self, kv_cache) -> None:
         # One registry per graph op, each in its op's language: rill_cpu::paged_decode_layer runs
         # inside the compiled step without the interpreter, so it reads a C++ list; a Python op (on
@@ -131,6 +137,10 @@ class InvariantCpuBackend(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         self.write(k_cache, v_cache, k, v, meta.slot_mapping)
         return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
+
+    def masked_decode(self, q, k_cache, v_cache, meta, window, softcap, sinks):
+        return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens, None,
+                                               None, None, window, softcap, sinks)
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:

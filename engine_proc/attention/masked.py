@@ -1,10 +1,11 @@
-"""Attention the paged kernels do not do, in torch over the paged cache: sliding windows, logit
+"""Attention the prompt kernels do not do, in torch over the paged cache: sliding windows, logit
 soft-capping (Gemma 2) and attention sinks (GPT-OSS), for the transformers route's layers that ask
 for them (engine_proc/model/hf_attention.py).
 
 A query at position p attends to keys at positions (p - window, p] of its own sequence (all of
-[0, p] without a window), as transformers' sliding_window_overlay masks them. One-token rows (the
-decodes) go as one batch over their gathered blocks; each prompt chunk on its own.
+[0, p] without a window), as transformers' sliding_window_overlay masks them. Each prompt chunk
+goes on its own. One-token rows (the decodes) go through the backend's kernel where it has one
+(the CPU's C++ decode kernel takes all three), else here as one batch over their gathered blocks.
 """
 from __future__ import annotations
 
@@ -57,12 +58,15 @@ def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes
 
 def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: TokenTables,
                      scale: float, window: int | None = None, softcap: float | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, decoded: torch.Tensor | None = None) -> torch.Tensor:
     """Attention [T, H, D] of the step's queries q [T, H, D] over the cache (the step's K/V already
     written), each within its window; `softcap`: scores pass through softcap * tanh(s / softcap);
-    `sinks` [H]: a logit per head that joins each softmax's denominator and attends to nothing."""
+    `sinks` [H]: a logit per head that joins each softmax's denominator and attends to nothing.
+    `decoded`: the one-token rows' attention, already worked out by the backend's kernel."""
     out = torch.empty_like(q)
-    if tables.single_rows.numel():
+    if decoded is not None:
+        out[tables.single_rows] = decoded
+    elif tables.single_rows.numel():
         rows = tables.single_rows
         out[rows] = _attend(q[rows].unsqueeze(1), k_cache, v_cache, tables.block_tables[tables.single_seqs],
                             tables.positions[rows].unsqueeze(1), tables.single_positions, scale, window, softcap,

@@ -5,7 +5,8 @@ and attends through the runner's backend, as vLLM's Transformers backend does.
 Transformers builds no mask for an implementation it has no mask function for: the step's
 sequences go as one row of tokens with their own positions, and the backend's metadata keeps
 them apart. A layer with a sliding window, soft-capped logits or attention sinks goes through
-engine_proc/attention/masked.py; every other layer through the backend's kernels.
+the backend's masked_decode for its decode rows (on the CPU, the C++ decode kernel), and
+engine_proc/attention/masked.py for the rest; every other layer through the backend's kernels.
 """
 from __future__ import annotations
 
@@ -75,7 +76,14 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:
         step.backend.write(k_cache, v_cache, k, v, step.meta.slot_mapping)
-        out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux)
+        # The decode rows through the backend's kernel where it has one (on the CPU, the C++ decode
+        # kernel takes the window, the soft-cap and the sinks), the prompt chunks in torch.
+        kernel_q = q if scale == head_dim**-0.5 else q * (scale * head_dim**0.5)
+        decoded = step.backend.masked_decode(kernel_q, k_cache, v_cache, step.meta, window or 0, softcap or 0.0, s_aux)
+        if decoded is not None and decoded.shape[0] == q.shape[0]:
+            out = decoded
+        else:
+            out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux, decoded)
     else:
         if scale != head_dim**-0.5:  # the kernels scale by 1/sqrt(D): the rest goes on the queries
             q = q * (scale * head_dim**0.5)

@@ -63,6 +63,49 @@ def test_kernel_matches_the_torch_path(dtype, shape, num_seqs):
     assert (got.double() - want).abs().max() <= 2 * (torch_path.double() - want).abs().max() + 1e-6
 
 
+def masked_reference(q, k_cache, v_cache, table, lens, window, softcap, sinks) -> torch.Tensor:
+    """Each row's attention in float64 as transformers' eager layers write it: scaled scores,
+    soft-capped, keys before the window masked, the sink a last column dropped after the softmax."""
+    f64, (_, heads, head_dim), kv_heads = torch.float64, q.shape, k_cache.shape[2]
+    out = []
+    for b, length in enumerate(lens.tolist()):
+        keys = k_cache[table[b]].reshape(-1, kv_heads, head_dim)[:length].to(f64).repeat_interleave(heads // kv_heads, 1)
+        values = v_cache[table[b]].reshape(-1, kv_heads, head_dim)[:length].to(f64).repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("hd,lhd->hl", q[b].to(f64), keys) * head_dim**-0.5
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        if window:
+            scores[:, : max(0, length - window)] = float("-inf")
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.to(f64).view(heads, 1)], dim=1)
+        out.append(torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1)[:, :length], values))
+    return torch.stack(out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 2, 64), (6, 6, 128), (8, 1, 32), (6, 2, 80)],
+                         ids=["gqa4-d64", "mha-d128", "gqa8-d32", "gqa3-d80"])
+@pytest.mark.parametrize("masking", [(37, 0.0, False), (0, 30.0, False), (0, 0.0, True), (50, 20.0, True),
+                                     (BLOCK_SIZE, 0.0, True)], ids=["window", "softcap", "sinks", "all", "window=block"])
+def test_kernel_masks_windows_softcaps_and_sinks(dtype, shape, masking):
+    """The transformers route's Gemma 2, Mistral and GPT-OSS layers (engine_proc/model/hf_attention.py):
+    the blocks wholly before a row's window are never read, so the scheduler may release them (here
+    they point at a block of NaNs)."""
+    window, softcap, with_sinks = masking
+    q, k_cache, v_cache, table, lens = case(7, *shape, dtype, seed=3)
+    q = q * 4  # sharper softmaxes, so a wrong mask or cap shows
+    sinks = torch.randn(shape[0], generator=torch.Generator().manual_seed(4)) if with_sinks else None
+    want = masked_reference(q, k_cache, v_cache, table, lens, window, softcap, sinks)
+    released = table.clone()
+    for b, length in enumerate(lens.tolist()):
+        released[b, : max(0, length - window) // BLOCK_SIZE if window else 0] = 0
+    k_cache[0], v_cache[0] = float("nan"), float("nan")
+    got = torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, released, lens, None, None, None, window, softcap, sinks)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
 @needs_kernel
 def test_kernel_writes_the_new_kv_first_and_attends_to_it():
     q, k_cache, v_cache, table, lens = case(6, 9, 3, 64, torch.float32, seed=1)

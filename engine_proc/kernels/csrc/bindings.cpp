@@ -17,7 +17,8 @@
 
 TORCH_LIBRARY(rill_cpu, m) {
     m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, "
-          "Tensor? k_new=None, Tensor? v_new=None, Tensor? slot_mapping=None) -> Tensor");
+          "Tensor? k_new=None, Tensor? v_new=None, Tensor? slot_mapping=None, int window=0, float softcap=0.0, "
+          "Tensor? sinks=None) -> Tensor");
     m.def("set_kv_caches(Tensor[] k, Tensor[] v) -> ()");
     m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
     m.def("paged_decode_layer(Tensor q, Tensor k, Tensor v, Tensor slot_mapping, Tensor block_table, "

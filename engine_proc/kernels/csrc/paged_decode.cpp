@@ -29,7 +29,7 @@ struct Scratch {
 template <typename T>
 void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cache, const int64_t* table,
             int64_t len, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t D,
-            int64_t block_size, float scale, Scratch& w) {
+            int64_t block_size, float scale, const ScoreMods& mods, Scratch& w) {
     const int64_t nh = h1 - h0, nq = nh * group;  // query heads handled here
     w.q.resize(nq * D);
     w.acc.assign(nq * D, 0.0f);
@@ -69,7 +69,7 @@ void attend(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cac
         }
     }
     std::vector<float> inv_sum(nq);
-    softmax_rows(s, nq, len, len, inv_sum.data());
+    softmax_rows(s, nq, len, len, inv_sum.data(), mods);
     float* acc = w.acc.data();
     for (int64_t blk = 0, t0 = 0; blk < num_blocks; ++blk, t0 += block_size) {
         prefetch(v_cache, blk + 1);
@@ -113,7 +113,7 @@ template <typename T>
 int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64_t kn_tok, int64_t kn_head,
         const T* v_new, int64_t vn_tok, int64_t vn_head, T* k_cache, T* v_cache, const int64_t* slots,
         const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq,
-        int64_t Hkv, int64_t D, int64_t block_size, float scale) {
+        int64_t Hkv, int64_t D, int64_t block_size, float scale, const Masking& masking) {
     if (Hkv <= 0 || Hq % Hkv != 0) return 1;
     const int64_t group = Hq / Hkv;
     if (k_new != nullptr)
@@ -129,11 +129,11 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
     const int64_t heads_per_item = B >= 2 * threads ? Hkv : 1;
     if constexpr (sizeof(T) == 2) {
         if (dispatch_bf16(D, group, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                          heads_per_item, block_size, scale))
+                          heads_per_item, block_size, scale, masking))
             return 0;
     }
     if (attend_tiled_all<T>(D, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv, group,
-                            heads_per_item, block_size, scale))
+                            heads_per_item, block_size, scale, masking))
         return 0;
     // any other head size: the row-at-a-time path below
     const int64_t items_per_seq = Hkv / heads_per_item;
@@ -144,9 +144,10 @@ int run(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_new, int64
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_items; ++item) {
             const int64_t b = item / items_per_seq, h0 = (item % items_per_seq) * heads_per_item;
+            const RowSpan r = row_span(table + b * table_stride, lens[b], masking.window, block_size);
             attend<T>(out + (b * Hq + h0 * group) * D, q + b * q_tok + h0 * group * q_head, q_head, k_cache,
-                      v_cache, table + b * table_stride, lens[b], h0, h0 + heads_per_item, Hkv, group, D,
-                      block_size, scale, w);
+                      v_cache, r.table, r.len, h0, h0 + heads_per_item, Hkv, group, D, block_size, scale,
+                      score_mods(r, masking, h0 * group), w);
         }
     }
     return 0;
@@ -159,7 +160,8 @@ namespace rill_cpu {
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_table, const at::Tensor& context_lens,
                         const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                        const std::optional<at::Tensor>& slot_mapping) {
+                        const std::optional<at::Tensor>& slot_mapping, int64_t window, double softcap,
+                        const std::optional<at::Tensor>& sinks) {
     const bool bf16 = q.scalar_type() == at::kBFloat16;
     TORCH_CHECK((bf16 || q.scalar_type() == at::kFloat) && k_cache.scalar_type() == q.scalar_type() &&
                     v_cache.scalar_type() == q.scalar_type(),
@@ -179,6 +181,14 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
                     "paged_decode: k_new, v_new [B, H_kv, D] in q's dtype, rows contiguous");
         slots = slot_mapping->to(at::kLong).contiguous();
     }
+    TORCH_CHECK(window >= 0 && softcap >= 0.0, "paged_decode: window and softcap are 0 (none) or positive");
+    at::Tensor sink_logits;
+    if (sinks.has_value() && sinks->defined()) {
+        TORCH_CHECK(sinks->numel() == Hq, "paged_decode: sinks [H], one logit per query head");
+        sink_logits = sinks->to(at::kFloat).contiguous();
+    }
+    const rill_paged::Masking masking{window, static_cast<float>(softcap),
+                                      sink_logits.defined() ? sink_logits.data_ptr<float>() : nullptr};
     at::Tensor out = q.new_empty({B, Hq, D});
     auto call = [&](auto* typed) {  // the kernel on T = float or uint16_t (bfloat16 bits)
         using T = std::remove_pointer_t<decltype(typed)>;
@@ -189,7 +199,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
             writes ? v_new->stride(0) : 0, writes ? v_new->stride(1) : 0, static_cast<T*>(k_cache.data_ptr()),
             static_cast<T*>(v_cache.data_ptr()), writes ? slots.data_ptr<int64_t>() : nullptr,
             table.data_ptr<int64_t>(), table.stride(0), lens.data_ptr<int64_t>(), B, Hq, k_cache.size(2), D,
-            k_cache.size(1), 1.0f / std::sqrt(static_cast<float>(D)));
+            k_cache.size(1), 1.0f / std::sqrt(static_cast<float>(D)), masking);
     };
     const int status = bf16 ? call(static_cast<uint16_t*>(nullptr)) : call(static_cast<float*>(nullptr));
     TORCH_CHECK(status == 0, "paged_decode: query heads must be a multiple of the KV heads");
@@ -239,7 +249,8 @@ at::Tensor paged_decode_layer(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& context_lens, int64_t layer) {
     TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(kv_caches.size()), "paged_decode_layer: no cache for layer ",
                 layer);
-    return paged_decode(q, kv_caches[layer].first, kv_caches[layer].second, block_table, context_lens, k, v, slot_mapping);
+    return paged_decode(q, kv_caches[layer].first, kv_caches[layer].second, block_table, context_lens, k, v, slot_mapping,
+                        0, 0.0, std::nullopt);
 }
 
 }  // namespace rill_cpu

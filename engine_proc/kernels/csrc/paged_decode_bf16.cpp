@@ -27,7 +27,7 @@ struct Bf16Scratch {
 template <int C2, int G>
 void attend_bf16(uint16_t* out, const uint16_t* q, int64_t q_head, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int64_t* table, int64_t len, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t block_size,
-                 float scale, Bf16Scratch& w) {
+                 float scale, const ScoreMods& mods, Bf16Scratch& w) {
     constexpr int64_t D = 32 * C2;
     const int64_t nh = h1 - h0, nq = nh * G, row = len + 16;
     w.q.resize(nq * 2 * C2);
@@ -94,7 +94,7 @@ void attend_bf16(uint16_t* out, const uint16_t* q, int64_t q_head, const uint16_
     float inv_sum[64 * G];
     std::vector<float> inv_sum_heap(nq > 64 * G ? nq : 0);
     float* inv = nq > 64 * G ? inv_sum_heap.data() : inv_sum;
-    softmax_rows(s, nq, len, row, inv);
+    softmax_rows(s, nq, len, row, inv, mods);
     // Tiles outer, heads inner, as in the K pass: a tile's 16 tokens x all heads are one
     // contiguous run, read from memory once (a head-outer loop read every block once per head,
     // and cost twice the K pass). Each head's G accumulators live in registers for a tile.
@@ -146,7 +146,8 @@ void attend_bf16(uint16_t* out, const uint16_t* q, int64_t q_head, const uint16_
 template <int C2, int G>
 void attend_all_bf16(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head, const uint16_t* k_cache,
                      const uint16_t* v_cache, const int64_t* table, int64_t table_stride, const int64_t* lens,
-                     int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item, int64_t block_size, float scale) {
+                     int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item, int64_t block_size, float scale,
+                     const Masking& masking) {
     constexpr int64_t D = 32 * C2;
     const int64_t items_per_seq = Hkv / heads_per_item, num_items = B * items_per_seq;
 #pragma omp parallel
@@ -155,9 +156,10 @@ void attend_all_bf16(uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_items; ++item) {
             const int64_t b = item / items_per_seq, h0 = (item % items_per_seq) * heads_per_item;
+            const RowSpan r = row_span(table + b * table_stride, lens[b], masking.window, block_size);
             attend_bf16<C2, G>(out + (b * Hq + h0 * G) * D, q + b * q_tok + h0 * G * q_head, q_head, k_cache,
-                               v_cache, table + b * table_stride, lens[b], h0, h0 + heads_per_item, Hkv, block_size,
-                               scale, w);
+                               v_cache, r.table, r.len, h0, h0 + heads_per_item, Hkv, block_size, scale,
+                               score_mods(r, masking, h0 * G), w);
         }
     }
 }
@@ -168,11 +170,11 @@ template <int C2>
 bool dispatch_bf16_group(int64_t group, uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head,
                          const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* table, int64_t table_stride,
                          const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item,
-                         int64_t block_size, float scale) {
+                         int64_t block_size, float scale, const Masking& masking) {
 #define RILL_GROUP(g)                                                                                             \
     case g:                                                                                                       \
         attend_all_bf16<C2, g>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,    \
-                               heads_per_item, block_size, scale);                                                \
+                               heads_per_item, block_size, scale, masking);                                       \
         return true;
     switch (group) {
         RILL_GROUP(1) RILL_GROUP(2) RILL_GROUP(3) RILL_GROUP(4) RILL_GROUP(5) RILL_GROUP(6) RILL_GROUP(7)
@@ -186,18 +188,18 @@ bool dispatch_bf16_group(int64_t group, uint16_t* out, const uint16_t* q, int64_
 bool dispatch_bf16(int64_t D, int64_t group, uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head,
                    const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* table, int64_t table_stride,
                    const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item,
-                   int64_t block_size, float scale) {
+                   int64_t block_size, float scale, const Masking& masking) {
     if ((q_head & 1) || (q_tok & 1)) return false;  // the query's 32-bit lanes must be aligned pairs
     switch (D) {
         case 32:
             return dispatch_bf16_group<1>(group, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens,
-                                          B, Hq, Hkv, heads_per_item, block_size, scale);
+                                          B, Hq, Hkv, heads_per_item, block_size, scale, masking);
         case 64:
             return dispatch_bf16_group<2>(group, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens,
-                                          B, Hq, Hkv, heads_per_item, block_size, scale);
+                                          B, Hq, Hkv, heads_per_item, block_size, scale, masking);
         case 128:
             return dispatch_bf16_group<4>(group, out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens,
-                                          B, Hq, Hkv, heads_per_item, block_size, scale);
+                                          B, Hq, Hkv, heads_per_item, block_size, scale, masking);
         default:
             return false;
     }

@@ -9,6 +9,7 @@
 //   context_lens [B] int64: keys 0..len-1 of row b (its new token included)
 //   out    [B, Hq, D] contiguous
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -22,21 +23,64 @@ using rill_float::store;
 using rill_float::to_float;
 using rill_float::v16f;
 
+// What a layer's scores get beyond a plain softmax (the transformers route's Gemma 2, Mistral,
+// GPT-OSS layers): a sliding window (only the last `window` keys are attended; 0: all), logit
+// soft-capping (each score becomes softcap * tanh(score / softcap); 0: none) and attention sinks
+// (a logit per query head, [Hq] floats, that joins the softmax's denominator; null: none).
+struct Masking {
+    int64_t window = 0;
+    float softcap = 0.0f;
+    const float* sinks = nullptr;
+};
+
+// One row's keys under a window: its blocks from the first that holds a key inside the window, its
+// length counted from there, and how many keys at the start of that block fall before the window.
+// The blocks before it are not read (the scheduler may have released them).
+struct RowSpan {
+    const int64_t* table;
+    int64_t len;
+    int64_t skip;
+};
+inline RowSpan row_span(const int64_t* table, int64_t len, int64_t window, int64_t block_size) {
+    if (window <= 0 || len <= window) return {table, len, 0};
+    const int64_t first = len - window, blocks = first / block_size;
+    return {table + blocks, len - blocks * block_size, first - blocks * block_size};
+}
+
+// A work item's view of Masking: the keys its row skips, the soft-cap, and its query heads' sinks.
+struct ScoreMods {
+    int64_t skip = 0;
+    float softcap = 0.0f;
+    const float* sinks = nullptr;
+};
+inline ScoreMods score_mods(const RowSpan& row, const Masking& masking, int64_t first_query_head) {
+    return {row.skip, masking.softcap, masking.sinks != nullptr ? masking.sinks + first_query_head : nullptr};
+}
+
 // Softmax of `rows` score rows (the first `len` of every `stride`), each left unnormalised:
-// e^(s - max) in place, and 1 / sum in inv_sum, applied to the output at the end.
-inline void softmax_rows(float* s, int64_t rows, int64_t len, int64_t stride, float* inv_sum) {
+// e^(s - max) in place, and 1 / sum in inv_sum, applied to the output at the end. With `mods`:
+// the first `skip` scores of a row become 0, the rest are soft-capped first, and row j's sink
+// joins the max and the sum.
+inline void softmax_rows(float* s, int64_t rows, int64_t len, int64_t stride, float* inv_sum,
+                         const ScoreMods& mods = {}) {
+    const int64_t skip = mods.skip;
     for (int64_t j = 0; j < rows; ++j) {
         float* sj = s + j * stride;
-        float m = sj[0];
+        if (mods.softcap > 0.0f) {
+            const float cap = mods.softcap, inv_cap = 1.0f / mods.softcap;
+            for (int64_t t = skip; t < len; ++t) sj[t] = cap * std::tanh(sj[t] * inv_cap);
+        }
+        float m = mods.sinks != nullptr && mods.sinks[j] > sj[skip] ? mods.sinks[j] : sj[skip];
 #pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
-        float sum = 0.0f;
+        for (int64_t t = skip + 1; t < len; ++t) m = sj[t] > m ? sj[t] : m;
+        float sum = mods.sinks != nullptr ? exp_clamped(mods.sinks[j] - m) : 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
+        for (int64_t t = skip; t < len; ++t) {
             float e = exp_clamped(sj[t] - m);
             sj[t] = e;
             sum += e;
         }
+        for (int64_t t = 0; t < skip; ++t) sj[t] = 0.0f;
         inv_sum[j] = 1.0f / sum;
     }
 }
@@ -98,12 +142,13 @@ struct TiledScratch {
 template <typename T>
 bool attend_tiled_all(int64_t D, T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_cache,
                       const T* v_cache, const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale);
+                      int64_t Hq, int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale,
+                      const Masking& masking);
 
 // The bfloat16 path (paged_decode_bf16.cpp): false for a shape it has no instance for.
 bool dispatch_bf16(int64_t D, int64_t group, uint16_t* out, const uint16_t* q, int64_t q_tok, int64_t q_head,
                    const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* table, int64_t table_stride,
                    const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t heads_per_item,
-                   int64_t block_size, float scale);
+                   int64_t block_size, float scale, const Masking& masking);
 
 }  // namespace rill_paged

@@ -7,7 +7,7 @@ namespace rill_paged {
 template <typename T, int C>
 void attend_tiled(T* out, const T* q, int64_t q_head, const T* k_cache, const T* v_cache, const int64_t* table,
                   int64_t len, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t block_size,
-                  float scale, TiledScratch& w) {
+                  float scale, const ScoreMods& mods, TiledScratch& w) {
     constexpr int64_t D = 16 * C;
     const int64_t nh = h1 - h0, nq = nh * group, row = len + 16;  // a score row has room for a whole last tile
     w.q.resize(nq * C);
@@ -62,7 +62,7 @@ void attend_tiled(T* out, const T* q, int64_t q_head, const T* k_cache, const T*
         }
     }
     std::vector<float> inv_sum(nq);
-    softmax_rows(s, nq, len, row, inv_sum.data());
+    softmax_rows(s, nq, len, row, inv_sum.data(), mods);
     for (int64_t blk = 0, b0 = 0; blk < num_blocks; ++blk, b0 += block_size) {
         const T* vb = v_cache + (table[blk] * block_size * num_kv_heads + h0) * D;
         const int64_t block_len = len - b0 < block_size ? len - b0 : block_size;
@@ -94,7 +94,8 @@ void attend_tiled(T* out, const T* q, int64_t q_head, const T* k_cache, const T*
 template <typename T, int C>
 void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_cache, const T* v_cache,
                 const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq,
-                int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale) {
+                int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale,
+                const Masking& masking) {
     const int64_t D = 16 * C, items_per_seq = Hkv / heads_per_item, num_items = B * items_per_seq;
 #pragma omp parallel
     {
@@ -102,9 +103,10 @@ void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_ca
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_items; ++item) {
             const int64_t b = item / items_per_seq, h0 = (item % items_per_seq) * heads_per_item;
+            const RowSpan r = row_span(table + b * table_stride, lens[b], masking.window, block_size);
             attend_tiled<T, C>(out + (b * Hq + h0 * group) * D, q + b * q_tok + h0 * group * q_head, q_head,
-                               k_cache, v_cache, table + b * table_stride, lens[b], h0, h0 + heads_per_item, Hkv,
-                               group, block_size, scale, w);
+                               k_cache, v_cache, r.table, r.len, h0, h0 + heads_per_item, Hkv, group, block_size,
+                               scale, score_mods(r, masking, h0 * group), w);
         }
     }
 }
@@ -112,17 +114,18 @@ void attend_all(T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_ca
 template <typename T>
 bool attend_tiled_all(int64_t D, T* out, const T* q, int64_t q_tok, int64_t q_head, const T* k_cache,
                       const T* v_cache, const int64_t* table, int64_t table_stride, const int64_t* lens, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale) {
+                      int64_t Hq, int64_t Hkv, int64_t group, int64_t heads_per_item, int64_t block_size, float scale,
+                      const Masking& masking) {
     switch (D) {
         case 32:
             return attend_all<T, 2>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), true;
+                                    group, heads_per_item, block_size, scale, masking), true;
         case 64:
             return attend_all<T, 4>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), true;
+                                    group, heads_per_item, block_size, scale, masking), true;
         case 128:
             return attend_all<T, 8>(out, q, q_tok, q_head, k_cache, v_cache, table, table_stride, lens, B, Hq, Hkv,
-                                    group, heads_per_item, block_size, scale), true;
+                                    group, heads_per_item, block_size, scale, masking), true;
         default:
             return false;
     }
@@ -130,9 +133,9 @@ bool attend_tiled_all(int64_t D, T* out, const T* q, int64_t q_tok, int64_t q_he
 
 template bool attend_tiled_all<float>(int64_t, float*, const float*, int64_t, int64_t, const float*, const float*,
                                       const int64_t*, int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                                      int64_t, int64_t, float);
+                                      int64_t, int64_t, float, const Masking&);
 template bool attend_tiled_all<uint16_t>(int64_t, uint16_t*, const uint16_t*, int64_t, int64_t, const uint16_t*,
                                          const uint16_t*, const int64_t*, int64_t, const int64_t*, int64_t, int64_t,
-                                         int64_t, int64_t, int64_t, int64_t, float);
+                                         int64_t, int64_t, int64_t, int64_t, float, const Masking&);
 
 }  // namespace rill_paged

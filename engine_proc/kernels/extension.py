@@ -158,11 +158,12 @@ def _register_fakes() -> None:
     lib = torch.library
 
     @lib.register_fake("rill_cpu::paged_decode")
-    def _(q, k_cache, v_cache, block_table, context_lens, k_new=None, v_new=None, slot_mapping=None):
+    def _(q, k_cache, v_cache, block_table, context_lens, k_new=None, v_new=None, slot_mapping=None, window=0,
+          softcap=0.0, sinks=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @lib.register_fake("rill_cpu::paged_decode_layer")
-    def _(q, k, v, slot_mapping, block_table, context_lens, layer):
+    def _(q, k, v, slot_mapping, block_table, context_lens, layer, window=0, softcap=0.0, sinks=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @lib.register_fake("rill_cpu::int8_gemv")

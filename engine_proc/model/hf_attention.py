@@ -18,7 +18,7 @@ import torch
 from transformers import AttentionInterface
 
 from rill.engine_proc.attention.backend import AttentionBackend
-from rill.engine_proc.attention.kv_cache import AttentionMetadata, KVCache
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache
 from rill.engine_proc.attention.masked import TokenTables, masked_attention, token_tables
 from rill.engine_proc.sched.batch import Batch
 
@@ -62,17 +62,26 @@ class step_context:
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask, scaling: float | None = None, dropout: float = 0.0,
                             sliding_window: int | None = None, softcap: float | None = None,
-                            s_aux: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+                            s_aux: torch.Tensor | None = None, rill_graph: GraphDecodeMetadata | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query [1, H, T, D], key and value [1, H_kv, T, D]
-    after RoPE; the output [1, T, H, D]."""
+    after RoPE; the output [1, T, H, D]. `rill_graph`: a compiled decode step's metadata, which the
+    runner passes through the model's forward (transformers hands its extra arguments down to here)."""
+    layer = module.layer_idx
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    head_dim = q.shape[-1]
+    scale = head_dim**-0.5 if scaling is None else scaling
+    if rill_graph is not None:  # one opaque op writes and attends the layer's cache, named by its index
+        if scale != head_dim**-0.5:
+            q = q * (scale * head_dim**0.5)
+        out = torch.ops.rill_cpu.paged_decode_layer(q, k, v, rill_graph.slot_mapping, rill_graph.block_table,
+                                                    rill_graph.context_lens, layer, sliding_window or 0,
+                                                    softcap or 0.0, s_aux)
+        return out.unsqueeze(0), None
     step: PagedStep | None = getattr(_current, "step", None)
     if step is None:
         raise RuntimeError("a rill_paged attention layer ran outside a runner step")
-    layer = module.layer_idx
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
-    head_dim = q.shape[-1]
-    scale = head_dim**-0.5 if scaling is None else scaling
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:
         step.backend.write(k_cache, v_cache, k, v, step.meta.slot_mapping)

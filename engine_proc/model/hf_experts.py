@@ -13,6 +13,8 @@ top-k, the weights) and the gate between the projections are still the family's 
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -21,6 +23,11 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 IMPLEMENTATION = "rill_experts"
 LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None", str], nn.Module]
+
+# The packed experts modules by key: a compiled decode step (engine_proc/model/decode_graphs.py)
+# calls each through the opaque op rill::experts, since the per-expert loop depends on the routing.
+_packed: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
+_keys = itertools.count()
 
 
 def pack_experts(model: nn.Module, make_linear: LinearFactory) -> int:
@@ -40,6 +47,8 @@ def pack_experts(model: nn.Module, make_linear: LinearFactory) -> int:
             if biases is not None:
                 setattr(module, f"{name}_bias", nn.Parameter(biases.new_empty(0), requires_grad=False))
         module.config._experts_implementation = IMPLEMENTATION
+        module.rill_key = next(_keys)
+        _packed[module.rill_key] = module
         num_packed += 1
     return num_packed
 
@@ -56,6 +65,24 @@ def rill_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_ind
                          top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' experts signature: hidden_states [T, H], each token's top_k_index and
     top_k_weights [T, k]; the weighted sum of its experts' outputs [T, H]."""
+    if torch.compiler.is_compiling():
+        return torch.ops.rill.experts(hidden_states, top_k_index, top_k_weights, self.rill_key)
+    return _experts(self, hidden_states, top_k_index, top_k_weights)
+
+
+@torch.library.custom_op("rill::experts", mutates_args=())
+def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                key: int) -> torch.Tensor:
+    return _experts(_packed[key], hidden_states, top_k_index, top_k_weights)
+
+
+@_experts_op.register_fake
+def _(hidden_states, top_k_index, top_k_weights, key):
+    return torch.empty_like(hidden_states)
+
+
+def _experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor) -> torch.Tensor:
     num_tokens, top_k = top_k_index.shape
     order = torch.argsort(top_k_index.reshape(-1), stable=True)  # (token, expert) pairs by expert
     counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts).tolist()

@@ -13,6 +13,7 @@ from rill.engine_proc.attention.kv_cache import KVCache
 from rill.engine_proc.kernels.int8_linear import Int8Linear, check_quantization, quantize_linears
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
+from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
 from rill.engine_proc.model.hf_experts import pack_experts
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
@@ -111,7 +112,24 @@ class PagedTransformersRunner(SamplingRunner):
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
                                 device=self.device)
         self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
-        self.info = RunnerInfo("transformers", self.attention_backend)
+        self.decode_graphs = None
+        if not model.enforce_eager and not model.batch_invariant:
+            self.decode_graphs = self._compiled_decode(model.max_num_seqs)
+        self.info = RunnerInfo("transformers", self.attention_backend, self.decode_graphs is not None)
+
+    def _compiled_decode(self, max_num_seqs: int) -> DecodeGraphs | None:
+        """Decode-only steps through torch.compile, as the native model's (decode_graphs.py): on the
+        CPU with the C++ decode kernel, which takes every layer's window, soft-cap and sinks."""
+        if not (self.attention.name == "cpu" and getattr(self.attention, "decode_kernel", False)):
+            return None
+        try:
+            graphs = DecodeGraphs(DecodeSignature(self.model, self.attention), self.kv_cache, self.block_size,
+                                  self.device, max_num_seqs)
+            graphs.warm_up()
+        except Exception as exc:  # a family whose forward does not compile: serve, slower
+            log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return graphs
 
     def _pack_experts(self, quantization: str) -> None:
         """A mixture of experts: each expert's projections in the native linear kernels (hf_experts.py)."""
@@ -133,11 +151,28 @@ class PagedTransformersRunner(SamplingRunner):
         step's sequences as one row of tokens, the LM head (and the family's logit scaling or
         soft-capping, in its own forward) on the rows asked for only."""
         assert not hidden_only, "the transformers route does not embed (refused at start)"
+        if self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch)
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
         with step_context(step):
             out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
                              logits_to_keep=logits_indices)
+        return out.logits[0]
+
+
+class DecodeSignature(torch.nn.Module):
+    """transformers' model under the native model's forward signature (input ids, positions, the
+    graph's metadata, the cache, the rows to keep), which the compiled decode steps call; the
+    metadata goes down to each attention layer (hf_attention.py's rill_graph)."""
+
+    def __init__(self, model: torch.nn.Module, attention) -> None:
+        super().__init__()
+        self.model, self.attention, self.config = model, attention, model.config
+
+    def forward(self, input_ids, positions, meta, kv_cache, logits_indices) -> torch.Tensor:
+        out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
+                         logits_to_keep=logits_indices, rill_graph=meta)
         return out.logits[0]
 
 

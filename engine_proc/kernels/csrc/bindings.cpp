@@ -22,7 +22,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("set_kv_caches(Tensor[] k, Tensor[] v) -> ()");
     m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
     m.def("paged_decode_layer(Tensor q, Tensor k, Tensor v, Tensor slot_mapping, Tensor block_table, "
-          "Tensor context_lens, int layer) -> Tensor");
+          "Tensor context_lens, int layer, int window=0, float softcap=0.0, Tensor? sinks=None) -> Tensor");
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features, int gemv_max_rows, "
           "int chunk_elems) -> Tensor");

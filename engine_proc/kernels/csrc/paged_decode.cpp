@@ -246,11 +246,12 @@ void set_kv_caches(const std::vector<at::Tensor>& k, const std::vector<at::Tenso
 
 at::Tensor paged_decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                              const at::Tensor& context_lens, int64_t layer) {
+                              const at::Tensor& context_lens, int64_t layer, int64_t window, double softcap,
+                              const std::optional<at::Tensor>& sinks) {
     TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(kv_caches.size()), "paged_decode_layer: no cache for layer ",
                 layer);
     return paged_decode(q, kv_caches[layer].first, kv_caches[layer].second, block_table, context_lens, k, v, slot_mapping,
-                        0, 0.0, std::nullopt);
+                        window, softcap, sinks);
 }
 
 }  // namespace rill_cpu

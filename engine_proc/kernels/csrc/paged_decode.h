@@ -23,6 +23,7 @@ void set_kv_caches(const std::vector<at::Tensor>& k, const std::vector<at::Tenso
 // paged_decode on layer `layer`'s caches from set_kv_caches, writing k and v first.
 at::Tensor paged_decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                              const at::Tensor& context_lens, int64_t layer);
+                              const at::Tensor& context_lens, int64_t layer, int64_t window, double softcap,
+                              const std::optional<at::Tensor>& sinks);
 
 }  // namespace rill_cpu

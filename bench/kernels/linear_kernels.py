@@ -6,7 +6,7 @@ call of `amx` (loader.AmxLinear: csrc/amx_linear.cpp over 64-column panels) and 
 in a real step, where a layer's weights have left the caches since it last ran: each timed call
 goes to the next of COPIES copies of the weight, whose sum is larger than the caches. Calls are
 interleaved over rounds; the median round is reported (the machines are noisy), and the result
-decides which layers loader.AMX_DEFAULT_LAYERS gives the AMX kernel by default. gate_up_proj also
+decides which layers kernels/linear.packed_linear gives the AMX kernel by default. gate_up_proj also
 runs as the MLP uses it, followed by SiLU(gate) * up (`gate_up_proj + silu_mul`): in the AMX
 kernel's epilogue against oneDNN's layer and the separate silu_mul.
 

@@ -182,6 +182,10 @@ def _register_fakes() -> None:
     def _(gate_up):
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
+    @lib.register_fake("rill_cpu::soft_cap")
+    def _(x, cap):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
     @lib.register_fake("rill_cpu::prefill_attention")
     def _(q, k, v):
         return torch.empty_like(q, memory_format=torch.contiguous_format)

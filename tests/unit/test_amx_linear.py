@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rill.engine_proc.kernels import extension
-from rill.engine_proc.kernels.linear import AMX_DEFAULT_LAYERS, AmxLinear, PackedLinear, packed_linear
+from rill.engine_proc.kernels.linear import HEAD, AmxLinear, PackedLinear, packed_linear
 
 
 def supported() -> bool:
@@ -66,9 +66,9 @@ def test_three_dimensional_inputs_keep_their_shape():
 
 def test_which_layers_get_the_amx_kernel():
     weight, _ = layer(128, 64, bias=False)
-    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "q_proj", "up_proj", "lm_head"):
         chosen = type(packed_linear(weight, None, name, batch_invariant=False))
-        assert chosen is (AmxLinear if name in AMX_DEFAULT_LAYERS else PackedLinear), name
+        assert chosen is (PackedLinear if name == HEAD else AmxLinear), name
         invariant = packed_linear(weight, None, name, batch_invariant=True)
         assert type(invariant) is AmxLinear and invariant.fixed_tiles and invariant.row_invariant  # invariant as built
     assert type(packed_linear(weight.float(), None, "o_proj", batch_invariant=True)) is PackedLinear

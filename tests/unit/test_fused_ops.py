@@ -67,6 +67,21 @@ def test_silu_mul(dtype):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_soft_cap(dtype):
+    """A family's final logit soft-capping (engine_proc/model/hf_paged.py), over logits far past the cap."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(7, 49152, generator=gen) * 40).to(dtype)
+    got = torch.ops.rill_cpu.soft_cap(logits, 30.0)
+    exact = 30.0 * torch.tanh(logits.double() / 30.0)
+    if dtype == torch.float32:  # tanh's cancellation near 0 in float32: a few units of 1e-6
+        torch.testing.assert_close(got.double(), exact, atol=1e-5, rtol=1e-6)
+    else:
+        no_worse_than_torch(got, 30.0 * torch.tanh(logits / 30.0), exact)
+    assert got.abs().max() <= 30.0 and got.shape == logits.shape
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_in_place_rotates_only_the_heads_asked(dtype):
     gen = torch.Generator().manual_seed(2)
     qkv = torch.randn(29, 9 + 2 * 3, 64, generator=gen).to(dtype)

@@ -30,6 +30,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int num_heads) -> ()");
     m.def("silu_mul(Tensor gate_up) -> Tensor");
+    m.def("soft_cap(Tensor x, float cap) -> Tensor");
     m.def("prefill_attention_supported() -> bool");
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
     m.def("amx_linear_supported() -> bool");
@@ -53,6 +54,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("add_rms_norm", &rill_cpu::add_rms_norm);
     m.impl("rope_", &rill_cpu::rope_);
     m.impl("silu_mul", &rill_cpu::silu_mul);
+    m.impl("soft_cap", &rill_cpu::soft_cap);
     m.impl("prefill_attention", &rill_cpu::prefill_attention);
     m.impl("amx_linear_pack", &rill_cpu::amx_linear_pack);
     m.impl("amx_linear", &rill_cpu::amx_linear);

@@ -5,7 +5,7 @@
 // same arithmetic into its own loops. Math in float32, rounded once to the output's dtype, as
 // Inductor does; each row is computed alone, the same whatever else is in the step.
 //
-// The operators rill_cpu::rms_norm, add_rms_norm, rope_ and silu_mul (bindings.cpp registers them).
+// The operators rill_cpu::rms_norm, add_rms_norm, rope_, silu_mul and soft_cap (bindings.cpp registers them).
 #include "elementwise.h"
 
 #include <cmath>
@@ -137,6 +137,21 @@ void silu_mul(T* y, const T* gate_up, int64_t gu_stride, int64_t rows, int64_t n
     for (int64_t t = 0; t < rows; ++t) silu_mul_row(y + t * n, gate_up + t * gu_stride, gate_up + t * gu_stride + n, n);
 }
 
+// y = cap * tanh(x / cap) over n contiguous values (a family's final logit soft-capping), written
+// as cap - 2 cap / (e^(2x / cap) + 1) on exp_clamped, which vectorizes: torch's tanh took 0.8 ms for
+// a 16-row step's logits (49152 wide) on a Zen 4, Inductor's sigmoid form 0.3 ms.
+template <typename T>
+void soft_cap(T* y, const T* x, int64_t n, float cap) {
+    const float k = 2.0f / cap, twice = 2.0f * cap;
+    constexpr int64_t piece = 8192;
+#pragma omp parallel for schedule(static) if (n > 4 * piece)
+    for (int64_t i0 = 0; i0 < n; i0 += piece) {
+        const int64_t i1 = n - i0 < piece ? n : i0 + piece;
+#pragma omp simd
+        for (int64_t i = i0; i < i1; ++i) store(y + i, cap - twice / (rill_float::exp_clamped(to_float(x[i]) * k) + 1.0f));
+    }
+}
+
 }  // namespace
 }  // namespace rill_elementwise
 
@@ -213,6 +228,18 @@ void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, in
         rill_elementwise::rope(data<E>(x), x.stride(0), x.stride(1), data<const E>(c), data<const E>(s), c.stride(0), T,
                                num_heads, D);
     });
+}
+
+at::Tensor soft_cap(const at::Tensor& x, double cap) {
+    check_float(x, "soft_cap");
+    TORCH_CHECK(cap > 0.0, "soft_cap: a positive cap");
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = xc.new_empty(xc.sizes());
+    on_dtype(x, [&](auto t) {
+        using E = decltype(t);
+        rill_elementwise::soft_cap(data<E>(y), data<const E>(xc), xc.numel(), static_cast<float>(cap));
+    });
+    return y;
 }
 
 at::Tensor silu_mul(const at::Tensor& gate_up) {

@@ -5,11 +5,14 @@ Transformers keeps each layer's experts as two stacked tensors and multiplies th
 torch._grouped_mm. Here each expert's two projections are packed once at load into the layers the
 native model uses (oneDNN's packed bfloat16 or float32 weights, or int8 with `--quantization int8`),
 and a step sorts its (token, expert) pairs by expert and runs one GEMM per expert over all of its
-tokens: 1.4-2.2x faster than the grouped GEMM at 16 tokens a step, 1.1-1.2x at 512, with the same
-results (bench.families' shapes of Qwen3-MoE, Mixtral and GPT-OSS, bfloat16, a Zen 4:
-`python -m rill.bench.kernels.moe_experts`). The GEMMs are dispatched from Python, one call per
-expert the step hits; one grouped kernel in C++ is not built. The routing (the router,
-top-k, the weights) and the gate between the projections are still the family's own.
+tokens. SiLU-gated experts on the bfloat16 kernels (Mixtral, Qwen3-MoE) run that loop in one C++
+operator (csrc/moe_experts.cpp); the others (int8, float32, GPT-OSS's clamped gate) dispatch it from
+Python, one call per expert the step hits. Against the grouped GEMM, one layer with warm weights
+(bench.families' shapes, bfloat16, a Zen 4: `python -m rill.bench.kernels.moe_experts`): 5.2x
+(Qwen3-MoE) and 7.4x (Mixtral) faster at 16 tokens with the operator, 1.5x with GPT-OSS's loop;
+1.4-1.6x and 1.04x at 512. The routing (the
+router, top-k, the weights) is still the family's own, and inside a compiled decode step the experts
+are one opaque op (rill::experts), since which experts run depends on the routing.
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate
+
+from rill.engine_proc.kernels.linear import AmxLinear
 
 IMPLEMENTATION = "rill_experts"
 LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None", str], nn.Module]
@@ -47,10 +52,26 @@ def pack_experts(model: nn.Module, make_linear: LinearFactory) -> int:
             if biases is not None:
                 setattr(module, f"{name}_bias", nn.Parameter(biases.new_empty(0), requires_grad=False))
         module.config._experts_implementation = IMPLEMENTATION
+        module.rill_fused = _fused_silu_experts(module)
         module.rill_key = next(_keys)
         _packed[module.rill_key] = module
         num_packed += 1
     return num_packed
+
+
+def _fused_silu_experts(module: nn.Module) -> tuple | None:
+    """(gate_up's packed weights, down's, intermediate size, hidden size) for the C++ operator
+    rill_cpu::moe_silu_experts, where the module's experts are SiLU-gated with gate and up halves of
+    one projection (Mixtral, Qwen3-MoE), without biases, on AmxLinear; else None (the Python loop:
+    int8, float32, GPT-OSS's own gate)."""
+    gate_up, down = module.rill_gate_up_proj, module.rill_down_proj
+    if (module.has_bias or type(module)._apply_gate is not _default_apply_gate
+            or getattr(module.config, "hidden_act", None) != "silu"
+            or not all(isinstance(layer, AmxLinear) and layer.fuses_silu_mul for layer in gate_up)
+            or not all(isinstance(layer, AmxLinear) for layer in down)):
+        return None
+    return ([layer.packed_weight for layer in gate_up], [layer.packed_weight for layer in down],
+            gate_up[0].out_features // 2, down[0].out_features)
 
 
 def _packable(module: nn.Module) -> bool:
@@ -83,6 +104,14 @@ def _(hidden_states, top_k_index, top_k_weights, key):
 
 def _experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
              top_k_weights: torch.Tensor) -> torch.Tensor:
+    if self.rill_fused is not None and hidden_states.dtype == torch.bfloat16:
+        return torch.ops.rill_cpu.moe_silu_experts(hidden_states.contiguous(), top_k_index, top_k_weights,
+                                                   *self.rill_fused)
+    return _experts_loop(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _experts_loop(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                  top_k_weights: torch.Tensor) -> torch.Tensor:
     num_tokens, top_k = top_k_index.shape
     order = torch.argsort(top_k_index.reshape(-1), stable=True)  # (token, expert) pairs by expert
     counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts).tolist()

@@ -1,0 +1,68 @@
+// The experts of a mixture-of-experts layer (Mixtral, Qwen3-MoE: SiLU-gated, gate and up in one
+// projection) in one operator, for the transformers route's layers (engine_proc/model/hf_experts.py).
+// The same arithmetic as the Python loop it replaces: the step's (token, expert) pairs sorted by
+// expert, one amx_linear_silu_mul and one amx_linear per expert over all of its tokens, each output
+// row times its weight in float32, and each token's k rows summed in its top-k order, rounded once.
+// What it saves is the loop's Python: about 0.45 ms a layer at 16 tokens and 8 experts (Zen 4).
+#include "moe_experts.h"
+
+#include <ATen/ATen.h>
+
+#include "amx_linear.h"
+#include "float_bits.h"
+
+namespace rill_cpu {
+
+at::Tensor moe_silu_experts(const at::Tensor& x, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
+                            const std::vector<at::Tensor>& gate_up, const std::vector<at::Tensor>& down,
+                            int64_t intermediate, int64_t hidden) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && top_k_index.dim() == 2 &&
+                    top_k_index.size(0) == x.size(0) && top_k_weights.sizes() == top_k_index.sizes() &&
+                    gate_up.size() == down.size(),
+                "moe_silu_experts: x [T, H] bfloat16, top_k_index and top_k_weights [T, k], one down per gate_up");
+    const int64_t T = x.size(0), k = top_k_index.size(1), E = static_cast<int64_t>(gate_up.size());
+    const at::Tensor ids = top_k_index.to(at::kLong).contiguous();
+    const at::Tensor weights = top_k_weights.to(at::kFloat).contiguous();
+    const int64_t* id = ids.data_ptr<int64_t>();
+    // The pairs (token * k + slot) of each expert, in token order.
+    std::vector<std::vector<int64_t>> pairs(E);
+    for (int64_t p = 0; p < T * k; ++p) {
+        TORCH_CHECK(id[p] >= 0 && id[p] < E, "moe_silu_experts: an expert index past the experts");
+        pairs[id[p]].push_back(p);
+    }
+    at::Tensor weighted = at::empty({T * k, hidden}, x.options().dtype(at::kFloat));  // each pair's row
+    const float* w = weights.data_ptr<float>();
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t n = static_cast<int64_t>(pairs[e].size());
+        if (n == 0) continue;
+        at::Tensor pair_ids = at::empty({n}, ids.options());
+        int64_t* pi = pair_ids.data_ptr<int64_t>();
+        for (int64_t j = 0; j < n; ++j) pi[j] = pairs[e][j] / k;  // the pair's token
+        const at::Tensor rows = x.index_select(0, pair_ids);
+        const at::Tensor gated = amx_linear_silu_mul(rows, gate_up[e], std::nullopt, 2 * intermediate, false);
+        const at::Tensor out = amx_linear(gated, down[e], std::nullopt, hidden, false);
+        const uint16_t* o = static_cast<const uint16_t*>(out.data_ptr());
+        float* dst = weighted.data_ptr<float>();
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t p = pairs[e][j];
+            const float scale = w[p];
+            float* d = dst + p * hidden;
+            const uint16_t* s = o + j * hidden;
+#pragma omp simd
+            for (int64_t c = 0; c < hidden; ++c) d[c] = rill_float::to_float(s[c]) * scale;
+        }
+    }
+    at::Tensor y = at::empty({T, hidden}, x.options());
+    const float* src = weighted.data_ptr<float>();
+    uint16_t* yo = static_cast<uint16_t*>(y.data_ptr());
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t c = 0; c < hidden; ++c) {
+            float sum = src[(t * k) * hidden + c];
+            for (int64_t slot = 1; slot < k; ++slot) sum += src[(t * k + slot) * hidden + c];
+            rill_float::store(yo + t * hidden + c, sum);
+        }
+    }
+    return y;
+}
+
+}  // namespace rill_cpu

@@ -1,0 +1,71 @@
+"""The experts of a mixture-of-experts layer on the route (engine_proc/model/hf_experts.py): the
+C++ operator rill_cpu::moe_silu_experts against the per-expert loop it replaces and float64."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rill.engine_proc.kernels.linear import AmxLinear, packed_linear
+from rill.engine_proc.model import hf_experts
+from tests.helpers.tiny_models import tiny_config
+
+BF16_KERNELS = AmxLinear.applies(torch.zeros(128, 64, dtype=torch.bfloat16))
+needs_bf16_kernels = pytest.mark.skipif(not BF16_KERNELS, reason="no AMX or AVX-512 BF16: the loop serves")
+
+
+def experts_of(kind: str):
+    """The first experts module of a tiny model of `kind` in bfloat16, with experts of 64 or 128
+    (the operator's gate and up are whole 64-column panels), packed as the route packs it; and a
+    copy of it before packing, for the reference."""
+    config = tiny_config(kind)
+    for name in ("intermediate_size", "moe_intermediate_size"):
+        if hasattr(config, name):
+            setattr(config, name, 128 if name == "intermediate_size" else 64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().requires_grad_(False)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.2)
+    model = model.to(torch.bfloat16)
+    original = next(m for m in model.modules() if hasattr(m, "is_concatenated"))
+    reference = copy.deepcopy(original)
+    hf_experts.pack_experts(model, lambda weight, bias, name: packed_linear(weight, bias, name, False))
+    return original, reference
+
+
+def float64_experts(module, x, top_k_index, top_k_weights) -> torch.Tensor:
+    """transformers' experts in float64 (the stacked weights before packing)."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for slot, e in enumerate(top_k_index[t].tolist()):
+            gate, up = (module.gate_up_proj[e].double() @ x[t].double()).chunk(2)
+            out[t] += (module.down_proj[e].double() @ (torch.nn.functional.silu(gate) * up)) * top_k_weights[t, slot]
+    return out
+
+
+@needs_bf16_kernels
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("num_tokens", [1, 16, 70])
+def test_the_operator_is_no_worse_than_the_loop(kind, num_tokens):
+    packed, reference = experts_of(kind)
+    assert packed.rill_fused is not None  # SiLU-gated, no bias, AmxLinear: the operator serves it
+    gen = torch.Generator().manual_seed(num_tokens)
+    x = torch.randn(num_tokens, reference.hidden_dim, generator=gen).to(torch.bfloat16)
+    top_k = packed.config.num_experts_per_tok
+    top_k_index = torch.stack([torch.randperm(packed.num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
+    top_k_weights = torch.rand(num_tokens, top_k, generator=gen).softmax(dim=-1)
+    fused = hf_experts._experts(packed, x, top_k_index, top_k_weights)
+    loop = hf_experts._experts_loop(packed, x, top_k_index, top_k_weights)
+    exact = float64_experts(reference, x, top_k_index, top_k_weights)
+    assert fused.dtype == torch.bfloat16 and fused.shape == x.shape
+    err, loop_err = (fused.double() - exact).abs().max(), (loop.double() - exact).abs().max()
+    assert err <= loop_err * 1.01 + 1e-6, (err.item(), loop_err.item())
+    assert (fused.double() - exact).abs().max() <= 2 ** -7 * exact.abs().max()  # within bfloat16's rounding
+
+
+def test_gpt_oss_keeps_its_own_gate_in_the_loop():
+    packed, _ = experts_of("gpt_oss")
+    assert packed.rill_fused is None  # its clamped, interleaved gate is the family's own

@@ -118,6 +118,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     if runner_class is not ModelRunner:
         if config.parallel.tensor_parallel_size > 1:
             raise ValueError("--tensor-parallel-size needs the native runner (a Llama-family model)")
+        if runner_class is not TransformersRunner:  # the paged route picks LongRoPE's factors by it (hf_rope.py)
+            computed["max_model_len"] = limits.max_model_len
         runner = runner_class(model, **computed)
     else:
         tp, model = start_tensor_parallel(config, dtype_name, device, num_blocks, eos_ids)

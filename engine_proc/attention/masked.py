@@ -32,11 +32,17 @@ class TokenTables:
     spans: list[tuple[int, int, int, int]]  # (seq, first row, end row, first position) of each longer chunk
 
 
+def row_order(batch: Batch, decodes_first: bool) -> list:
+    """The batch's seqs in the row order of the step's inputs: the batch's order, or its one-token
+    seqs first (engine_proc/model/step_inputs.py prepare_step)."""
+    if not decodes_first:
+        return list(batch.seqs)
+    return [s for s in batch.seqs if s.num_new_tokens == 1] + [s for s in batch.seqs if s.num_new_tokens > 1]
+
+
 def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes_first: bool) -> TokenTables:
-    """TokenTables of `batch` in the row order of the step's inputs: the batch's order, or its
-    one-token seqs first (engine_proc/model/step_inputs.py prepare_step)."""
-    seqs = ([s for s in batch.seqs if s.num_new_tokens == 1] + [s for s in batch.seqs if s.num_new_tokens > 1]
-            if decodes_first else list(batch.seqs))
+    """TokenTables of `batch` in the row order of the step's inputs (row_order)."""
+    seqs = row_order(batch, decodes_first)
     tables, single_rows, single_seqs, single_positions, spans, row = [], [], [], [], [], 0
     for i, s in enumerate(seqs):
         end_pos = s.start_pos + s.num_new_tokens

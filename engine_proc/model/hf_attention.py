@@ -19,7 +19,7 @@ from transformers import AttentionInterface
 
 from rill.engine_proc.attention.backend import AttentionBackend
 from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache
-from rill.engine_proc.attention.masked import TokenTables, masked_attention, token_tables
+from rill.engine_proc.attention.masked import TokenTables, masked_attention, row_order, token_tables
 from rill.engine_proc.sched.batch import Batch
 
 IMPLEMENTATION = "rill_paged"
@@ -37,12 +37,26 @@ class PagedStep:
     longest: int  # a window at least this long masks nothing
 
     @functools.cached_property
+    def rope_lens(self) -> torch.Tensor:
+        """[T] each row's sequence length at the end of its chunk (engine_proc/model/hf_rope.py)."""
+        seqs = row_order(self.batch, decodes_first=not self.backend.flat)
+        lens = [s.start_pos + s.num_new_tokens for s in seqs for _ in range(s.num_new_tokens)]
+        return torch.tensor(lens, dtype=torch.long, device=self.positions.device)
+
+    @functools.cached_property
     def tables(self) -> TokenTables:
         """The masked layers' view of the rows, made by the first such layer of the step."""
         return token_tables(self.batch, self.backend.block_size, self.positions, decodes_first=not self.backend.flat)
 
 
 _current = threading.local()
+
+
+def current_step() -> PagedStep:
+    step: PagedStep | None = getattr(_current, "step", None)
+    if step is None:
+        raise RuntimeError("a rill_paged layer ran outside a runner step")
+    return step
 
 
 class step_context:
@@ -78,9 +92,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                                     rill_graph.context_lens, layer, sliding_window or 0,
                                                     softcap or 0.0, s_aux)
         return out.unsqueeze(0), None
-    step: PagedStep | None = getattr(_current, "step", None)
-    if step is None:
-        raise RuntimeError("a rill_paged attention layer ran outside a runner step")
+    step = current_step()
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:

@@ -18,6 +18,7 @@ from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
 from rill.engine_proc.model.hf_experts import pack_experts
+from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
@@ -27,9 +28,6 @@ from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
 
-# RoPE scalings whose frequencies transformers works out from the longest position in the forward's
-# batch: with every sequence of a step in one row, a sequence's rotation would depend on the others.
-BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -42,9 +40,6 @@ def paged_unsupported(config) -> str | None:
         return f"model_type {config.model_type!r} has no transformers causal-LM class"
     if not getattr(model_class, "_supports_attention_backend", False):
         return f"{model_class.__name__}'s attention does not go through transformers' attention interface"
-    rope_types = _rope_types(text_config)
-    if batch_dependent := sorted(rope_types & set(BATCH_DEPENDENT_ROPE)):
-        return f"RoPE scaling {batch_dependent[0]!r} depends on the longest sequence in the batch"
     layer_types = set(getattr(text_config, "layer_types", None) or ())
     if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
         return f"its {other[0]!r} layers have no paged form"
@@ -77,7 +72,8 @@ class PagedTransformersRunner(SamplingRunner):
     transformers`, or `auto` for a family without a native implementation)."""
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
-                 eos_token_ids: list[int]) -> None:
+                 eos_token_ids: list[int], max_model_len: int | None = None) -> None:
+        """`max_model_len`: the server's --max-model-len (None: the model's context)."""
         if model.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
         check_quantization(model.quantization, torch.device(device))
@@ -96,6 +92,12 @@ class PagedTransformersRunner(SamplingRunner):
         self.attention = create_attention_backend(self.attention_backend, self.device, dtype, model.block_size,
                                                   model.batch_invariant)
         self.model = load_hf_model(model.model_dir, self.config, dtype, self.device, model.load_format)
+        # "dynamic" and "longrope" RoPE independent of the step's other sequences (hf_rope.py)
+        served_len = min(max_model_len or self.max_model_len, self.max_model_len)
+        if (_rope_types(text_config) & set(LENGTH_DEPENDENT_TYPES)
+                and not install_paged_rope(self.model, self.device, served_len)):
+            raise ValueError("the paged transformers route cannot run this model: its RoPE scaling depends on the "
+                             "sequence's length and its rotary module is not one transformers' shared code builds")
         layers = sorted(m.layer_idx for m in self.model.modules() if _is_attention(m))
         if layers != list(range(text_config.num_hidden_layers)):
             raise ValueError(f"the paged transformers route cannot run this model: it found attention layers "

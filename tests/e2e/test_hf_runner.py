@@ -130,16 +130,15 @@ def test_auto_takes_the_paged_transformers_route_for_other_architectures(tiny, m
     assert choose_runner("transformers", load_config(model_dir)) is PagedTransformersRunner
 
 
-def test_batch_dependent_rope_runs_one_sequence_at_a_time(tiny, caplog):
-    """transformers' dynamic RoPE rescales by the longest position in its forward's batch: with the
-    step's sequences in one row that would be another sequence's length, so such a model gets
-    the one-sequence runner, with a warning that says why."""
+def test_a_model_the_paged_route_cannot_run_goes_one_sequence_at_a_time(tiny, caplog):
+    """Layers of a kind with no paged form (here a linear attention's): the one-sequence runner, with
+    a warning that says why."""
     config = load_config(tiny.model_dir)
-    config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    config.layer_types = ["full_attention", "linear_attention"]
     with caplog.at_level(logging.INFO, logger="rill.engine"):
         assert choose_runner("transformers", config) is TransformersRunner
     [record] = [r for r in caplog.records if r.name == "rill.engine"]
-    assert record.levelno == logging.WARNING and "'dynamic' depends on the longest sequence" in record.getMessage()
+    assert record.levelno == logging.WARNING and "'linear_attention' layers have no paged form" in record.getMessage()
     assert "correct but slower" in record.getMessage()
 
 

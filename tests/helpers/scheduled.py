@@ -39,13 +39,14 @@ def hf_continuations(hf_model, num_tokens: int = NUM_NEW_TOKENS) -> dict[str, li
 
 def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int = 64,
                   max_num_batched_tokens: int = 2048, caching: bool = False, atol: float = 1e-4,
-                  num_new_tokens: int = NUM_NEW_TOKENS, on_step=None) -> dict[str, EngineRequest]:
+                  num_new_tokens: int = NUM_NEW_TOKENS, on_step=None, reference=None) -> dict[str, EngineRequest]:
     """Greedy generation of PROMPTS through the real scheduler and engine step, each prompt arriving
     at its step. `on_step(running requests)` after each step.
 
     Every sampled row is also checked against transformers' logits over the request's whole
     sequence: tiny random models are nearly bigram models, so their greedy tokens alone would
-    hardly notice a cache that holds the wrong context.
+    hardly notice a cache that holds the wrong context. `reference(req_id, index of the output
+    token)`: the logits to check the row against instead.
     """
     mismatches: list[str] = []
     compute_logits = type(runner).compute_logits
@@ -55,7 +56,8 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
         with torch.inference_mode():
             for row, seq in zip(logits, batch.sampled_seqs):
                 ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
-                expected = hf_model(torch.tensor([ids])).logits[0, -1]
+                expected = (hf_model(torch.tensor([ids])).logits[0, -1] if reference is None
+                            else reference(seq.req.req_id, len(ids) - seq.req.num_prompt_tokens))
                 if not torch.allclose(row.float(), expected, atol=atol, rtol=atol):
                     mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
         return logits

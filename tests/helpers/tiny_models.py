@@ -47,6 +47,17 @@ def tiny_config(kind: str):
                           pad_token_id=None, bos_token_id=1, eos_token_id=2)
     if kind in PAGED_ROUTE_KINDS:
         return _paged_route_config(kind)
+    if kind == "phi4-mini-longrope":  # Phi-4-mini's 3/4 rotary with LongRoPE, its original context 24 tokens
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": ROPE_SWITCH,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 2.2, 3.1, 4.4, 6.0, 8.0]}
+        return Phi3Config(**{**TINY, "max_position_embeddings": 8 * ROPE_SWITCH}, partial_rotary_factor=0.75,
+                          original_max_position_embeddings=ROPE_SWITCH,
+                          rope_parameters=rope, tie_word_embeddings=False, pad_token_id=None, bos_token_id=1,
+                          eos_token_id=2)
+    if kind == "llama-dynamic":  # dynamic NTK past 24 tokens
+        rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+        return LlamaConfig(**{**TINY, "max_position_embeddings": ROPE_SWITCH}, rope_parameters=rope,
+                           bos_token_id=1, eos_token_id=2)
     if kind == "gpt2":  # learned absolute positions: a position off by one changes every token
         from transformers import GPT2Config
 
@@ -65,6 +76,7 @@ def tiny_config(kind: str):
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2")
 WINDOW = 16
+ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
 
 def _paged_route_config(kind: str):

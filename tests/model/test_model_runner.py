@@ -87,13 +87,14 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
-def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_type):
+def test_rope_that_changes_with_the_length_goes_to_the_transformers_route(rope_type):
     """transformers recomputes these frequencies as a sequence grows: the native runner refuses them,
-    and --model-impl auto serves such a model with the transformers runner instead."""
+    and --model-impl auto serves such a model on the paged transformers route, per sequence
+    (engine_proc/model/hf_rope.py; tests/model/test_transformers_route.py checks the tokens)."""
     from transformers import LlamaConfig
 
     from rill.engine_proc.model.choice import choose_runner
-    from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.hf_paged import PagedTransformersRunner
     from rill.engine_proc.model.llama import check_supported
 
     rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 64,
@@ -101,7 +102,7 @@ def test_rope_that_changes_with_the_length_goes_to_the_transformers_runner(rope_
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, rope_parameters=rope)
     with pytest.raises(ValueError, match=rope_type):
         check_supported(config)
-    assert choose_runner("auto", config) is TransformersRunner
+    assert choose_runner("auto", config) is PagedTransformersRunner
 
 
 @pytest.mark.parametrize("kind", ["llama3-rope-untied", "qwen2", "qwen3", "qwen3-yarn", "granite", "granite-untied-biased",

@@ -5,14 +5,13 @@ Transformers keeps each layer's experts as two stacked tensors and multiplies th
 torch._grouped_mm. Here each expert's two projections are packed once at load into the layers the
 native model uses (oneDNN's packed bfloat16 or float32 weights, or int8 with `--quantization int8`),
 and a step sorts its (token, expert) pairs by expert and runs one GEMM per expert over all of its
-tokens. SiLU-gated experts on the bfloat16 kernels (Mixtral, Qwen3-MoE) run that loop in one C++
-operator (csrc/moe_experts.cpp); the others (int8, float32, GPT-OSS's clamped gate) dispatch it from
-Python, one call per expert the step hits. Against the grouped GEMM, one layer with warm weights
-(bench.families' shapes, bfloat16, a Zen 4: `python -m rill.bench.kernels.moe_experts`): 5.2x
-(Qwen3-MoE) and 7.4x (Mixtral) faster at 16 tokens with the operator, 1.5x with GPT-OSS's loop;
-1.4-1.6x and 1.04x at 512. The routing (the
-router, top-k, the weights) is still the family's own, and inside a compiled decode step the experts
-are one opaque op (rill::experts), since which experts run depends on the routing.
+tokens. On the bfloat16 kernels the whole loop is one C++ operator (csrc/moe_experts.cpp) for
+SiLU-gated experts (Mixtral, Qwen3-MoE) and GPT-OSS's clamped SwiGLU; the others (int8, float32,
+another gate) dispatch it from Python, one call per expert the step hits. Against the grouped GEMM,
+one layer with warm weights (bench.families' shapes, bfloat16, a Zen 4:
+`python -m rill.bench.kernels.moe_experts`): 4.0-6.9x faster at 16 tokens, 1.2-2.0x at 512. The
+routing (the router, top-k, the weights) is still the family's own, and inside a compiled decode
+step the experts are one opaque op (rill::experts), since which experts run depends on the routing.
 """
 from __future__ import annotations
 
@@ -52,26 +51,38 @@ def pack_experts(model: nn.Module, make_linear: LinearFactory) -> int:
             if biases is not None:
                 setattr(module, f"{name}_bias", nn.Parameter(biases.new_empty(0), requires_grad=False))
         module.config._experts_implementation = IMPLEMENTATION
-        module.rill_fused = _fused_silu_experts(module)
+        module.rill_fused = _fused_experts(module)
         module.rill_key = next(_keys)
         _packed[module.rill_key] = module
         num_packed += 1
     return num_packed
 
 
-def _fused_silu_experts(module: nn.Module) -> tuple | None:
-    """(gate_up's packed weights, down's, intermediate size, hidden size) for the C++ operator
-    rill_cpu::moe_silu_experts, where the module's experts are SiLU-gated with gate and up halves of
-    one projection (Mixtral, Qwen3-MoE), without biases, on AmxLinear; else None (the Python loop:
-    int8, float32, GPT-OSS's own gate)."""
+def _fused_experts(module: nn.Module) -> tuple | None:
+    """The arguments of the C++ operator rill_cpu::moe_experts after the step's routing: each
+    expert's packed gate-and-up and down weights and their biases, the sizes and the gate, where the
+    module's experts are on AmxLinear and gate as Mixtral and Qwen3-MoE do (SiLU, gate and up halves
+    of one projection) or as GPT-OSS does (its clamped SwiGLU); else None (the Python loop: int8,
+    float32, any other gate)."""
     gate_up, down = module.rill_gate_up_proj, module.rill_down_proj
-    if (module.has_bias or type(module)._apply_gate is not _default_apply_gate
-            or getattr(module.config, "hidden_act", None) != "silu"
-            or not all(isinstance(layer, AmxLinear) and layer.fuses_silu_mul for layer in gate_up)
-            or not all(isinstance(layer, AmxLinear) for layer in down)):
+    if not all(isinstance(layer, AmxLinear) for layer in (*gate_up, *down)):
         return None
-    return ([layer.packed_weight for layer in gate_up], [layer.packed_weight for layer in down],
-            gate_up[0].out_features // 2, down[0].out_features)
+    if (type(module)._apply_gate is _default_apply_gate and getattr(module.config, "hidden_act", None) == "silu"
+            and gate_up[0].fuses_silu_mul):
+        gate, alpha, limit = "silu", 1.0, 0.0
+    elif type(module).__name__ == "GptOssExperts" and type(module)._apply_gate is _gpt_oss_gate():
+        gate, alpha, limit = "clamped_swiglu", float(module.alpha), float(module.limit)
+    else:
+        return None
+    return ([layer.packed_weight for layer in gate_up], [layer.bias for layer in gate_up],
+            [layer.packed_weight for layer in down], [layer.bias for layer in down],
+            gate_up[0].out_features // 2, down[0].out_features, gate, alpha, limit)
+
+
+def _gpt_oss_gate():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    return GptOssExperts._apply_gate
 
 
 def _packable(module: nn.Module) -> bool:
@@ -105,8 +116,8 @@ def _(hidden_states, top_k_index, top_k_weights, key):
 def _experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
              top_k_weights: torch.Tensor) -> torch.Tensor:
     if self.rill_fused is not None and hidden_states.dtype == torch.bfloat16:
-        return torch.ops.rill_cpu.moe_silu_experts(hidden_states.contiguous(), top_k_index, top_k_weights,
-                                                   *self.rill_fused)
+        return torch.ops.rill_cpu.moe_experts(hidden_states.contiguous(), top_k_index, top_k_weights,
+                                              *self.rill_fused)
     return _experts_loop(self, hidden_states, top_k_index, top_k_weights)
 
 

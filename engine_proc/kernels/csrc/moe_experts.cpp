@@ -1,9 +1,10 @@
-// The experts of a mixture-of-experts layer (Mixtral, Qwen3-MoE: SiLU-gated, gate and up in one
-// projection) in one operator, for the transformers route's layers (engine_proc/model/hf_experts.py).
-// The same arithmetic as the Python loop it replaces: the step's (token, expert) pairs sorted by
-// expert, one amx_linear_silu_mul and one amx_linear per expert over all of its tokens, each output
-// row times its weight in float32, and each token's k rows summed in its top-k order, rounded once.
-// What it saves is the loop's Python: about 0.45 ms a layer at 16 tokens and 8 experts (Zen 4).
+// The experts of a mixture-of-experts layer in one operator, for the transformers route's layers
+// (engine_proc/model/hf_experts.py): Mixtral's and Qwen3-MoE's SiLU gate, GPT-OSS's clamped SwiGLU.
+// The arithmetic of the Python loop it replaces: the step's (token, expert) pairs sorted by expert,
+// the gate-and-up GEMM (its gate in the epilogue for SiLU, a float32 pass after it for GPT-OSS's)
+// and the down GEMM per expert over all of its tokens, each output row times its weight in float32,
+// and each token's k rows summed in its top-k order, rounded once. What it saves is the loop's
+// Python: about 0.45 ms a layer at 16 tokens and 8 experts (Zen 4).
 #include "moe_experts.h"
 
 #include <ATen/ATen.h>
@@ -11,15 +12,45 @@
 #include "amx_linear.h"
 #include "float_bits.h"
 
+namespace {
+
+// GPT-OSS's gate over gate_up [n, 2I] (gate and up interleaved) into out [n, I], in float32.
+void clamped_swiglu(const at::Tensor& gate_up, at::Tensor& out, float alpha, float limit) {
+    const int64_t n = gate_up.size(0), I = out.size(1);
+    const uint16_t* in = static_cast<const uint16_t*>(gate_up.data_ptr());
+    uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
+    for (int64_t r = 0; r < n; ++r) {
+#pragma omp simd
+        for (int64_t j = 0; j < I; ++j) {
+            float g = rill_float::to_float(in[r * 2 * I + 2 * j]), u = rill_float::to_float(in[r * 2 * I + 2 * j + 1]);
+            g = g < limit ? g : limit;
+            u = u < -limit ? -limit : (u > limit ? limit : u);
+            rill_float::store(o + r * I + j, (u + 1.0f) * g / (1.0f + rill_float::exp_clamped(-alpha * g)));
+        }
+    }
+}
+
+std::optional<at::Tensor> at_index(const c10::List<std::optional<at::Tensor>>& list, int64_t i) {
+    return list.size() == 0 ? std::nullopt : static_cast<std::optional<at::Tensor>>(list.get(i));
+}
+
+}  // namespace
+
 namespace rill_cpu {
 
-at::Tensor moe_silu_experts(const at::Tensor& x, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
-                            const std::vector<at::Tensor>& gate_up, const std::vector<at::Tensor>& down,
-                            int64_t intermediate, int64_t hidden) {
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
+                       at::TensorList gate_up, const c10::List<std::optional<at::Tensor>>& gate_up_bias,
+                       at::TensorList down, const c10::List<std::optional<at::Tensor>>& down_bias,
+                       int64_t intermediate, int64_t hidden, std::string_view gate, double alpha, double limit) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && top_k_index.dim() == 2 &&
                     top_k_index.size(0) == x.size(0) && top_k_weights.sizes() == top_k_index.sizes() &&
                     gate_up.size() == down.size(),
-                "moe_silu_experts: x [T, H] bfloat16, top_k_index and top_k_weights [T, k], one down per gate_up");
+                "moe_experts: x [T, H] bfloat16, top_k_index and top_k_weights [T, k], one down per gate_up");
+    TORCH_CHECK((gate_up_bias.size() == 0 || gate_up_bias.size() == gate_up.size()) &&
+                    (down_bias.size() == 0 || down_bias.size() == down.size()),
+                "moe_experts: a bias per expert, or none");
+    const bool silu = gate == "silu";
+    TORCH_CHECK(silu || gate == "clamped_swiglu", "moe_experts: gate 'silu' or 'clamped_swiglu'");
     const int64_t T = x.size(0), k = top_k_index.size(1), E = static_cast<int64_t>(gate_up.size());
     const at::Tensor ids = top_k_index.to(at::kLong).contiguous();
     const at::Tensor weights = top_k_weights.to(at::kFloat).contiguous();
@@ -27,7 +58,7 @@ at::Tensor moe_silu_experts(const at::Tensor& x, const at::Tensor& top_k_index, 
     // The pairs (token * k + slot) of each expert, in token order.
     std::vector<std::vector<int64_t>> pairs(E);
     for (int64_t p = 0; p < T * k; ++p) {
-        TORCH_CHECK(id[p] >= 0 && id[p] < E, "moe_silu_experts: an expert index past the experts");
+        TORCH_CHECK(id[p] >= 0 && id[p] < E, "moe_experts: an expert index past the experts");
         pairs[id[p]].push_back(p);
     }
     at::Tensor weighted = at::empty({T * k, hidden}, x.options().dtype(at::kFloat));  // each pair's row
@@ -39,8 +70,15 @@ at::Tensor moe_silu_experts(const at::Tensor& x, const at::Tensor& top_k_index, 
         int64_t* pi = pair_ids.data_ptr<int64_t>();
         for (int64_t j = 0; j < n; ++j) pi[j] = pairs[e][j] / k;  // the pair's token
         const at::Tensor rows = x.index_select(0, pair_ids);
-        const at::Tensor gated = amx_linear_silu_mul(rows, gate_up[e], std::nullopt, 2 * intermediate, false);
-        const at::Tensor out = amx_linear(gated, down[e], std::nullopt, hidden, false);
+        at::Tensor gated;
+        if (silu) {
+            gated = amx_linear_silu_mul(rows, gate_up[e], at_index(gate_up_bias, e), 2 * intermediate, false);
+        } else {
+            gated = rows.new_empty({n, intermediate});
+            clamped_swiglu(amx_linear(rows, gate_up[e], at_index(gate_up_bias, e), 2 * intermediate, false), gated,
+                           static_cast<float>(alpha), static_cast<float>(limit));
+        }
+        const at::Tensor out = amx_linear(gated, down[e], at_index(down_bias, e), hidden, false);
         const uint16_t* o = static_cast<const uint16_t*>(out.data_ptr());
         float* dst = weighted.data_ptr<float>();
         for (int64_t j = 0; j < n; ++j) {

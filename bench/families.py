@@ -46,6 +46,12 @@ def family_configs() -> dict:
                                    attention_multiplier=0.015625, logits_scaling=8.0),
         "smollm3": t.SmolLM3Config(**SHAPE, no_rope_layer_interval=4),
         "phi3": t.Phi3Config(**SHAPE),
+        # Phi-4-mini's 3/4 rotary with LongRoPE: on the transformers route (the long factors here)
+        "phi4-mini": t.Phi3Config(**SHAPE, partial_rotary_factor=0.75, original_max_position_embeddings=1024,
+                                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                   "original_max_position_embeddings": 1024,
+                                                   "short_factor": [1.0 + 0.05 * i for i in range(24)],
+                                                   "long_factor": [1.0 + 0.3 * i for i in range(24)]}),
         "olmo2": t.Olmo2Config(**SHAPE),
         "gemma3_text": t.Gemma3TextConfig(**SHAPE, sliding_window=WINDOW,
                                           layer_types=["sliding_attention"] * 3 + ["full_attention"]),

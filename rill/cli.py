@@ -53,7 +53,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                      help="seconds a conversation is kept, counted from its creation (0 disables the store)")
     model = ap.add_argument_group("model")
     model.add_argument("--model", default=None,
-                       help="a local Hugging Face model directory (default: the bundled SmolLM2-135M-Instruct)")
+                       help="a local Hugging Face model directory or a GGUF file (default: the bundled "
+                            "SmolLM2-135M-Instruct)")
     model.add_argument("--served-model-name", default=None, help="the model id clients use")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

@@ -45,9 +45,18 @@ def resolve_model(args) -> tuple[Path, str]:
 
         return ensure_bundled_model(args.cache_dir), args.served_model_name or BUNDLED_MODEL_ID
     model_dir = Path(args.model).expanduser()
+    if model_dir.suffix == ".gguf" and model_dir.is_file():  # converted once (engine_proc/model/gguf_dir.py)
+        from rill.engine_proc.model.bundled import default_cache_dir
+        from rill.engine_proc.model.gguf_dir import ensure_gguf_model
+
+        try:
+            converted = ensure_gguf_model(model_dir, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+        except (ValueError, OSError) as exc:
+            raise SystemExit(f"rill: --model {args.model}: {exc}") from None
+        return converted, args.served_model_name or model_dir.name
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
-                         "(no config.json); Rill never downloads models")
+                         "(no config.json) or GGUF file; Rill never downloads models")
     return model_dir.resolve(), args.served_model_name or model_dir.name
 
 

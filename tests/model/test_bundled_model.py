@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from rill.engine_proc.model import bundled as bundled_model
+from rill.engine_proc.model import gguf_dir
 from rill.engine_proc.model.bundled import ensure_bundled_model
 from rill.engine_proc.model.loader import load_config
 
@@ -52,15 +53,16 @@ def test_a_crashed_conversion_leaves_nothing_that_counts(tmp_path):
     """A temp directory of a dead converter is neither used nor kept; a live one's is kept."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    dead_tmp = tmp_path / f"{bundled_model._TMP_PREFIX}{dead.pid}"
-    live_tmp = tmp_path / f"{bundled_model._TMP_PREFIX}{os.getpid()}"
+    prefix = f".{bundled_model.BUNDLED_DIR_NAME}.tmp-"  # gguf_dir.ensure_converted's
+    dead_tmp = tmp_path / f"{prefix}{dead.pid}"
+    live_tmp = tmp_path / f"{prefix}{os.getpid()}"
     for path in (dead_tmp, live_tmp):
         path.mkdir()
         (path / "config.json").write_text("{}")
     half = tmp_path / bundled_model.BUNDLED_DIR_NAME
     half.mkdir()
     (half / "config.json").write_text("{}")
-    assert not bundled_model.is_complete(half)
-    bundled_model._remove_stale_tmp_dirs(tmp_path)
+    assert not gguf_dir.is_complete(half)
+    gguf_dir._remove_stale_tmp_dirs(tmp_path, prefix)
     assert not dead_tmp.exists()
     assert live_tmp.exists()

@@ -1,0 +1,143 @@
+"""`--model FILE.gguf`: a GGUF file converted once into a Hugging Face directory in the cache.
+
+transformers reads the file (its GGUF loader: the architecture's config, the weights dequantized
+to float32, the tokenizer with its special tokens and chat template) and Rill writes what it read
+as a safetensors directory, which every route serves as it serves any other. The directory is
+named after the file and a key of its path, size and modification time: a changed file converts
+again, and the conversion happens once whatever the number of engines starting together (a lock,
+then an atomic rename). Split files (`-00001-of-0000N.gguf`) are refused: transformers reads one.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+log = logging.getLogger("rill.model")
+
+# Present only in a finished directory: everything is written before the final rename.
+REQUIRED_FILE_NAMES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+SPLIT = re.compile(r"-\d{5}-of-(\d{5})\.gguf$")
+
+
+def is_complete(model_dir: Path) -> bool:
+    return all((model_dir / name).is_file() for name in REQUIRED_FILE_NAMES)
+
+
+def ensure_gguf_model(gguf_path: Path, cache_dir: Path) -> Path:
+    """The converted directory of `gguf_path` under `cache_dir`/gguf, converting it on first use."""
+    gguf_path = gguf_path.resolve()
+    if (split := SPLIT.search(gguf_path.name)) and int(split.group(1)) > 1:
+        raise ValueError(f"{gguf_path.name} is one part of a split GGUF: merge it into one file first "
+                         "(llama.cpp's llama-gguf-split --merge)")
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return ensure_converted(gguf_path, cache_dir / "gguf" / f"{gguf_path.stem}-{key}")
+
+
+def ensure_converted(gguf_path: Path, target: Path, dtype: str = "float32") -> Path:
+    """`target`, converted from `gguf_path` unless it is complete already."""
+    if is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{target.name}.tmp-"
+    # The lock only saves a second process from converting too; correctness comes from the atomic
+    # rename, so a lock left by a dead process (flock dies with it) is harmless.
+    with _locked(target.parent / f".{target.name}.lock"):
+        if is_complete(target):
+            return target
+        _remove_stale_tmp_dirs(target.parent, prefix)
+        tmp = target.parent / f"{prefix}{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("Converting %s once to %s ...", gguf_path.name, target)
+        start_s = time.monotonic()
+        try:
+            convert(gguf_path, tmp, dtype)
+            if target.exists():  # a half directory from an older, non-atomic writer: replace it
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("done in %.1f s", time.monotonic() - start_s)
+    return target
+
+
+def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
+    """The GGUF's model, tokenizer and chat template as a safetensors directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir, gguf_name = str(gguf_path.parent), gguf_path.name
+    with _one_reader():
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    # A GGUF-loaded model carries a quantizer and a quantization_config; save_pretrained refuses to
+    # write it until both are gone (the weights are already dequantized).
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(out_dir)
+    if not tokenizer.chat_template:
+        log.warning("%s carries no chat template: /v1/chat/completions needs --chat-template", gguf_name)
+    # The template goes into tokenizer_config.json (not chat_template.jinja): the API process reads
+    # it from there and renders it with its own jinja2 sandbox.
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    with open(out_dir / "tokenizer_config.json") as f:
+        if tokenizer.chat_template and not json.load(f).get("chat_template"):
+            raise RuntimeError("the chat template did not reach tokenizer_config.json")
+
+
+@contextlib.contextmanager
+def _one_reader():
+    """transformers parses the file once for the config, once for the weights and once for the
+    tokenizer, each a few seconds for a 49152-token vocabulary (gguf's reader slices its arrays
+    element by element): within this block each path is parsed once."""
+    import gguf
+
+    readers: dict[str, gguf.GGUFReader] = {}
+    original = gguf.GGUFReader
+
+    def shared(path, *args, **kwargs):
+        key = str(Path(path).resolve())
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _remove_stale_tmp_dirs(parent: Path, prefix: str) -> None:
+    """Delete temp directories whose converting process has died (a crash mid-way)."""
+    for path in parent.glob(f"{prefix}*"):
+        try:
+            pid = int(path.name[len(prefix):])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, another user's

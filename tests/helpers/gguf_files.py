@@ -1,0 +1,100 @@
+"""GGUF files the tests write themselves (the `gguf` package's writer), as llama.cpp's converter
+writes them: a transformers Llama's weights (q and k rows in llama.cpp's RoPE order, 2-D weights in
+the quantization asked, norms in float32) with the bundled GGUF's tokenizer and chat template."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from rill.engine_proc.model.bundled import bundled_gguf_path
+
+# The bundled GGUF's tokenizer fields, copied as they are (the model needs its 49152-token vocabulary).
+TOKENIZER_FIELDS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                    "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template")
+
+
+@functools.cache
+def bundled_tokenizer_fields() -> list[tuple]:
+    """(key, value, type, element type) of each of TOKENIZER_FIELDS in the bundled GGUF (read once:
+    gguf's reader takes seconds over a 49152-token vocabulary)."""
+    reader = gguf.GGUFReader(bundled_gguf_path())
+    fields = [reader.fields[key] for key in TOKENIZER_FIELDS]
+    return [(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None) for f in fields]
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """q or k rows from transformers' rotate-half order into llama.cpp's interleaved one."""
+    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape)
+
+
+def gguf_tensors(model) -> dict[str, np.ndarray]:
+    """GGUF name -> float32 array of a transformers LlamaForCausalLM."""
+    config, state = model.config, {k: v.float().numpy() for k, v in model.state_dict().items()}
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    out = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
+    if not config.tie_word_embeddings:
+        out["output.weight"] = state["lm_head.weight"]
+    names = {"self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        out[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads)
+        out[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads)
+        for hf_name, gguf_name in names.items():
+            out[f"blk.{i}.{gguf_name}.weight"] = state[prefix + hf_name + ".weight"]
+    return out
+
+
+def write_llama_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+                     name: str = "tiny") -> Path:
+    """`model` (a transformers LlamaForCausalLM with the bundled tokenizer's vocabulary) as a GGUF at `path`."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    for key, value, value_type, sub_type in bundled_tokenizer_fields():
+        writer.add_key_value(key, value, value_type, sub_type=sub_type)
+    for tensor_name, array in gguf_tensors(model).items():
+        if array.ndim == 2 and quantization != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(tensor_name, gguf.quants.quantize(array, quantization), raw_dtype=quantization)
+        else:
+            writer.add_tensor(tensor_name, array.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def tiny_llama(seed: int = 0, tied: bool = False):
+    """A random-weight Llama with the bundled tokenizer's vocabulary, its rows a whole number of
+    quantization blocks (32) long."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.2)
+    return model

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from tests.helpers.gguf_files import tiny_llama, write_llama_gguf
+from tests.helpers.gguf_files import tiny_model, write_gguf
 from tests.helpers.server import sdk_client, start_server, stop_server
 
 NAME = "tiny.Q8_0.gguf"
@@ -19,7 +19,7 @@ NAME = "tiny.Q8_0.gguf"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gguf")
-    path = write_llama_gguf(tiny_llama(), folder / NAME, gguf.GGMLQuantizationType.Q8_0)
+    path = write_gguf(tiny_model(), folder / NAME, gguf.GGMLQuantizationType.Q8_0)
     cache = folder / "cache"
     srv = start_server(tmp_path_factory, "--model", str(path), "--cache-dir", str(cache), "--dtype", "float32")
     yield srv, next(p for p in (cache / "gguf").iterdir() if p.is_dir() and not p.name.startswith("."))

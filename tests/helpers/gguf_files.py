@@ -1,6 +1,7 @@
 """GGUF files the tests write themselves (the `gguf` package's writer), as llama.cpp's converter
-writes them: a transformers Llama's weights (q and k rows in llama.cpp's RoPE order, 2-D weights in
-the quantization asked, norms in float32) with the bundled GGUF's tokenizer and chat template."""
+writes them: a transformers Llama's or Qwen3's weights (a Llama's q and k rows in llama.cpp's RoPE
+order, 2-D weights in the quantization asked, norms in float32) with the bundled GGUF's tokenizer
+and chat template."""
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,9 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_tensors(model) -> dict[str, np.ndarray]:
-    """GGUF name -> float32 array of a transformers LlamaForCausalLM."""
+    """GGUF name -> float32 array of a transformers LlamaForCausalLM or Qwen3ForCausalLM."""
     config, state = model.config, {k: v.float().numpy() for k, v in model.state_dict().items()}
+    llama = config.model_type == "llama"  # llama.cpp permutes a Llama's q and k, not a Qwen's
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     out = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
     if not config.tie_word_embeddings:
@@ -46,18 +48,22 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
              "post_attention_layernorm": "ffn_norm"}
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}."
-        out[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads)
-        out[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads)
+        q, k = state[prefix + "self_attn.q_proj.weight"], state[prefix + "self_attn.k_proj.weight"]
+        out[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(q, heads) if llama else q
+        out[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(k, kv_heads) if llama else k
+        if config.model_type == "qwen3":
+            out[f"blk.{i}.attn_q_norm.weight"] = state[prefix + "self_attn.q_norm.weight"]
+            out[f"blk.{i}.attn_k_norm.weight"] = state[prefix + "self_attn.k_norm.weight"]
         for hf_name, gguf_name in names.items():
             out[f"blk.{i}.{gguf_name}.weight"] = state[prefix + hf_name + ".weight"]
     return out
 
 
-def write_llama_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-                     name: str = "tiny") -> Path:
-    """`model` (a transformers LlamaForCausalLM with the bundled tokenizer's vocabulary) as a GGUF at `path`."""
+def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+               name: str = "tiny") -> Path:
+    """`model` (a transformers Llama or Qwen3 with the bundled tokenizer's vocabulary) as a GGUF at `path`."""
     config = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), config.model_type)
     writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -68,7 +74,10 @@ def write_llama_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType 
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     for key, value, value_type, sub_type in bundled_tokenizer_fields():
         writer.add_key_value(key, value, value_type, sub_type=sub_type)
     for tensor_name, array in gguf_tensors(model).items():
@@ -83,16 +92,20 @@ def write_llama_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType 
     return path
 
 
-def tiny_llama(seed: int = 0, tied: bool = False):
-    """A random-weight Llama with the bundled tokenizer's vocabulary, its rows a whole number of
-    quantization blocks (32) long."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_model(family: str = "llama", seed: int = 0):
+    """A random-weight Llama or Qwen3 with the bundled tokenizer's vocabulary, its rows a whole
+    number of quantization blocks (32) long. The Qwen3's heads are 128 wide, as every Qwen3's:
+    transformers' GGUF loader leaves head_dim at Qwen3's default."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    shared = dict(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=512, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_id=2)
+    config = (LlamaConfig(**shared, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+              if family == "llama" else
+              Qwen3Config(**shared, hidden_size=256, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=128))
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() >= 2:

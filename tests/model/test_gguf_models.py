@@ -11,19 +11,35 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rill.engine_proc.model import gguf_dir
-from tests.helpers.gguf_files import gguf_tensors, llama_cpp_permute, tiny_llama, write_llama_gguf
+from tests.helpers.gguf_files import gguf_tensors, llama_cpp_permute, tiny_model, write_gguf
 
 Q = gguf.GGMLQuantizationType
 IDS = torch.tensor([[1, 504, 3325, 314, 253, 1200, 30, 2]])
 
 
+QUANTIZED = {Q.Q8_0: 0.01, Q.Q4_0: 0.12}  # the type and its weights' relative error bound
+
+
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama()
+    return tiny_model()
 
 
-def test_a_float32_gguf_gives_back_the_models_logits_and_tokenizer(model, tmp_path):
-    path = write_llama_gguf(model, tmp_path / "tiny.F32.gguf")
+@pytest.fixture(scope="module")
+def converted(model, tmp_path_factory):
+    """type -> (the GGUF file, its cache folder, the converted directory), each converted once."""
+    folder = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for quantization in QUANTIZED:
+        path = write_gguf(model, folder / f"tiny.{quantization.name}.gguf", quantization)
+        out[quantization] = (path, folder / "cache", gguf_dir.ensure_gguf_model(path, folder / "cache"))
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_float32_gguf_gives_back_the_models_logits_and_tokenizer(family, tmp_path):
+    model = tiny_model(family)
+    path = write_gguf(model, tmp_path / "tiny.F32.gguf")
     converted = gguf_dir.ensure_gguf_model(path, tmp_path / "cache")
     assert converted.parent == tmp_path / "cache" / "gguf" and converted.name.startswith("tiny.F32-")
     with torch.inference_mode():
@@ -39,14 +55,14 @@ def test_a_float32_gguf_gives_back_the_models_logits_and_tokenizer(model, tmp_pa
     assert "{% for message in messages %}" in (converted / "tokenizer_config.json").read_text()  # the chat template
 
 
-@pytest.mark.parametrize("quantization, bound", [(Q.Q8_0, 0.01), (Q.Q4_0, 0.12), (Q.Q4_1, 0.12)])
-def test_quantized_weights_are_the_files_own(model, quantization, bound, tmp_path):
+@pytest.mark.parametrize("quantization", list(QUANTIZED))
+def test_quantized_weights_are_the_files_own(model, converted, quantization):
     """Each converted weight is the file's blocks dequantized (by the gguf package, independently of
     transformers' loader), q and k back in transformers' row order; within the type's error."""
-    path = write_llama_gguf(model, tmp_path / f"tiny.{quantization.name}.gguf", quantization)
-    converted = AutoModelForCausalLM.from_pretrained(gguf_dir.ensure_gguf_model(path, tmp_path / "cache"))
+    bound = QUANTIZED[quantization]
+    converted = AutoModelForCausalLM.from_pretrained(converted[quantization][2])
     original = gguf_tensors(model)
-    # The file's blocks are these (write_llama_gguf quantizes the same arrays the same way).
+    # The file's blocks are these (write_gguf quantizes the same arrays the same way).
     stored = {name: gguf.quants.dequantize(gguf.quants.quantize(array, quantization), quantization)
               for name, array in original.items() if array.ndim == 2}
     layer = converted.model.layers[1]
@@ -62,14 +78,13 @@ def test_quantized_weights_are_the_files_own(model, quantization, bound, tmp_pat
         assert 0 < error < bound, (name, error)
 
 
-def test_a_file_converts_once_and_again_when_it_changes(model, tmp_path):
-    path = write_llama_gguf(model, tmp_path / "tiny.gguf", Q.Q8_0)
-    first = gguf_dir.ensure_gguf_model(path, tmp_path / "cache")
+def test_a_file_converts_once_and_again_when_it_changes(converted):
+    path, cache, first = converted[Q.Q8_0]
     weights = first / "model.safetensors"
     written = weights.stat().st_mtime_ns
-    assert gguf_dir.ensure_gguf_model(path, tmp_path / "cache") == first and weights.stat().st_mtime_ns == written
+    assert gguf_dir.ensure_gguf_model(path, cache) == first and weights.stat().st_mtime_ns == written
     os.utime(path, ns=(written + 10**9, written + 10**9))  # a new file at the same path
-    second = gguf_dir.ensure_gguf_model(path, tmp_path / "cache")
+    second = gguf_dir.ensure_gguf_model(path, cache)
     assert second != first and gguf_dir.is_complete(second)
 
 

@@ -1,0 +1,25 @@
+"""The transformers route's compiled decode steps (engine_proc/model/hf_paged.py, decode_graphs.py):
+transformers' logits through the graph, with the windows, soft-caps, sinks and experts inside it."""
+from __future__ import annotations
+
+import pytest
+
+from rill.engine_proc.model.hf_paged import PagedTransformersRunner
+from tests.helpers.runners import make_runner
+from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, hf_continuations, outputs, run_scheduled
+from tests.helpers.tiny_models import save_tiny_model
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+def test_compiled_decode_steps_match_transformers(kind, tmp_path):
+    """Decode-only steps through torch.compile (engine_proc/model/decode_graphs.py), as `rill serve`
+    runs them: Gemma 2's windows and soft-caps, GPT-OSS's sinks and experts inside the graph."""
+    hf = save_tiny_model(kind, tmp_path)
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
+    assert runner.decode_graphs is not None, "torch.compile failed: see the warning in the log"
+    graph_rows, run = [], runner.decode_graphs.run
+    runner.decode_graphs.run = lambda batch: graph_rows.append(batch.num_tokens) or run(batch)
+    reqs = run_scheduled(runner, hf, {"a": 0, "b": 0, "c": 3}, caching=True)
+    assert outputs(reqs) == {k: v for k, v in hf_continuations(hf).items() if k in "abc"}
+    assert len(graph_rows) >= 8 and max(graph_rows) == 3  # the decode steps went through the graph

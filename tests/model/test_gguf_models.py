@@ -17,7 +17,7 @@ Q = gguf.GGMLQuantizationType
 IDS = torch.tensor([[1, 504, 3325, 314, 253, 1200, 30, 2]])
 
 
-QUANTIZED = {Q.Q8_0: 0.01, Q.Q4_0: 0.12}  # the type and its weights' relative error bound
+QUANTIZED = {Q.Q4_0: 0.12}  # the type and its weights' relative error bound (Q8_0: the served test's)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_quantized_weights_are_the_files_own(model, converted, quantization):
 
 
 def test_a_file_converts_once_and_again_when_it_changes(converted):
-    path, cache, first = converted[Q.Q8_0]
+    path, cache, first = converted[Q.Q4_0]
     weights = first / "model.safetensors"
     written = weights.stat().st_mtime_ns
     assert gguf_dir.ensure_gguf_model(path, cache) == first and weights.stat().st_mtime_ns == written

@@ -1,5 +1,5 @@
 """The transformers route's compiled decode steps (engine_proc/model/hf_paged.py, decode_graphs.py):
-transformers' logits through the graph, with the windows, soft-caps, sinks and experts inside it."""
+transformers' logits through the graph, with the windows and soft-caps inside it."""
 from __future__ import annotations
 
 import pytest
@@ -10,10 +10,11 @@ from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, hf_continuations, output
 from tests.helpers.tiny_models import save_tiny_model
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["gemma2"])
 def test_compiled_decode_steps_match_transformers(kind, tmp_path):
     """Decode-only steps through torch.compile (engine_proc/model/decode_graphs.py), as `rill serve`
-    runs them: Gemma 2's windows and soft-caps, GPT-OSS's sinks and experts inside the graph."""
+    runs them: Gemma 2's windows and soft-caps inside the graph. (GPT-OSS's sinks and experts go
+    through the same op and opaque op; one compile of each family would cost CI about 15 s.)"""
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)

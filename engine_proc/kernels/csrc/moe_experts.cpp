@@ -7,8 +7,6 @@
 // Python: about 0.45 ms a layer at 16 tokens and 8 experts (Zen 4).
 #include "moe_experts.h"
 
-#include <ATen/ATen.h>
-
 #include "amx_linear.h"
 #include "float_bits.h"
 
@@ -61,12 +59,12 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& top_k_index, const
         TORCH_CHECK(id[p] >= 0 && id[p] < E, "moe_experts: an expert index past the experts");
         pairs[id[p]].push_back(p);
     }
-    at::Tensor weighted = at::empty({T * k, hidden}, x.options().dtype(at::kFloat));  // each pair's row
+    at::Tensor weighted = x.new_empty({T * k, hidden}, x.options().dtype(at::kFloat));  // each pair's row
     const float* w = weights.data_ptr<float>();
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = static_cast<int64_t>(pairs[e].size());
         if (n == 0) continue;
-        at::Tensor pair_ids = at::empty({n}, ids.options());
+        at::Tensor pair_ids = ids.new_empty({n});
         int64_t* pi = pair_ids.data_ptr<int64_t>();
         for (int64_t j = 0; j < n; ++j) pi[j] = pairs[e][j] / k;  // the pair's token
         const at::Tensor rows = x.index_select(0, pair_ids);
@@ -90,7 +88,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& top_k_index, const
             for (int64_t c = 0; c < hidden; ++c) d[c] = rill_float::to_float(s[c]) * scale;
         }
     }
-    at::Tensor y = at::empty({T, hidden}, x.options());
+    at::Tensor y = x.new_empty({T, hidden});
     const float* src = weighted.data_ptr<float>();
     uint16_t* yo = static_cast<uint16_t*>(y.data_ptr());
     for (int64_t t = 0; t < T; ++t) {

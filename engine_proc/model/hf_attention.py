@@ -85,10 +85,10 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scaling is None else scaling
+    # The kernels scale by 1/sqrt(D): a family's own scale goes on their queries.
+    kernel_q = q if scale == head_dim**-0.5 else q * (scale * head_dim**0.5)
     if rill_graph is not None:  # one opaque op writes and attends the layer's cache, named by its index
-        if scale != head_dim**-0.5:
-            q = q * (scale * head_dim**0.5)
-        out = torch.ops.rill_cpu.paged_decode_layer(q, k, v, rill_graph.slot_mapping, rill_graph.block_table,
+        out = torch.ops.rill_cpu.paged_decode_layer(kernel_q, k, v, rill_graph.slot_mapping, rill_graph.block_table,
                                                     rill_graph.context_lens, layer, sliding_window or 0,
                                                     softcap or 0.0, s_aux)
         return out.unsqueeze(0), None
@@ -99,16 +99,13 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         step.backend.write(k_cache, v_cache, k, v, step.meta.slot_mapping)
         # The decode rows through the backend's kernel where it has one (on the CPU, the C++ decode
         # kernel takes the window, the soft-cap and the sinks), the prompt chunks in torch.
-        kernel_q = q if scale == head_dim**-0.5 else q * (scale * head_dim**0.5)
         decoded = step.backend.masked_decode(kernel_q, k_cache, v_cache, step.meta, window or 0, softcap or 0.0, s_aux)
         if decoded is not None and decoded.shape[0] == q.shape[0]:
             out = decoded
         else:
             out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux, decoded)
     else:
-        if scale != head_dim**-0.5:  # the kernels scale by 1/sqrt(D): the rest goes on the queries
-            q = q * (scale * head_dim**0.5)
-        out = step.backend.forward(q, k, v, k_cache, v_cache, step.meta)
+        out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, step.meta)
     return out.unsqueeze(0), None
 
 

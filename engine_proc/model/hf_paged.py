@@ -112,7 +112,7 @@ class PagedTransformersRunner(SamplingRunner):
             self._pack_experts(model.quantization)
         if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
             tile_linears(self.model)
-        self.final_soft_cap = final_soft_cap(self.model, self.device, dtype)
+        self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
                                 device=self.device)
@@ -128,8 +128,7 @@ class PagedTransformersRunner(SamplingRunner):
         if not (self.attention.name == "cpu" and getattr(self.attention, "decode_kernel", False)):
             return None
         try:
-            graphs = DecodeGraphs(DecodeSignature(self.model, self.attention, self.final_soft_cap), self.kv_cache,
-                                  self.block_size, self.device, max_num_seqs)
+            graphs = DecodeGraphs(self.forward_logits, self.kv_cache, self.block_size, self.device, max_num_seqs)
             graphs.warm_up()
         except Exception as exc:  # a family whose forward does not compile: serve, slower
             log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
@@ -161,24 +160,23 @@ class PagedTransformersRunner(SamplingRunner):
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
         with step_context(step):
-            out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
-                             logits_to_keep=logits_indices)
-        logits = out.logits[0]
-        return logits if self.final_soft_cap is None else self.final_soft_cap(logits)
+            return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 
 
-class DecodeSignature(torch.nn.Module):
-    """transformers' model under the native model's forward signature (input ids, positions, the
-    graph's metadata, the cache, the rows to keep), which the compiled decode steps call; the
-    metadata goes down to each attention layer (hf_attention.py's rill_graph)."""
+class LogitsForward(torch.nn.Module):
+    """transformers' model under the native model's forward signature (input ids, positions, a
+    compiled decode step's metadata or None, the cache, the rows to keep): the logits of those rows,
+    the final soft-capping applied. The compiled decode steps call it with their metadata, which goes
+    down to each attention layer (hf_attention.py's rill_graph); an eager step with None, inside its
+    step_context."""
 
     def __init__(self, model: torch.nn.Module, attention, final_soft_cap) -> None:
         super().__init__()
         self.model, self.attention, self.config, self.final_soft_cap = model, attention, model.config, final_soft_cap
 
-    def forward(self, input_ids, positions, meta, kv_cache, logits_indices) -> torch.Tensor:
+    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices) -> torch.Tensor:
         out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
-                         logits_to_keep=logits_indices, rill_graph=meta)
+                         logits_to_keep=logits_indices, rill_graph=graph_meta)
         logits = out.logits[0]
         return logits if self.final_soft_cap is None else self.final_soft_cap(logits)
 

@@ -54,15 +54,18 @@ def paged_rope_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_
     """transformers' rotary signature: x (for its dtype and device), position_ids [1, T]; cos and
     sin [1, T, rotary dim]."""
     positions = position_ids[0]
-    lens = positions + 1 if torch.compiler.is_compiling() else current_step().rope_lens
-    freqs = positions.unsqueeze(1).float() * self.rill_inv_freq[layer_type](lens)
+    inv_freq = self.rill_inv_freq[layer_type]
+    if callable(inv_freq):  # dynamic NTK: each token's base from its sequence's length
+        inv_freq = inv_freq(positions + 1 if torch.compiler.is_compiling() else current_step().rope_lens)
+    freqs = positions.unsqueeze(1).float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     scaling = self.attention_scaling if layer_type is None else getattr(self, f"{layer_type}_attention_scaling")
     return (emb.cos() * scaling).to(x.dtype).unsqueeze(0), (emb.sin() * scaling).to(x.dtype).unsqueeze(0)
 
 
 def _inv_freq_of(module, rope_type: str, layer_type: str | None, device: torch.device, max_model_len: int):
-    """lens [T] (each token's sequence length) -> inverse frequencies [T, rotary dim / 2]."""
+    """The inverse frequencies [rotary dim / 2] for every token, or (dynamic NTK) a function of each
+    token's sequence length, lens [T], to them [T, rotary dim / 2]."""
     prefix = "" if layer_type is None else f"{layer_type}_"
     original = getattr(module, f"{prefix}original_inv_freq").to(device)
     config = module.config
@@ -76,7 +79,7 @@ def _inv_freq_of(module, rope_type: str, layer_type: str | None, device: torch.d
         log.info("LongRoPE: the %s factors for every sequence (a context of %d tokens; the model's original is %d%s)",
                  "long" if max_model_len > limit else "short", max_model_len, limit,
                  f": --max-model-len {limit} or less takes the short ones" if max_model_len > limit else "")
-        return lambda lens: chosen.expand(lens.shape[0], -1)
+        return chosen
     if rope_type == "dynamic":  # transformers' _compute_dynamic_ntk_parameters, a base per token
         base, factor, max_len = params["rope_theta"], params["factor"], config.max_position_embeddings
         dim = 2 * original.shape[0]
@@ -88,4 +91,4 @@ def _inv_freq_of(module, rope_type: str, layer_type: str | None, device: torch.d
             return 1.0 / (scaled**exponents)
 
         return dynamic
-    return lambda lens: original.expand(lens.shape[0], -1)
+    return original

@@ -38,9 +38,10 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
   tar czf "$OUT/gpu-tier.tar.gz" -C "$WORK" .
 }
 
-stage tests 110 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+stage tests 150 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_decode.py tests/model/test_triton_kernels.py tests/model/test_triton_path.py \
-  tests/model/test_compiled_prefill.py tests/model/test_gpu_decode_graphs.py
+  tests/model/test_triton_ops.py tests/model/test_compiled_prefill.py tests/model/test_prompt_graphs.py \
+  tests/model/test_gpu_decode_graphs.py
 stage profile 150 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
 
 # serve_and_load TREE MODEL LABEL PORT CONCURRENCY:PROMPTS...: a server from TREE on the GPU behind the
@@ -53,7 +54,7 @@ serve_and_load() {
     --max-model-len 2048) > "$WORK/$label-server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 150); do curl -sf "localhost:$port/ready" > /dev/null && break; sleep 1; done
-  grep -E "compiled|KV cache" "$WORK/$label-server.log" | tail -n 3
+  grep -E "compiled|captured|KV cache" "$WORK/$label-server.log" | tail -n 4
   for load in "$@"; do
     python3 -m rill.bench serve --port "$port" --endpoint /v1/completions --num-prompts "${load#*:}" \
       --max-concurrency "${load%%:*}" --random-input-len 128 --random-output-len 128 --ignore-eos \

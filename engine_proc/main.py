@@ -124,7 +124,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     else:
         tp, model = start_tensor_parallel(config, dtype_name, device, num_blocks, eos_ids)
         runner = runner_class(model, **computed, tp_size=config.parallel.tensor_parallel_size, step_broadcast=tp,
-                              max_model_len=limits.max_model_len)
+                              max_model_len=limits.max_model_len, max_num_batched_tokens=limits.max_num_batched_tokens)
     for name, path in config.lora_modules.items():  # an AdapterError stops the start, naming why
         runner.lora.load(name, path)
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)

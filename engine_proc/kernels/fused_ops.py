@@ -88,8 +88,14 @@ class CpuOps(TorchOps):
 
 def elementwise_ops(weight: torch.Tensor) -> type[TorchOps]:
     """CpuOps for a model whose weights are like `weight` (float32 or bfloat16 on the CPU) once the
-    kernels are loaded, else TorchOps. Asks loaded(), not available(): a model that nothing else
+    kernels are loaded, TritonOps (triton_ops.py) on a GPU, else TorchOps. Asks loaded(), not available(): a model that nothing else
     built the kernels for (the torch backend in float32) keeps the plain torch ops it had."""
     if weight.device.type == "cpu" and weight.dtype in _DTYPES and extension.loaded():
         return CpuOps
+    if weight.device.type == "cuda":
+        try:
+            from rill.engine_proc.kernels.triton_ops import TritonOps
+        except ImportError:  # no Triton: torch's ops
+            return TorchOps
+        return TritonOps
     return TorchOps

@@ -51,13 +51,18 @@ class CompiledPrefill:
             logits_indices = logits_indices.new_zeros(1)
         graph_meta = GraphPrefillMetadata(meta.slot_mapping, meta.block_tables, meta.seq_of_token, meta.context_lens,
                                           self.tile_lens_of(meta.seq_of_token, self.per_tile))
+        logits = self.compiled_forward(input_ids, positions, graph_meta, logits_indices)
+        return logits[:0] if no_rows else logits
+
+    def compiled_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, graph_meta: GraphPrefillMetadata,
+                         logits_indices: torch.Tensor) -> torch.Tensor:
+        """The compiled graph on a step's tensors, every size unbacked: no size compiles a graph of its own."""
         mark = torch._dynamo.decorators.mark_unbacked
         for t in (input_ids, positions, graph_meta.slot_mapping, graph_meta.seq_of_token, graph_meta.context_lens,
                   graph_meta.tile_lens, logits_indices, graph_meta.block_tables):
             mark(t, 0)
         mark(graph_meta.block_tables, 1)
-        logits = self.compiled(input_ids, positions, graph_meta, self.kv_cache, logits_indices)
-        return logits[:0] if no_rows else logits
+        return self.compiled(input_ids, positions, graph_meta, self.kv_cache, logits_indices)
 
     @torch.inference_mode()
     def warm_up(self) -> float:

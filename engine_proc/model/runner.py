@@ -38,9 +38,11 @@ class ModelRunner(SamplingRunner):
         tp_size: int = 1,
         step_broadcast=None,
         max_model_len: int | None = None,
+        max_num_batched_tokens: int = 2048,
     ) -> None:
         """`model`: the settings (ipc/config.py); the rest was decided at start (engine_proc/main.py).
-        `max_model_len`: --max-model-len where given, which bounds the decode graphs' block tables."""
+        `max_model_len`: --max-model-len where given, which bounds the decode graphs' block tables;
+        `max_num_batched_tokens`: a step's most tokens, the largest prompt-step CUDA graph's."""
         model_dir, block_size, batch_invariant = model.model_dir, model.block_size, model.batch_invariant
         attention_backend, quantization, load_format = model.attention_backend, model.quantization, model.load_format
         self.embeddings = model.enable_embeddings  # serve embedding requests too (--enable-embeddings)
@@ -80,11 +82,13 @@ class ModelRunner(SamplingRunner):
             self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
         )
         # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
-        self.decode_graphs = self.compiled_prefill = None
+        self.decode_graphs = self.compiled_prefill = self.prompt_graphs = None
+        longest = min(max_model_len or self.max_model_len, self.max_model_len, num_kv_blocks * block_size)
         if not model.enforce_eager and self.attention_backend == "triton" and self.device.type == "cuda":
             self.compiled_prefill = self._compiled_prefill()
+            if self.compiled_prefill is not None and step_broadcast is None:  # one GPU: graphs of the prompt steps
+                self.prompt_graphs = self._prompt_graphs(model.max_num_seqs, max_num_batched_tokens, longest)
         if not model.enforce_eager:
-            longest = min(max_model_len or self.max_model_len, self.max_model_len, num_kv_blocks * block_size)
             self.decode_graphs = self._compiled_decode(model.max_num_seqs, longest)
         self.sampler = Sampler(eos_token_ids, device=self.device,
                                use_triton=self.attention_backend == "triton")
@@ -128,6 +132,18 @@ class ModelRunner(SamplingRunner):
             return None
         return compiled
 
+    def _prompt_graphs(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+        from rill.engine_proc.model.prompt_graphs import PromptGraphs
+
+        graphs = PromptGraphs(self.compiled_prefill, self.block_size, max_num_seqs, max_num_batched_tokens,
+                              max_model_len, self.device)
+        try:
+            graphs.capture()
+        except Exception as exc:  # an unsupported torch: the compiled prompt step, launched from Python
+            log.warning("prompt steps run without CUDA graphs: a capture failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return graphs
+
     @staticmethod
     def num_kv_blocks_for_memory(
         model_dir: str | Path, *, dtype: torch.dtype, block_size: int, memory_bytes: int
@@ -156,8 +172,13 @@ class ModelRunner(SamplingRunner):
         tensor-parallel rank runs (engine_proc/parallel/rank_worker.py)."""
         if graphs:
             return self.decode_graphs.run(batch)
+        no_lora = self.lora is None or not any(s.req.lora for s in batch.seqs)
+        if self.prompt_graphs is not None and no_lora and not hidden_only:  # prompt_graphs.py
+            logits = self.prompt_graphs.run(batch)
+            if logits is not None:
+                return logits
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
-        if self.lora is None or not any(s.req.lora for s in batch.seqs):
+        if no_lora:
             if self.compiled_prefill is not None and not hidden_only:  # on a GPU (compiled_prefill.py)
                 return self.compiled_prefill.run(input_ids, positions, meta, logits_indices)
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)

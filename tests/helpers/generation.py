@@ -95,7 +95,7 @@ def step_logits(runner: ModelRunner, prompts: list[list[int]], *, chunk_len: int
             allocator.cover(req, req.num_computed_tokens + num_new)
             seqs.append(ScheduledSeq(req, req.num_computed_tokens, num_new))
         batch = Batch(seqs)
-        logits = runner.compute_logits(batch).cpu()
+        logits = runner.compute_logits(batch).cpu().clone()  # a graph's output is overwritten by the next step
         out.append(logits)
         for s in seqs:
             s.req.num_computed_tokens = s.start_pos + s.num_new_tokens

@@ -34,6 +34,7 @@ def test_compiled_prompt_steps_match_the_eager_runner(tiny_model_dir):
         # GPU the matmuls are cuBLAS's): the tracing, the unbacked dimensions and the op are checked.
         compiled.compiled_prefill = CompiledPrefill(compiled.model, compiled.kv_cache, compiled.device, "aot_eager")
         compiled.compiled_prefill.warm_up()
+    compiled.prompt_graphs = None  # on a GPU: the compiled step itself, not its CUDA graphs (test_prompt_graphs.py)
     graphs_after_warm_up = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     calls = []
     run = compiled.compiled_prefill.run

@@ -94,8 +94,8 @@ def elementwise_ops(weight: torch.Tensor) -> type[TorchOps]:
         return CpuOps
     if weight.device.type == "cuda":
         try:
-            from rill.engine_proc.kernels.triton_ops import TritonOps
+            from rill.engine_proc.kernels.triton_ops import TritonOps, works_on
         except ImportError:  # no Triton: torch's ops
             return TorchOps
-        return TritonOps
+        return TritonOps if works_on(weight.device, weight.dtype) else TorchOps
     return TorchOps

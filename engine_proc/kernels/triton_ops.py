@@ -11,11 +11,16 @@ the tests.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
 from rill.engine_proc.kernels.fused_ops import TorchOps
+
+log = logging.getLogger("rill.model")
 
 
 @triton.jit
@@ -106,3 +111,25 @@ class TritonOps(TorchOps):
     @staticmethod
     def rope_heads(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return torch.ops.rill.rope_heads(x, num_heads, cos, sin)
+
+
+@functools.cache
+def works_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether both kernels build and agree with the twin on this device and dtype (checked once, at start:
+    a Triton that cannot build them leaves the model torch's ops, with a warning, not a failed step)."""
+    gen = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(3, 128, generator=gen).to(dtype) for _ in range(2))
+    weight = torch.rand(128, generator=gen).to(dtype)
+    angles = torch.rand(3, 1, 16, generator=gen)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    to = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    try:
+        got = [*TritonOps.add_rms_norm(*to(x, residual, weight), 1e-6),
+               TritonOps.rope_heads(to(x.view(3, 4, 32))[0], 3, *to(cos, sin))]
+        want = [*TorchOps.add_rms_norm(x, residual, weight, 1e-6), TorchOps.rope_heads(x.view(3, 4, 32), 3, cos, sin)]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu().float(), w.float(), atol=5e-2, rtol=5e-2)
+    except Exception as exc:  # noqa: BLE001 (a compile error, a mismatch: either way torch's ops serve)
+        log.warning("fused Triton norm and RoPE kernels off (%s: %s): torch's ops instead", type(exc).__name__, exc)
+        return False
+    return True

@@ -186,7 +186,22 @@ class PromptGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     self._forward(num_tokens, num_rows)
                 self.graphs[num_tokens, num_rows] = graph
+        self._check(empty)
         elapsed = time.perf_counter() - started
         log.info("prompt steps: %d CUDA graphs captured in %.1f s (tokens up to %d, sampled rows up to %d)",
                  len(self.graphs), elapsed, self.token_sizes[-1], self.row_sizes[-1])
         return elapsed
+
+    def _check(self, empty: Batch) -> None:
+        """A replay gives what the compiled step gives on the same inputs (the smallest buckets'), or the
+        runner serves without the graphs (it catches this)."""
+        num_tokens, num_rows = self.token_sizes[0], self.row_sizes[0]
+        self.inputs.fill(empty, num_tokens, num_rows)
+        self.inputs.to_device(num_tokens, num_rows)
+        self._forward(num_tokens, num_rows)
+        want = self.logits[:num_rows].clone()
+        self.logits.zero_()
+        self.graphs[num_tokens, num_rows].replay()
+        if not torch.allclose(self.logits[:num_rows].float(), want.float(), atol=1e-3, rtol=1e-3):
+            self.graphs.clear()
+            raise RuntimeError("a replayed prompt-step graph does not give the compiled step's logits")

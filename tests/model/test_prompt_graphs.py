@@ -91,3 +91,24 @@ def test_prompt_steps_through_the_buckets_match_the_eager_runner(tiny_model_dir)
     if DEVICE == "cpu":
         assert len({n for n in bucketed if n <= 24}) >= 4  # steps of several sizes padded to a bucket
         assert unbucketed == [26]  # and the one larger than the largest bucket fell back
+
+
+def test_a_graph_that_replays_wrong_is_dropped_at_start(tiny_model_dir):
+    """The start check (PromptGraphs._check): a replay must give the compiled step's logits; here the
+    graphs are stand-ins that do (the step itself) and do not (nothing), as a capture is GPU-only."""
+    runner = make_runner(tiny_model_dir, num_kv_blocks=8, block_size=BLOCK_SIZE, eos_token_ids=[2],
+                         attention_backend="triton")
+    prefill = CompiledPrefill(runner.model, runner.kv_cache, runner.device, "aot_eager")
+    graphs = PromptGraphs(prefill, BLOCK_SIZE, 4, 32, 64, runner.device)
+
+    class Replays:
+        def __init__(self, step):
+            self.replay = step
+
+    graphs.graphs = {(16, 1): Replays(lambda: graphs._forward(16, 1))}
+    graphs._check(Batch())
+    assert graphs.graphs
+    graphs.graphs = {(16, 1): Replays(lambda: None)}
+    with pytest.raises(RuntimeError, match="does not give the compiled step's logits"):
+        graphs._check(Batch())
+    assert not graphs.graphs  # the runner then serves the compiled step alone

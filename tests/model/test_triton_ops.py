@@ -71,3 +71,14 @@ def test_the_ops_are_opaque_to_torch_compile():
     torch.testing.assert_close(got[0], TorchOps.rope_heads(want_normed.view(3, 4, 16), 3, angles.cos(), angles.sin()))
     targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
     assert {"rill.add_rms_norm", "rill.rope_heads"} <= targets, targets
+
+
+def test_the_start_check_passes_on_the_kernels_and_fails_on_a_broken_one(monkeypatch):
+    from rill.engine_proc.kernels import triton_ops
+
+    triton_ops.works_on.cache_clear()
+    assert triton_ops.works_on(torch.device(DEVICE), torch.float32)
+    triton_ops.works_on.cache_clear()
+    monkeypatch.setattr(TritonOps, "rope_heads", staticmethod(lambda x, n, cos, sin: TorchOps.rope_heads(x, n, sin, cos)))
+    assert not triton_ops.works_on(torch.device(DEVICE), torch.float32)  # a wrong result: torch's ops serve
+    triton_ops.works_on.cache_clear()

@@ -60,10 +60,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on a GPU, and on a CPU with AMX-BF16 or AVX512-BF16; float32 on other "
                             "CPUs (the start-up log and /stats say which and why)")
-    model.add_argument("--quantization", "-q", default="none", choices=["none", "int8"],
+    model.add_argument("--quantization", "-q", default="none", choices=["none", "int8", "int4"],
                        help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
-                            "head, through torch's int8 kernel; a quarter of float32's weight bytes; CPU only "
-                            "(see README: Quantization)")
+                            "head, a quarter of float32's weight bytes; int4: 4-bit groups of 32 with a float16 scale "
+                            "and offset each, 4.5 bits a weight; CPU only (see docs/quantization.md)")
     model.add_argument("--speculative-config", type=speculative_config, default="",
                        help='speculative decoding, as vLLM spells it (JSON): {"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} drafts '

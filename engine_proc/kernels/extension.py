@@ -205,3 +205,11 @@ def _register_fakes() -> None:
     @lib.register_fake("rill_cpu::int8_linear")
     def _(x, weight_int8, scale, in_features, gemv_max_rows, chunk_elems):
         return x.new_empty(x.shape[0], weight_int8.shape[0])
+
+    @lib.register_fake("rill_cpu::int4_gemv")
+    def _(x, packed, scales, offsets, in_features):
+        return x.new_empty(x.shape[0], packed.shape[0])
+
+    @lib.register_fake("rill_cpu::int4_linear")
+    def _(x, packed, scales, offsets, in_features, gemv_max_rows, chunk_elems):
+        return x.new_empty(x.shape[0], packed.shape[0])

@@ -54,8 +54,6 @@ from torch import nn
 
 from rill.engine_proc.kernels import extension
 
-QUANTIZATION_METHODS = ("none", "int8")
-
 # Rows up to which the int8 kernel beats the converted weight's GEMM, by activation dtype (measured
 # by bench/kernels/quant_linears.py for every shape of the bundled model, 1 and 2 threads on a Sapphire
 # Rapids: the crossover is at 12-17 rows against bfloat16's AMX GEMM, 22-55 against float32's).
@@ -74,17 +72,6 @@ DEQUANT_CHUNK_ELEMS = 1 << 21
 KERNEL_DTYPE = torch.bfloat16
 _K_MULTIPLE = 16
 _ALIGN_BYTES = 64
-
-
-def check_quantization(method: str, device: torch.device) -> None:
-    """A known method, on a device that runs it: said at start rather than in the first step."""
-    if method not in QUANTIZATION_METHODS:
-        raise ValueError(f"quantization {method!r}: expected one of {QUANTIZATION_METHODS}")
-    if method == "int8" and device.type != "cpu":
-        raise ValueError(
-            f"--quantization int8 is CPU-only for now (device {device.type}): its kernel, torch's "
-            "_weight_int8pack_mm, is not wired up for GPUs in Rill; use --quantization none"
-        )
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,25 +193,3 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
 @int8_linear.register_fake
 def _(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, in_features: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight_int8.shape[0])
-
-
-def quantize_linears(model: nn.Module) -> int:
-    """Swap every nn.Linear for an Int8Linear and give a tied head a quantized copy.
-
-    Returns how many layers became int8. The float weights of the swapped layers are dropped
-    with them; the embedding of a tied model stays float for its lookup.
-    """
-    replacements = [
-        (parent, child_name, child)
-        for parent in model.modules()
-        for child_name, child in parent.named_children()
-        if type(child) is nn.Linear
-    ]
-    for parent, child_name, child in replacements:
-        setattr(parent, child_name, Int8Linear(child.weight, child.bias))
-    num_quantized = len(replacements)
-    if getattr(model, "lm_head", 0) is None:  # Rill's Llama: None means tied to embed_tokens
-        model.lm_head = Int8Linear(model.embed_tokens.weight)
-        num_quantized += 1
-    return num_quantized
-

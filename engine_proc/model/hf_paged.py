@@ -12,9 +12,9 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
 from rill.engine_proc.attention.kv_cache import KVCache
 from rill.engine_proc.kernels import extension
-from rill.engine_proc.kernels.int8_linear import Int8Linear, check_quantization, quantize_linears
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
+from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
 from rill.engine_proc.model.hf_experts import pack_experts
@@ -104,8 +104,9 @@ class PagedTransformersRunner(SamplingRunner):
                              f"{layers[:8]}, not one per decoder layer ({text_config.num_hidden_layers})")
         # The native model's linear kernels under transformers' modules: int8, or on the CPU the
         # packed layouts (engine_proc/kernels/linear.py); on the CPU a family's experts too.
-        if model.quantization == "int8":
-            log.info("int8 weights for %d linear layers, the head included", quantize_linears(self.model))
+        if model.quantization != "none":
+            log.info("%s weights for %d linear layers, the head included", model.quantization,
+                     quantize_linears(self.model, model.quantization))
         elif self.device.type == "cpu":
             pack_linears_for_cpu(self.model, model.batch_invariant)
         if self.device.type == "cpu":
@@ -137,8 +138,9 @@ class PagedTransformersRunner(SamplingRunner):
 
     def _pack_experts(self, quantization: str) -> None:
         """A mixture of experts: each expert's projections in the native linear kernels (hf_experts.py)."""
-        if quantization == "int8":
-            make = lambda weight, bias, name: Int8Linear(weight, bias)  # noqa: E731
+        if quantization != "none":
+            quantized = linear_class(quantization)
+            make = lambda weight, bias, name: quantized(weight, bias)  # noqa: E731
         else:
             make = lambda weight, bias, name: packed_linear(weight, bias, name, False)  # noqa: E731
         try:

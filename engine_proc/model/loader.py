@@ -12,8 +12,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from rill.engine_proc.attention.backend import AttentionBackend
-from rill.engine_proc.kernels.int8_linear import check_quantization, quantize_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu
+from rill.engine_proc.kernels.quantization import check_quantization, quantize_linears
 from rill.engine_proc.model.llama import LlamaForCausalLM
 from rill.engine_proc.parallel.sharding import Shard
 
@@ -83,9 +83,9 @@ def load_model(
     else:
         model.load_weights(iter_safetensors(safetensors_files(model_dir)))
     model.eval().requires_grad_(False)
-    if quantization == "int8":
-        num_quantized = quantize_linears(model)
-        log.info("int8 weights (per-channel scales) for %d linear layers, the head included", num_quantized)
+    if quantization != "none":
+        num_quantized = quantize_linears(model, quantization)
+        log.info("%s weights for %d linear layers, the head included", quantization, num_quantized)
     elif torch.device(device).type == "cpu":
         pack_linears_for_cpu(model, batch_invariant)
     model.bind_kernels()  # the kernel paths, chosen once for the layers as loaded

@@ -14,8 +14,9 @@ from transformers import AutoTokenizer, LlamaConfig
 from rill.bench.kernels import quant_linears, quant_quality
 from rill.cli import serve_parser
 from rill.engine_proc.kernels import extension
-from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear, quantize_linears
+from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear
 from rill.engine_proc.kernels.linear import PackedLinear
+from rill.engine_proc.kernels.quantization import quantize_linears
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.hf_runner import TransformersRunner
 from rill.engine_proc.model.llama import LlamaForCausalLM

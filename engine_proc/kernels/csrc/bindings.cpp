@@ -10,6 +10,7 @@
 
 #include "amx_linear.h"
 #include "elementwise.h"
+#include "int4_gemv.h"
 #include "int8_gemv.h"
 #include "moe_experts.h"
 #include "paged_decode.h"
@@ -26,6 +27,11 @@ TORCH_LIBRARY(rill_cpu, m) {
           "Tensor context_lens, int layer, int window=0, float softcap=0.0, Tensor? sinks=None) -> Tensor");
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor weight_int8, Tensor scale, int in_features, int gemv_max_rows, "
+          "int chunk_elems) -> Tensor");
+    m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales, Tensor offsets, int in_features) -> Tensor");
+    m.def("int4_dequant(Tensor packed, Tensor scales, Tensor offsets, int in_features, int start, int count, "
+          "Tensor like) -> Tensor");
+    m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor offsets, int in_features, int gemv_max_rows, "
           "int chunk_elems) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -54,6 +60,9 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("write_kv", &rill_cpu::write_kv);
     m.impl("int8_gemv", &rill_cpu::int8_gemv);
     m.impl("int8_linear", &rill_cpu::int8_linear);
+    m.impl("int4_gemv", &rill_cpu::int4_gemv);
+    m.impl("int4_dequant", &rill_cpu::int4_dequant);
+    m.impl("int4_linear", &rill_cpu::int4_linear);
     m.impl("rms_norm", &rill_cpu::rms_norm);
     m.impl("add_rms_norm", &rill_cpu::add_rms_norm);
     m.impl("rope_", &rill_cpu::rope_);

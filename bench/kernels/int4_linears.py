@@ -1,0 +1,138 @@
+"""`python -m rill.bench.kernels.int4_linears`: 4-bit linears against int8 and bfloat16 ones, per row count,
+at the bundled model's shapes and at Qwen2.5-1.5B's, with the memory-bandwidth floor.
+
+For each linear shape of a model (fused q/k/v, o, fused gate/up, down, the LM head), summed over the shapes,
+the time of one call of each of Rill's linears on M rows of bfloat16 activations:
+- `bf16`: the unquantized one (oneDNN's prepacked weight, PackedLinear);
+- `int8`: Int8Linear (csrc/int8_gemv.cpp, and its converted GEMM above GEMV_MAX_ROWS rows);
+- `int4`: Int4Linear (csrc/int4_gemv.cpp, likewise).
+A decode row reads every weight once, so at one row each has a floor: its weight bytes over the memory
+bandwidth, which a large copy measures in the same run (bytes read plus written per second). The
+ratio `int4 / floor` says how close the kernel gets. Calls are interleaved over rounds and the median round
+is reported; random weights of the model's shapes (timings do not depend on values).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rill.bench.kernels.quant_linears import float_linear, time_call
+from rill.bench.serving.markdown import table
+from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.kernels.int4_linear import Int4Linear
+from rill.engine_proc.kernels.int8_linear import Int8Linear
+
+# (name, out_features N, in_features K) per layer, and the head.
+MODELS = {
+    "smollm2-135m": (30, [("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576),
+                          ("down_proj", 576, 1536)], ("lm_head", 49152, 576)),
+    "qwen2.5-1.5b": (28, [("qkv_proj", 2048, 1536), ("o_proj", 1536, 1536), ("gate_up_proj", 17920, 1536),
+                          ("down_proj", 1536, 8960)], ("lm_head", 151936, 1536)),
+}
+VARIANTS = ["bf16", "int8", "int4"]
+ROWS = [1, 4, 16, 64, 256]
+
+
+def copy_bandwidth(num_bytes: int = 1 << 30) -> float:
+    """Bytes read plus written per second by torch's copy of a large buffer (the best of 5)."""
+    src = torch.ones(num_bytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * num_bytes / best
+
+
+def weight_bytes(layer) -> int:
+    return sum(b.numel() * b.element_size() for b in (*layer.buffers(), *layer.parameters()))
+
+
+def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
+    num_layers, shapes, head = MODELS[model]
+    gen = torch.Generator().manual_seed(0)
+    layers = {}  # (shape, variant) -> layer
+    for name, n, k in [*shapes, head]:
+        weight = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
+        layers[name, "bf16"] = float_linear(weight)
+        layers[name, "int8"], layers[name, "int4"] = Int8Linear(weight), Int4Linear(weight)
+    samples: dict[tuple, list[float]] = {}
+    with torch.inference_mode():
+        inputs = {(rows, k): torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+                  for rows in rows_list for _, _, k in [*shapes, head]}
+        for _ in range(rounds):
+            for (name, variant), layer in layers.items():
+                k = next(s[2] for s in [*shapes, head] if s[0] == name)
+                for rows in rows_list:
+                    x = inputs[rows, k]
+                    layer(x)
+                    samples.setdefault((name, variant, rows), []).append(time_call(lambda: layer(x), budget_s))
+    ms = {key: statistics.median(v) for key, v in samples.items()}
+    # A decode step's linears: every layer's shapes times the layers, and the head once.
+    step = {(variant, rows): sum(ms[name, variant, rows] * num_layers for name, _, _ in shapes)
+            + ms[head[0], variant, rows] for variant in VARIANTS for rows in rows_list}
+    step_bytes = {}
+    for variant in VARIANTS:
+        per_layer = sum(weight_bytes(layers[name, variant]) if variant != "bf16" else n * k * 2 for name, n, k in shapes)
+        head_bytes = weight_bytes(layers[head[0], variant]) if variant != "bf16" else head[1] * head[2] * 2
+        step_bytes[variant] = per_layer * num_layers + head_bytes
+    return {"model": model, "num_layers": num_layers,
+            "step_ms": {f"{variant} {rows}": round(v, 4) for (variant, rows), v in step.items()},
+            "weight_bytes": step_bytes,
+            "per_shape_ms": {f"{name} {variant} {rows}": round(v, 4) for (name, variant, rows), v in ms.items()}}
+
+
+def markdown(report: dict) -> str:
+    machine, bandwidth = report["machine"], report["copy_bandwidth_gb_s"]
+    lines = ["# 4-bit linears against int8 and bfloat16: a decode step's linears (ms, median of interleaved rounds)", "",
+             f"`{report['command']}` on {report['date']}: {machine.get('cpu_model')} "
+             f"({' '.join(machine.get('cpu_flags', []))}), {report['params']['torch_threads']} torch threads, "
+             f"torch {machine.get('torch')}. A copy moved {bandwidth:.1f} GB/s (read + written).", "",
+             "Each figure: every linear of the model's layers on M rows of bfloat16 activations, times the layers, "
+             "plus the head once. floor: the weight bytes read once at the copy's bandwidth.", ""]
+    for result in report["results"]:
+        rows_list = report["params"]["rows"]
+        floors = {v: result["weight_bytes"][v] / (bandwidth * 1e9) * 1e3 for v in VARIANTS}
+        lines += [f"## {result['model']} ({result['num_layers']} layers)", "",
+                  table(["variant", "weights (MB)", "floor (ms)", *[f"M={r}" for r in rows_list]],
+                        [[v, f"{result['weight_bytes'][v] / 1e6:.0f}", f"{floors[v]:.2f}",
+                          *[f"{result['step_ms'][f'{v} {r}']:.2f}" for r in rows_list]] for v in VARIANTS]), "",
+                  table(["rows", "int4 / bf16", "int4 / int8", "int4 / its floor"],
+                        [[r, f"{result['step_ms'][f'int4 {r}'] / result['step_ms'][f'bf16 {r}']:.2f}x",
+                          f"{result['step_ms'][f'int4 {r}'] / result['step_ms'][f'int8 {r}']:.2f}x",
+                          f"{result['step_ms'][f'int4 {r}'] / floors['int4']:.2f}x" if r == 1 else "–"]
+                         for r in rows_list]), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.int4_linears", description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="shapes to run, comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
+    ap.add_argument("--budget-ms", type=float, default=30.0, help="time spent per cell per round")
+    ap.add_argument("--quick", action="store_true", help="the small model, rows 1 and 32, 1 round: checks that it runs")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/int4_linears-cpu.json"))
+    args = ap.parse_args(argv)
+    models = ["smollm2-135m"] if args.quick else args.models.split(",")
+    rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
+    rounds, budget_s = (1, 0.002) if args.quick else (args.rounds, args.budget_ms / 1000)
+    bandwidth = copy_bandwidth(1 << 26 if args.quick else 1 << 30) / 1e9
+    results = [run(model, rows_list, rounds, budget_s) for model in models]
+    report = {"benchmark": "int4_linears", **provenance("rill.bench.kernels.int4_linears", argv, None),
+              "params": {"rows": rows_list, "rounds": rounds, "budget_ms": budget_s * 1000, "quick": args.quick,
+                         "torch_threads": torch.get_num_threads()},
+              "copy_bandwidth_gb_s": bandwidth, "results": results}
+    text = markdown(report)
+    save_results(args.out, report, text)
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

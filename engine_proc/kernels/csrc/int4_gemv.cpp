@@ -1,0 +1,324 @@
+// Weight-only 4-bit matrix-vector products for decode steps, and the conversion for prompt steps:
+// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + offset[n, k / 32]), the layout of int4_gemv.h.
+//
+// A decode step reads every weight once, so its speed is the memory bandwidth: at 4.5 bits a weight
+// (nibbles, a float16 scale and offset per 32) a step reads 0.56 of int8's bytes. As int8_gemv.cpp does,
+// each thread streams a contiguous range of weight rows, a few at a time, with software prefetch; per
+// group of 32 it splits 16 bytes into their low and high nibbles, converts each half to 16 floats, applies
+// the group's scale and offset in one FMA, and multiplies them into every activation row. Prompt steps
+// convert the weight to the activations' dtype a slice at a time for oneDNN's GEMM.
+//
+// GCC vector extensions and a few intrinsics: AVX-512, AVX2 and SSE2 builds come from the same source.
+#include "int4_gemv.h"
+
+#include <ATen/ops/linear_ops.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "float_bits.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace rill_int4 {
+
+using rill_float::store;
+using rill_float::to_float;
+using rill_float::v16f;
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else {  // subnormal: normalize
+        exp = 113u;
+        while (!(mant & 0x400u)) {
+            mant <<= 1;
+            --exp;
+        }
+        bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+inline v16f splat(float s) {  // one broadcast (a lane-by-lane loop became 16 masked moves; v16f{} + s, an add)
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_set1_ps(s);
+#elif defined(__AVX__)
+    const __m256 h = _mm256_set1_ps(s), v[2] = {h, h};
+#else
+    float v[16];
+    for (float& l : v) l = s;
+#endif
+    v16f out;
+    std::memcpy(&out, &v, 64);
+    return out;
+}
+
+// The 32 weights of one group as floats: elements 0..15 (low nibbles) and 16..31 (high nibbles).
+inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
+#if defined(__AVX512F__)
+    // Each byte widened to a 32-bit lane: its low nibble by a mask, its high one by a shift.
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512 l = _mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(0x0f)));
+    const __m512 h = _mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4));
+    std::memcpy(&lo, &l, 64);
+    std::memcpy(&hi, &h, 64);
+#elif defined(__AVX2__)
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i l8 = _mm_and_si128(b, mask), h8 = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l8)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l8, 8))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h8)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h8, 8)))};
+    std::memcpy(&lo, parts, 64);
+    std::memcpy(&hi, parts + 2, 64);
+#else
+    for (int l = 0; l < 16; ++l) {
+        lo[l] = static_cast<float>(p[l] & 0x0f);
+        hi[l] = static_cast<float>(p[l] >> 4);
+    }
+#endif
+}
+
+inline v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                  reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+    __m256 a2[2], b2[2], c2[2];
+    std::memcpy(a2, &a, sizeof a);
+    std::memcpy(b2, &b, sizeof b);
+    std::memcpy(c2, &c, sizeof c);
+    const __m256 r[2] = {_mm256_fmadd_ps(a2[0], b2[0], c2[0]), _mm256_fmadd_ps(a2[1], b2[1], c2[1])};
+    v16f out;
+    std::memcpy(&out, r, sizeof out);
+    return out;
+#else
+    return a * b + c;
+#endif
+}
+
+inline float hsum(v16f v) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; ++l) s += v[l];
+    return s;
+}
+
+struct Weight {
+    const uint8_t* packed;  // [N, Kp / 2]
+    const uint16_t* scales;  // [N, Kp / 32] float16 bits
+    const uint16_t* offsets;
+    int64_t Kp;
+};
+
+// The scales and offsets of up to 16 consecutive groups of one row, converted to floats together (one
+// instruction each with AVX-512) into memory, from which each group's are broadcast by the load ports (a
+// permute from a register took the shuffle port, which the nibbles' widening needs too).
+struct GroupParams {
+    alignas(64) float scale[16], offset[16];
+    void load(const Weight& w, int64_t n, int64_t g0, int64_t count) {
+        uint16_t s[16] = {}, m[16] = {};
+        const int64_t i = n * (w.Kp / 32) + g0;
+        std::memcpy(s, w.scales + i, 2 * count);
+        std::memcpy(m, w.offsets + i, 2 * count);
+#if defined(__AVX512F__)
+        _mm512_store_ps(scale, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))));
+        _mm512_store_ps(offset, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m))));
+#else
+        for (int l = 0; l < 16; ++l) {
+            scale[l] = half_to_float(s[l]);
+            offset[l] = half_to_float(m[l]);
+        }
+#endif
+    }
+    // Group j's (of those loaded) 32 weights: q * scale + offset.
+    void apply(int64_t j, v16f& lo, v16f& hi) const {
+        const v16f s = splat(scale[j]), m = splat(offset[j]);
+        lo = fma16(lo, s, m);
+        hi = fma16(hi, s, m);
+    }
+};
+
+constexpr int64_t PREFETCH_ROWS = 16;
+
+// Rows [n0, n1) of the output for M activation rows, R weight rows at a time (R x M accumulators in registers).
+template <int R, int M, typename T>
+void rows(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N, int64_t n0, int64_t n1) {
+    const int64_t row_bytes = w.Kp / 2, groups = w.Kp / 32;
+    const uint8_t* end = w.packed + N * row_bytes;
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) {
+        v16f acc[R][M] = {};
+        const uint8_t* ahead = w.packed + (n + PREFETCH_ROWS) * row_bytes;
+        for (int64_t b = 0; b < R * row_bytes && ahead + b < end; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+            const int64_t count = std::min<int64_t>(16, groups - g0);
+            GroupParams params[R];
+            for (int r = 0; r < R; ++r) params[r].load(w, n + r, g0, count);
+            for (int64_t j = 0; j < count; ++j) {
+                const int64_t g = g0 + j;
+                v16f lo[R], hi[R];
+                for (int r = 0; r < R; ++r) {
+                    nibbles32(w.packed + (n + r) * row_bytes + 16 * g, lo[r], hi[r]);
+                    params[r].apply(j, lo[r], hi[r]);
+                }
+                for (int m = 0; m < M; ++m) {
+                    v16f x_lo, x_hi;
+                    std::memcpy(&x_lo, xf + m * w.Kp + 32 * g, sizeof x_lo);
+                    std::memcpy(&x_hi, xf + m * w.Kp + 32 * g + 16, sizeof x_hi);
+                    for (int r = 0; r < R; ++r) acc[r][m] = fma16(hi[r], x_hi, fma16(lo[r], x_lo, acc[r][m]));
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, hsum(acc[r][m]));
+    }
+    if (n < n1) rows<1, M, T>(y, y_stride, xf, w, N, n, n1);
+}
+
+template <int M, typename T>
+void gemv(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N) {
+    const int64_t blocks = (N + 15) / 16;  // whole 16-row blocks per thread: each streams its own part
+#pragma omp parallel
+    {
+        int64_t t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int64_t n0 = blocks * t / nt * 16, n1 = std::min(N, blocks * (t + 1) / nt * 16);
+        if (n0 < n1) rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, w, N, n0, n1);
+    }
+}
+
+template <typename T>
+void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t K, const Weight& w, int64_t N) {
+    thread_local std::vector<float> buf;  // the activations as floats, zero past K (the weight's padding too)
+    buf.assign(M * w.Kp, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) buf[m * w.Kp + k] = to_float(x[m * x_stride + k]);
+    const float* xf = buf.data();
+    for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight
+        T* out = y + m * y_stride;
+        const float* in = xf + m * w.Kp;
+        switch (std::min<int64_t>(M - m, 8)) {
+            case 1: gemv<1, T>(out, y_stride, in, w, N); m += 1; break;
+            case 2: gemv<2, T>(out, y_stride, in, w, N); m += 2; break;
+            case 3: gemv<3, T>(out, y_stride, in, w, N); m += 3; break;
+            case 4: gemv<4, T>(out, y_stride, in, w, N); m += 4; break;
+            case 5: gemv<5, T>(out, y_stride, in, w, N); m += 5; break;
+            case 6: gemv<6, T>(out, y_stride, in, w, N); m += 6; break;
+            case 7: gemv<7, T>(out, y_stride, in, w, N); m += 7; break;
+            default: gemv<8, T>(out, y_stride, in, w, N); m += 8; break;
+        }
+    }
+}
+
+template <typename T>
+void dequant(T* out, int64_t K, const Weight& w, int64_t start, int64_t count) {
+    const int64_t groups = (K + 31) / 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+        T* row = out + i * K;
+        GroupParams params;
+        for (int64_t g = 0; g < groups; ++g) {
+            if (g % 16 == 0) params.load(w, start + i, g, std::min<int64_t>(16, groups - g));
+            v16f lo, hi;
+            nibbles32(w.packed + (start + i) * (w.Kp / 2) + 16 * g, lo, hi);
+            params.apply(g % 16, lo, hi);
+            for (int l = 0; l < 16; ++l) {
+                if (32 * g + l < K) store(row + 32 * g + l, lo[l]);
+                if (32 * g + 16 + l < K) store(row + 32 * g + 16 + l, hi[l]);
+            }
+        }
+    }
+}
+
+}  // namespace rill_int4
+
+namespace rill_cpu {
+
+namespace {
+
+rill_int4::Weight weight_of(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
+                            int64_t in_features) {
+    const int64_t N = packed.size(0), Kp = packed.size(1) * 2;
+    TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && Kp % 32 == 0 &&
+                    Kp >= in_features && Kp < in_features + 32,
+                "int4: a packed uint8 weight [N, Kp / 2], Kp the in_features rounded up to 32, contiguous");
+    for (const at::Tensor* t : {&scales, &offsets})
+        TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
+                        t->size(1) == Kp / 32,
+                    "int4: float16 scales and offsets [N, Kp / 32], contiguous");
+    return {packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr()),
+            reinterpret_cast<const uint16_t*>(offsets.data_ptr()), Kp};
+}
+
+template <typename F>
+auto by_dtype(const at::Tensor& t, const char* what, F&& call) {
+    TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, what, ": float32 or bfloat16");
+    return t.scalar_type() == at::kBFloat16 ? call(static_cast<uint16_t*>(nullptr)) : call(static_cast<float*>(nullptr));
+}
+
+}  // namespace
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
+                     int64_t in_features) {
+    TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == in_features, "int4_gemv: x [M, K], rows contiguous");
+    const rill_int4::Weight w = weight_of(packed, scales, offsets, in_features);
+    at::Tensor y = x.new_empty({x.size(0), packed.size(0)});
+    by_dtype(x, "int4_gemv: x", [&](auto* typed) {
+        using T = std::remove_pointer_t<decltype(typed)>;
+        rill_int4::run<T>(static_cast<T*>(y.data_ptr()), y.stride(0), static_cast<const T*>(x.data_ptr()), x.stride(0),
+                          x.size(0), in_features, w, packed.size(0));
+        return 0;
+    });
+    return y;
+}
+
+at::Tensor int4_dequant(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
+                        int64_t in_features, int64_t start, int64_t count, const at::Tensor& like) {
+    const rill_int4::Weight w = weight_of(packed, scales, offsets, in_features);
+    TORCH_CHECK(start >= 0 && count >= 0 && start + count <= packed.size(0), "int4_dequant: rows out of range");
+    at::Tensor out = like.new_empty({count, in_features});
+    by_dtype(like, "int4_dequant: like", [&](auto* typed) {
+        using T = std::remove_pointer_t<decltype(typed)>;
+        rill_int4::dequant<T>(static_cast<T*>(out.data_ptr()), in_features, w, start, count);
+        return 0;
+    });
+    return out;
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const at::Tensor& offsets, int64_t in_features, int64_t gemv_max_rows, int64_t chunk_elems) {
+    if (x.size(0) <= gemv_max_rows) return int4_gemv(x.stride(1) == 1 ? x : x.contiguous(), packed, scales, offsets, in_features);
+    const int64_t N = packed.size(0), rows_per_chunk = std::max<int64_t>(1, chunk_elems / in_features);
+    auto linear = [](const at::Tensor& a, const at::Tensor& b) { return at::_ops::linear::call(a, b, std::nullopt); };
+    if (N <= rows_per_chunk) return linear(x, int4_dequant(packed, scales, offsets, in_features, 0, N, x));
+    at::Tensor y = x.new_empty({x.size(0), N});
+    for (int64_t start = 0; start < N; start += rows_per_chunk) {
+        const int64_t n = std::min(rows_per_chunk, N - start);
+        y.narrow(1, start, n).copy_(linear(x, int4_dequant(packed, scales, offsets, in_features, start, n, x)));
+    }
+    return y;
+}
+
+}  // namespace rill_cpu

@@ -1,0 +1,98 @@
+"""Weight-only 4-bit quantization (`--quantization int4`, and GGUF's Q4_0 and Q4_1 kept packed).
+
+The scheme: each weight [N, K] in groups of 32 along K, each group with a float16 scale and offset,
+w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum, scale = its range / 15).
+4.5 bits a weight, 0.56 of int8's bytes: a decode step on a CPU reads every weight once, so its time
+follows. GGUF's Q4_1 blocks are exactly this; Q4_0's are the symmetric case (offset = -8 * scale) and
+repack without loss. The layout is csrc/int4_gemv.h's; the kernels are csrc/int4_gemv.cpp:
+  - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
+  - above (prompts), the weight converted to the activations' dtype a slice at a time, and oneDNN's GEMM.
+Without the built kernels, the torch twin (dequantize, F.linear): the same within rounding, slow. The LM
+head is quantized too, as int8's is (a tied head gets a quantized copy; the embedding lookup stays float).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rill.engine_proc.kernels import extension
+
+GROUP = 32
+GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEMM (bench/kernels/quant_linears.py)
+DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in reused heap memory
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed uint8 [N, Kp / 2], scales float16 [N, Kp / 32], offsets float16 [N, Kp / 32]) of a float
+    weight [N, K], K zero-padded to Kp, a multiple of 32; each q against the rounded scale and offset."""
+    w = weight.detach().to(torch.float32)
+    n, k = w.shape
+    w = F.pad(w, (0, -k % GROUP)).view(n, -1, GROUP)
+    low, high = w.amin(-1), w.amax(-1)
+    offsets = low.to(torch.float16)
+    scales = ((high - offsets.float()) / 15).to(torch.float16)
+    # A scale that rounded down would put the group's largest weight past 15: one step up.
+    short = offsets.float() + 15 * scales.float() < high
+    scales = torch.where(short, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
+    step = torch.where(scales == 0, 1.0, scales.float()).unsqueeze(-1)
+    q = torch.round((w - offsets.float().unsqueeze(-1)) / step).clamp_(0, 15).to(torch.uint8)
+    return pack_nibbles(q), scales, offsets
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q [N, groups, 32] in 0..15 as [N, groups * 16] bytes: element j low, element 16 + j high."""
+    return (q[..., :16] | (q[..., 16:] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, in_features: int,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight [N, in_features] of the packed one (the kernels' twin)."""
+    n = packed.shape[0]
+    b = packed.view(n, -1, 16)
+    q = torch.cat((b & 15, b >> 4), dim=-1).float()
+    w = q * scales.float().unsqueeze(-1) + offsets.float().unsqueeze(-1)
+    return w.reshape(n, -1)[:, :in_features].to(dtype)
+
+
+class Int4Linear(nn.Module):
+    """y = x @ w.T + bias for a 4-bit weight: from a float weight [N, K] (quantized here), or packed already
+    (`Int4Linear.packed(...)`, a GGUF tensor's blocks)."""
+
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, *,
+                 packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None) -> None:
+        super().__init__()
+        if packed is None:
+            self.in_features = weight.shape[1]
+            packed = (*quantize_int4(weight), self.in_features)
+            dtype, device = weight.dtype, weight.device
+        else:
+            dtype, device = (bias.dtype, bias.device) if bias is not None else (torch.float32, packed[0].device)
+        nibbles, scales, offsets, self.in_features = packed
+        self.out_features = nibbles.shape[0]
+        self.register_buffer("nibbles", nibbles.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("offsets", offsets.contiguous())
+        self.bias = None if bias is None else bias.detach().clone()
+        self.uses_kernels = device.type == "cpu" and extension.available()
+        self.dtype = dtype
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead_shape = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        if self.uses_kernels and x.dtype in _DTYPES:  # one operator, eager or in a compiled decode graph
+            y = torch.ops.rill_cpu.int4_linear(x2d, self.nibbles, self.scales, self.offsets, self.in_features,
+                                              GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
+        else:
+            y = F.linear(x2d, self.dequantized_weight(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead_shape, self.out_features)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [N, K] the packed one stands for."""
+        return dequantize_int4(self.nibbles, self.scales, self.offsets, self.in_features, dtype)

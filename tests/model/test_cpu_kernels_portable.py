@@ -14,7 +14,8 @@ from rill.engine_proc.cpu_features import cpu_info
 from rill.engine_proc.kernels import extension
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py"]
+TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py",
+         "tests/model/test_int4.py"]
 # The kernels' own tests; the model runners and benchmarks do not depend on the build target.
 SELECT = "not runner and not quick and not load_model and not cli"
 

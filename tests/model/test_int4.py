@@ -18,13 +18,14 @@ def test_quantize_rounds_each_weight_to_its_groups_grid():
     weight = torch.randn(7, 70, generator=gen) * torch.logspace(-3, 1, 7).unsqueeze(1)  # K: two groups and a part
     weight[3, :32] = 0.25  # a constant group: scale 0
     packed, scales, offsets = quantize_int4(weight)
-    assert packed.shape == (7, 48) and packed.dtype == torch.uint8 and scales.shape == offsets.shape == (7, 3)
+    # K padded to 128 (whole pairs of groups): a fourth group of zeros.
+    assert packed.shape == (7, 64) and packed.dtype == torch.uint8 and scales.shape == offsets.shape == (7, 4)
     got = dequantize_int4(packed, scales, offsets, 70)
     step = scales.float().repeat_interleave(32, dim=1)[:, :70]
     assert ((got - weight).abs() <= step / 2 * 1.001 + 1e-6).all()
     assert torch.equal(got[3, :32], torch.full((32,), float(torch.tensor(0.25).half())))
     # Every group's smallest and largest weight sit on the grid's ends (0 and at most 15).
-    q = torch.cat(((packed.view(7, 3, 16) & 15), packed.view(7, 3, 16) >> 4), dim=-1)
+    q = torch.cat(((packed.view(7, 4, 16) & 15), packed.view(7, 4, 16) >> 4), dim=-1)
     assert int(q.max()) <= 15 and (q[:, :2].amin(-1) == 0).all()
 
 
@@ -33,7 +34,7 @@ def test_packed_nibbles_follow_ggufs_order():
     weight = torch.arange(32, dtype=torch.float32).unsqueeze(0) / 31  # q = round(k * 15 / 31)
     packed, scales, offsets = quantize_int4(weight)
     q = torch.round(torch.arange(32) * 15 / 31).to(torch.uint8)
-    assert torch.equal(packed[0], q[:16] | (q[16:] << 4))
+    assert torch.equal(packed[0, :16], q[:16] | (q[16:] << 4))
 
 
 @needs_kernels
@@ -46,11 +47,16 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
     layer = Int4Linear(weight.to(dtype), bias.to(dtype))
     assert layer.uses_kernels
     x = torch.randn(num_rows, 100, generator=gen).to(dtype)
-    want = torch.nn.functional.linear(x.double(), layer.dequantized_weight(torch.float64), bias.to(dtype).double())
+    weight_q = layer.dequantized_weight(torch.float64)
+    want = torch.nn.functional.linear(x.double(), weight_q, bias.to(dtype).double())
     got = layer(x)
     assert got.dtype == dtype
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
-    torch.testing.assert_close(got.double(), want, **tol)
+    # Within the rounding of the activations: to int8 per group of 32 in the AVX512-VNNI kernel (half a step
+    # of max|x| / 127 each), to bfloat16 for bfloat16's output; and float32's sums.
+    padded = torch.nn.functional.pad(x.double().abs(), (0, 28)).view(num_rows, -1, 32)
+    group_max = padded.amax(-1, keepdim=True).expand_as(padded).reshape(num_rows, -1)[:, :100]
+    bound = (group_max @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
+    assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 
 
 @needs_kernels
@@ -87,8 +93,7 @@ def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
     logits = [generate_logits(r, prompts).float() for r in (reference, int4)]
     probs = [lg.softmax(-1) for lg in logits]
     kl = (probs[0] * (probs[0].clamp_min(1e-12).log() - probs[1].clamp_min(1e-12).log())).sum(-1)
-    assert kl.max() < 0.25, kl
-    assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= 0.5
+    assert kl.max() < 0.1, kl  # 0.014-0.036 measured on a Zen 4 (int8: under 0.05)
 
 
 def test_int4_is_refused_on_a_gpu(model_dir):

@@ -2,7 +2,8 @@
 // rill_cpu::int4_linear, whose schemas bindings.cpp registers.
 //
 // The layout (engine_proc/kernels/int4_linear.py makes it, from a float weight or a GGUF Q4_0/Q4_1
-// tensor): a weight [N, K] in groups of 32 along K, K padded with zeros to Kp, a multiple of 32.
+// tensor): a weight [N, K] in groups of 32 along K, K padded with zeros to Kp, a multiple of 64 (whole pairs of
+// groups, which the AVX512-VNNI kernel takes at once).
 //   packed  uint8 [N, Kp / 2]: group g of row n is bytes 16g..16g+15; byte j holds element 32g + j in its
 //           low four bits and element 32g + 16 + j in its high four (GGUF's Q4_0 and Q4_1 order);
 //   scales  float16 [N, Kp / 32] and offsets float16 [N, Kp / 32]: w = q * scale + offset, q in 0..15

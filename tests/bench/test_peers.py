@@ -127,3 +127,22 @@ def test_summary_names_what_was_not_measured():
     assert results["vllm_itl"]["ratio"] == 0.5 and results["vllm_itl"]["pass"] is True
     assert results["vllm_ttft"]["ratio"] == 0.5 and results["vllm_ttft"]["pass"] is True
     assert "unrecognized arguments" in missing["vllm_int8_itl"] and "not in --peers" in missing["itl"]
+
+
+def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
+    from rill.bench.peers import llama_cpp
+
+    int4 = {"output_throughput": 300.0, "itls_ms": [6.0], "ttfts_ms": [40.0]}
+    llama = {"output_throughput": 100.0, "itls_ms": [10.0], "ttfts_ms": [100.0]}
+    results, _ = summarize([{"round": 0, "first": "rill_int4", "rill_int4": int4, "llamacpp": llama}], {})
+    assert set(results) == {"llamacpp_itl", "llamacpp_throughput", "llamacpp_ttft"}
+    assert results["llamacpp_itl"]["ratio"] == 0.6 and results["llamacpp_itl"]["pass"] is True
+    assert results["llamacpp_throughput"]["ratio"] == 3.0 and results["llamacpp_throughput"]["pass"] is True
+    assert results["llamacpp_ttft"]["ratio"] == 0.4 and results["llamacpp_ttft"]["pass"] is True
+    # 32 slots of 1,024 tokens: llama-server splits --ctx-size among its slots.
+    assert llama_cpp.server_flags(32, 1024) == ["--parallel", "32", "--ctx-size", "32768"]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").write_text("")
+    assert not llama_cpp.is_built(tmp_path)
+    (tmp_path / ".rill-built").write_text(llama_cpp.STAMP)
+    assert llama_cpp.is_built(tmp_path)

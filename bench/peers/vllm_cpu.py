@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from rill.bench.serving.servers import ServerProcess, free_port
+from rill.bench.serving.servers import TimedServer, free_port
 from rill.engine_proc.model.bundled import default_cache_dir
 
 VERSION = "0.32.0"
@@ -77,25 +77,18 @@ def install(venv: Path | None = None, log=print) -> Path:
     return venv
 
 
-class VllmServer(ServerProcess):
+class VllmServer(TimedServer):
     """`vllm serve` on a free port; ready when /health answers and /v1/models lists the served name."""
 
+    ready_timeout_s = READY_TIMEOUT_S
+
     def __init__(self, argv: list[str], port: int, log_path: Path, env: dict[str, str]):
-        self.started_s = time.monotonic()
-        self.startup_s: float | None = None
         super().__init__(argv, port, log_path, ready_path="/health", env=env)
 
-    def __enter__(self):
-        try:
-            self.wait_ready(READY_TIMEOUT_S)
-            models = httpx.get(f"{self.base_url}/v1/models", timeout=10).json()["data"]
-            if SERVED_MODEL_NAME not in [m["id"] for m in models]:
-                raise RuntimeError(f"vLLM lists {models}, not {SERVED_MODEL_NAME}")
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - self.started_s
-        return self
+    def check(self) -> None:
+        models = httpx.get(f"{self.base_url}/v1/models", timeout=10).json()["data"]
+        if SERVED_MODEL_NAME not in [m["id"] for m in models]:
+            raise RuntimeError(f"vLLM lists {models}, not {SERVED_MODEL_NAME}")
 
 
 def server_flags() -> list[str]:

@@ -70,6 +70,31 @@ class ServerProcess:
         self.stop()
 
 
+class TimedServer(ServerProcess):
+    """A peer's server whose start is timed (`startup_s`, once ready) and may take `ready_timeout_s`;
+    `check()` runs once it answers, before it counts as up."""
+
+    ready_timeout_s = 300.0
+
+    def __init__(self, argv: list[str], port: int, log_path: Path, *, ready_path: str, env: dict[str, str]):
+        self.started_s = time.monotonic()
+        self.startup_s: float | None = None
+        super().__init__(argv, port, log_path, ready_path=ready_path, env=env)
+
+    def check(self) -> None:
+        """Nothing more by default."""
+
+    def __enter__(self):
+        try:
+            self.wait_ready(self.ready_timeout_s)
+            self.check()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - self.started_s
+        return self
+
+
 def rill_server(*flags: str, log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
     port = free_port()
     return ServerProcess([str(RILL), "serve", "--port", str(port), "--log-level", "warning", *flags], port, log_path,

@@ -21,15 +21,16 @@
 #include <vector>
 
 #include "float_bits.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "simd16.h"
 
 namespace rill_int4 {
 
 using rill_float::store;
 using rill_float::to_float;
 using rill_float::v16f;
+using rill_simd::fma16;
+using rill_simd::hsum;
+using rill_simd::splat;
 
 inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
@@ -57,20 +58,6 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-inline v16f splat(float s) {  // one broadcast (a lane-by-lane loop became 16 masked moves; v16f{} + s, an add)
-#if defined(__AVX512F__)
-    const __m512 v = _mm512_set1_ps(s);
-#elif defined(__AVX__)
-    const __m256 h = _mm256_set1_ps(s), v[2] = {h, h};
-#else
-    float v[16];
-    for (float& l : v) l = s;
-#endif
-    v16f out;
-    std::memcpy(&out, &v, 64);
-    return out;
-}
-
 // The 32 weights of one group as floats: elements 0..15 (low nibbles) and 16..31 (high nibbles).
 inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
 #if defined(__AVX512F__)
@@ -96,30 +83,6 @@ inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
         hi[l] = static_cast<float>(p[l] >> 4);
     }
 #endif
-}
-
-inline v16f fma16(v16f a, v16f b, v16f c) {
-#if defined(__AVX512F__)
-    return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
-                                                  reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__)
-    __m256 a2[2], b2[2], c2[2];
-    std::memcpy(a2, &a, sizeof a);
-    std::memcpy(b2, &b, sizeof b);
-    std::memcpy(c2, &c, sizeof c);
-    const __m256 r[2] = {_mm256_fmadd_ps(a2[0], b2[0], c2[0]), _mm256_fmadd_ps(a2[1], b2[1], c2[1])};
-    v16f out;
-    std::memcpy(&out, r, sizeof out);
-    return out;
-#else
-    return a * b + c;
-#endif
-}
-
-inline float hsum(v16f v) {
-    float s = 0.0f;
-    for (int l = 0; l < 16; ++l) s += v[l];
-    return s;
 }
 
 struct Weight {
@@ -196,17 +159,7 @@ void rows(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N, i
 
 template <int M, typename T>
 void gemv(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N) {
-    const int64_t blocks = (N + 15) / 16;  // whole 16-row blocks per thread: each streams its own part
-#pragma omp parallel
-    {
-        int64_t t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int64_t n0 = blocks * t / nt * 16, n1 = std::min(N, blocks * (t + 1) / nt * 16);
-        if (n0 < n1) rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, w, N, n0, n1);
-    }
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, w, N, n0, n1); });
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -318,17 +271,7 @@ void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64
 
 template <int M, typename T>
 void gemv_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t N) {
-    const int64_t blocks = (N + 15) / 16;
-#pragma omp parallel
-    {
-        int64_t t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int64_t n0 = blocks * t / nt * 16, n1 = std::min(N, blocks * (t + 1) / nt * 16);
-        if (n0 < n1) rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, w, N, n0, n1);
-    }
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, w, N, n0, n1); });
 }
 #endif
 

@@ -22,15 +22,15 @@
 #include <vector>
 
 #include "float_bits.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "simd16.h"
 
 namespace rill_gemv {
 
 using rill_float::store;
 using rill_float::to_float;
 using rill_float::v16f;
+using rill_simd::fma16;
+using rill_simd::hsum;
 
 // 16 int8 weights as floats. GCC scalarizes a vector-extension conversion from int8, so: sign-extend
 // and convert with intrinsics (one zmm, or two ymm halves on AVX2).
@@ -54,32 +54,6 @@ inline v16f weights16(const int8_t* p) {
     return out;
 #endif
 }
-// a * b + c, fused where the CPU has FMA: spelled out, so that every instance (each M, R) rounds
-// the same way and an output does not depend on how many rows came with it.
-inline v16f fma16(v16f a, v16f b, v16f c) {
-#if defined(__AVX512F__)
-    return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
-                                                  reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__)
-    __m256 a2[2], b2[2], c2[2];
-    std::memcpy(a2, &a, sizeof a);
-    std::memcpy(b2, &b, sizeof b);
-    std::memcpy(c2, &c, sizeof c);
-    const __m256 r[2] = {_mm256_fmadd_ps(a2[0], b2[0], c2[0]), _mm256_fmadd_ps(a2[1], b2[1], c2[1])};
-    v16f out;
-    std::memcpy(&out, r, sizeof out);
-    return out;
-#else
-    return a * b + c;  // no FMA here: nothing to contract into
-#endif
-}
-
-inline float hsum(v16f v) {
-    float s = 0.0f;
-    for (int l = 0; l < 16; ++l) s += v[l];
-    return s;
-}
-
 // Rows [n0, n1) of the output for M activation rows, R weight rows at a time (M and R template
 // arguments: the R x M accumulators stay in registers). The weight rows PREFETCH_ROWS ahead are
 // fetched into L1 a line at a time: left to the hardware prefetcher, a core streamed the weights
@@ -116,19 +90,9 @@ void rows(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, 
 template <int M, typename T>
 void gemv(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, int64_t w_stride,
           const uint16_t* scale, int64_t N) {
-    // Contiguous ranges of whole 16-row groups per thread: each streams its own part of the weight.
-    const int64_t groups = (N + 15) / 16;
-#pragma omp parallel
-    {
-        int64_t t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
-        const int64_t n0 = g0 * 16, n1 = g1 * 16 < N ? g1 * 16 : N;
-        if (n0 < n1) rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, Kp, w, w_stride, scale, n0, n1);
-    }
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
+        rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, Kp, w, w_stride, scale, n0, n1);
+    });
 }
 
 template <typename T>

@@ -1,0 +1,76 @@
+// 16-float helpers the weight-only GEMV kernels share (int8_gemv.cpp, int4_gemv.cpp): a fused multiply-add
+// spelled out, a broadcast, a horizontal sum, and the split of a weight's rows among OpenMP threads.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "float_bits.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace rill_simd {
+
+using rill_float::v16f;
+
+// a * b + c, fused where the CPU has FMA: spelled out, so that every instance (each M, R) rounds
+// the same way and an output does not depend on how many rows came with it.
+inline v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<v16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                  reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+    __m256 a2[2], b2[2], c2[2];
+    std::memcpy(a2, &a, sizeof a);
+    std::memcpy(b2, &b, sizeof b);
+    std::memcpy(c2, &c, sizeof c);
+    const __m256 r[2] = {_mm256_fmadd_ps(a2[0], b2[0], c2[0]), _mm256_fmadd_ps(a2[1], b2[1], c2[1])};
+    v16f out;
+    std::memcpy(&out, r, sizeof out);
+    return out;
+#else
+    return a * b + c;  // no FMA here: nothing to contract into
+#endif
+}
+
+inline v16f splat(float s) {  // one broadcast (a lane-by-lane loop became 16 masked moves; v16f{} + s, an add)
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_set1_ps(s);
+#elif defined(__AVX__)
+    const __m256 h = _mm256_set1_ps(s), v[2] = {h, h};
+#else
+    float v[16];
+    for (float& l : v) l = s;
+#endif
+    v16f out;
+    std::memcpy(&out, &v, 64);
+    return out;
+}
+
+inline float hsum(v16f v) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; ++l) s += v[l];
+    return s;
+}
+
+// body(n0, n1) on each OpenMP thread: contiguous ranges of whole 16-row blocks of N rows, so that each
+// thread streams its own part of the weight.
+template <typename F>
+void split_rows(int64_t N, F&& body) {
+    const int64_t blocks = (N + 15) / 16;
+#pragma omp parallel
+    {
+        int64_t t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int64_t n0 = blocks * t / nt * 16, n1 = std::min(N, blocks * (t + 1) / nt * 16);
+        if (n0 < n1) body(n0, n1);
+    }
+}
+
+}  // namespace rill_simd

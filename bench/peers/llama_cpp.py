@@ -72,7 +72,7 @@ def install(root: Path | None = None, log=print) -> Path:
     built = next(build.rglob("llama-server"))
     shutil.copy2(built, binary(root))
     for library in build.rglob("*.so*"):  # a shared build's libraries, beside the binary (its RPATH aside)
-        shutil.copy2(library, root / "bin" / library.name)
+        shutil.copy2(library, root / "bin" / library.name, follow_symlinks=False)
     shutil.rmtree(build)
     shutil.rmtree(root / "src")
     archive.unlink()

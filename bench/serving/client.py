@@ -101,6 +101,13 @@ def auth_headers(api_key: str | None, extra: dict[str, str]) -> dict[str, str]:
     return {**headers, **extra}
 
 
+# A request whose connection fails before any answer is sent again, up to this many times, on another
+# connection: llama.cpp's server closes a connection after each streamed response though it says keep-alive,
+# and aiohttp, which pools it, does not resend a POST that failed to go out on it.
+RESENDS = 3
+_STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
 def open_session(max_connections: int | None, timeout_s: float) -> aiohttp.ClientSession:
     """One session for the whole run; 0 connections means no limit (pure request-rate runs)."""
     connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=max_connections or 0,
@@ -120,18 +127,24 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, he
     """POST one streaming request and fill `out`; never raises for the server's faults."""
     reads: list[tuple[float, bytes]] = []
     out.state = RequestState.FAILED  # until proven otherwise; a cancel overwrites it
-    out.start_s = _perf_counter()
-    try:
-        async with session.post(url, data=body, headers=headers) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:1000]}"
-                return
-            append = reads.append
-            async for data in resp.content.iter_any():
-                append((_perf_counter(), data))
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}" + (" (after part of the stream)" if reads else "")
-        return
+    for attempt in range(RESENDS + 1):
+        out.start_s = _perf_counter()
+        answered = False
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                answered = True
+                if resp.status != 200:
+                    out.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:1000]}"
+                    return
+                append = reads.append
+                async for data in resp.content.iter_any():
+                    append((_perf_counter(), data))
+            break
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if not answered and attempt < RESENDS and isinstance(exc, _STALE_CONNECTION):
+                continue  # a pooled connection the server had closed: the request never reached it
+            out.error = f"{type(exc).__name__}: {exc}" + (" (after part of the stream)" if reads else "")
+            return
     parse_stream(out, reads, require_done=require_done)
 
 

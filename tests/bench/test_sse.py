@@ -147,3 +147,39 @@ def test_stream_without_tokens_is_an_error():
     out = run([(11.0, USAGE + DONE)])
     assert out.state is RequestState.FAILED
     assert "no token" in out.error
+
+
+def test_a_request_on_a_connection_the_server_closed_is_sent_again():
+    """As llama.cpp's server does: each streamed answer says keep-alive, then the server closes the socket.
+    aiohttp pools the connection, and the next POST on it fails before anything is sent: it goes again."""
+    import asyncio
+
+    from rill.bench.serving.client import open_session, send_request
+
+    stream = b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\ndata: [DONE]\n\n'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+              b"Keep-Alive: timeout=5, max=100\r\nContent-Length: %d\r\n\r\n" % len(stream)) + stream
+    served = []
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")  # the headers, then a small body that fits the first read
+        await reader.read(65536)
+        served.append(1)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(0.02)  # the client has sent its next request on this connection by now
+        writer.close()  # though it said keep-alive, and without answering that request
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        outs = [RequestOutput(prompt_len=1) for _ in range(4)]
+        async with open_session(1, 10.0) as session:
+            for out in outs:
+                await send_request(session, f"http://127.0.0.1:{port}/v1/completions", b"{}", {}, out)
+        server.close()
+        return outs
+
+    outs = asyncio.run(main())
+    assert [o.state for o in outs] == [RequestState.COMPLETED] * 4, [o.error for o in outs]
+    assert len(served) == 4

@@ -7,6 +7,7 @@ from torch import nn
 
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int4_linear import GEMV_MAX_ROWS, Int4Linear, dequantize_int4, quantize_int4
+from rill.engine_proc.kernels.int8_linear import Int8Linear
 from tests.helpers.runners import make_runner
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -88,7 +89,8 @@ def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
 
     reference = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2])
     int4 = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2], quantization="int4")
-    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == 4 * 30 + 1
+    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == 4 * 30
+    assert isinstance(int4.model.lm_head, Int8Linear)  # the head in 8 bits, as llama.cpp's 4-bit files keep it
     assert not any(type(m) is nn.Linear for m in int4.model.modules())
     logits = [generate_logits(r, prompts).float() for r in (reference, int4)]
     probs = [lg.softmax(-1) for lg in logits]

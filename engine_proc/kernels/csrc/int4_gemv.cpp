@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_simd.h"
 #include "float_bits.h"
 #include "simd16.h"
 
@@ -319,6 +320,24 @@ void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_
     }
 }
 
+// The first `valid` (all 16 when at least 16) of v's lanes at p, rounded to T: vector stores where the build has
+// them (scalar ones, one lane at a time, made the conversion for prompt steps the int4 path's slowest part).
+inline void store16(float* p, v16f v, int64_t valid) {
+    if (valid >= 16) {
+        std::memcpy(p, &v, 64);
+    } else {
+        for (int64_t l = 0; l < valid; ++l) p[l] = v[l];
+    }
+}
+
+inline void store16(uint16_t* p, v16f v, int64_t valid) {
+#ifdef RILL_BF16_SIMD
+    if (valid > 0) rill_simd::store_bf16(p, reinterpret_cast<__m512>(v), rill_simd::tail_mask(valid));
+#else
+    for (int64_t l = 0; l < std::min<int64_t>(valid, 16); ++l) store(p + l, v[l]);
+#endif
+}
+
 template <typename T>
 void dequant(T* out, int64_t K, const Weight& w, int64_t start, int64_t count) {
     const int64_t groups = (K + 31) / 32;
@@ -331,10 +350,8 @@ void dequant(T* out, int64_t K, const Weight& w, int64_t start, int64_t count) {
             v16f lo, hi;
             nibbles32(w.packed + (start + i) * (w.Kp / 2) + 16 * g, lo, hi);
             params.apply(g % 16, lo, hi);
-            for (int l = 0; l < 16; ++l) {
-                if (32 * g + l < K) store(row + 32 * g + l, lo[l]);
-                if (32 * g + 16 + l < K) store(row + 32 * g + 16 + l, hi[l]);
-            }
+            store16(row + 32 * g, lo, K - 32 * g);
+            store16(row + 32 * g + 16, hi, K - 32 * g - 16);
         }
     }
 }

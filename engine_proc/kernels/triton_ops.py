@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rill.engine_proc.kernels.fused_ops import TorchOps
+from rill.engine_proc.kernels.torch_ops import TorchOps
 
 log = logging.getLogger("rill.model")
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from rill.engine_proc.model.runner import ModelRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
@@ -102,3 +104,12 @@ def step_logits(runner: ModelRunner, prompts: list[list[int]], *, chunk_len: int
         for row, s in enumerate(batch.sampled_seqs):
             s.req.output_ids.append(int(logits[row].argmax()))
     return out, [r.output_ids for r in reqs]
+
+
+def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
+    """Each prompt's first-token logits, the prompts in one prefill step."""
+    reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]
+    allocator = BlockAllocator(runner.kv_cache.num_blocks)
+    for req in reqs:
+        allocator.cover(req, req.num_tokens)
+    return runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))

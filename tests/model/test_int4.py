@@ -8,6 +8,7 @@ from torch import nn
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int4_linear import GEMV_MAX_ROWS, Int4Linear, dequantize_int4, quantize_int4
 from rill.engine_proc.kernels.int8_linear import Int8Linear
+from tests.helpers.generation import generate_logits
 from tests.helpers.runners import make_runner
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -85,8 +86,6 @@ def test_int4_linear_traces_whole_under_torch_compile():
 @pytest.mark.runner
 def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
     """The bundled model (SmolLM2-135M) in 4 bits: its first token's distribution moves a little."""
-    from tests.model.test_quantization import generate_logits
-
     reference = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2])
     int4 = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2], quantization="int4")
     assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == 4 * 30

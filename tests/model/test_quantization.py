@@ -22,7 +22,7 @@ from rill.engine_proc.model.hf_runner import TransformersRunner
 from rill.engine_proc.model.llama import LlamaForCausalLM
 from rill.engine_proc.model.loader import load_config, load_model
 from rill.engine_proc.model.runner import ModelRunner
-from tests.helpers.generation import MESSAGES, generate
+from tests.helpers.generation import MESSAGES, generate, generate_logits
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import TINY
 
@@ -190,19 +190,6 @@ def test_int8_runner_mostly_agrees_with_the_float_runner(model_dir, prompts, dty
     probs = [lg.float().softmax(-1) for lg in logits]
     kl = (probs[0] * (probs[0].clamp_min(1e-12).log() - probs[1].clamp_min(1e-12).log())).sum(-1)
     assert kl.max() < 0.05, kl
-
-
-def generate_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
-    from rill.engine_proc.sched.batch import Batch, ScheduledSeq
-    from rill.engine_proc.sched.request import EngineRequest
-    from rill.ipc.protocol import SamplingParams
-    from tests.helpers.generation import BlockAllocator
-
-    reqs = [EngineRequest(f"r{i}", "w", ids, SamplingParams(max_tokens=1)) for i, ids in enumerate(prompts)]
-    allocator = BlockAllocator(runner.kv_cache.num_blocks)
-    for req in reqs:
-        allocator.cover(req, req.num_tokens)
-    return runner.compute_logits(Batch([ScheduledSeq(r, 0, r.num_tokens) for r in reqs]))
 
 
 def test_int8_is_refused_where_it_does_not_run(model_dir):

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rill.engine_proc.kernels import extension, fused_ops
+from rill.engine_proc.kernels import extension, torch_ops
 from rill.engine_proc.kernels.fused_ops import CpuOps, TorchOps, elementwise_ops
 
 needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
@@ -87,10 +87,10 @@ def test_rope_in_place_rotates_only_the_heads_asked(dtype):
     qkv = torch.randn(29, 9 + 2 * 3, 64, generator=gen).to(dtype)
     cos, sin = rope_tables(29, 64, dtype)
     before = qkv.clone()
-    exact = fused_ops.apply_rope(before[:, :12].double(), cos.double(), sin.double())
+    exact = torch_ops.apply_rope(before[:, :12].double(), cos.double(), sin.double())
     got = CpuOps.rope_heads(qkv, 12, cos, sin)
     assert got.data_ptr() == qkv.data_ptr()  # in place: q and k stay views of qkv
-    no_worse_than_torch(got, fused_ops.apply_rope(before[:, :12], cos, sin), exact)
+    no_worse_than_torch(got, torch_ops.apply_rope(before[:, :12], cos, sin), exact)
     assert torch.equal(qkv[:, 12:], before[:, 12:])  # v untouched
 
 
@@ -104,7 +104,7 @@ def test_where_not_fused_the_torch_ops_run():
     cos, sin = rope_tables(4, 64, torch.float16)
     rotated = ops.rope_heads(x, 2, cos, sin)
     assert rotated.data_ptr() != x.data_ptr()
-    assert torch.equal(rotated, fused_ops.apply_rope(x[:, :2], cos, sin))
+    assert torch.equal(rotated, torch_ops.apply_rope(x[:, :2], cos, sin))
     assert torch.equal(ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
     gate_up = torch.randn(4, 16, generator=gen).to(torch.float16)
     assert torch.equal(ops.silu_mul(gate_up), F.silu(gate_up[:, :8]) * gate_up[:, 8:])

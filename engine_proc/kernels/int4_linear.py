@@ -1,4 +1,4 @@
-"""Weight-only 4-bit quantization (`--quantization int4`, and GGUF's Q4_0 and Q4_1 kept packed).
+"""Weight-only 4-bit quantization (`--quantization int4`).
 
 The scheme: each weight [N, K] in groups of 32 along K, each group with a float16 scale and offset,
 w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum, scale = its range / 15).
@@ -8,7 +8,7 @@ repack without loss. The layout is csrc/int4_gemv.h's; the kernels are csrc/int4
   - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
   - above (prompts), the weight converted to the activations' dtype a slice at a time, and oneDNN's GEMM.
 Without the built kernels, the torch twin (dequantize, F.linear): the same within rounding, slow. The LM
-head is quantized too, as int8's is (a tied head gets a quantized copy; the embedding lookup stays float).
+head stays int8 (kernels/quantization.py says why).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch import nn
 from rill.engine_proc.kernels import extension
 
 GROUP = 32
-GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEMM (bench/kernels/quant_linears.py)
+GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEMM (bench/kernels/int4_linears.py)
 DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in reused heap memory
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -57,26 +57,17 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
 
 
 class Int4Linear(nn.Module):
-    """y = x @ w.T + bias for a 4-bit weight: from a float weight [N, K] (quantized here), or packed already
-    (`Int4Linear.packed(...)`, a GGUF tensor's blocks)."""
+    """y = x @ w.T + bias for a 4-bit weight, quantized here from a float weight [N, K]."""
 
-    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, *,
-                 packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        if packed is None:
-            self.in_features = weight.shape[1]
-            packed = (*quantize_int4(weight), self.in_features)
-            dtype, device = weight.dtype, weight.device
-        else:
-            dtype, device = (bias.dtype, bias.device) if bias is not None else (torch.float32, packed[0].device)
-        nibbles, scales, offsets, self.in_features = packed
-        self.out_features = nibbles.shape[0]
+        self.out_features, self.in_features = weight.shape
+        nibbles, scales, offsets = quantize_int4(weight)
         self.register_buffer("nibbles", nibbles.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("offsets", offsets.contiguous())
         self.bias = None if bias is None else bias.detach().clone()
-        self.uses_kernels = device.type == "cpu" and extension.available()
-        self.dtype = dtype
+        self.uses_kernels = weight.device.type == "cpu" and extension.available()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -1,6 +1,7 @@
 """The paged KV cache: block tensors, how many fit in memory, slot writes, attention over it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,10 +17,10 @@ def num_kv_heads_of(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
-def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int) -> int:
-    """K and V of `block_size` tokens across all layers."""
+def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int, num_layers: int | None = None) -> int:
+    """K and V of `block_size` tokens across all layers (or `num_layers` of them)."""
     num_kv_heads, head_dim = num_kv_heads_of(config), head_dim_of(config)
-    num_elements = 2 * config.num_hidden_layers * block_size * num_kv_heads * head_dim
+    num_elements = 2 * (num_layers or config.num_hidden_layers) * block_size * num_kv_heads * head_dim
     return num_elements * dtype.itemsize
 
 
@@ -29,11 +30,29 @@ def num_blocks_for_memory(
     return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size))
 
 
+def split_blocks_for_memory(config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int,
+                            num_window_layers: int, window_blocks: Callable[[int], int]) -> tuple[int, int]:
+    """(global blocks, window blocks) in `memory_bytes` for a model with `num_window_layers` sliding
+    layers among global ones: the window pool as big as `window_blocks(global blocks)` asks (never
+    more than the global pool), the global layers the rest."""
+    per_global = bytes_per_block(config, dtype, block_size, config.num_hidden_layers - num_window_layers)
+    per_window = bytes_per_block(config, dtype, block_size, num_window_layers)
+    both = num_blocks_for_memory(config, dtype, block_size, memory_bytes)  # a block in each pool
+    num_window = window_blocks(both)
+    if num_window >= both:
+        return both, both
+    return max(0, (int(memory_bytes) - num_window * per_window) // per_global), num_window
+
+
 class KVCache:
     """K and V of every layer as [num_blocks, block_size, num_kv_heads, head_dim] tensors.
 
     Token at position p of a request lives in slot block_ids[p // block_size] * block_size
     + p % block_size; the block manager owns which block ids a request holds.
+
+    `window_layers`: a model's sliding layers, when it has global ones too. Theirs are
+    [num_window_blocks, ...] tensors, addressed by the request's window_block_ids
+    (engine_proc/sched/window_pool.py).
     """
 
     def __init__(
@@ -44,22 +63,33 @@ class KVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        window_layers: tuple[int, ...] = (),
+        num_window_blocks: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
-        num_layers = config.num_hidden_layers
-        shape = (num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.window_layers = frozenset(window_layers)
+        self.num_window_blocks = num_window_blocks if window_layers else 0
+        global_layers = [i for i in range(config.num_hidden_layers) if i not in self.window_layers]
         # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
         # a masked NaN left in uninitialised memory would still poison the weighted sum.
-        self._storage = torch.zeros(shape, dtype=dtype, device=device)
-        self.k_caches = [self._storage[layer, 0] for layer in range(config.num_hidden_layers)]
-        self.v_caches = [self._storage[layer, 1] for layer in range(config.num_hidden_layers)]
+        self._storages = []
+        self.k_caches: list[torch.Tensor] = [None] * config.num_hidden_layers
+        self.v_caches: list[torch.Tensor] = [None] * config.num_hidden_layers
+        for layers, count in ((global_layers, num_blocks), (sorted(self.window_layers), self.num_window_blocks)):
+            if not layers:
+                continue
+            shape = (len(layers), 2, count, block_size, self.num_kv_heads, self.head_dim)
+            storage = torch.zeros(shape, dtype=dtype, device=device)
+            self._storages.append(storage)
+            for i, layer in enumerate(layers):
+                self.k_caches[layer], self.v_caches[layer] = storage[i, 0], storage[i, 1]
 
     @property
     def num_bytes(self) -> int:
-        return self._storage.numel() * self._storage.element_size()
+        return sum(s.numel() * s.element_size() for s in self._storages)
 
 
 def write_kv(
@@ -130,6 +160,9 @@ class GraphDecodeMetadata:
     slot_mapping: torch.Tensor  # [rows]
     block_table: torch.Tensor  # [rows, num_blocks]
     context_lens: torch.Tensor  # [rows] int64: position + 1
+    # A model with sliding and global layers: the sliding layers' (engine_proc/sched/window_pool.py)
+    window_slot_mapping: torch.Tensor | None = None
+    window_block_table: torch.Tensor | None = None
 
 
 @dataclass

@@ -76,6 +76,9 @@ class DecodeGraphs:
         default_cache_dir_env()
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
+        # Sliding layers with a pool of their own (engine_proc/sched/window_pool.py): their slots and table too
+        self.window = bool(getattr(kv_cache, "window_layers", ()))
+        assert not (self.window and device.type == "cuda"), "window pools are compiled on the CPU only"
         self.block_size = block_size
         self.device = device
         self.max_num_seqs = max_num_seqs
@@ -119,26 +122,36 @@ class DecodeGraphs:
         padded = self.padded_size(num_rows)
         width = self.table_width or -(-max(s.start_pos + s.num_new_tokens for s in batch.seqs) // bs)
         # Per row its input id, position, slot and context length (4 rows of `padded`), then the
-        # block table; padded rows are token 0 at position 0 in the padding block 0, context 1.
-        host = self.inputs.host(padded, width) if self.sizes else np.zeros(padded * (4 + width), dtype=np.int64)
-        fields, table = host[: 4 * padded].reshape(4, padded), host[4 * padded:].reshape(padded, width)
+        # block table; padded rows are token 0 at position 0 in the padding block 0, context 1. With
+        # a window pool, its slots and its table follow.
+        num_tables = 2 if self.window else 1
+        num_fields = 3 + num_tables
+        host = (self.inputs.host(padded, width) if self.sizes
+                else np.zeros(padded * (num_fields + num_tables * width), dtype=np.int64))
+        fields = host[: num_fields * padded].reshape(num_fields, padded)
+        tables = host[num_fields * padded:].reshape(num_tables, padded, width)
         fields[:3], fields[3] = 0, 1
         sampled_rows, row = [], 0
         for s in batch.seqs:
             n, start = s.num_new_tokens, s.start_pos
             if s.needs_sample:
                 sampled_rows.extend(range(row, row + n))
-            blocks = s.req.block_ids[: (start + n - 1) // bs + 1]
+            num_blocks = (start + n - 1) // bs + 1
             fields[0, row:row + n] = s.token_ids
             fields[1, row:row + n] = range(start, start + n)
-            table[row:row + n, : len(blocks)] = blocks
+            tables[0, row:row + n, :num_blocks] = s.req.block_ids[:num_blocks]
+            if self.window:
+                tables[1, row:row + n, :num_blocks] = s.req.window_block_ids[:num_blocks]
             row += n
         positions = fields[1, :num_rows]
-        fields[2, :num_rows] = table[np.arange(num_rows), positions // bs] * bs + positions % bs
+        fields[2, :num_rows] = tables[0, np.arange(num_rows), positions // bs] * bs + positions % bs
         fields[3, :num_rows] = positions + 1
+        if self.window:
+            fields[4, :num_rows] = tables[1, np.arange(num_rows), positions // bs] * bs + positions % bs
         if not self.sizes:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
-            ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields)
-            logits = self._forward(ids, positions, slots, torch.from_numpy(table.copy()), context_lens)
+            ids, positions, slots, context_lens, *window_slots = (torch.from_numpy(f.copy()) for f in fields)
+            window = (window_slots[0], torch.from_numpy(tables[1].copy())) if self.window else None
+            logits = self._forward(ids, positions, slots, torch.from_numpy(tables[0].copy()), context_lens, window)
         elif self.graphs:  # the inputs into the captured graph's buffers, then the graph
             self.inputs.to_device(padded, width)
             graph, logits = self.graphs[padded]
@@ -150,18 +163,25 @@ class DecodeGraphs:
         # A one-token chunk in the middle of a prompt is computed but not sampled.
         return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
 
-    def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens) -> torch.Tensor:
+    def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens, window=None) -> torch.Tensor:
+        """`window`: the window pool's (slot mapping, block table), where the model has one."""
         to = lambda t: t.to(self.device)  # noqa: E731
         meta = GraphDecodeMetadata(to(slot_mapping), to(block_table), to(context_lens))
+        if window is not None:
+            meta.window_slot_mapping, meta.window_block_table = window
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
         # One compiled graph for every batch size (on a GPU, one CUDA graph recorded from it per
         # padded size) and, on the CPU, every context width. Unbacked: no graph of its own for a
         # size of 1 (one block, one row), which a plain dynamic dimension gets.
         mark = torch._dynamo.decorators.mark_unbacked
+        tables = (meta.block_table,) if window is None else (meta.block_table, meta.window_block_table)
         if self.table_width is None:
-            mark(meta.block_table, 1)
-        for t in (args[0], args[1], meta.slot_mapping, meta.block_table, meta.context_lens, logits_indices):
+            for table in tables:
+                mark(table, 1)
+        per_row = (meta.slot_mapping, meta.context_lens) if window is None else (
+            meta.slot_mapping, meta.context_lens, meta.window_slot_mapping)
+        for t in (args[0], args[1], *per_row, *tables, logits_indices):
             mark(t, 0)
         if self.sizes and self.graphs is None:  # torch.compile's CUDA graphs: the last step's outputs are consumed
             torch.compiler.cudagraph_mark_step_begin()
@@ -205,8 +225,9 @@ class DecodeGraphs:
         else:  # two context widths, since that dimension is dynamic on the CPU
             for size, num_blocks in ((1, 1), (1, 3), (3, 1), (3, 3)):
                 zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
-                self._forward(zeros(), zeros(), zeros(), torch.zeros(size, num_blocks, dtype=torch.long),
-                              torch.ones(size, dtype=torch.long))
+                table = lambda: torch.zeros(size, num_blocks, dtype=torch.long)  # noqa: E731
+                self._forward(zeros(), zeros(), zeros(), table(), torch.ones(size, dtype=torch.long),
+                              (zeros(), table()) if self.window else None)
         elapsed = time.perf_counter() - started
         log.info("decode graphs compiled in %.1f s (%s)", elapsed, "one for every batch size" if self.sizes is None
                  else f"CUDA graphs {'captured' if self.graphs else 'by torch.compile'} for batch sizes {list(self.sizes)}")

@@ -37,6 +37,7 @@ class EncoderRunner:
     info = RunnerInfo("encoder")
     lora = None  # no adapters on an encoder
     sliding_window = None
+    layer_window = None
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
         """`model`: the settings (ipc/config.py); the rest was decided at start (engine_proc/encoder_engine.py)."""

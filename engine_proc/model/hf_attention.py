@@ -10,6 +10,7 @@ engine_proc/attention/masked.py for the rest; every other layer through the back
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ class PagedStep:
     batch: Batch
     positions: torch.Tensor  # [T] each row's position
     longest: int  # a window at least this long masks nothing
+    # A model with sliding and global layers: the sliding layers' view of the step (window_view)
+    window_batch: Batch | None = None
+    window_meta: AttentionMetadata | None = None
 
     @functools.cached_property
     def rope_lens(self) -> torch.Tensor:
@@ -47,6 +51,33 @@ class PagedStep:
     def tables(self) -> TokenTables:
         """The masked layers' view of the rows, made by the first such layer of the step."""
         return token_tables(self.batch, self.backend.block_size, self.positions, decodes_first=not self.backend.flat)
+
+    @functools.cached_property
+    def window_tables(self) -> TokenTables:
+        return token_tables(self.window_batch, self.backend.block_size, self.positions,
+                            decodes_first=not self.backend.flat)
+
+
+class _WindowTable:
+    """A request seen through its sliding layers' block table (engine_proc/sched/window_pool.py)."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req) -> None:
+        self._req = req
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self._req.window_block_ids
+
+    def __getattr__(self, name: str):
+        return getattr(self._req, name)
+
+
+def window_view(batch: Batch) -> Batch:
+    """`batch` with each request's window_block_ids as its block_ids: the step's inputs built from it
+    (the backend's prepare, token_tables) address the sliding layers' pool."""
+    return Batch([dataclasses.replace(s, req=_WindowTable(s.req)) for s in batch.seqs])
 
 
 _current = threading.local()
@@ -87,25 +118,30 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     scale = head_dim**-0.5 if scaling is None else scaling
     # The kernels scale by 1/sqrt(D): a family's own scale goes on their queries.
     kernel_q = q if scale == head_dim**-0.5 else q * (scale * head_dim**0.5)
+    # A sliding layer of a model with global ones too: its cache is the window pool's (hf_paged.py)
+    windowed = getattr(module, "rill_window_blocks", False)
     if rill_graph is not None:  # one opaque op writes and attends the layer's cache, named by its index
-        out = torch.ops.rill_cpu.paged_decode_layer(kernel_q, k, v, rill_graph.slot_mapping, rill_graph.block_table,
-                                                    rill_graph.context_lens, layer, sliding_window or 0,
-                                                    softcap or 0.0, s_aux)
+        slots, table = ((rill_graph.window_slot_mapping, rill_graph.window_block_table) if windowed
+                        else (rill_graph.slot_mapping, rill_graph.block_table))
+        out = torch.ops.rill_cpu.paged_decode_layer(kernel_q, k, v, slots, table, rill_graph.context_lens, layer,
+                                                    sliding_window or 0, softcap or 0.0, s_aux)
         return out.unsqueeze(0), None
     step = current_step()
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
+    meta = step.window_meta if windowed else step.meta
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:
-        step.backend.write(k_cache, v_cache, k, v, step.meta.slot_mapping)
+        step.backend.write(k_cache, v_cache, k, v, meta.slot_mapping)
         # The decode rows through the backend's kernel where it has one (on the CPU, the C++ decode
         # kernel takes the window, the soft-cap and the sinks), the prompt chunks in torch.
-        decoded = step.backend.masked_decode(kernel_q, k_cache, v_cache, step.meta, window or 0, softcap or 0.0, s_aux)
+        decoded = step.backend.masked_decode(kernel_q, k_cache, v_cache, meta, window or 0, softcap or 0.0, s_aux)
         if decoded is not None and decoded.shape[0] == q.shape[0]:
             out = decoded
         else:
-            out = masked_attention(q, k_cache, v_cache, step.tables, scale, window, softcap or None, s_aux, decoded)
+            tables = step.window_tables if windowed else step.tables
+            out = masked_attention(q, k_cache, v_cache, tables, scale, window, softcap or None, s_aux, decoded)
     else:
-        out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, step.meta)
+        out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, meta)
     return out.unsqueeze(0), None
 
 

@@ -16,7 +16,7 @@ from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
-from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context
+from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
@@ -59,6 +59,28 @@ def uniform_window(config, max_model_len: int) -> int | None:
     return window if layer_types is None or set(layer_types) == {"sliding_attention"} else None
 
 
+def interleaved_window(config, max_model_len: int) -> tuple[int, tuple[int, ...]] | None:
+    """(window, the sliding layers) of a model with both sliding-window and global layers (Gemma 2
+    and 3, GPT-OSS) whose window is shorter than its context: its sliding layers get a KV pool of
+    their own that holds the window only (engine_proc/sched/window_pool.py). None for any other."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if not window or window >= max_model_len or getattr(config, "use_sliding_window", True) is False:
+        return None
+    sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    return (window, sliding) if 0 < len(sliding) < len(layer_types) else None
+
+
+def route_layer_window(config, limits) -> tuple[int, tuple[int, ...]] | None:
+    """interleaved_window() of the model as the runner will serve it (its served length, as __init__
+    works it out), for the engine to size the window pool before the runner exists."""
+    text_config = config.get_text_config()
+    model_len = getattr(text_config, "max_position_embeddings", None)
+    if model_len is None:
+        return None
+    return interleaved_window(text_config, min(limits.max_model_len or model_len, model_len))
+
+
 def _rope_types(config) -> set[str]:
     """Every rope_type of the config: transformers 5's rope_parameters (one dict, or one per layer
     type) or the older rope_scaling."""
@@ -72,8 +94,10 @@ class PagedTransformersRunner(SamplingRunner):
     transformers`, or `auto` for a family without a native implementation)."""
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
-                 eos_token_ids: list[int], max_model_len: int | None = None) -> None:
-        """`max_model_len`: the server's --max-model-len (None: the model's context)."""
+                 eos_token_ids: list[int], max_model_len: int | None = None,
+                 num_window_blocks: int | None = None) -> None:
+        """`max_model_len`: the server's --max-model-len (None: the model's context). `num_window_blocks`:
+        the sliding layers' pool of a model with global layers too (None: as many as num_kv_blocks)."""
         if model.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
         check_quantization(model.quantization, torch.device(device))
@@ -115,8 +139,15 @@ class PagedTransformersRunner(SamplingRunner):
             tile_linears(self.model)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
+        # (window, sliding layers): those layers' blocks in a pool and block tables of their own
+        self.layer_window = interleaved_window(text_config, served_len)
+        window_layers = self.layer_window[1] if self.layer_window else ()
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
-                                device=self.device)
+                                device=self.device, window_layers=window_layers,
+                                num_window_blocks=num_window_blocks or num_kv_blocks)
+        for module in self.model.modules():
+            if _is_attention(module):
+                module.rill_window_blocks = module.layer_idx in window_layers
         self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
         if not model.enforce_eager and not model.batch_invariant:
@@ -161,6 +192,9 @@ class PagedTransformersRunner(SamplingRunner):
             return self.decode_graphs.run(batch)
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
+        if self.layer_window is not None:  # the same rows over the sliding layers' block tables
+            step.window_batch = window_view(batch)
+            step.window_meta = self.attention.prepare(step.window_batch)[2]
         with step_context(step):
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 

@@ -32,6 +32,8 @@ class Runner(Protocol):
     info: RunnerInfo
     lora: LoRAManager | None  # --enable-lora's adapters (the native runner's); None without
     sliding_window: int | None  # the window every layer attends within, whose blocks the scheduler releases
+    # (window, sliding layers) of a model with global layers too: the sliding layers' own pool (window_pool.py)
+    layer_window: tuple[int, tuple[int, ...]] | None
 
     def execute(self, batch: Batch) -> SamplerOutput:
         """One engine step: a sampled token id per seq of `batch.sampled_seqs`, in that order."""

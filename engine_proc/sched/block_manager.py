@@ -6,10 +6,10 @@ from collections.abc import Callable, Hashable
 from rill.engine_proc.sched.prefix_cache import PrefixCache
 from rill.engine_proc.sched.request import EngineRequest
 
-# Block 0 is never handed to a request: the model runner can pad block tables and point the
-# slots of padding tokens at it, so padded writes land somewhere harmless. The KV tensor
+# Block 0 (NULL_BLOCK_ID) is never handed to a request: the model runner can pad block tables and
+# point the slots of padding tokens at it, so padded writes land somewhere harmless. The KV tensor
 # therefore has `num_blocks` blocks, of which `num_blocks - 1` hold requests' tokens.
-NULL_BLOCK_ID = 0
+from rill.engine_proc.sched.window_pool import NULL_BLOCK_ID, WindowPool
 
 
 class BlockManager:
@@ -21,6 +21,10 @@ class BlockManager:
     is free either on the plain stack (never cached) or on the cache's LRU (evictable), and
     `allocate` takes from the stack first, so cached content is given up only under pressure.
     Both count as free, so admission control reads `num_free_blocks` as before.
+
+    `window`: the sliding layers' own pool, for a model with both sliding and global layers
+    (window_pool.py); these blocks are then the global layers'. It never runs out, so nothing
+    here counts it against admission.
     """
 
     def __init__(
@@ -32,6 +36,7 @@ class BlockManager:
         hash_fn: Callable[[Hashable], int] = hash,
         record_events: bool = False,
         sliding_window: int | None = None,
+        window: WindowPool | None = None,
     ) -> None:
         assert num_blocks >= 2, "block 0 is the null block: at least one more is needed"
         assert block_size >= 1
@@ -48,6 +53,7 @@ class BlockManager:
         # A model whose every layer attends within this many tokens: a block whose tokens all lie
         # before every later query's window is released as the request moves on (after_step).
         self.sliding_window = sliding_window
+        self.window = window
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -75,6 +81,8 @@ class BlockManager:
 
     def allocate(self, req: EngineRequest, num_tokens: int) -> None:
         """Appends blocks to `req.block_ids` so that they cover positions [0, num_tokens)."""
+        if self.window is not None:
+            self.window.allocate(req, num_tokens)
         num_new_blocks = self.num_blocks_needed(req, num_tokens)
         if num_new_blocks == 0:
             return
@@ -97,7 +105,13 @@ class BlockManager:
         """Cached blocks holding req's leading full blocks, at most max_num_blocks; [] when off."""
         if self.prefix_cache is None or max_num_blocks <= 0:
             return []
-        return self.prefix_cache.find(req, max_num_blocks)
+        hits = self.prefix_cache.find(req, max_num_blocks)
+        if self.window is not None and hits:  # as far as the sliding layers' blocks are cached too
+            hits = hits[: self.window.usable_hits(self._serials(hits))]
+        return hits
+
+    def _serials(self, block_ids: list[int]) -> list[int]:
+        return [self.prefix_cache.serial_of(block_id) for block_id in block_ids]
 
     def num_free_among(self, block_ids: list[int]) -> int:
         """How many of these (cached) blocks sit free: sharing them takes them off the free count."""
@@ -119,12 +133,19 @@ class BlockManager:
         req.block_ids.extend(block_ids)
         if cache is not None:
             cache.start_chain(req)
+        if self.window is not None:
+            self.window.share(req, self._serials(block_ids))
 
     def after_step(self, req: EngineRequest) -> None:
         """After a step computed more of req: its blocks now full of computed tokens enter the prefix
         cache, then, under a sliding window, those no later query can reach are released."""
         if self.prefix_cache is not None:
             self.prefix_cache.register(req, req.num_computed_tokens // self.block_size)
+        if self.window is not None:
+            if self.prefix_cache is not None:
+                serial_of, block_ids = self.prefix_cache.serial_of, req.block_ids
+                self.window.register(req, lambda i: serial_of(block_ids[i]))
+            self.window.release_out_of_window(req)
         if self.sliding_window is not None:
             self._release_out_of_window(req)
 
@@ -154,6 +175,8 @@ class BlockManager:
         """Releases all of `req`'s blocks (each is free again once nobody holds it)."""
         if self.prefix_cache is not None:
             self.prefix_cache.end_chain(req)
+        if self.window is not None:
+            self.window.free(req)
         # Tail first: cached blocks join the LRU in that order, so a request's tail is
         # evicted before its head; a tail block is unreachable without its head anyway, and
         # heads (system prompts) are what other requests share.

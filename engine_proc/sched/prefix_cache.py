@@ -89,6 +89,11 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         return len(self._entries)
 
+    def serial_of(self, block_id: int) -> int | None:
+        """The serial naming the exact prefix a cached block ends (None: not cached)."""
+        entry = self._entries.get(block_id)
+        return None if entry is None else entry.serial
+
     # ---- lookup -----------------------------------------------------------------------------
 
     def find(self, req: EngineRequest, max_num_blocks: int) -> list[int]:

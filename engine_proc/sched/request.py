@@ -29,6 +29,8 @@ class EngineRequest:
     # Prompt tokens found in the prefix cache at first scheduling (reported in usage).
     num_cached_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # A model with sliding and global layers: the sliding layers' blocks (engine_proc/sched/window_pool.py).
+    window_block_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     finish: FinishReason | None = None
     num_preemptions: int = 0

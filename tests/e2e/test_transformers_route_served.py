@@ -2,7 +2,8 @@
 paged transformers route, through the OpenAI SDK. A tiny random-weight Gemma 3 (sliding and global
 layers, queries scaled by query_pre_attn_scalar): prompt logprobs and greedy tokens are
 transformers' own, and a shared prefix is served from the KV cache. A tiny Mistral with a window:
-on a long generation it holds its window of KV blocks, as /stats shows."""
+on a long generation it holds its window of KV blocks, as /stats shows; so do Gemma 3's sliding layers,
+in a pool of their own, while its global layers hold every block."""
 from __future__ import annotations
 
 import shutil
@@ -92,29 +93,52 @@ def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
     assert second.usage.prompt_tokens_details.cached_tokens == len(ids) // 16 * 16
 
 
-def test_a_model_whose_every_layer_slides_holds_its_window_of_kv_blocks(model_dir, tmp_path_factory, tokenizer):
-    _, path = save_servable("mistral-window", model_dir, tmp_path_factory, sliding_window=32,
-                           max_position_embeddings=1024)
-    srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--block-size", "16")
+def blocks_used_in_a_long_generation(srv, max_tokens: int) -> tuple[list[tuple[int, int]], int]:
+    """(blocks held, of the sliding layers' pool held) from /stats every 20 ms during one greedy
+    generation of max_tokens; the number of its tokens."""
     used, done = [], threading.Event()
 
     def poll():
         while not done.is_set():
             s = stats(srv)
-            used.append(s["num_total_blocks"] - s["num_free_blocks"])
+            used.append((s["num_total_blocks"] - s["num_free_blocks"],
+                         s["num_window_blocks"] - s["num_free_window_blocks"]))
             time.sleep(0.02)
 
     poller = threading.Thread(target=poll)
     try:
         poller.start()
-        resp = sdk_client(srv).completions.create(model=MODEL, prompt=TEXT, max_tokens=240, temperature=0,
+        resp = sdk_client(srv).completions.create(model=MODEL, prompt=TEXT, max_tokens=max_tokens, temperature=0,
                                                   extra_body={"ignore_eos": True})
-        done.set()
-        poller.join()
     finally:
         done.set()
+        poller.join()
+    assert resp.usage.completion_tokens == max_tokens
+    return used, resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_gemma3s_sliding_layers_hold_their_window_and_its_global_layers_every_block(gemma):
+    """The tiny Gemma 3's window is 16 tokens, a block at the default block size: its sliding layers
+    hold the block of their window and the one being written, in a pool sized for that at start."""
+    srv = gemma[1]
+    assert "sliding layers:" in srv.log()
+    start = stats(srv)
+    assert 0 < start["num_window_blocks"] < start["num_total_blocks"]
+    used, num_tokens = blocks_used_in_a_long_generation(srv, 200)
+    assert num_tokens > 14 * 16
+    # the global layers' blocks grow with the sequence (a shared prefix cached earlier may be among them)
+    assert max(u[0] for u in used) >= 14, used
+    assert 0 < max(u[1] for u in used) <= 2, used
+
+
+def test_a_model_whose_every_layer_slides_holds_its_window_of_kv_blocks(model_dir, tmp_path_factory, tokenizer):
+    _, path = save_servable("mistral-window", model_dir, tmp_path_factory, sliding_window=32,
+                           max_position_embeddings=1024)
+    srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--block-size", "16")
+    try:
+        used, num_tokens = blocks_used_in_a_long_generation(srv, 240)
+    finally:
         stop_server(srv)
-    num_tokens = resp.usage.prompt_tokens + resp.usage.completion_tokens
-    assert resp.usage.completion_tokens == 240 and num_tokens > 16 * 16
-    # the window's two blocks and the one being written, never the 17 its tokens span
-    assert 0 < max(used) <= 3, used
+    assert num_tokens > 16 * 16
+    # the window's two blocks and the one being written, never the 17 its tokens span; no pool of its own
+    assert 0 < max(u[0] for u in used) <= 3 and max(u[1] for u in used) == 0, used

@@ -77,23 +77,31 @@ def test_preempted_requests_match_transformers(zoo):
     assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
 
 
-@pytest.mark.parametrize("kind, window", [("mistral-window", 16), ("phi3-window", 32), ("gemma3_text", None)])
-def test_a_model_whose_every_layer_slides_holds_its_window_of_blocks(kind, window, tmp_path):
+@pytest.mark.parametrize("kind, window", [("mistral-window", 16), ("phi3-window", 32), ("gemma3_text", None),
+                                          ("gpt_oss", None)])
+def test_a_sliding_layer_holds_its_window_of_blocks(kind, window, tmp_path):
     """Mistral's and Phi-3-mini's layers all slide: a request holds the blocks of its last `window`
     positions and the one being written, the rest released as it goes (and its logits stay
-    transformers'). Gemma 3's global layers need every block: none is released."""
+    transformers'). Gemma 3 and GPT-OSS have global layers too, which need every block: their sliding
+    layers' blocks are a pool of their own (window_pool.py), of which a request holds its window."""
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID])
     assert runner.sliding_window == window
-    held = []
-    track = lambda reqs: held.append(max((sum(b != 0 for b in r.block_ids) for r in reqs), default=0))  # noqa: E731
+    held, held_window = [], []
+    most = lambda reqs, table: max((sum(b != 0 for b in getattr(r, table)) for r in reqs), default=0)  # noqa: E731
+    track = lambda reqs: (held.append(most(reqs, "block_ids")),  # noqa: E731
+                          held_window.append(most(reqs, "window_block_ids")))
     reqs = run_scheduled(runner, hf, {"a": 0, "c": 0}, num_new_tokens=40, on_step=track)
-    longest = max(r.num_tokens for r in reqs.values())
+    longest_blocks = -(-max(r.num_tokens for r in reqs.values()) // BLOCK_SIZE)
+    own_window = window or runner.config.sliding_window
     if window is None:
-        assert max(held) == -(-longest // BLOCK_SIZE)
+        assert runner.layer_window == (own_window, tuple(range(0, runner.config.num_hidden_layers, 2)))
+        assert max(held) == longest_blocks
+        assert 0 < max(held_window) <= -(-own_window // BLOCK_SIZE) + 1 < longest_blocks
     else:
-        assert max(held) <= -(-window // BLOCK_SIZE) + 1 < -(-longest // BLOCK_SIZE)
+        assert runner.layer_window is None and max(held_window) == 0
+        assert max(held) <= -(-window // BLOCK_SIZE) + 1 < longest_blocks
 
 
 @pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
@@ -132,7 +140,7 @@ def test_int8_experts_barely_move_the_logits(kind, tmp_path):
     experts = [m for m in runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
     assert experts and all(isinstance(layer, Int8Linear) for m in experts for layer in m.rill_down_proj)
     req = EngineRequest("a", "w", list(PROMPTS["a"]), SamplingParams(max_tokens=1))
-    req.block_ids = list(range(1, 1 + -(-req.num_tokens // BLOCK_SIZE)))
+    req.block_ids = req.window_block_ids = list(range(1, 1 + -(-req.num_tokens // BLOCK_SIZE)))
     got = runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))[0].softmax(-1)
     with torch.inference_mode():
         want = hf(torch.tensor([PROMPTS["a"]])).logits[0, -1].softmax(-1)
@@ -154,7 +162,7 @@ def test_batch_invariant_logits_do_not_depend_on_the_batch(kind, tmp_path):
     free_ids = BlockAllocator(64, seed=3).free_ids  # shuffled, never block 0
     reqs = {name: EngineRequest(name, "w", list(PROMPTS[name]), SamplingParams(max_tokens=1)) for name in PROMPTS}
     for req in reqs.values():
-        req.block_ids = [free_ids.pop() for _ in range(-(-req.num_tokens // BLOCK_SIZE))]
+        req.block_ids = req.window_block_ids = [free_ids.pop() for _ in range(-(-req.num_tokens // BLOCK_SIZE))]
     a = reqs["a"]
     alone = runner.compute_logits(Batch([ScheduledSeq(a, 0, a.num_tokens)]))
     runner.compute_logits(Batch([ScheduledSeq(reqs["c"], 0, 17)]))  # c's first 17 tokens in the cache

@@ -260,8 +260,7 @@ class EngineCore:
             lora_modules={name: a.path for name, a in lora.adapters.items()}
             if (lora := self.runner.lora) is not None else {},
             **spec_figures(self.scheduler.speculator),
-            num_window_blocks=blocks.window.num_total_blocks() if blocks.window else 0,
-            num_free_window_blocks=blocks.window.num_free_blocks() if blocks.window else 0,
+            num_window_blocks=blocks.window.num_held(self.scheduler.live_requests()) if blocks.window else 0,
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:

@@ -75,7 +75,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     import torch
 
     from rill.engine_proc.assembly import start_core
-    from rill.engine_proc.attention.kv_cache import num_blocks_for_memory, split_blocks_for_memory
+    from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
     from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
@@ -85,7 +85,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.model.sentence_layout import is_sentence_transformers
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.scheduler import Scheduler
-    from rill.engine_proc.sched.window_pool import window_pool_of, window_pool_size
+    from rill.engine_proc.sched.window_tables import window_tables_of
     from rill.engine_proc.spec.build import build_speculator
 
     model, limits = config.model, config.scheduler
@@ -111,14 +111,11 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         log.info("prefix caching off: the transformers runner recomputes every prompt")
         enable_prefix_caching = False
     eos_ids = eos_token_ids(model_dir, hf_config)
-    num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes)
-    num_window_blocks = None
-    if runner_class is PagedTransformersRunner and (layer_window := route_layer_window(hf_config, limits)):
-        # Sliding and global layers: the sliding layers' pool needs only their windows (window_pool.py)
-        window, layers = layer_window
-        num_blocks, num_window_blocks = split_blocks_for_memory(
-            hf_config.get_text_config(), dtype, model.block_size, limits.kv_cache_memory_bytes, len(layers),
-            lambda n: window_pool_size(window, model.block_size, model.max_num_seqs, limits.max_num_batched_tokens, n))
+    # A model with sliding and global layers: as many block tensors as global layers, their blocks
+    # shared with the sliding layers' window tables (engine_proc/sched/window_tables.py)
+    layer_window = route_layer_window(hf_config, limits) if runner_class is PagedTransformersRunner else None
+    num_tensors = hf_config.get_text_config().num_hidden_layers - len(layer_window[1]) if layer_window else None
+    num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes, num_tensors)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-memory {limits.kv_cache_memory_bytes} bytes holds no KV block of "
                          f"{model.block_size} tokens for this model; give it more memory")
@@ -129,8 +126,6 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
             raise ValueError("--tensor-parallel-size needs the native runner (a Llama-family model)")
         if runner_class is not TransformersRunner:  # the paged route picks LongRoPE's factors by it (hf_rope.py)
             computed["max_model_len"] = limits.max_model_len
-        if num_window_blocks is not None:
-            computed["num_window_blocks"] = num_window_blocks
         runner = runner_class(model, **computed)
     else:
         tp, model = start_tensor_parallel(config, dtype_name, device, num_blocks, eos_ids)
@@ -141,15 +136,15 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # A model whose every layer slides holds at most its window of KV blocks per request (hf_paged.py).
     blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=enable_prefix_caching,
-                          sliding_window=runner.sliding_window, window=window_pool_of(runner, num_blocks),
+                          sliding_window=runner.sliding_window, window=window_tables_of(runner),
                           record_events=bool(config.kv_events_endpoint))
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
-    max_model_len = min(max_model_len, blocks.num_total_blocks() * model.block_size)
+    max_model_len = min(max_model_len, blocks.num_tokens_alone(limits.max_num_batched_tokens))
     log.info(
         "model loaded in %.1f s: %s, %s, quantization %s, KV cache %d blocks x %d tokens%s (%.0f MiB), "
         "max_model_len %d, prefix caching %s, %s runner on %s%s%s%s",
         time.perf_counter() - started, config.model_id, dtype_name, model.quantization, num_blocks, model.block_size,
-        f" (sliding layers: {blocks.window.num_blocks} blocks)" if blocks.window else "",
+        f" (the sliding layers in {blocks.window.num_groups} window table(s) a request)" if blocks.window else "",
         limits.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         runner.info.kind, device, ", batch-invariant" if model.batch_invariant else "",
         ", decode steps compiled" if runner.info.compiled_decode else ", eager",

@@ -186,9 +186,9 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded now, name -> path
-    # A model with sliding and global layers: the sliding layers' own pool (0 without one)
+    # A model with sliding and global layers: of the blocks held, those the sliding layers' window
+    # tables hold (engine_proc/sched/window_tables.py; 0 for any other model)
     num_window_blocks: int = 0
-    num_free_window_blocks: int = 0
 
 
 class Verdict(enum.IntEnum):

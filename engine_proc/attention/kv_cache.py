@@ -1,12 +1,13 @@
 """The paged KV cache: block tensors, how many fit in memory, slot writes, attention over it."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
+
+from rill.engine_proc.sched.window_tables import layer_groups
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -25,23 +26,11 @@ def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: in
 
 
 def num_blocks_for_memory(
-    config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int
+    config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int, num_layers: int | None = None
 ) -> int:
-    return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size))
-
-
-def split_blocks_for_memory(config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int,
-                            num_window_layers: int, window_blocks: Callable[[int], int]) -> tuple[int, int]:
-    """(global blocks, window blocks) in `memory_bytes` for a model with `num_window_layers` sliding
-    layers among global ones: the window pool as big as `window_blocks(global blocks)` asks (never
-    more than the global pool), the global layers the rest."""
-    per_global = bytes_per_block(config, dtype, block_size, config.num_hidden_layers - num_window_layers)
-    per_window = bytes_per_block(config, dtype, block_size, num_window_layers)
-    both = num_blocks_for_memory(config, dtype, block_size, memory_bytes)  # a block in each pool
-    num_window = window_blocks(both)
-    if num_window >= both:
-        return both, both
-    return max(0, (int(memory_bytes) - num_window * per_window) // per_global), num_window
+    """Blocks that fit: of every layer, or of `num_layers` block tensors (a model with window tables,
+    engine_proc/sched/window_tables.py, has as many as global layers)."""
+    return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size, num_layers))
 
 
 class KVCache:
@@ -50,9 +39,9 @@ class KVCache:
     Token at position p of a request lives in slot block_ids[p // block_size] * block_size
     + p % block_size; the block manager owns which block ids a request holds.
 
-    `window_layers`: a model's sliding layers, when it has global ones too. Theirs are
-    [num_window_blocks, ...] tensors, addressed by the request's window_block_ids
-    (engine_proc/sched/window_pool.py).
+    `window_layers`: a model's sliding layers, when it has global ones too: the cache is then as
+    many tensors as global layers, each shared by one global layer and a layer of each sliding group,
+    which address it through their group's block table (engine_proc/sched/window_tables.py).
     """
 
     def __init__(
@@ -64,32 +53,27 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         window_layers: tuple[int, ...] = (),
-        num_window_blocks: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
-        self.window_layers = frozenset(window_layers)
-        self.num_window_blocks = num_window_blocks if window_layers else 0
-        global_layers = [i for i in range(config.num_hidden_layers) if i not in self.window_layers]
+        num_layers = config.num_hidden_layers
+        self.window_layers = tuple(window_layers)
+        # Each layer's (group, tensor): group 0 the global layers, 1.. the sliding layers' groups
+        self.num_window_groups, self.layer_places = (layer_groups(self.window_layers, num_layers) if window_layers
+                                                     else (0, [(0, layer) for layer in range(num_layers)]))
+        num_tensors = 1 + max(slot for _, slot in self.layer_places)
+        shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
         # a masked NaN left in uninitialised memory would still poison the weighted sum.
-        self._storages = []
-        self.k_caches: list[torch.Tensor] = [None] * config.num_hidden_layers
-        self.v_caches: list[torch.Tensor] = [None] * config.num_hidden_layers
-        for layers, count in ((global_layers, num_blocks), (sorted(self.window_layers), self.num_window_blocks)):
-            if not layers:
-                continue
-            shape = (len(layers), 2, count, block_size, self.num_kv_heads, self.head_dim)
-            storage = torch.zeros(shape, dtype=dtype, device=device)
-            self._storages.append(storage)
-            for i, layer in enumerate(layers):
-                self.k_caches[layer], self.v_caches[layer] = storage[i, 0], storage[i, 1]
+        self._storage = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_caches = [self._storage[slot, 0] for _, slot in self.layer_places]
+        self.v_caches = [self._storage[slot, 1] for _, slot in self.layer_places]
 
     @property
     def num_bytes(self) -> int:
-        return sum(s.numel() * s.element_size() for s in self._storages)
+        return self._storage.numel() * self._storage.element_size()
 
 
 def write_kv(
@@ -160,7 +144,8 @@ class GraphDecodeMetadata:
     slot_mapping: torch.Tensor  # [rows]
     block_table: torch.Tensor  # [rows, num_blocks]
     context_lens: torch.Tensor  # [rows] int64: position + 1
-    # A model with sliding and global layers: the sliding layers' (engine_proc/sched/window_pool.py)
+    # A model with window tables: each sliding group's ([groups, rows] and [groups, rows, num_blocks];
+    # engine_proc/sched/window_tables.py)
     window_slot_mapping: torch.Tensor | None = None
     window_block_table: torch.Tensor | None = None
 

@@ -76,9 +76,9 @@ class DecodeGraphs:
         default_cache_dir_env()
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
-        # Sliding layers with a pool of their own (engine_proc/sched/window_pool.py): their slots and table too
-        self.window = bool(getattr(kv_cache, "window_layers", ()))
-        assert not (self.window and device.type == "cuda"), "window pools are compiled on the CPU only"
+        # Window tables (engine_proc/sched/window_tables.py): each sliding group's slots and table too
+        self.num_groups = getattr(kv_cache, "num_window_groups", 0)
+        assert not (self.num_groups and device.type == "cuda"), "window tables are compiled on the CPU only"
         self.block_size = block_size
         self.device = device
         self.max_num_seqs = max_num_seqs
@@ -123,8 +123,8 @@ class DecodeGraphs:
         width = self.table_width or -(-max(s.start_pos + s.num_new_tokens for s in batch.seqs) // bs)
         # Per row its input id, position, slot and context length (4 rows of `padded`), then the
         # block table; padded rows are token 0 at position 0 in the padding block 0, context 1. With
-        # a window pool, its slots and its table follow.
-        num_tables = 2 if self.window else 1
+        # window tables, each group's slots and table follow.
+        num_tables = 1 + self.num_groups
         num_fields = 3 + num_tables
         host = (self.inputs.host(padded, width) if self.sizes
                 else np.zeros(padded * (num_fields + num_tables * width), dtype=np.int64))
@@ -140,17 +140,19 @@ class DecodeGraphs:
             fields[0, row:row + n] = s.token_ids
             fields[1, row:row + n] = range(start, start + n)
             tables[0, row:row + n, :num_blocks] = s.req.block_ids[:num_blocks]
-            if self.window:
-                tables[1, row:row + n, :num_blocks] = s.req.window_block_ids[:num_blocks]
+            for j, window_table in enumerate(s.req.window_block_ids):
+                tables[1 + j, row:row + n, :num_blocks] = window_table[:num_blocks]
             row += n
         positions = fields[1, :num_rows]
-        fields[2, :num_rows] = tables[0, np.arange(num_rows), positions // bs] * bs + positions % bs
+        block_index = positions // bs
+        fields[2, :num_rows] = tables[0, np.arange(num_rows), block_index] * bs + positions % bs
         fields[3, :num_rows] = positions + 1
-        if self.window:
-            fields[4, :num_rows] = tables[1, np.arange(num_rows), positions // bs] * bs + positions % bs
+        for j in range(self.num_groups):
+            fields[4 + j, :num_rows] = tables[1 + j, np.arange(num_rows), block_index] * bs + positions % bs
         if not self.sizes:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
-            ids, positions, slots, context_lens, *window_slots = (torch.from_numpy(f.copy()) for f in fields)
-            window = (window_slots[0], torch.from_numpy(tables[1].copy())) if self.window else None
+            ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields[:4])
+            window = ((torch.from_numpy(fields[4:].copy()), torch.from_numpy(tables[1:].copy()))
+                      if self.num_groups else None)
             logits = self._forward(ids, positions, slots, torch.from_numpy(tables[0].copy()), context_lens, window)
         elif self.graphs:  # the inputs into the captured graph's buffers, then the graph
             self.inputs.to_device(padded, width)
@@ -164,7 +166,7 @@ class DecodeGraphs:
         return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
 
     def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens, window=None) -> torch.Tensor:
-        """`window`: the window pool's (slot mapping, block table), where the model has one."""
+        """`window`: the window tables' slot mappings [groups, rows] and tables [groups, rows, width]."""
         to = lambda t: t.to(self.device)  # noqa: E731
         meta = GraphDecodeMetadata(to(slot_mapping), to(block_table), to(context_lens))
         if window is not None:
@@ -175,14 +177,14 @@ class DecodeGraphs:
         # padded size) and, on the CPU, every context width. Unbacked: no graph of its own for a
         # size of 1 (one block, one row), which a plain dynamic dimension gets.
         mark = torch._dynamo.decorators.mark_unbacked
-        tables = (meta.block_table,) if window is None else (meta.block_table, meta.window_block_table)
         if self.table_width is None:
-            for table in tables:
-                mark(table, 1)
-        per_row = (meta.slot_mapping, meta.context_lens) if window is None else (
-            meta.slot_mapping, meta.context_lens, meta.window_slot_mapping)
-        for t in (args[0], args[1], *per_row, *tables, logits_indices):
+            mark(meta.block_table, 1)
+        for t in (args[0], args[1], meta.slot_mapping, meta.block_table, meta.context_lens, logits_indices):
             mark(t, 0)
+        if window is not None:  # [groups, rows(, width)]
+            mark(meta.window_slot_mapping, 1)
+            mark(meta.window_block_table, 1)
+            mark(meta.window_block_table, 2)
         if self.sizes and self.graphs is None:  # torch.compile's CUDA graphs: the last step's outputs are consumed
             torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(*args)
@@ -226,8 +228,10 @@ class DecodeGraphs:
             for size, num_blocks in ((1, 1), (1, 3), (3, 1), (3, 3)):
                 zeros = lambda: torch.zeros(size, dtype=torch.long)  # noqa: E731 (distinct: no aliasing guard)
                 table = lambda: torch.zeros(size, num_blocks, dtype=torch.long)  # noqa: E731
-                self._forward(zeros(), zeros(), zeros(), table(), torch.ones(size, dtype=torch.long),
-                              (zeros(), table()) if self.window else None)
+                groups = self.num_groups
+                window = (torch.zeros(groups, size, dtype=torch.long),
+                          torch.zeros(groups, size, num_blocks, dtype=torch.long)) if groups else None
+                self._forward(zeros(), zeros(), zeros(), table(), torch.ones(size, dtype=torch.long), window)
         elapsed = time.perf_counter() - started
         log.info("decode graphs compiled in %.1f s (%s)", elapsed, "one for every batch size" if self.sizes is None
                  else f"CUDA graphs {'captured' if self.graphs else 'by torch.compile'} for batch sizes {list(self.sizes)}")

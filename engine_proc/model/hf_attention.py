@@ -36,9 +36,9 @@ class PagedStep:
     batch: Batch
     positions: torch.Tensor  # [T] each row's position
     longest: int  # a window at least this long masks nothing
-    # A model with sliding and global layers: the sliding layers' view of the step (window_view)
-    window_batch: Batch | None = None
-    window_meta: AttentionMetadata | None = None
+    # A model with window tables: each sliding group's view of the step (window_view), group 1 first
+    window_batches: list[Batch] = dataclasses.field(default_factory=list)
+    window_metas: list[AttentionMetadata] = dataclasses.field(default_factory=list)
 
     @functools.cached_property
     def rope_lens(self) -> torch.Tensor:
@@ -53,31 +53,31 @@ class PagedStep:
         return token_tables(self.batch, self.backend.block_size, self.positions, decodes_first=not self.backend.flat)
 
     @functools.cached_property
-    def window_tables(self) -> TokenTables:
-        return token_tables(self.window_batch, self.backend.block_size, self.positions,
-                            decodes_first=not self.backend.flat)
+    def window_tables(self) -> list[TokenTables]:
+        return [token_tables(b, self.backend.block_size, self.positions, decodes_first=not self.backend.flat)
+                for b in self.window_batches]
 
 
 class _WindowTable:
-    """A request seen through its sliding layers' block table (engine_proc/sched/window_pool.py)."""
+    """A request seen through one sliding group's block table (engine_proc/sched/window_tables.py)."""
 
-    __slots__ = ("_req",)
+    __slots__ = ("_req", "_group")
 
-    def __init__(self, req) -> None:
-        self._req = req
+    def __init__(self, req, group: int) -> None:
+        self._req, self._group = req, group
 
     @property
     def block_ids(self) -> list[int]:
-        return self._req.window_block_ids
+        return self._req.window_block_ids[self._group]
 
     def __getattr__(self, name: str):
         return getattr(self._req, name)
 
 
-def window_view(batch: Batch) -> Batch:
-    """`batch` with each request's window_block_ids as its block_ids: the step's inputs built from it
-    (the backend's prepare, token_tables) address the sliding layers' pool."""
-    return Batch([dataclasses.replace(s, req=_WindowTable(s.req)) for s in batch.seqs])
+def window_view(batch: Batch, group: int) -> Batch:
+    """`batch` with each request's window table of sliding group `group` (from 0) as its block_ids: the
+    step's inputs built from it (the backend's prepare, token_tables) address that group's blocks."""
+    return Batch([dataclasses.replace(s, req=_WindowTable(s.req, group)) for s in batch.seqs])
 
 
 _current = threading.local()
@@ -118,17 +118,17 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     scale = head_dim**-0.5 if scaling is None else scaling
     # The kernels scale by 1/sqrt(D): a family's own scale goes on their queries.
     kernel_q = q if scale == head_dim**-0.5 else q * (scale * head_dim**0.5)
-    # A sliding layer of a model with global ones too: its cache is the window pool's (hf_paged.py)
-    windowed = getattr(module, "rill_window_blocks", False)
+    # A model with window tables: 0 for a global layer, 1.. for a sliding group's (hf_paged.py)
+    group = getattr(module, "rill_table_group", 0)
     if rill_graph is not None:  # one opaque op writes and attends the layer's cache, named by its index
-        slots, table = ((rill_graph.window_slot_mapping, rill_graph.window_block_table) if windowed
-                        else (rill_graph.slot_mapping, rill_graph.block_table))
+        slots, table = ((rill_graph.window_slot_mapping[group - 1], rill_graph.window_block_table[group - 1])
+                        if group else (rill_graph.slot_mapping, rill_graph.block_table))
         out = torch.ops.rill_cpu.paged_decode_layer(kernel_q, k, v, slots, table, rill_graph.context_lens, layer,
                                                     sliding_window or 0, softcap or 0.0, s_aux)
         return out.unsqueeze(0), None
     step = current_step()
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
-    meta = step.window_meta if windowed else step.meta
+    meta = step.window_metas[group - 1] if group else step.meta
     window = sliding_window if sliding_window and sliding_window < step.longest else None
     if window is not None or softcap or s_aux is not None:
         step.backend.write(k_cache, v_cache, k, v, meta.slot_mapping)
@@ -138,7 +138,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         if decoded is not None and decoded.shape[0] == q.shape[0]:
             out = decoded
         else:
-            tables = step.window_tables if windowed else step.tables
+            tables = step.window_tables[group - 1] if group else step.tables
             out = masked_attention(q, k_cache, v_cache, tables, scale, window, softcap or None, s_aux, decoded)
     else:
         out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, meta)

@@ -73,7 +73,7 @@ def interleaved_window(config, max_model_len: int) -> tuple[int, tuple[int, ...]
 
 def route_layer_window(config, limits) -> tuple[int, tuple[int, ...]] | None:
     """interleaved_window() of the model as the runner will serve it (its served length, as __init__
-    works it out), for the engine to size the window pool before the runner exists."""
+    works it out), for the engine to size the KV cache before the runner exists."""
     text_config = config.get_text_config()
     model_len = getattr(text_config, "max_position_embeddings", None)
     if model_len is None:
@@ -94,10 +94,8 @@ class PagedTransformersRunner(SamplingRunner):
     transformers`, or `auto` for a family without a native implementation)."""
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
-                 eos_token_ids: list[int], max_model_len: int | None = None,
-                 num_window_blocks: int | None = None) -> None:
-        """`max_model_len`: the server's --max-model-len (None: the model's context). `num_window_blocks`:
-        the sliding layers' pool of a model with global layers too (None: as many as num_kv_blocks)."""
+                 eos_token_ids: list[int], max_model_len: int | None = None) -> None:
+        """`max_model_len`: the server's --max-model-len (None: the model's context)."""
         if model.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
         check_quantization(model.quantization, torch.device(device))
@@ -139,15 +137,13 @@ class PagedTransformersRunner(SamplingRunner):
             tile_linears(self.model)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
-        # (window, sliding layers): those layers' blocks in a pool and block tables of their own
+        # (window, sliding layers): those layers' blocks in window tables of their own (window_tables.py)
         self.layer_window = interleaved_window(text_config, served_len)
-        window_layers = self.layer_window[1] if self.layer_window else ()
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
-                                device=self.device, window_layers=window_layers,
-                                num_window_blocks=num_window_blocks or num_kv_blocks)
+                                device=self.device, window_layers=self.layer_window[1] if self.layer_window else ())
         for module in self.model.modules():
-            if _is_attention(module):
-                module.rill_window_blocks = module.layer_idx in window_layers
+            if _is_attention(module):  # 0: the global layers' table; 1..: a sliding group's window table
+                module.rill_table_group = self.kv_cache.layer_places[module.layer_idx][0]
         self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
         if not model.enforce_eager and not model.batch_invariant:
@@ -192,9 +188,9 @@ class PagedTransformersRunner(SamplingRunner):
             return self.decode_graphs.run(batch)
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
-        if self.layer_window is not None:  # the same rows over the sliding layers' block tables
-            step.window_batch = window_view(batch)
-            step.window_meta = self.attention.prepare(step.window_batch)[2]
+        if self.layer_window is not None:  # the same rows over each sliding group's window tables
+            step.window_batches = [window_view(batch, j) for j in range(self.kv_cache.num_window_groups)]
+            step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]
         with step_context(step):
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 

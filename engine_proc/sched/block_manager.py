@@ -9,7 +9,7 @@ from rill.engine_proc.sched.request import EngineRequest
 # Block 0 (NULL_BLOCK_ID) is never handed to a request: the model runner can pad block tables and
 # point the slots of padding tokens at it, so padded writes land somewhere harmless. The KV tensor
 # therefore has `num_blocks` blocks, of which `num_blocks - 1` hold requests' tokens.
-from rill.engine_proc.sched.window_pool import NULL_BLOCK_ID, WindowPool
+from rill.engine_proc.sched.window_tables import NULL_BLOCK_ID, WindowTables
 
 
 class BlockManager:
@@ -22,9 +22,9 @@ class BlockManager:
     `allocate` takes from the stack first, so cached content is given up only under pressure.
     Both count as free, so admission control reads `num_free_blocks` as before.
 
-    `window`: the sliding layers' own pool, for a model with both sliding and global layers
-    (window_pool.py); these blocks are then the global layers'. It never runs out, so nothing
-    here counts it against admission.
+    A model with sliding and global layers (`window`: its window and number of sliding-layer
+    groups): `req.block_ids` are then the global layers' blocks, and `self.window`
+    (window_tables.py) keeps the sliding layers' tables, drawn from the same free blocks.
     """
 
     def __init__(
@@ -36,7 +36,7 @@ class BlockManager:
         hash_fn: Callable[[Hashable], int] = hash,
         record_events: bool = False,
         sliding_window: int | None = None,
-        window: WindowPool | None = None,
+        window: tuple[int, int] | None = None,
     ) -> None:
         assert num_blocks >= 2, "block 0 is the null block: at least one more is needed"
         assert block_size >= 1
@@ -53,7 +53,7 @@ class BlockManager:
         # A model whose every layer attends within this many tokens: a block whose tokens all lie
         # before every later query's window is released as the request moves on (after_step).
         self.sliding_window = sliding_window
-        self.window = window
+        self.window = WindowTables(self, block_size, *window) if window is not None else None
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -68,36 +68,71 @@ class BlockManager:
         """Blocks that can hold tokens (the null block excluded)."""
         return self.num_blocks - 1
 
+    def num_tokens_alone(self, max_chunk: int) -> int:
+        """The longest request the cache holds on its own, scheduled in chunks of at most max_chunk
+        tokens. With window tables, each group's holds at most the window and a chunk, and never more
+        than the request's own length."""
+        num_blocks = self.num_total_blocks()
+        if self.window is not None:
+            groups = self.window.num_groups
+            per_group = -(-(self.window.window - 1 + max_chunk) // self.block_size) + 2
+            num_blocks = max(num_blocks // (1 + groups), num_blocks - groups * per_group)
+        return max(0, num_blocks) * self.block_size
+
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks that positions [0, num_tokens) span."""
         return -(-num_tokens // self.block_size)
 
     def num_blocks_needed(self, req: EngineRequest, num_tokens: int) -> int:
-        """Extra blocks `req` needs so that its block_ids cover positions [0, num_tokens)."""
-        return max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+        """Extra blocks `req` needs so that its tables cover positions [0, num_tokens)."""
+        num_needed = max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+        return num_needed + (self.window.num_needed(req, num_tokens) if self.window is not None else 0)
+
+    def num_blocks_to_admit(self, req: EngineRequest, cached_ids: list[int], num_tokens: int) -> int:
+        """Free blocks admitting `req` takes: its tables to cover [0, num_tokens) after a hit on
+        `cached_ids` (find_cached_blocks'), of which those that sit free count like new ones."""
+        num_new = self.num_blocks_for(num_tokens) - len(cached_ids)
+        num_taken = num_new + self.num_free_among(cached_ids)
+        if self.window is not None:
+            hit_blocks = self.window.hit_blocks(self._serials(cached_ids)) if cached_ids else []
+            num_taken += num_new * self.window.num_groups + self.num_free_among(hit_blocks)
+        return num_taken
 
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks()
 
     def allocate(self, req: EngineRequest, num_tokens: int) -> None:
-        """Appends blocks to `req.block_ids` so that they cover positions [0, num_tokens)."""
+        """Appends blocks to `req.block_ids` (and its window tables) to cover positions [0, num_tokens)."""
         if self.window is not None:
             self.window.allocate(req, num_tokens)
-        num_new_blocks = self.num_blocks_needed(req, num_tokens)
-        if num_new_blocks == 0:
-            return
-        assert num_new_blocks <= self.num_free_blocks(), "allocate() without can_allocate()"
+        num_new_blocks = max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+        if num_new_blocks:
+            req.block_ids.extend(self.take(num_new_blocks))
+
+    def take(self, num_blocks: int) -> list[int]:
+        """`num_blocks` free blocks, each held once: never-cached ones first, then the oldest cached."""
+        assert num_blocks <= self.num_free_blocks(), "allocate() without can_allocate()"
         free_ids = self._free_block_ids
-        num_from_stack = min(num_new_blocks, len(free_ids))
+        num_from_stack = min(num_blocks, len(free_ids))
         new_ids = free_ids[len(free_ids) - num_from_stack :]
         del free_ids[len(free_ids) - num_from_stack :]
         new_ids.reverse()  # the order pop() would give: the top of the stack first
-        for _ in range(num_new_blocks - num_from_stack):
-            new_ids.append(self.prefix_cache.evict_oldest())
+        for _ in range(num_blocks - num_from_stack):
+            block_id = self.prefix_cache.evict_oldest()
+            if self.window is not None:
+                self.window.forget(block_id)
+            new_ids.append(block_id)
         ref_counts = self.ref_counts
         for block_id in new_ids:
             ref_counts[block_id] = 1
-        req.block_ids.extend(new_ids)
+        return new_ids
+
+    def revive(self, block_id: int) -> None:
+        """One more holder of a block that is held, or cached and free (then off the LRU)."""
+        count = self.ref_counts[block_id]
+        if count == 0:
+            self.prefix_cache.remove_evictable(block_id)
+        self.ref_counts[block_id] = count + 1
 
     # ---- prefix caching (no-ops when it is off) ---------------------------------------------
 
@@ -122,14 +157,10 @@ class BlockManager:
         """Makes `block_ids` (held by others, or cached and free) the first blocks of `req`."""
         assert not req.block_ids, "a shared prefix comes first"
         cache = self.prefix_cache
-        ref_counts = self.ref_counts
         for block_id in block_ids:
             assert block_id != NULL_BLOCK_ID
-            count = ref_counts[block_id]
-            if count == 0:
-                assert cache is not None and cache.is_cached(block_id), "can share only held or cached blocks"
-                cache.remove_evictable(block_id)
-            ref_counts[block_id] = count + 1
+            assert self.ref_counts[block_id] or cache.is_cached(block_id), "can share only held or cached blocks"
+            self.revive(block_id)
         req.block_ids.extend(block_ids)
         if cache is not None:
             cache.start_chain(req)
@@ -161,7 +192,7 @@ class BlockManager:
         for i in range(num_gone - 1, -1, -1):  # tail first, as free() does
             if block_ids[i] == NULL_BLOCK_ID:
                 break
-            self._release(block_ids[i])
+            self.release(block_ids[i])
         # A new list: a step in flight may still read the old block table.
         req.block_ids = [NULL_BLOCK_ID] * num_gone + block_ids[num_gone:]
 
@@ -182,17 +213,18 @@ class BlockManager:
         # heads (system prompts) are what other requests share.
         for block_id in reversed(req.block_ids):
             if block_id != NULL_BLOCK_ID:  # a block a sliding window released already
-                self._release(block_id)
+                self.release(block_id)
         # A new list rather than clear(): a step in flight may still read the old block table.
         req.block_ids = []
 
-    def _release(self, block_id: int) -> None:
+    def release(self, block_id: int) -> None:
+        """One holder fewer; with none left the block is free (findable still, if cached)."""
         count = self.ref_counts[block_id] - 1
         assert count >= 0, f"block {block_id} freed more often than held"
         self.ref_counts[block_id] = count
         if count == 0:
             cache = self.prefix_cache
-            if cache is not None and cache.is_cached(block_id):
+            if cache is not None and (cache.is_cached(block_id) or (self.window and self.window.is_cached(block_id))):
                 cache.add_evictable(block_id)
             else:
                 self._free_block_ids.append(block_id)

@@ -56,8 +56,8 @@ class Scheduler:
         if watermark_blocks is None:
             watermark_blocks = max(1, block_manager.num_total_blocks() // 100)
         self.watermark_blocks = watermark_blocks
-        # Tokens the whole cache holds: no request may need more positions than this.
-        self._cache_len = block_manager.num_total_blocks() * block_manager.block_size
+        # Tokens the whole cache holds for one request: no request may need more positions than this.
+        self._cache_len = block_manager.num_tokens_alone(max_num_batched_tokens)
         # Both keyed by req_id, for O(1) abort. Waiting: the front is admitted first; a
         # preempted request goes back to the front. Running: in admission order, so the
         # last one is the most recently admitted, the first to preempt.
@@ -216,9 +216,7 @@ class Scheduler:
             num_new_tokens = min(req.num_tokens - num_cached_tokens, budget)
             end_pos = num_cached_tokens + num_new_tokens
             # Cached blocks that sit free count against the free blocks like new ones.
-            num_new_blocks = (
-                block_manager.num_blocks_for(end_pos) - len(cached_ids) + block_manager.num_free_among(cached_ids)
-            )
+            num_new_blocks = block_manager.num_blocks_to_admit(req, cached_ids, end_pos)
             # With nobody running there is nobody to starve, and a prompt the size of the
             # whole cache must still get in.
             num_reserved_blocks = self.watermark_blocks if running else 0

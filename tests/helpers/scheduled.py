@@ -12,7 +12,7 @@ from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.block_manager import BlockManager
 from rill.engine_proc.sched.request import EngineRequest
 from rill.engine_proc.sched.scheduler import Scheduler
-from rill.engine_proc.sched.window_pool import window_pool_of
+from rill.engine_proc.sched.window_tables import window_tables_of
 from rill.ipc.protocol import FinishReason, SamplingParams
 
 EOS_ID = 2
@@ -64,10 +64,10 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
         return logits
 
     # A model whose every layer slides: its out-of-window blocks released as in the engine (main.py).
-    # Sliding and global layers: the sliding layers' own pool, as in the engine.
+    # Sliding and global layers: the sliding layers' window tables, as in the engine.
     scheduler = Scheduler(
         BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching,
-                     sliding_window=runner.sliding_window, window=window_pool_of(runner, num_blocks)),
+                     sliding_window=runner.sliding_window, window=window_tables_of(runner)),
         max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
     )
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)

@@ -70,8 +70,10 @@ def test_prefix_cache_hit_matches_transformers(zoo):
 
 def test_preempted_requests_match_transformers(zoo):
     # 8 blocks of 8 tokens (one reserved) cannot hold the three requests at their full length. A
-    # model whose every layer slides holds its window only (released blocks): it may fit them.
-    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=8, caching=True)
+    # model whose every layer slides holds its window only (released blocks): it may fit them. One with
+    # window tables needs 12 for "a" alone (the scheduler's bound: half the cache, with one window table).
+    num_blocks = 13 if zoo.runner.layer_window else 8
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=num_blocks, caching=True)
     if zoo.runner.sliding_window is None:
         assert sum(r.num_preemptions for r in reqs.values()) > 0
     assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
@@ -83,15 +85,15 @@ def test_a_sliding_layer_holds_its_window_of_blocks(kind, window, tmp_path):
     """Mistral's and Phi-3-mini's layers all slide: a request holds the blocks of its last `window`
     positions and the one being written, the rest released as it goes (and its logits stay
     transformers'). Gemma 3 and GPT-OSS have global layers too, which need every block: their sliding
-    layers' blocks are a pool of their own (window_pool.py), of which a request holds its window."""
+    layers have window tables of their own (window_tables.py), which hold a request's window."""
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID])
     assert runner.sliding_window == window
     held, held_window = [], []
-    most = lambda reqs, table: max((sum(b != 0 for b in getattr(r, table)) for r in reqs), default=0)  # noqa: E731
-    track = lambda reqs: (held.append(most(reqs, "block_ids")),  # noqa: E731
-                          held_window.append(most(reqs, "window_block_ids")))
+    most = lambda tables: max((sum(b != 0 for b in t) for t in tables), default=0)  # noqa: E731
+    track = lambda reqs: (held.append(most([r.block_ids for r in reqs])),  # noqa: E731
+                          held_window.append(most([t for r in reqs for t in r.window_block_ids])))
     reqs = run_scheduled(runner, hf, {"a": 0, "c": 0}, num_new_tokens=40, on_step=track)
     longest_blocks = -(-max(r.num_tokens for r in reqs.values()) // BLOCK_SIZE)
     own_window = window or runner.config.sliding_window
@@ -140,7 +142,9 @@ def test_int8_experts_barely_move_the_logits(kind, tmp_path):
     experts = [m for m in runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
     assert experts and all(isinstance(layer, Int8Linear) for m in experts for layer in m.rill_down_proj)
     req = EngineRequest("a", "w", list(PROMPTS["a"]), SamplingParams(max_tokens=1))
-    req.block_ids = req.window_block_ids = list(range(1, 1 + -(-req.num_tokens // BLOCK_SIZE)))
+    n = -(-req.num_tokens // BLOCK_SIZE)  # blocks for the global table, then each window table's own
+    req.block_ids = list(range(1, 1 + n))
+    req.window_block_ids = [list(range(1 + j * n, 1 + (j + 1) * n)) for j in range(1, runner.kv_cache.num_window_groups + 1)]
     got = runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))[0].softmax(-1)
     with torch.inference_mode():
         want = hf(torch.tensor([PROMPTS["a"]])).logits[0, -1].softmax(-1)
@@ -162,7 +166,9 @@ def test_batch_invariant_logits_do_not_depend_on_the_batch(kind, tmp_path):
     free_ids = BlockAllocator(64, seed=3).free_ids  # shuffled, never block 0
     reqs = {name: EngineRequest(name, "w", list(PROMPTS[name]), SamplingParams(max_tokens=1)) for name in PROMPTS}
     for req in reqs.values():
-        req.block_ids = req.window_block_ids = [free_ids.pop() for _ in range(-(-req.num_tokens // BLOCK_SIZE))]
+        n = -(-req.num_tokens // BLOCK_SIZE)
+        req.block_ids = [free_ids.pop() for _ in range(n)]
+        req.window_block_ids = [[free_ids.pop() for _ in range(n)] for _ in range(runner.kv_cache.num_window_groups)]
     a = reqs["a"]
     alone = runner.compute_logits(Batch([ScheduledSeq(a, 0, a.num_tokens)]))
     runner.compute_logits(Batch([ScheduledSeq(reqs["c"], 0, 17)]))  # c's first 17 tokens in the cache

@@ -48,7 +48,7 @@ def gemma(model_dir, tmp_path_factory):
     hf, path = save_servable("gemma3_text", model_dir, tmp_path_factory)
     srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32",
                        "--log-level", "info")
-    yield hf, srv
+    yield hf, srv, path
     stop_server(srv)
 
 
@@ -59,7 +59,7 @@ def test_it_runs_on_the_paged_route_with_prefix_caching(gemma):
 
 
 def test_prompt_logprobs_are_transformers_own(gemma, tokenizer):
-    hf, srv = gemma
+    hf, srv, _ = gemma
     ids = tokenizer.encode(TEXT).ids
     assert len(ids) > 2 * WINDOW  # the sliding layers' window matters
     r = post(srv, "/v1/completions", {"model": MODEL, "prompt": TEXT, "max_tokens": 0, "echo": True, "logprobs": 1})
@@ -73,7 +73,7 @@ def test_prompt_logprobs_are_transformers_own(gemma, tokenizer):
 
 
 def test_greedy_tokens_are_transformers_own(gemma, tokenizer):
-    hf, srv = gemma
+    hf, srv, _ = gemma
     ids = tokenizer.encode(TEXT).ids
     resp = sdk_client(srv).completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0, logprobs=1,
                                               extra_body={"ignore_eos": True})
@@ -84,7 +84,7 @@ def test_greedy_tokens_are_transformers_own(gemma, tokenizer):
 
 
 def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
-    _, srv = gemma
+    _, srv, _ = gemma
     ids = tokenizer.encode(TEXT.upper()).ids  # a prefix no earlier test sent
     client = sdk_client(srv)
     first = client.completions.create(model=MODEL, prompt=ids + [1000], max_tokens=8, temperature=0)
@@ -127,6 +127,31 @@ def test_gemma3s_sliding_layers_hold_their_window_and_its_global_layers_every_bl
     # the global layers' blocks grow with the sequence (a shared prefix cached earlier may be among them)
     assert max(total - window for total, window in used) >= 14, used
     assert 0 < max(window for _, window in used) <= 2, used
+
+
+def test_a_request_longer_than_one_table_could_hold_is_served_with_transformers_tokens(gemma, model_dir, tokenizer,
+                                                                                      tmp_path_factory):
+    """A cache of 24 blocks of the tiny Gemma 3's one global layer: one table for both layers would
+    hold 11 blocks (176 tokens) of a request; with window tables, a 240-token generation runs, and its
+    greedy tokens are transformers' own."""
+    from rill.engine_proc.attention.kv_cache import bytes_per_block
+
+    hf = gemma[0]
+    memory = 24 * bytes_per_block(hf.config, torch.float32, 16, num_layers=1)
+    assert memory // bytes_per_block(hf.config, torch.float32, 16) - 1 == 11
+    srv = start_server(tmp_path_factory, "--model", str(gemma[2]), "--served-model-name", MODEL, "--dtype",
+                       "float32", "--kv-cache-memory", str(memory), "--max-num-batched-tokens", "64")
+    try:
+        ids = tokenizer.encode(TEXT).ids
+        resp = sdk_client(srv).completions.create(model=MODEL, prompt=ids, max_tokens=240 - len(ids), temperature=0,
+                                                  logprobs=1, extra_body={"ignore_eos": True})
+    finally:
+        stop_server(srv)
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=240 - len(ids), min_new_tokens=240 - len(ids),
+                          do_sample=False, pad_token_id=0)
+    expected = [tokenizer.decode([t], skip_special_tokens=False) for t in out[0, len(ids):].tolist()]
+    assert resp.choices[0].logprobs.tokens == expected
 
 
 def test_a_model_whose_every_layer_slides_holds_its_window_of_kv_blocks(model_dir, tmp_path_factory, tokenizer):

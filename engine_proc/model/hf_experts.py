@@ -5,8 +5,8 @@ Transformers keeps each layer's experts as two stacked tensors and multiplies th
 torch._grouped_mm. Here each expert's two projections are packed once at load into the layers the
 native model uses (oneDNN's packed bfloat16 or float32 weights, or int8 with `--quantization int8`),
 and a step sorts its (token, expert) pairs by expert and runs one GEMM per expert over all of its
-tokens. On the bfloat16 kernels the whole loop is one C++ operator (csrc/moe_experts.cpp) for
-SiLU-gated experts (Mixtral, Qwen3-MoE) and GPT-OSS's clamped SwiGLU; the others (int8, float32,
+tokens. On the bfloat16 and int8 kernels the whole loop is one C++ operator (csrc/moe_experts.cpp)
+for SiLU-gated experts (Mixtral, Qwen3-MoE) and GPT-OSS's clamped SwiGLU; the others (float32,
 another gate) dispatch it from Python, one call per expert the step hits. Against the grouped GEMM,
 one layer with warm weights (bench.families' shapes, bfloat16, a Zen 4:
 `python -m rill.bench.kernels.moe_experts`): 4.0-6.9x faster at 16 tokens, 1.2-2.0x at 512. The
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate
 
+from rill.engine_proc.kernels.int8_linear import DEQUANT_CHUNK_ELEMS, GEMV_MAX_ROWS, Int8Linear
 from rill.engine_proc.kernels.linear import AmxLinear
 
 IMPLEMENTATION = "rill_experts"
@@ -59,24 +60,32 @@ def pack_experts(model: nn.Module, make_linear: LinearFactory) -> int:
 
 
 def _fused_experts(module: nn.Module) -> tuple | None:
-    """The arguments of the C++ operator rill_cpu::moe_experts after the step's routing: each
-    expert's packed gate-and-up and down weights and their biases, the sizes and the gate, where the
-    module's experts are on AmxLinear and gate as Mixtral and Qwen3-MoE do (SiLU, gate and up halves
-    of one projection) or as GPT-OSS does (its clamped SwiGLU); else None (the Python loop: int8,
-    float32, any other gate)."""
+    """The C++ operator's name (rill_cpu::moe_experts, or moe_experts_int8 for --quantization int8) and
+    its arguments after the step's routing: each expert's packed (or int8 and scale) gate-and-up and
+    down weights and their biases, the sizes and the gate, where the module's experts are on AmxLinear
+    or the int8 kernels and gate as Mixtral and Qwen3-MoE do (SiLU, gate and up halves of one
+    projection) or as GPT-OSS does (its clamped SwiGLU); else None (the Python loop: float32, any
+    other gate, or a kernel that is not built)."""
     gate_up, down = module.rill_gate_up_proj, module.rill_down_proj
-    if not all(isinstance(layer, AmxLinear) for layer in (*gate_up, *down)):
+    layers = (*gate_up, *down)
+    amx = all(isinstance(layer, AmxLinear) for layer in layers)
+    int8 = all(isinstance(layer, Int8Linear) and layer.uses_kernels for layer in layers)
+    if not (amx or int8):
         return None
     if (type(module)._apply_gate is _default_apply_gate and getattr(module.config, "hidden_act", None) == "silu"
-            and gate_up[0].fuses_silu_mul):
+            and (int8 or gate_up[0].fuses_silu_mul)):
         gate, alpha, limit = "silu", 1.0, 0.0
     elif type(module).__name__ == "GptOssExperts" and type(module)._apply_gate is _gpt_oss_gate():
         gate, alpha, limit = "clamped_swiglu", float(module.alpha), float(module.limit)
     else:
         return None
-    return ([layer.packed_weight for layer in gate_up], [layer.bias for layer in gate_up],
-            [layer.packed_weight for layer in down], [layer.bias for layer in down],
-            gate_up[0].out_features // 2, down[0].out_features, gate, alpha, limit)
+    sizes = (gate_up[0].out_features // 2, down[0].out_features, gate, alpha, limit)
+    if int8:
+        return ("moe_experts_int8", [layer.weight_int8 for layer in gate_up], [layer.scale for layer in gate_up],
+                [layer.bias for layer in gate_up], [layer.weight_int8 for layer in down], [layer.scale for layer in down],
+                [layer.bias for layer in down], *sizes, GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
+    return ("moe_experts", [layer.packed_weight for layer in gate_up], [layer.bias for layer in gate_up],
+            [layer.packed_weight for layer in down], [layer.bias for layer in down], *sizes)
 
 
 def _gpt_oss_gate():
@@ -116,8 +125,8 @@ def _(hidden_states, top_k_index, top_k_weights, key):
 def _experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
              top_k_weights: torch.Tensor) -> torch.Tensor:
     if self.rill_fused is not None and hidden_states.dtype == torch.bfloat16:
-        return torch.ops.rill_cpu.moe_experts(hidden_states.contiguous(), top_k_index, top_k_weights,
-                                              *self.rill_fused)
+        op, *args = self.rill_fused
+        return getattr(torch.ops.rill_cpu, op)(hidden_states.contiguous(), top_k_index, top_k_weights, *args)
     return _experts_loop(self, hidden_states, top_k_index, top_k_weights)
 
 

@@ -41,6 +41,9 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("moe_experts(Tensor x, Tensor top_k_index, Tensor top_k_weights, Tensor[] gate_up, Tensor?[] gate_up_bias, "
           "Tensor[] down, Tensor?[] down_bias, int intermediate, int hidden, str gate, float alpha=1.0, "
           "float limit=0.0) -> Tensor");
+    m.def("moe_experts_int8(Tensor x, Tensor top_k_index, Tensor top_k_weights, Tensor[] gate_up, "
+          "Tensor[] gate_up_scale, Tensor?[] gate_up_bias, Tensor[] down, Tensor[] down_scale, Tensor?[] down_bias, "
+          "int intermediate, int hidden, str gate, float alpha, float limit, int gemv_max_rows, int chunk_elems) -> Tensor");
     m.def("prefill_attention_supported() -> bool");
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
     m.def("amx_linear_supported() -> bool");
@@ -69,6 +72,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("silu_mul", &rill_cpu::silu_mul);
     m.impl("soft_cap", &rill_cpu::soft_cap);
     m.impl("moe_experts", &rill_cpu::moe_experts);
+    m.impl("moe_experts_int8", &rill_cpu::moe_experts_int8);
     m.impl("prefill_attention", &rill_cpu::prefill_attention);
     m.impl("amx_linear_pack", &rill_cpu::amx_linear_pack);
     m.impl("amx_linear", &rill_cpu::amx_linear);

@@ -41,7 +41,7 @@ stage() {  # stage NAME SECONDS COMMAND...: bounded, logged, and the next stage 
 stage tests 150 python3 -m pytest -q -p no:cacheprovider -o addopts= \
   tests/model/test_triton_decode.py tests/model/test_triton_kernels.py tests/model/test_triton_path.py \
   tests/model/test_triton_ops.py tests/model/test_compiled_prefill.py tests/model/test_prompt_graphs.py \
-  tests/model/test_gpu_decode_graphs.py
+  tests/model/test_gpu_decode_graphs.py "tests/model/test_transformers_route.py::test_the_triton_backend_under_the_route_matches_transformers"
 stage profile 150 python3 -m rill.bench.kernels.gpu_step_profile --model .gpu/smollm2-dummy --out "$WORK/profile-135m.json"
 
 # serve_and_load TREE MODEL LABEL PORT CONCURRENCY:PROMPTS...: a server from TREE on the GPU behind the

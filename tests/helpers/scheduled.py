@@ -59,7 +59,7 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
                 ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
                 expected = (hf_model(torch.tensor([ids])).logits[0, -1] if reference is None
                             else reference(seq.req.req_id, len(ids) - seq.req.num_prompt_tokens))
-                if not torch.allclose(row.float(), expected, atol=atol, rtol=atol):
+                if not torch.allclose(row.float().cpu(), expected, atol=atol, rtol=atol):
                     mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
         return logits
 

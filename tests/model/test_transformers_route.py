@@ -108,13 +108,15 @@ def test_a_sliding_layer_holds_its_window_of_blocks(kind, window, tmp_path):
 
 @pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
 def test_the_triton_backend_under_the_route_matches_transformers(kind, tmp_path):
-    """The GPU's attention backend (here on CPU tensors under Triton's interpreter): its flat step
-    layout, the masked layers' view of it included, in chunks mixed with decodes."""
+    """The GPU's attention backend (on a GPU when there is one, else on CPU tensors under Triton's
+    interpreter): its flat step layout, the masked layers' view of it and Gemma 3's and GPT-OSS's
+    window tables included, in chunks mixed with decodes (bench/gpu_tier.sh runs it on a GPU)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
-                         eos_token_ids=[EOS_ID], attention_backend="triton")
+                         eos_token_ids=[EOS_ID], attention_backend="triton",
+                         device="cuda" if torch.cuda.is_available() else "cpu")
     assert runner.attention.flat
     reqs = run_scheduled(runner, hf, {"a": 0, "b": 2, "c": 5}, max_num_batched_tokens=5)
     assert outputs(reqs) == {k: v for k, v in hf_continuations(hf).items() if k in "abc"}

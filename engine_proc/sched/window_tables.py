@@ -176,12 +176,14 @@ class WindowTables:
     def usable_hits(self, serials: list[int]) -> int:
         """How many of the global hits (their serials, in order) a request can start after: the most n
         whose window blocks before position n * block_size are all cached, in every group."""
-        by_key = self._by_key
-        for n in range(len(serials), 0, -1):
-            first = self.first_needed(n * self.block_size)
-            if all((serial, group) in by_key for serial in serials[first:n] for group in range(self.num_groups)):
-                return n
-        return 0
+        by_key, groups = self._by_key, range(self.num_groups)
+        best, last_missing = 0, -1  # the last entry below n some group lacks
+        for n, serial in enumerate(serials, 1):
+            if not all((serial, group) in by_key for group in groups):
+                last_missing = n - 1
+            if last_missing < self.first_needed(n * self.block_size):
+                best = n
+        return best
 
     def hit_blocks(self, serials: list[int]) -> list[int]:
         """The window blocks a hit on len(serials) global blocks shares (usable_hits() said it can)."""

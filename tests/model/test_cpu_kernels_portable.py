@@ -6,7 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -18,34 +20,104 @@ TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "t
          "tests/model/test_int4.py"]
 # The kernels' own tests; the model runners and benchmarks do not depend on the build target.
 SELECT = "not runner and not quick and not load_model and not cli"
+# An AVX2 CPU, as far as this one can be made one: Rill's kernels built for AVX2 (no AVX-512), oneDNN
+# capped at its AVX2 kernels and ATen at its AVX2 ones. The AVX2 build's kernel tests and its batch
+# invariance run in one such process: one pytest and torch start-up, not two.
+AVX2_CPU = {"RILL_CPU_ARCH": "x86-64-v3", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+BATCH_INVARIANT = "tests/model/test_batch_invariant.py"
+# Which of its cases run there: the CPU backend's runners (float32 and bfloat16 native, float32
+# transformers; the torch backend is the same linears), each with
+# - the batch of 8 prompts in 24-token chunks: the request's rows beside other requests' rows in a
+#   16-row tile, at other places in a tile than alone (its prompt is cut at 24), and its decode rows
+#   among others' prompt rows. The smaller batches and the unchunked or alone-chunked shapes are the
+#   same fixed-shape calls with fewer or no neighbours: the suite runs them all on this CPU's kernels;
+# - the recompute after a preemption (chunks of 13, among 3 others);
+# - in float32, the default mode's check, which holds the invariant logits to the default's within
+#   rounding (the others only compare the mode with itself). bfloat16's is one step at atol 1.
+# 8 cases of the 21: about 23 s of their 53 s (one thread, a Zen 4, 2026-11-28).
+BATCH_INVARIANT_SELECT = "cpu- and (7-24 or recompute or default and float32)"
+RUNNERS = ("cpu-float32-native", "cpu-bfloat16-native", "cpu-float32-transformers")
+
+
+def amx_tests() -> list[str]:
+    """The AMX paths, prompt attention and linears (torch's micro-kernels, called from code built for the
+    target). Without AMX (a Zen 4, say) they run only in a build for AVX-512 BF16, which these are not."""
+    return (["tests/unit/test_cpu_prefill_attention.py", "tests/unit/test_amx_linear.py"]
+            if cpu_info().has("amx_bf16") else [])
+
+
+class Run(NamedTuple):
+    outcomes: dict[str, tuple[str, str]]  # node id: (its file, passed, xfailed, failure, error or skipped)
+    output: str  # the end of pytest's output, for a failure's message
+
+
+def run_pytest(env: dict[str, str], args: list[str], junit: Path) -> Run:
+    """Runs pytest on `args` in a process of its own with `env` added. Fails if pytest stopped short."""
+    # Of the plugins, the suite's per-test timeout alone: the others (schemathesis, hypothesis, anyio,
+    # xdist) serve none of these tests and take 2.5 s of each start. xunit1: each case's file.
+    env = {**os.environ, **env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
+                           f"--junitxml={junit}", "-o", "junit_family=xunit1", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    output = done.stdout[-3000:] + done.stderr[-2000:]
+    # 0: all passed, 1: some failed (each test below looks at its own); any other code is an error of
+    # the run itself (collection, usage, nothing selected).
+    assert done.returncode in (0, 1) and junit.exists(), output
+    cases = ET.parse(junit).getroot().iter("testcase")
+    return Run({f"{case.get('file')}::{case.get('name')}": (case.get("file"), outcome(case)) for case in cases}, output)
+
+
+def outcome(case: ET.Element) -> str:
+    for element in case:
+        if element.tag == "skipped" and element.get("type") == "pytest.xfail":
+            return "xfailed"
+        if element.tag in ("failure", "error", "skipped"):
+            return element.tag
+    return "passed"
+
+
+def check(runs: list[Run], files: list[str]) -> list[str]:
+    """That every test of `files` that `runs` ran passed or failed as expected (none skipped), and some
+    ran: their node ids."""
+    ran = {name: result for run in runs for name, (file, result) in run.outcomes.items() if file in files}
+    bad = {name: result for name, result in ran.items() if result not in ("passed", "xfailed")}
+    assert ran and not bad, f"{bad or 'no test ran'}\n" + "\n".join(run.output for run in runs)
+    return list(ran)
+
+
+@pytest.fixture(scope="module")
+def avx2_runs(tmp_path_factory) -> list[Run]:
+    """One process for the AVX2 CPU's kernel tests and its batch invariance (one build, one start-up of
+    pytest and torch), and where the CPU has AMX, one for the AMX tests without oneDNN's cap (their
+    torch micro-kernels are oneDNN's)."""
+    folder = tmp_path_factory.mktemp("avx2")
+    select = f"({SELECT}) and not test_batch_invariant.py or test_batch_invariant.py and {BATCH_INVARIANT_SELECT}"
+    runs = [run_pytest(AVX2_CPU, [*TESTS, BATCH_INVARIANT, "-k", select], folder / "kernels.xml")]
+    if amx := amx_tests():
+        runs.append(run_pytest({"RILL_CPU_ARCH": AVX2_CPU["RILL_CPU_ARCH"]}, amx, folder / "amx.xml"))
+    return runs
 
 
 @pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
 @pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
-def test_kernels_built_for_an_older_cpu_pass_their_tests(arch):
-    env = {**os.environ, "RILL_CPU_ARCH": arch}
-    # The AMX paths, prompt attention and linears (torch's micro-kernels, called from code built for the
-    # target). Without AMX (a Zen 4, say) they run only in a build for AVX-512 BF16, which these are not.
-    amx = (["tests/unit/test_cpu_prefill_attention.py", "tests/unit/test_amx_linear.py"]
-           if cpu_info().has("amx_bf16") else [])
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *amx, "-k", SELECT],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]
+def test_kernels_built_for_an_older_cpu_pass_their_tests(arch, request, tmp_path):
+    if arch == AVX2_CPU["RILL_CPU_ARCH"]:
+        runs = request.getfixturevalue("avx2_runs")
+    else:
+        runs = [run_pytest({"RILL_CPU_ARCH": arch}, [*TESTS, *amx_tests(), "-k", SELECT], tmp_path / "kernels.xml")]
+    check(runs, [*TESTS, *amx_tests()])
 
 
 @pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
-def test_batch_invariance_holds_on_an_avx2_cpu():
+def test_batch_invariance_holds_on_an_avx2_cpu(avx2_runs):
     """--batch-invariant on a CPU with AVX2 and no AVX-512 (issue 12 asks it of every x86-64 CPU):
     this machine made one, as far as the code can tell: Rill's kernels built for AVX2, oneDNN capped
     at its AVX2 kernels (ONEDNN_MAX_CPU_ISA) and ATen at its AVX2 ones (ATEN_CPU_CAPABILITY). The
-    CPU backend, both dtypes; the torch backend is the same linears."""
-    env = {**os.environ, "RILL_CPU_ARCH": "x86-64-v3", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/model/test_batch_invariant.py", "-k", "cpu-"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-500:]
+    CPU backend, both dtypes (BATCH_INVARIANT_SELECT says which cases); the torch backend is the same
+    linears. It runs in the AVX2 kernel tests' process (avx2_runs)."""
+    ran = check(avx2_runs, [BATCH_INVARIANT])
+    for runner in RUNNERS:  # each runner's batch check ran: the selection still finds them
+        assert any(f"test_logits_do_not_depend_on_the_batch[{runner}-" in name for name in ran), (runner, ran)
 
 
 def test_prune_deletes_stale_and_ctypes_era_builds_only(tmp_path):

@@ -58,7 +58,8 @@ async def engine_stats(http: HTTPRequest) -> None:
     limits = state.settings.limits
     chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
               "cpu": limits.cpu, "compiled_decode": limits.compiled_decode,
-              "attention_backend": limits.attention_backend, "speculative": limits.speculative}
+              "attention_backend": limits.attention_backend, "speculative": limits.speculative,
+              "sampling_defaults": state.sampling_defaults}
     if limits.speculative:  # the share of drafted tokens the target model accepted
         drafted = stats.num_spec_draft_tokens
         chosen["spec_acceptance_rate"] = stats.num_spec_accepted_tokens / drafted if drafted else 0.0

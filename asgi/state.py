@@ -20,6 +20,7 @@ from rill.asgi.http.request_context import RequestContext
 from rill.asgi.output.detokenizer import Detokenizer
 from rill.asgi.output.token_text import TokenTexts
 from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
+from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
 from rill.asgi.stores.base import Bounds, StateStore
 from rill.asgi.stores.open import open_store
@@ -69,6 +70,8 @@ class WorkerState:
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
     # engine (asgi/routes/lora_admin.py refreshes it when a request names one it does not know).
     lora_names: dict[str, str] = field(default_factory=dict)
+    # The model's sampling defaults for fields a request leaves out (asgi/requests/sampling_defaults.py).
+    sampling_defaults: dict = field(default_factory=dict)
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -85,7 +88,9 @@ class WorkerState:
         limits = settings.limits  # with a queue bound the engine answers each Submit (admission control)
         client = EngineClient(paths, settings.engine_pids,
                               bool(limits.max_queued_requests or limits.max_queued_tokens), block_size=limits.block_size)
-        state = cls(settings, client, tokenizer, template, lora_names=dict(limits.lora_modules))
+        state = cls(settings, client, tokenizer, template, lora_names=dict(limits.lora_modules),
+                    sampling_defaults=sampling_defaults(model_dir, http.generation_config,
+                                                        http.override_generation_config))
         state.auth = ApiKeyGuard(settings.api_key_digests, http.protect_metrics)
         state.cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers)
         state.store = open_store(http.state_store_url, paths.run_dir,

@@ -89,6 +89,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     timeout_keep_alive_s: float = 125.0
     max_body_bytes: int = 32 << 20
     chat_template: str | None = None  # --chat-template: a file, a bundled name, or the template itself
+    # The model's sampling defaults (asgi/requests/sampling_defaults.py): auto | vllm | none | a folder
+    generation_config: str = "auto"
+    override_generation_config: str | None = None  # JSON fields on top
     # Chat templates, tools, reasoning (asgi/prompt/chat_messages.py, asgi/requests/tool_choice.py,
     # asgi/parsers/chat_parsing.py).
     trust_request_chat_template: bool = False

@@ -1,4 +1,5 @@
-"""`rill serve` flags of chat templates, tool calls and reasoning, checked before anything starts."""
+"""`rill serve` flags of chat templates, tool calls and reasoning, checked before anything starts (and
+the sampling defaults' flags, --generation-config and --override-generation-config)."""
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,28 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         _fail(parser, "--enable-auto-tool-choice needs --tool-call-parser")
+    _check_generation_config(args, parser)
     if args.chat_template is not None:
         model_dir = args.model  # the bundled model's tokens are not needed to check the template compiles
         try:
             load_template_arg(args.chat_template, model_dir)
         except TemplateError as exc:
             _fail(parser, f"--chat-template: {exc}")
+
+
+def _check_generation_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from pathlib import Path
+
+    from rill.asgi.requests.sampling_defaults import IGNORE, DefaultsError, parse_override
+
+    source = args.generation_config
+    if source not in ("auto", *IGNORE) and not (Path(source) / "generation_config.json").is_file():
+        _fail(parser, f"--generation-config: {source!r} is not auto, vllm, none or a folder with a "
+                      "generation_config.json")
+    try:
+        parse_override(args.override_generation_config)
+    except DefaultsError as exc:
+        _fail(parser, f"--override-generation-config: {exc}")
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:

@@ -57,6 +57,12 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                             "SmolLM2-135M-Instruct)")
     model.add_argument("--served-model-name", default=None, help="the model id clients use")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
+    model.add_argument("--generation-config", default="auto",
+                       help="auto: a request that leaves out temperature, top_p, top_k, min_p or repetition_penalty "
+                            "gets the model's generation_config.json value (a GGUF's general.sampling.*), as vLLM "
+                            "does; vllm or none: Rill's defaults; a folder: its generation_config.json")
+    model.add_argument("--override-generation-config", default=None,
+                       help='sampling defaults set on top, as JSON: {"temperature": 0.6, "top_p": 0.95}')
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on a GPU, and on a CPU with AMX-BF16 or AVX512-BF16; float32 on other "
                             "CPUs (the start-up log and /stats say which and why)")

@@ -39,6 +39,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         sse_keepalive_s=args.sse_keepalive, shutdown_timeout_s=args.shutdown_timeout,
         timeout_keep_alive_s=args.timeout_keep_alive, max_body_bytes=args.max_request_body,
         chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
+        generation_config=args.generation_config, override_generation_config=args.override_generation_config,
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,

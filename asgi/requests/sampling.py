@@ -12,9 +12,10 @@ from rill.ipc.protocol import SamplingParams
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
                     max_model_len: int, prompt_param: str, vocab_size: int,
                     logprobs: int | None = None, max_tokens_param: str = "max_tokens",
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, defaults: dict | None = None) -> SamplingParams:
     """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs);
-    `prompt_logprobs`: the same for the prompt's tokens.
+    `prompt_logprobs`: the same for the prompt's tokens; `defaults`: the model's sampling defaults
+    for the fields the request leaves out (asgi/requests/sampling_defaults.py).
     `prompt_param` and `max_tokens_param`: the names the caller's API gives the prompt and the
     output limit (`input` and `max_output_tokens` in the Responses API), for its errors."""
     room = max_model_len - prompt_len
@@ -31,19 +32,22 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         # vLLM refuses this too: the request could never be honoured.
         raise APIError(400, f"`min_tokens` ({req.min_tokens}) must not exceed `{max_tokens_param}` ({max_tokens}).",
                        param="min_tokens")
+    model = defaults or {}
+    pick = lambda name, rill_default: (model.get(name, rill_default) if getattr(req, name) is None  # noqa: E731
+                                       else getattr(req, name))
     params = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else room,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=max(req.top_k or 0, 0),  # -1 and 0 both mean "off", as in vLLM
+        temperature=pick("temperature", 1.0),
+        top_p=pick("top_p", 1.0),
+        top_k=max(pick("top_k", 0), 0),  # -1 and 0 both mean "off", as in vLLM
         seed=req.seed,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         stop_token_ids=req.stop_token_ids or [],
-        min_p=req.min_p or 0.0,
+        min_p=pick("min_p", 0.0),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=pick("repetition_penalty", 1.0),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias(req.logit_bias, vocab_size),

@@ -35,7 +35,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     params = sampling_params(req, max_tokens=limit, prompt_len=len(prompt_ids),
                              max_model_len=state.settings.limits.max_model_len, prompt_param="messages",
                              vocab_size=state.settings.limits.vocab_size, logprobs=num_top,
-                             prompt_logprobs=req.prompt_logprobs)
+                             prompt_logprobs=req.prompt_logprobs, defaults=state.sampling_defaults)
     params.structured = forced_spec(tool_plan, params.structured)  # tool_choice required or named
     make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
                                  reasoning_parser=settings.http.reasoning_parser)

@@ -38,7 +38,8 @@ async def completions(http: HTTPRequest) -> None:
     wanted = [k for k in (num_top if echo_logprobs else None, req.prompt_logprobs) if k is not None]
     params = sampling_params(req, max_tokens=max_tokens, prompt_len=longest, max_model_len=max_model_len,
                              prompt_param="prompt", vocab_size=state.settings.limits.vocab_size,
-                             logprobs=num_top, prompt_logprobs=max(wanted, default=None))
+                             logprobs=num_top, prompt_logprobs=max(wanted, default=None),
+                             defaults=state.sampling_defaults)
     params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
     request_id = new_request_id("cmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,

@@ -62,7 +62,7 @@ async def create_message(http: HTTPRequest) -> None:
     await load_checker(chat, forced_schema=tool_plan.schema)
     params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="messages",
-                             vocab_size=settings.limits.vocab_size)
+                             vocab_size=settings.limits.vocab_size, defaults=state.sampling_defaults)
     params.structured = forced_spec(tool_plan, params.structured)  # tool_choice any or tool
     make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
                                  reasoning_parser=settings.http.reasoning_parser)

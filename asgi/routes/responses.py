@@ -94,7 +94,7 @@ async def create_response(http: HTTPRequest) -> None:
     params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="input",
                              vocab_size=settings.limits.vocab_size, logprobs=num_top,
-                             max_tokens_param="max_output_tokens")
+                             max_tokens_param="max_output_tokens", defaults=state.sampling_defaults)
     params.structured = forced_spec(tool_plan, text_format_spec(text_format) if text_format else None)
     make_parser = parser_factory(tool_plan, tool_parser=settings.http.tool_call_parser,
                                  reasoning_parser=settings.http.reasoning_parser)

@@ -20,6 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
+# What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json).
+CONVERSION = 2
 log = logging.getLogger("rill.model")
 
 # Present only in a finished directory: everything is written before the final rename.
@@ -38,7 +40,7 @@ def ensure_gguf_model(gguf_path: Path, cache_dir: Path) -> Path:
         raise ValueError(f"{gguf_path.name} is one part of a split GGUF: merge it into one file first "
                          "(llama.cpp's llama-gguf-split --merge)")
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{CONVERSION}\n{gguf_path}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     return ensure_converted(gguf_path, cache_dir / "gguf" / f"{gguf_path.stem}-{key}")
 
 
@@ -86,6 +88,10 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
+    if sampling := gguf_sampling(gguf_path):  # served as the model's defaults; written as they are (transformers
+        path = out_dir / "generation_config.json"  # refuses to save a temperature without do_sample)
+        fields = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**fields, **sampling}, indent=2) + "\n")
     if not tokenizer.chat_template:
         log.warning("%s carries no chat template: /v1/chat/completions needs --chat-template", gguf_name)
     # The template goes into tokenizer_config.json (not chat_template.jinja): the API process reads
@@ -94,6 +100,26 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     with open(out_dir / "tokenizer_config.json") as f:
         if tokenizer.chat_template and not json.load(f).get("chat_template"):
             raise RuntimeError("the chat template did not reach tokenizer_config.json")
+
+
+# general.sampling.* (llama.cpp's names) -> generation_config.json's
+GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                 "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                 "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+def gguf_sampling(gguf_path: Path) -> dict[str, float | int]:
+    """The GGUF's sampling defaults, under generation_config.json's names (the API applies them where a
+    request leaves a field out: asgi/requests/sampling_defaults.py)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    found = {}
+    for key, name in GGUF_SAMPLING.items():
+        field = reader.get_field(key)
+        if field is not None and field.types and field.types[0] != gguf.GGUFValueType.ARRAY:
+            found[name] = field.contents()
+    return found
 
 
 @contextlib.contextmanager

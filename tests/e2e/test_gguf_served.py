@@ -1,6 +1,6 @@
 """`rill serve --model FILE.gguf`: a GGUF file the test writes (tests/helpers/gguf_files.py), served
-under its file's name, with its own chat template, giving transformers' greedy tokens on the
-converted weights."""
+under its file's name, with its own chat template and its general.sampling.* defaults, giving
+transformers' greedy tokens on the converted weights."""
 from __future__ import annotations
 
 import gguf
@@ -19,7 +19,8 @@ NAME = "tiny.Q8_0.gguf"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gguf")
-    path = write_gguf(tiny_model(), folder / NAME, gguf.GGMLQuantizationType.Q8_0)
+    # its author's defaults: greedy (as a request that leaves temperature out gets), and top_k 40
+    path = write_gguf(tiny_model(), folder / NAME, gguf.GGMLQuantizationType.Q8_0, sampling={"temp": 0.0, "top_k": 40})
     cache = folder / "cache"
     srv = start_server(tmp_path_factory, "--model", str(path), "--cache-dir", str(cache), "--dtype", "float32")
     yield srv, next(p for p in (cache / "gguf").iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -44,6 +45,25 @@ def test_greedy_tokens_are_transformers_own_on_the_converted_weights(served):
     tokenizer = Tokenizer.from_file(str(converted / "tokenizer.json"))
     expected = [tokenizer.decode([t], skip_special_tokens=False) for t in out[0, len(prompt):].tolist()]
     assert resp.usage.completion_tokens == 12 and resp.choices[0].logprobs.tokens == expected
+
+
+def test_its_general_sampling_fields_are_the_defaults_of_a_request_that_leaves_them_out(served):
+    srv, _ = served
+    assert httpx.get(f"{srv.base_url}/stats", timeout=10).json()["sampling_defaults"] == {"temperature": 0.0,
+                                                                                         "top_k": 40}
+    prompt = [1, 504, 3325, 314, 253, 1200]
+    client = sdk_client(srv)
+    greedy = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                       extra_body={"ignore_eos": True}).choices[0].text
+    # no temperature: the file's 0, whatever the seed; a request's own temperature still wins
+    for seed in (1, 2):
+        text = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+        assert text == greedy
+    sampled = {client.completions.create(model=NAME, prompt=prompt, max_tokens=12, seed=seed, temperature=1.5,
+                                         extra_body={"ignore_eos": True, "top_k": 0}).choices[0].text
+               for seed in (1, 2, 3)}
+    assert sampled != {greedy}
 
 
 def test_chat_uses_the_files_own_template(served):

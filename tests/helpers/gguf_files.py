@@ -60,8 +60,9 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
 
 
 def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-               name: str = "tiny") -> Path:
-    """`model` (a transformers Llama or Qwen3 with the bundled tokenizer's vocabulary) as a GGUF at `path`."""
+               name: str = "tiny", sampling: dict[str, float | int] | None = None) -> Path:
+    """`model` (a transformers Llama or Qwen3 with the bundled tokenizer's vocabulary) as a GGUF at `path`;
+    `sampling`: general.sampling.* fields by their last part (temp, top_k, ...), as llama.cpp writes them."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), config.model_type)
     writer.add_name(name)
@@ -80,6 +81,11 @@ def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf
     writer.add_value_length(head_dim)
     for key, value, value_type, sub_type in bundled_tokenizer_fields():
         writer.add_key_value(key, value, value_type, sub_type=sub_type)
+    for key, value in (sampling or {}).items():
+        if isinstance(value, int):
+            writer.add_int32(f"general.sampling.{key}", value)
+        else:
+            writer.add_float32(f"general.sampling.{key}", value)
     for tensor_name, array in gguf_tensors(model).items():
         if array.ndim == 2 and quantization != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(tensor_name, gguf.quants.quantize(array, quantization), raw_dtype=quantization)

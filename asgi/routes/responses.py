@@ -60,15 +60,17 @@ async def prepare(state: WorkerState, req: ResponsesRequest):
 
 
 def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -> dict[str, Any]:
-    """What a Response repeats of its request (OpenAI's defaults where the request left one out)."""
+    """What a Response repeats of its request (the defaults it ran with where the request left one out)."""
     tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
               "strict": t.strict} for t in req.tools or []]
     return {"id": response_id, "model": state.model_id, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
             "reasoning": req.reasoning or {"effort": None, "summary": None}, "store": req.store is not False,
-            "temperature": 1.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p, "top_logprobs": req.top_logprobs,
+            # where the request left them out, the model's defaults (asgi/requests/sampling_defaults.py)
+            "temperature": state.sampling_defaults.get("temperature", 1.0) if req.temperature is None else req.temperature,
+            "top_p": state.sampling_defaults.get("top_p", 1.0) if req.top_p is None else req.top_p,
+            "top_logprobs": req.top_logprobs,
             "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": tools,
             "truncation": "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",

@@ -9,6 +9,8 @@ that reads it, and its docs.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -95,6 +97,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Chat templates, tools, reasoning (asgi/prompt/chat_messages.py, asgi/requests/tool_choice.py,
     # asgi/parsers/chat_parsing.py).
     trust_request_chat_template: bool = False
+    default_chat_template_kwargs: dict[str, Any] = {}  # under each request's own chat_template_kwargs
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None

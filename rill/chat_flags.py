@@ -14,6 +14,9 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
     chat.add_argument("--trust-request-chat-template", action="store_true",
                       help="let a request bring its own `chat_template` (rendered in the jinja2 sandbox); "
                            "without it such a request gets 400")
+    chat.add_argument("--default-chat-template-kwargs", default=None,
+                      help='keyword arguments every chat template render gets, as JSON (a request\'s own '
+                           'chat_template_kwargs win): {"enable_thinking": false} turns Qwen3\'s thinking off')
     chat.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
                       help="how the model writes tool calls (vLLM's names): hermes for <tool_call>{...}</tool_call>, "
                            "llama3_json for Llama 3's JSON calls")
@@ -33,12 +36,39 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         _fail(parser, "--enable-auto-tool-choice needs --tool-call-parser")
     _check_generation_config(args, parser)
+    try:
+        default_template_kwargs(args.default_chat_template_kwargs)
+    except ValueError as exc:
+        _fail(parser, f"--default-chat-template-kwargs: {exc}")
     if args.chat_template is not None:
         model_dir = args.model  # the bundled model's tokens are not needed to check the template compiles
         try:
             load_template_arg(args.chat_template, model_dir)
         except TemplateError as exc:
             _fail(parser, f"--chat-template: {exc}")
+
+
+def default_template_kwargs(text: str | None) -> dict:
+    """--default-chat-template-kwargs' JSON object: at most MAX_TEMPLATE_KWARGS entries, none of the
+    names a request's own fields set."""
+    import json
+
+    from rill.asgi.prompt.templating import RESERVED_KWARGS
+    from rill.asgi.requests.bounds import MAX_TEMPLATE_KWARGS
+
+    if not text:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError('a JSON object, such as {"enable_thinking": false}')
+    if reserved := RESERVED_KWARGS & kwargs.keys():
+        raise ValueError(f"must not set {sorted(reserved)}: the request's own fields do")
+    if len(kwargs) > MAX_TEMPLATE_KWARGS:
+        raise ValueError(f"at most {MAX_TEMPLATE_KWARGS} entries")
+    return kwargs
 
 
 def _check_generation_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

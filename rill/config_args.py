@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rill.chat_flags import default_template_kwargs
 from rill.ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from rill.lora_flags import lora_modules
 
@@ -40,6 +41,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         timeout_keep_alive_s=args.timeout_keep_alive, max_body_bytes=args.max_request_body,
         chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
         generation_config=args.generation_config, override_generation_config=args.override_generation_config,
+        default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,

@@ -10,15 +10,13 @@ from typing import Any
 
 from rill.asgi.errors import APIError
 from rill.asgi.prompt.encoding import encode_texts
-from rill.asgi.prompt.templating import ChatTemplate, TemplateError, request_template
+from rill.asgi.prompt.templating import RESERVED_KWARGS, ChatTemplate, TemplateError, request_template
 from rill.asgi.requests import nesting
 from rill.asgi.requests.schemas import ChatCompletionRequest, ChatMessage
 from rill.asgi.requests.tool_choice import template_tools
 from rill.asgi.state import WorkerState
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# Set by the request's own fields, never through chat_template_kwargs.
-RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"}
 
 
 async def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
@@ -35,6 +33,7 @@ def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
     if reserved := RESERVED_KWARGS & extra.keys():
         raise APIError(400, f"`chat_template_kwargs` must not set {sorted(reserved)}; use the request fields.",
                        param="chat_template_kwargs")
+    extra = {**state.settings.http.default_chat_template_kwargs, **extra}  # --default-chat-template-kwargs under
     if req.continue_final_message and req.add_generation_prompt:
         raise APIError(400, "`continue_final_message` and `add_generation_prompt` cannot both be true: "
                             "send add_generation_prompt false to continue the final message.",

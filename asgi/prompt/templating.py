@@ -22,6 +22,10 @@ class TemplateError(ValueError):
     """A chat template failed to compile or to render; the API turns it into a 400."""
 
 
+# Set by a request's own fields, never through chat_template_kwargs (nor --default-chat-template-kwargs).
+RESERVED_KWARGS = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"})
+
+
 def _raise_exception(message: str) -> None:
     # Templates call raise_exception("Conversation roles must alternate ...") on bad input:
     # that is the request's fault, so it surfaces with the template's own words.

@@ -34,7 +34,8 @@ def tool_server(model_dir, tmp_path_factory):
     template.write_text(TOOL_TEMPLATE)
     srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--chat-template", str(template),
                        "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
-                       "--trust-request-chat-template")
+                       "--trust-request-chat-template",
+                       "--default-chat-template-kwargs", '{"rill_greeting": "from the server", "rill_other": 1}')
     yield srv
     stop_server(srv)
 
@@ -95,9 +96,19 @@ def test_bad_chat_flags_fail_at_start(tmp_path):
     broken.write_text("{% for m in messages %}{{ m.content }")
     for flags, words in ((["--chat-template", str(broken)], "--chat-template"),
                          (["--chat-template", str(tmp_path / "missing.jinja")], "no such file"),
-                         (["--enable-auto-tool-choice"], "--tool-call-parser")):
+                         (["--enable-auto-tool-choice"], "--tool-call-parser"),
+                         (["--default-chat-template-kwargs", '{"tools": []}'], "must not set ['tools']"),
+                         (["--default-chat-template-kwargs", "[1]"], "--default-chat-template-kwargs: a JSON object")):
         done = subprocess.run([str(RILL), "serve", *flags], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_default_chat_template_kwargs_reach_the_template_under_the_requests_own(tool_server, tokenizer):
+    template = "{{ rill_greeting }}/{{ rill_other }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert prompt_of(tool_server, tokenizer, messages=USER, chat_template=template).startswith("from the server/1|")
+    mine = prompt_of(tool_server, tokenizer, messages=USER, chat_template=template,
+                     chat_template_kwargs={"rill_greeting": "mine"})
+    assert mine.startswith("mine/1|What is the weather")
 
 
 def test_template_gets_tools_and_tool_turns(tool_server, tokenizer, sdk):

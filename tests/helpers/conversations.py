@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from rill.asgi.prompt.chat_messages import render_prompt
 from rill.asgi.prompt.templating import ChatTemplate
 from rill.asgi.requests.schemas import chat_decoder
+from rill.ipc.config import HttpConfig
 
 TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
 <tools>
@@ -50,7 +51,7 @@ CONVERSATION = [
 
 def state_with(template: ChatTemplate, trust: bool = False):
     return SimpleNamespace(template=template,
-                           settings=SimpleNamespace(http=SimpleNamespace(trust_request_chat_template=trust)))
+                           settings=SimpleNamespace(http=HttpConfig(trust_request_chat_template=trust)))
 
 
 

@@ -59,9 +59,8 @@ class KVCache:
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
         num_layers = config.num_hidden_layers
-        self.window_layers = tuple(window_layers)
         # Each layer's (group, tensor): group 0 the global layers, 1.. the sliding layers' groups
-        self.num_window_groups, self.layer_places = (layer_groups(self.window_layers, num_layers) if window_layers
+        self.num_window_groups, self.layer_places = (layer_groups(window_layers, num_layers) if window_layers
                                                      else (0, [(0, layer) for layer in range(num_layers)]))
         num_tensors = 1 + max(slot for _, slot in self.layer_places)
         shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)

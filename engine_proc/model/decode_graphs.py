@@ -144,11 +144,10 @@ class DecodeGraphs:
                 tables[1 + j, row:row + n, :num_blocks] = window_table[:num_blocks]
             row += n
         positions = fields[1, :num_rows]
-        block_index = positions // bs
-        fields[2, :num_rows] = tables[0, np.arange(num_rows), block_index] * bs + positions % bs
+        rows, block_index, offset = np.arange(num_rows), positions // bs, positions % bs
+        for j in range(1 + self.num_groups):  # the slots: the global table's, then each window table's
+            fields[2 if j == 0 else 3 + j, :num_rows] = tables[j, rows, block_index] * bs + offset
         fields[3, :num_rows] = positions + 1
-        for j in range(self.num_groups):
-            fields[4 + j, :num_rows] = tables[1 + j, np.arange(num_rows), block_index] * bs + positions % bs
         if not self.sizes:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
             ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields[:4])
             window = ((torch.from_numpy(fields[4:].copy()), torch.from_numpy(tables[1:].copy()))

@@ -48,24 +48,32 @@ def paged_unsupported(config) -> str | None:
     return None
 
 
+def _short_window(config, max_model_len: int) -> int | None:
+    """The model's sliding window, when it has one in use and it is shorter than its context."""
+    window = getattr(config, "sliding_window", None)
+    if not window or window >= max_model_len or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
 def uniform_window(config, max_model_len: int) -> int | None:
     """The sliding window every layer of the model attends within (Mistral, Phi-3-mini, a Qwen2 with
     every layer sliding), when shorter than its context: the scheduler releases the KV blocks that
-    fall out of it. None where any layer is global (Gemma 2 and 3, GPT-OSS: all blocks are kept)."""
-    window = getattr(config, "sliding_window", None)
+    fall out of it. None where any layer is global (Gemma 2 and 3, GPT-OSS: see interleaved_window)."""
+    window = _short_window(config, max_model_len)
     layer_types = getattr(config, "layer_types", None)
-    if not window or window >= max_model_len or getattr(config, "use_sliding_window", True) is False:
+    if window is None:
         return None
     return window if layer_types is None or set(layer_types) == {"sliding_attention"} else None
 
 
 def interleaved_window(config, max_model_len: int) -> tuple[int, tuple[int, ...]] | None:
     """(window, the sliding layers) of a model with both sliding-window and global layers (Gemma 2
-    and 3, GPT-OSS) whose window is shorter than its context: its sliding layers get a KV pool of
-    their own that holds the window only (engine_proc/sched/window_pool.py). None for any other."""
-    window = getattr(config, "sliding_window", None)
+    and 3, GPT-OSS) whose window is shorter than its context: its sliding layers get block tables of
+    their own that hold the window only (engine_proc/sched/window_tables.py). None for any other."""
+    window = _short_window(config, max_model_len)
     layer_types = getattr(config, "layer_types", None) or ()
-    if not window or window >= max_model_len or getattr(config, "use_sliding_window", True) is False:
+    if window is None:
         return None
     sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     return (window, sliding) if 0 < len(sliding) < len(layer_types) else None

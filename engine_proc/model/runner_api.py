@@ -32,7 +32,7 @@ class Runner(Protocol):
     info: RunnerInfo
     lora: LoRAManager | None  # --enable-lora's adapters (the native runner's); None without
     sliding_window: int | None  # the window every layer attends within, whose blocks the scheduler releases
-    # (window, sliding layers) of a model with global layers too: the sliding layers' own pool (window_pool.py)
+    # (window, sliding layers) of a model with global layers too: the sliding layers' window tables (window_tables.py)
     layer_window: tuple[int, tuple[int, ...]] | None
 
     def execute(self, batch: Batch) -> SamplerOutput:

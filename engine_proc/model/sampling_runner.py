@@ -17,7 +17,7 @@ class SamplingRunner:
     embeddings = False  # embedding requests too: rows pooled from the final hidden states
     lora = None  # --enable-lora's adapters (engine_proc/lora/manager.py): the native runner's
     sliding_window = None  # every layer's window, where the model has one (the paged transformers route's)
-    layer_window = None  # (window, sliding layers) of a model with global layers too (the route's; window_pool.py)
+    layer_window = None  # (window, sliding layers) of a model with global layers too (the route's; window_tables.py)
 
     def compute_logits(self, batch: Batch, eager: bool = False, hidden_only: bool = False) -> torch.Tensor:
         raise NotImplementedError

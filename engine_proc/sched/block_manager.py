@@ -85,8 +85,11 @@ class BlockManager:
 
     def num_blocks_needed(self, req: EngineRequest, num_tokens: int) -> int:
         """Extra blocks `req` needs so that its tables cover positions [0, num_tokens)."""
-        num_needed = max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+        num_needed = self._num_global_needed(req, num_tokens)
         return num_needed + (self.window.num_needed(req, num_tokens) if self.window is not None else 0)
+
+    def _num_global_needed(self, req: EngineRequest, num_tokens: int) -> int:
+        return max(0, self.num_blocks_for(num_tokens) - len(req.block_ids))
 
     def num_blocks_to_admit(self, req: EngineRequest, cached_ids: list[int], num_tokens: int) -> int:
         """Free blocks admitting `req` takes: its tables to cover [0, num_tokens) after a hit on
@@ -105,7 +108,7 @@ class BlockManager:
         """Appends blocks to `req.block_ids` (and its window tables) to cover positions [0, num_tokens)."""
         if self.window is not None:
             self.window.allocate(req, num_tokens)
-        num_new_blocks = max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+        num_new_blocks = self._num_global_needed(req, num_tokens)
         if num_new_blocks:
             req.block_ids.extend(self.take(num_new_blocks))
 

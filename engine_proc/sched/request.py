@@ -29,7 +29,7 @@ class EngineRequest:
     # Prompt tokens found in the prefix cache at first scheduling (reported in usage).
     num_cached_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    # A model with sliding and global layers: the sliding layers' blocks (engine_proc/sched/window_pool.py).
+    # A model with sliding and global layers: the sliding layers' block tables, one per group (engine_proc/sched/window_tables.py).
     window_block_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     finish: FinishReason | None = None

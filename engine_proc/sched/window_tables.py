@@ -49,8 +49,7 @@ def window_tables_of(runner) -> tuple[int, int] | None:
     and global layers (its `layer_window`: the window and the sliding layers); None for any other."""
     if runner.layer_window is None:
         return None
-    window, layers = runner.layer_window
-    return window, runner.kv_cache.num_window_groups
+    return runner.layer_window[0], runner.kv_cache.num_window_groups
 
 
 class BlockPool(Protocol):

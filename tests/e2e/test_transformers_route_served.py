@@ -124,8 +124,9 @@ def test_gemma3s_sliding_layers_hold_their_window_and_its_global_layers_every_bl
     assert "(the sliding layers in 1 window table(s) a request)" in srv.log()
     used, num_tokens = blocks_used_in_a_long_generation(srv, 200)
     assert num_tokens > 14 * 16
-    # the global layers' blocks grow with the sequence (a shared prefix cached earlier may be among them)
-    assert max(total - window for total, window in used) >= 14, used
+    # the global layers' blocks grow with the sequence (a shared prefix cached earlier may be among them); the
+    # poll every 20 ms can miss the last blocks on a fast machine, so the bound leaves it four
+    assert max(total - window for total, window in used) >= num_tokens // 16 - 4, used
     assert 0 < max(window for _, window in used) <= 2, used
 
 

@@ -8,6 +8,7 @@ import time
 
 from rill.engine_proc.grammar.compiler import GrammarCompiled
 from rill.engine_proc.grammar.gate import GrammarGate
+from rill.engine_proc.model.memory import resident_bytes, weight_bytes
 from rill.engine_proc.model.runner_api import Runner
 from rill.engine_proc.sched.admission import AdmissionControl
 from rill.engine_proc.sched.batch import Batch, TokenDelta
@@ -42,6 +43,7 @@ class EngineCore:
         self.running = True
         self.kv_events = kv_events  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
         self.rank = rank  # --data-parallel-size: this engine's rank
+        self.weight_bytes = weight_bytes(getattr(runner, "model", None))  # as loaded (prepacked, quantized)
 
     def run_busy_loop(self) -> None:
         while True:
@@ -250,6 +252,8 @@ class EngineCore:
             num_prefix_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             kv_cache_bytes=self.runner.kv_cache.num_bytes,
+            rss_bytes=resident_bytes(),
+            weight_bytes=self.weight_bytes,
             num_preemptions=self.scheduler.num_preemptions,
             num_generated_tokens=self.num_generated_tokens,
             num_waiting_tokens=self.scheduler.num_waiting_tokens,

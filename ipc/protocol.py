@@ -189,6 +189,8 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     # A model with sliding and global layers: of the blocks held, those the sliding layers' window
     # tables hold (engine_proc/sched/window_tables.py; 0 for any other model)
     num_window_blocks: int = 0
+    rss_bytes: int = 0  # the engine process's resident memory now
+    weight_bytes: int = 0  # the model's tensors as loaded (prepacked or quantized), each storage once
 
 
 class Verdict(enum.IntEnum):

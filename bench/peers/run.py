@@ -1,6 +1,10 @@
 """Rill against its CPU peers (vLLM's CPU build, transformers) on the engine's targets, measured in one run.
 
     python -m rill.bench.peers [--quick] [--rounds 2] [--peers rill,vllm,...] [--out bench/results/peers-cpu.json]
+                               [--shape bench/models/qwen2.5-1.5b]
+
+With --shape, every served side runs a model of that config's shape with random weights (bench/peers/shape.py),
+and the run records the bandwidth floor of Rill int4's decode, each side's memory and its start time.
 
 Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
 picks the dtype for this CPU), more `rill serve`s adding only `--quantization int8` or `int4`, and
@@ -51,21 +55,19 @@ from pathlib import Path
 
 import torch
 
-from rill.bench.peers import llama_cpp, vllm_cpu
+from rill.bench.peers import llama_cpp, shape, vllm_cpu
 from rill.bench.peers.hf_generate import decode_steps_ms, generate_throughput, load_model, prefill_ms
-from rill.bench.peers.report import TITLES, markdown, summarize
-from rill.bench.peers.tf_serve import run_forced, serve_throughput, transformers_serve
+from rill.bench.peers.report import TITLES, markdown, side_value, summarize
+from rill.bench.peers.sides import QUANTIZED_SIDES, SERVED_SIDES, SIDES, parse_sides, start_sides
+from rill.bench.peers.tf_serve import run_forced, serve_throughput
 from rill.bench.serving.datasets import load_tokenizer
 from rill.bench.serving.provenance import provenance, save_results
 from rill.bench.serving.serve import BenchConfig, build_prompts
-from rill.bench.serving.servers import ServerProcess, rill_server
+from rill.bench.serving.servers import ServerProcess
 from rill.engine_proc.model.bundled import bundled_gguf_path, ensure_bundled_model
 
 DEFAULT_OUT = Path("bench/results/peers-cpu.json")
 MAX_MODEL_LEN = 1024
-SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp", "transformers", "transformers_serve")
-SERVED_SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp")  # measured three ways through our harness
-QUANTIZED_SIDES = {"rill_int8": ("--quantization", "int8"), "rill_int4": ("--quantization", "int4")}
 
 
 @dataclass(frozen=True)
@@ -180,26 +182,6 @@ def check_prompt_tokens(row: dict, work: Workload) -> None:
                                "not the same prompts")
 
 
-def start_quantized(stack: contextlib.ExitStack, flags: list[str], log_path: Path) -> ServerProcess | str:
-    """A quantized Rill, or why it is unavailable: a rill serve without that --quantization exits on it."""
-    server = rill_server(*flags, log_path=log_path)
-    try:
-        return stack.enter_context(server)
-    except RuntimeError as exc:
-        server.stop()
-        if "unrecognized arguments" not in str(exc) and "invalid choice" not in str(exc):
-            raise
-        return next((line.strip() for line in str(exc).splitlines() if "error:" in line), "unknown argument")
-
-
-def parse_sides(text: str) -> list[str]:
-    sides = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(sides) - set(SIDES))
-    if unknown or "rill" not in sides:
-        raise argparse.ArgumentTypeError(f"sides from {','.join(SIDES)}, rill among them (got {text!r})")
-    return [s for s in SIDES if s in sides]
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rill.bench.peers", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 1 round: checks that it runs")
@@ -210,6 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="threads on every side (default: each side's default, one per core here)")
     ap.add_argument("--settle-s", type=float, default=None,
                     help="seconds of rest before each measured phase (default 10, quick 0)")
+    ap.add_argument("--shape", type=Path, default=None,
+                    help="a config directory (bench/models/qwen2.5-1.5b): serve that shape with random weights")
     ap.add_argument("--machine", default=None, help="machine name recorded in the results (default: hostname)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the .json path (a .md goes beside it)")
     args = ap.parse_args(argv)
@@ -223,55 +207,38 @@ def main(argv: list[str] | None = None) -> dict:
     need_len = max(sizes.input_len + sizes.output_len, sizes.ttft_input_len + 1)
     assert need_len <= MAX_MODEL_LEN, f"requests of {need_len} tokens exceed --max-model-len {MAX_MODEL_LEN}"
     report = {"benchmark": "peers", **provenance("rill.bench.peers", argv, args.machine)}
-    model_dir = ensure_bundled_model()
+    if args.shape and {"transformers", "transformers_serve"} & set(args.peers):
+        ap.error("--shape runs the served sides only (transformers would load the random weights in-process)")
+    at_shape = shape.prepare(args.shape) if args.shape else None
+    model_dir = at_shape.model_dir if at_shape else ensure_bundled_model()
     # Rill's defaults but for the context length; --max-num-seqs defaults to 64, enough for 32 at once.
     flags = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]
+    vllm_flags = vllm_cpu.server_flags()
+    if at_shape:
+        flags += ["--load-format", "dummy"]
+        vllm_flags += ["--load-format", "dummy"]
     if args.num_threads:
         flags += ["--num-threads", str(args.num_threads)]
     if sizes.num_prompts > 64:
         flags += ["--max-num-seqs", str(sizes.num_prompts)]
     if args.quick:  # checks the plumbing only: skip the ~30 s compile of decode steps at each start
         flags += ["--enforce-eager"]
-    vllm_flags = vllm_cpu.server_flags()
+    llama_flags = llama_cpp.server_flags(sizes.num_prompts, MAX_MODEL_LEN)
+    if args.num_threads:
+        llama_flags += ["--threads", str(args.num_threads)]
     if "vllm" in args.peers:
         vllm_cpu.install()
     if "llamacpp" in args.peers:
         llama_cpp.install()
+    # measured before any server starts, on an idle machine
+    floor = shape.bandwidth_figures(at_shape.config) if at_shape else None
     model = load_model(model_dir, torch.float32) if "transformers" in args.peers else None
-    servers: dict[str, ServerProcess] = {}
-    unavailable: dict[str, str] = {}
-    vllm_info = llama_info = None
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
-        scratch = Path(scratch)
-        servers["rill"] = stack.enter_context(rill_server(*flags, log_path=scratch / "rill.log"))
-        for side, side_flags in QUANTIZED_SIDES.items():
-            if side in args.peers:
-                server = start_quantized(stack, [*flags, *side_flags], scratch / f"{side}.log")
-                if isinstance(server, str):
-                    unavailable[side] = server
-                    print(f"{side} unavailable: {server}", flush=True)
-                else:
-                    servers[side] = server
-        if "transformers_serve" in args.peers:
-            servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
-        if "llamacpp" in args.peers:
-            llama_flags = llama_cpp.server_flags(sizes.num_prompts, MAX_MODEL_LEN)
-            if args.num_threads:
-                llama_flags += ["--threads", str(args.num_threads)]
-            gguf = bundled_gguf_path()
-            llama = servers["llamacpp"] = stack.enter_context(llama_cpp.llama_server(gguf, scratch, llama_flags))
-            llama_info = {"package": f"{llama_cpp.PACKAGE}=={llama_cpp.VERSION}", "flags": llama_flags,
-                          "gguf": gguf.name, "startup_s": llama.startup_s}
-            print(f"llama.cpp ready after {llama.startup_s:.0f} s", flush=True)
-        if "vllm" in args.peers:
-            env = {"OMP_NUM_THREADS": str(args.num_threads)} if args.num_threads else {}
-            vllm = stack.enter_context(vllm_cpu.vllm_server(model_dir, scratch, vllm_flags, env=env))
-            servers["vllm"] = vllm
-            vllm_info = {"version": vllm_cpu.VERSION, "torch": vllm_cpu.TORCH_VERSION, "flags": vllm_flags,
-                         "env": {**vllm_cpu.SERVER_ENV, **env}, "startup_s": vllm.startup_s,
-                         "dtype": vllm_cpu.logged_dtype(vllm.log_path), "venv": str(vllm_cpu.venv_dir())}
-            print(f"vLLM CPU ready after {vllm.startup_s:.0f} s (dtype {vllm_info['dtype']})", flush=True)
+        started = start_sides(stack, args.peers, Path(scratch), flags=flags, model_dir=model_dir,
+                              gguf=at_shape.gguf if at_shape else bundled_gguf_path(), vllm_flags=vllm_flags,
+                              llama_flags=llama_flags, num_threads=args.num_threads)
+        servers, unavailable = started.servers, started.unavailable
         try:
             warm_up(servers, model, model_dir, sizes)
             for r in range(num_rounds):
@@ -290,18 +257,26 @@ def main(argv: list[str] | None = None) -> dict:
             for name, srv in servers.items():
                 print(f"--- {name}'s log, its end ---\n{srv.log()}", file=sys.stderr, flush=True)
             raise
+        if at_shape:
+            num_params = shape.num_parameters(at_shape.config)
+            report["shape"] = {"name": at_shape.name, "config": str(at_shape.config_dir), "gguf": str(at_shape.gguf),
+                               "num_parameters": num_params, **floor, "startup_s": started.startup_s,
+                               "memory": shape.memory_figures(servers, num_params)}
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     report["params"] = {"model": str(model_dir), "quick": args.quick, "rounds": num_rounds, "settle_s": SETTLE_S[0],
                         "requested_sides": args.peers, "sides": sides, "unavailable": unavailable,
                         "sizes": dataclasses.asdict(sizes), "decode_context_len": sizes.decode_context_len,
                         "torch_threads": num_threads, "rill_flags": flags,
                         **{f"{side}_flags": [*flags, *side_flags] for side, side_flags in QUANTIZED_SIDES.items()},
-                        "vllm": vllm_info, "llamacpp": llama_info, "transformers_dtype": "float32",
+                        "vllm": started.vllm, "llamacpp": started.llamacpp, "startup_s": started.startup_s, "transformers_dtype": "float32",
                         "hf_attn_implementation": model.config._attn_implementation if model is not None else None}
     report["results"], report["not_measured"] = summarize(rounds, unavailable)
     report["rounds"] = rounds
     report["wall_s"] = time.perf_counter() - started_s
     md = markdown(report, __doc__.splitlines()[4:])
+    if at_shape:
+        itl = side_value(rounds, "rill_int4", "itl") if "rill_int4" in sides else None
+        md += "\n" + "\n".join(shape.markdown(report["shape"], itl)) + "\n"
     save_results(args.out, report, md)
     print(md)
     return report

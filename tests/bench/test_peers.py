@@ -12,7 +12,7 @@ import pytest
 
 from rill.bench.peers import vllm_cpu
 from rill.bench.peers.report import TARGETS, summarize
-from rill.bench.peers.run import SIDES, parse_sides
+from rill.bench.peers.sides import SIDES, parse_sides
 from rill.bench.serving.servers import ROOT
 
 # vLLM's venv is several GB and minutes to install: CI never asks for it.

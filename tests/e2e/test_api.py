@@ -28,11 +28,17 @@ def test_models_list_and_retrieve(server, client):
 
 def test_stats_report_memory(server):
     """The KV cache is allocated once at its configured size (1 GiB by default) and held; peak RSS
-    is the engine's high-water mark, so it covers the cache and the weights."""
+    is the engine's high-water mark, so it covers the cache and the weights. The weights as loaded are
+    the bundled model's 134.5 M parameters at 2 or 4 bytes each (bfloat16 or float32, as --dtype auto
+    chose), the tied head at most once more (packed for the CPU's GEMM), and buffers such as the RoPE
+tables (under 32 MB); the engine holds them resident now."""
     figures = httpx.get(f"{server.base_url}/stats").json()
     assert figures["kv_cache_bytes"] <= 1 << 30
     assert figures["kv_cache_bytes"] > 0.9 * (1 << 30)
     assert figures["peak_rss_bytes"] > figures["kv_cache_bytes"]
+    width = {"bfloat16": 2, "float32": 4}[figures["dtype"]]
+    assert 134.5e6 * width <= figures["weight_bytes"] <= (134.5e6 + 28.3e6) * width + 32e6, figures["weight_bytes"]
+    assert figures["peak_rss_bytes"] >= figures["rss_bytes"] > figures["weight_bytes"]
 
 
 def test_stats_say_which_dtype_auto_chose_and_why(server):

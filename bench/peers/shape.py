@@ -1,0 +1,138 @@
+"""`bench.peers --shape DIR`: the peers at a real model's shape with random weights (issue 33, item 4).
+
+The served sides load a model directory made for the config (bench/kernels/dummy_model_dir.py) with
+`--load-format dummy`; llama.cpp serves a Q4_0 GGUF of the same shape (bench/peers/shape_gguf.py); both
+are made once under the bench cache. Besides the ratios, a run at a shape records:
+- the bandwidth floor of Rill int4's decode: the bytes one decode token reads (every layer's 4-bit linears,
+  the int8 head) over the bandwidth a large copy measures in the same run;
+- each side's resident memory once the rounds are done (its process tree), and Rill's engine against
+  the weights as stored (the checkpoint's parameters in bfloat16) plus its KV cache;
+- each side's start time, launch to ready.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import torch
+
+from rill.bench.kernels.dummy_model_dir import make_dir
+from rill.bench.kernels.int4_linears import copy_bandwidth, weight_bytes
+from rill.bench.peers import shape_gguf
+from rill.bench.serving.markdown import number, table
+from rill.engine_proc.model.bundled import default_cache_dir, ensure_bundled_model
+
+MEMORY_TARGET = (1.2, 300e6)  # engine RSS <= 1.2 x (weights as stored + KV cache) + 300 MB
+FLOOR_TARGET = 1.3  # Rill int4's median ITL at concurrency 1 <= 1.3 x its bandwidth floor
+RILL_SIDES = ("rill", "rill_int8", "rill_int4")
+
+
+@dataclass(frozen=True)
+class Shape:
+    config_dir: Path
+    model_dir: Path  # config.json and a padded tokenizer: served with --load-format dummy
+    gguf: Path  # the same shape in Q4_0, for llama.cpp
+    config: dict
+
+    @property
+    def name(self) -> str:
+        return self.config_dir.name
+
+
+def prepare(config_dir: Path, log=print) -> Shape:
+    config_dir = config_dir.resolve()
+    root = default_cache_dir() / "bench" / "shapes"
+    model_dir = make_dir(config_dir, root / config_dir.name, ensure_bundled_model())
+    gguf = root / f"{config_dir.name}-Q4_0.gguf"
+    if not gguf.is_file():
+        log(f"writing {gguf} (random weights, once)")
+        shape_gguf.write(config_dir, gguf)
+    return Shape(config_dir, model_dir, gguf, json.loads((config_dir / "config.json").read_text()))
+
+
+def num_parameters(config: dict) -> int:
+    """The checkpoint's parameters (a tied head once), counted on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def int4_decode_bytes(config: dict) -> int:
+    """Bytes Rill int4 reads per decode token: each layer's 4-bit linears (fused q/k/v, o, fused gate/up,
+    down), then the int8 head (engine_proc/kernels/quantization.py); the embedding reads one row."""
+    from rill.engine_proc.kernels.int4_linear import Int4Linear
+    from rill.engine_proc.kernels.int8_linear import Int8Linear
+
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    shapes = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden),
+              (hidden, inter)]
+    layer = sum(weight_bytes(Int4Linear(torch.zeros(n, k, dtype=torch.bfloat16))) for n, k in shapes)
+    head = weight_bytes(Int8Linear(torch.zeros(config["vocab_size"], hidden, dtype=torch.bfloat16)))
+    return config["num_hidden_layers"] * layer + head
+
+
+def bandwidth_figures(config: dict) -> dict:
+    bandwidth = copy_bandwidth(1 << 30)
+    step_bytes = int4_decode_bytes(config)
+    return {"copy_bandwidth_gb_s": bandwidth / 1e9, "int4_decode_bytes": step_bytes,
+            "int4_floor_ms": step_bytes / bandwidth * 1e3}
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (Linux /proc)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
+def memory_figures(servers: dict, num_params: int) -> dict:
+    """Per served side: its process tree's RSS; for Rill, its engine's own figures from /stats."""
+    out = {}
+    for side, server in servers.items():
+        row = {"tree_rss_bytes": tree_rss(server.proc.pid)}
+        if side in RILL_SIDES:
+            stats = httpx.get(f"{server.base_url}/stats", timeout=30).json()
+            row |= {k: stats[k] for k in ("rss_bytes", "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "dtype")}
+            stored = num_params * 2  # the checkpoint in bfloat16, as Qwen2.5's is published
+            row["stored_weight_bytes"] = stored
+            row["limit_bytes"] = MEMORY_TARGET[0] * (stored + stats["kv_cache_bytes"]) + MEMORY_TARGET[1]
+        out[side] = row
+    return out
+
+
+def markdown(shape_report: dict, rounds_itl_ms: float | None) -> list[str]:
+    """The shape's own section: the floor, memory and start times."""
+    s = shape_report
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    lines = [f"## At {s['name']}'s shape", "",
+             f"- {s['num_parameters'] / 1e9:.2f} B parameters; random weights (`--load-format dummy`; llama.cpp: "
+             f"`{Path(s['gguf']).name}`, every 2-D weight Q4_0, the embedding and tied head Q8_0)",
+             f"- a 1 GiB copy moved {s['copy_bandwidth_gb_s']:.1f} GB/s (read + written); Rill int4 reads "
+             f"{s['int4_decode_bytes'] / 1e6:.0f} MB a decode token: a floor of {s['int4_floor_ms']:.1f} ms"]
+    if rounds_itl_ms is not None:
+        ratio = rounds_itl_ms / s["int4_floor_ms"]
+        lines.append(f"- Rill int4's median ITL at concurrency 1: {rounds_itl_ms:.1f} ms, {ratio:.2f}x the floor "
+                     f"(target <= {FLOOR_TARGET}x): {'PASS' if ratio <= FLOOR_TARGET else 'FAIL'}")
+    rows = []
+    for side, m in s["memory"].items():
+        engine = [gib(m["rss_bytes"]), gib(m["peak_rss_bytes"]), gib(m["weight_bytes"]), gib(m["kv_cache_bytes"]),
+                  f"{gib(m['limit_bytes'])}: {'PASS' if m['rss_bytes'] <= m['limit_bytes'] else 'FAIL'}"] \
+            if "rss_bytes" in m else ["–"] * 5
+        rows.append([side, gib(m["tree_rss_bytes"]), *engine, number(s["startup_s"].get(side, float("nan")))])
+    lines += ["", table(["side", "processes' RSS", "engine RSS", "engine peak RSS", "weights as loaded", "KV cache",
+                         f"limit {MEMORY_TARGET[0]}x(bf16 checkpoint + KV) + 300 MB", "start s"], rows)]
+    return lines

@@ -209,14 +209,14 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"benchmark": "peers", **provenance("rill.bench.peers", argv, args.machine)}
     if args.shape and {"transformers", "transformers_serve"} & set(args.peers):
         ap.error("--shape runs the served sides only (transformers would load the random weights in-process)")
-    at_shape = shape.prepare(args.shape) if args.shape else None
+    at_shape = shape.prepare(args.shape, with_gguf="llamacpp" in args.peers) if args.shape else None
     model_dir = at_shape.model_dir if at_shape else ensure_bundled_model()
     # Rill's defaults but for the context length; --max-num-seqs defaults to 64, enough for 32 at once.
     flags = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]
     vllm_flags = vllm_cpu.server_flags()
     if at_shape:
         flags += ["--load-format", "dummy"]
-        vllm_flags += ["--load-format", "dummy"]
+        vllm_flags += ["--load-format", "dummy", "--tokenizer", str(at_shape.tokenizer_dir)]
     if args.num_threads:
         flags += ["--num-threads", str(args.num_threads)]
     if sizes.num_prompts > 64:
@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_model(model_dir, torch.float32) if "transformers" in args.peers else None
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
-        started = start_sides(stack, args.peers, Path(scratch), flags=flags, model_dir=model_dir,
-                              gguf=at_shape.gguf if at_shape else bundled_gguf_path(), vllm_flags=vllm_flags,
-                              llama_flags=llama_flags, num_threads=args.num_threads)
+        gguf = at_shape.gguf if at_shape and at_shape.gguf else bundled_gguf_path()
+        started = start_sides(stack, args.peers, Path(scratch), flags=flags, model_dir=model_dir, gguf=gguf,
+                              vllm_flags=vllm_flags, llama_flags=llama_flags, num_threads=args.num_threads)
         servers, unavailable = started.servers, started.unavailable
         try:
             warm_up(servers, model, model_dir, sizes)
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         if at_shape:
             num_params = shape.num_parameters(at_shape.config)
-            report["shape"] = {"name": at_shape.name, "config": str(at_shape.config_dir), "gguf": str(at_shape.gguf),
+            report["shape"] = {"name": at_shape.name, "config": str(at_shape.config_dir), "gguf": at_shape.gguf and str(at_shape.gguf),
                                "num_parameters": num_params, **floor, "startup_s": started.startup_s,
                                "memory": shape.memory_figures(servers, num_params)}
     report["machine"]["load_avg_1m_end"] = os.getloadavg()[0]

@@ -11,7 +11,9 @@ are made once under the bench cache. Besides the ratios, a run at a shape record
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +35,8 @@ RILL_SIDES = ("rill", "rill_int8", "rill_int4")
 class Shape:
     config_dir: Path
     model_dir: Path  # config.json and a padded tokenizer: served with --load-format dummy
-    gguf: Path  # the same shape in Q4_0, for llama.cpp
+    tokenizer_dir: Path  # the tokenizer alone: vLLM's --tokenizer (see prepare)
+    gguf: Path | None  # the same shape in Q4_0, for llama.cpp (None: not asked for)
     config: dict
 
     @property
@@ -41,15 +44,25 @@ class Shape:
         return self.config_dir.name
 
 
-def prepare(config_dir: Path, log=print) -> Shape:
+def prepare(config_dir: Path, with_gguf: bool, log=print) -> Shape:
+    """The model directory (written afresh) and, if asked, the GGUF (written once per config: its name
+    carries the config's hash)."""
     config_dir = config_dir.resolve()
+    text = (config_dir / "config.json").read_text()
     root = default_cache_dir() / "bench" / "shapes"
     model_dir = make_dir(config_dir, root / config_dir.name, ensure_bundled_model())
-    gguf = root / f"{config_dir.name}-Q4_0.gguf"
-    if not gguf.is_file():
+    # transformers' AutoTokenizer, as vLLM loads it, picks the tokenizer class of the config's model type
+    # (Qwen2's own pre-tokenizer for a qwen2 config: 4,113 tokens for the 4,096 of the prompts); without a
+    # config.json beside it, it reads tokenizer.json as it is, as Rill and llama.cpp do.
+    tokenizer_dir = root / f"{config_dir.name}-tokenizer"
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(model_dir / name, tokenizer_dir / name)
+    gguf = root / f"{config_dir.name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}-Q4_0.gguf" if with_gguf else None
+    if gguf is not None and not gguf.is_file():
         log(f"writing {gguf} (random weights, once)")
         shape_gguf.write(config_dir, gguf)
-    return Shape(config_dir, model_dir, gguf, json.loads((config_dir / "config.json").read_text()))
+    return Shape(config_dir, model_dir, tokenizer_dir, gguf, json.loads(text))
 
 
 def num_parameters(config: dict) -> int:
@@ -118,9 +131,10 @@ def markdown(shape_report: dict, rounds_itl_ms: float | None) -> list[str]:
     """The shape's own section: the floor, memory and start times."""
     s = shape_report
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    gguf = (f"; llama.cpp: `{Path(s['gguf']).name}`, every 2-D weight Q4_0, the embedding and tied head Q8_0"
+            if s["gguf"] else "")
     lines = [f"## At {s['name']}'s shape", "",
-             f"- {s['num_parameters'] / 1e9:.2f} B parameters; random weights (`--load-format dummy`; llama.cpp: "
-             f"`{Path(s['gguf']).name}`, every 2-D weight Q4_0, the embedding and tied head Q8_0)",
+             f"- {s['num_parameters'] / 1e9:.2f} B parameters; random weights (`--load-format dummy`{gguf})",
              f"- a 1 GiB copy moved {s['copy_bandwidth_gb_s']:.1f} GB/s (read + written); Rill int4 reads "
              f"{s['int4_decode_bytes'] / 1e6:.0f} MB a decode token: a floor of {s['int4_floor_ms']:.1f} ms"]
     if rounds_itl_ms is not None:

@@ -61,6 +61,26 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 
 
+@pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.int4_panels_supported(),
+                    reason="the panels need a build with AVX-512 BF16")
+# Rows: a part of a tile of 32, a tile and one row more, several tiles.
+@pytest.mark.parametrize("num_rows", [1, 33, 70])
+def test_int4_panels_are_the_dequantized_linear(num_rows):
+    """150 outputs: two whole 64-column panels and a part (22: one block of 16 rows, and 6 of the next);
+    K = 96: three groups, the packed rows padded to four."""
+    gen = torch.Generator().manual_seed(num_rows)
+    layer = Int4Linear(torch.randn(150, 96, generator=gen).to(torch.bfloat16) / 10)
+    x = torch.randn(num_rows, 96, generator=gen).to(torch.bfloat16)
+    got = torch.ops.rill_cpu.int4_linear(x, layer.nibbles, layer.scales, layer.offsets, 96, 0, 1 << 21)
+    weight_q = layer.dequantized_weight(torch.float64)
+    want = x.double() @ weight_q.T
+    # The weights rounded to bfloat16 (half a step: 2^-9 relative), float32 sums, the output to bfloat16.
+    bound = (x.double().abs() @ weight_q.abs().T) * 2**-8 + want.abs() * 2**-8 + 1e-5
+    assert got.dtype == torch.bfloat16 and got.shape == (num_rows, 150)
+    assert ((got.double() - want).abs() <= bound).all(), (got.double() - want).abs().max()
+    assert torch.equal(layer(x), got) or num_rows <= 8  # the layer takes them above the GEMV's rows
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int4_dequant_gives_the_twins_weight(dtype):

@@ -33,32 +33,6 @@ using rill_simd::fma16;
 using rill_simd::hsum;
 using rill_simd::splat;
 
-inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) {
-        bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else {  // subnormal: normalize
-        exp = 113u;
-        while (!(mant & 0x400u)) {
-            mant <<= 1;
-            --exp;
-        }
-        bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
 // The 32 weights of one group as floats: elements 0..15 (low nibbles) and 16..31 (high nibbles).
 inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
 #if defined(__AVX512F__)
@@ -85,13 +59,6 @@ inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
     }
 #endif
 }
-
-struct Weight {
-    const uint8_t* packed;  // [N, Kp / 2]
-    const uint16_t* scales;  // [N, Kp / 32] float16 bits
-    const uint16_t* offsets;
-    int64_t Kp;
-};
 
 // The scales and offsets of up to 16 consecutive groups of one row, converted to floats together (one
 // instruction each with AVX-512) into memory, from which each group's are broadcast by the load ports (a
@@ -362,20 +329,6 @@ namespace rill_cpu {
 
 namespace {
 
-rill_int4::Weight weight_of(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
-                            int64_t in_features) {
-    const int64_t N = packed.size(0), Kp = packed.size(1) * 2;
-    TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && Kp % 64 == 0 &&
-                    Kp >= in_features && Kp < in_features + 64,
-                "int4: a packed uint8 weight [N, Kp / 2], Kp the in_features rounded up to 64, contiguous");
-    for (const at::Tensor* t : {&scales, &offsets})
-        TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
-                        t->size(1) == Kp / 32,
-                    "int4: float16 scales and offsets [N, Kp / 32], contiguous");
-    return {packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr()),
-            reinterpret_cast<const uint16_t*>(offsets.data_ptr()), Kp};
-}
-
 template <typename F>
 auto by_dtype(const at::Tensor& t, const char* what, F&& call) {
     TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, what, ": float32 or bfloat16");
@@ -387,7 +340,7 @@ auto by_dtype(const at::Tensor& t, const char* what, F&& call) {
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
                      int64_t in_features) {
     TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == in_features, "int4_gemv: x [M, K], rows contiguous");
-    const rill_int4::Weight w = weight_of(packed, scales, offsets, in_features);
+    const rill_int4::Weight w = rill_int4::weight_of(packed, scales, offsets, in_features);
     at::Tensor y = x.new_empty({x.size(0), packed.size(0)});
     by_dtype(x, "int4_gemv: x", [&](auto* typed) {
         using T = std::remove_pointer_t<decltype(typed)>;
@@ -400,7 +353,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Te
 
 at::Tensor int4_dequant(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
                         int64_t in_features, int64_t start, int64_t count, const at::Tensor& like) {
-    const rill_int4::Weight w = weight_of(packed, scales, offsets, in_features);
+    const rill_int4::Weight w = rill_int4::weight_of(packed, scales, offsets, in_features);
     TORCH_CHECK(start >= 0 && count >= 0 && start + count <= packed.size(0), "int4_dequant: rows out of range");
     at::Tensor out = like.new_empty({count, in_features});
     by_dtype(like, "int4_dequant: like", [&](auto* typed) {
@@ -414,6 +367,7 @@ at::Tensor int4_dequant(const at::Tensor& packed, const at::Tensor& scales, cons
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t in_features, int64_t gemv_max_rows, int64_t chunk_elems) {
     if (x.size(0) <= gemv_max_rows) return int4_gemv(x.stride(1) == 1 ? x : x.contiguous(), packed, scales, offsets, in_features);
+    if (int4_panels_take(x, in_features)) return int4_linear_panels(x, packed, scales, offsets, in_features);
     const int64_t N = packed.size(0), rows_per_chunk = std::max<int64_t>(1, chunk_elems / in_features);
     auto linear = [](const at::Tensor& a, const at::Tensor& b) { return at::_ops::linear::call(a, b, std::nullopt); };
     if (N <= rows_per_chunk) return linear(x, int4_dequant(packed, scales, offsets, in_features, 0, N, x));

@@ -5,7 +5,7 @@ For each linear shape of a model (fused q/k/v, o, fused gate/up, down, the LM he
 the time of one call of each of Rill's linears on M rows of bfloat16 activations:
 - `bf16`: the unquantized one (oneDNN's prepacked weight, PackedLinear);
 - `int8`: Int8Linear (csrc/int8_gemv.cpp, and its converted GEMM above GEMV_MAX_ROWS rows);
-- `int4`: Int4Linear (csrc/int4_gemv.cpp, likewise).
+- `int4`: Int4Linear (csrc/int4_gemv.cpp; above its GEMV rows csrc/quant_panels.cpp where the CPU has AVX-512 BF16);
 A decode row reads every weight once, so at one row each has a floor: its weight bytes over the memory
 bandwidth, which a large copy measures in the same run (bytes read plus written per second). The
 ratio `int4 / floor` says how close the kernel gets. Calls are interleaved over rounds and the median round
@@ -34,7 +34,7 @@ MODELS = {
                           ("down_proj", 1536, 8960)], ("lm_head", 151936, 1536)),
 }
 VARIANTS = ["bf16", "int8", "int4"]
-ROWS = [1, 4, 16, 64, 256]
+ROWS = [1, 4, 8, 16, 32, 64, 256]
 
 
 def copy_bandwidth(num_bytes: int = 1 << 30) -> float:

@@ -6,7 +6,7 @@ w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum
 follows. GGUF's Q4_1 blocks are exactly this; Q4_0's are the symmetric case (offset = -8 * scale) and
 repack without loss. The layout is csrc/int4_gemv.h's; the kernels are csrc/int4_gemv.cpp:
   - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
-  - above, on a CPU with AVX-512 BF16 (or AMX) and bfloat16 activations, csrc/int4_panels.cpp: each 64-column
+  - above, on a CPU with AVX-512 BF16 (or AMX) and bfloat16 activations, csrc/quant_panels.cpp: each 64-column
     panel unpacked to bfloat16 in a thread's cache and multiplied by brgemm, from PANELS_GEMV_MAX_ROWS rows up;
   - else (prompts), the weight converted to the activations' dtype a slice at a time, and oneDNN's GEMM.
 Without the built kernels, the torch twin (dequantize, F.linear): the same within rounding, slow. The LM
@@ -22,7 +22,7 @@ from rill.engine_proc.kernels import extension
 
 GROUP = 32
 GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEMM (bench/kernels/int4_linears.py)
-# Rows up to which it beats the panels (int4_panels.cpp), where they run: measured on a 2-core Zen 4 over every
+# Rows up to which it beats the panels (csrc/quant_panels.cpp), where they run: measured on a 2-core Zen 4 over every
 # linear of a layer, GEMV against panels: the bundled model's shapes 17.1 against 15.4 ms at 8 rows, 24.8
 # against 17.4 at 12, 33.9 against 19.4 at 16; Qwen2.5-1.5B's 143 against 211 at 8, 191 against 210 at 12,
 # 245 against 257 at 16, 354 against 304 at 24 (unpacking a panel costs about 0.1 ns a weight).
@@ -75,7 +75,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("offsets", offsets.contiguous())
         self.bias = None if bias is None else bias.detach().clone()
         self.uses_kernels = weight.device.type == "cpu" and extension.available()
-        self.panels = self.uses_kernels and torch.ops.rill_cpu.int4_panels_supported()
+        self.panels = self.uses_kernels and torch.ops.rill_cpu.quant_panels_supported()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

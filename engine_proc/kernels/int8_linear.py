@@ -63,6 +63,11 @@ _DEFAULT_KERNEL_MAX_ROWS = 16
 # GEMM overtakes it at about 24 on a Sapphire Rapids, 2 threads). Passed to rill_cpu::int8_linear
 # with DEQUANT_CHUNK_ELEMS: both figures live here only.
 GEMV_MAX_ROWS = 24
+# Where csrc/quant_panels.cpp runs (AVX-512 BF16, bfloat16 activations, K a multiple of 32), the rows up to
+# which the GEMV beats it instead. Measured on a 2-core Zen 4, a layer's linears times the layers, and the head,
+# GEMV against panels: the bundled model's 16.1 + 4.5 against 17.2 + 5.5 ms at 8 rows, 28.4 + 10.7 against
+# 17.3 + 6.4 at 12; Qwen2.5-1.5B's 254 + 44 against 238 + 37 at 8, 950 + 183 against 524 + 65 at 32.
+PANELS_GEMV_MAX_ROWS = 8
 _GEMV_DTYPES = (torch.float32, torch.bfloat16)
 # A large weight (the head) is converted in slices of about this many elements: a whole float
 # copy of the head is a fresh allocation above malloc's mmap threshold, so every call paid its
@@ -105,6 +110,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.bias = None if bias is None else bias.detach().clone()
         self.uses_kernels = weight.device.type == "cpu" and weight.dtype in _GEMV_DTYPES and extension.available()
+        self.panels = self.uses_kernels and torch.ops.rill_cpu.quant_panels_supported()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -113,8 +119,9 @@ class Int8Linear(nn.Module):
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         if self.uses_kernels:  # one operator, eager or in a compiled decode graph: no Python inside the step
-            y = torch.ops.rill_cpu.int8_linear(x2d, self.weight_int8, self.scale, self.in_features, GEMV_MAX_ROWS,
-                                               DEQUANT_CHUNK_ELEMS)
+            panels = self.panels and x.dtype == torch.bfloat16
+            y = torch.ops.rill_cpu.int8_linear(x2d, self.weight_int8, self.scale, self.in_features,
+                                               PANELS_GEMV_MAX_ROWS if panels else GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
         elif torch.compiler.is_compiling():
             # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
             # path by the real count at run time (engine_proc/model/decode_graphs.py).

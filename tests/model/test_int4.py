@@ -61,7 +61,7 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 
 
-@pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.int4_panels_supported(),
+@pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.quant_panels_supported(),
                     reason="the panels need a build with AVX-512 BF16")
 # Rows: a part of a tile of 32, a tile and one row more, several tiles.
 @pytest.mark.parametrize("num_rows", [1, 33, 70])

@@ -97,6 +97,23 @@ def test_the_gemv_and_torchs_kernel_agree(dtype):
         assert torch.equal(layer.gemv_forward(x[-1:])[0], got[-1]), num_rows
 
 
+@pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.quant_panels_supported(),
+                    reason="the panels need a build with AVX-512 BF16")
+@pytest.mark.parametrize("num_rows", [1, 33, 70])
+def test_int8_panels_are_the_dequantized_linear(num_rows):
+    """Outputs of two whole 64-column panels and a part, K = 96; each column's scale applied to its output."""
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = torch.randn(150, 96, generator=gen) * torch.logspace(-2, 0, 150).unsqueeze(1)  # scales that differ
+    layer = Int8Linear(weight.to(torch.bfloat16))
+    x = torch.randn(num_rows, 96, generator=gen).to(torch.bfloat16)
+    got = torch.ops.rill_cpu.int8_linear(x, layer.weight_int8, layer.scale, 96, 0, 1 << 21)
+    want = x.double() @ layer.dequantized_weight(torch.float64).T
+    # q exact in bfloat16, float32 sums, then the scale and the output's rounding to bfloat16
+    assert got.dtype == torch.bfloat16 and got.shape == (num_rows, 150)
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=2**-8)
+    assert torch.equal(layer(x), got) or num_rows <= GEMV_MAX_ROWS  # the layer takes them above the GEMV's rows
+
+
 def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):
     monkeypatch.setenv("RILL_CPU_KERNELS", "0")
     extension.available.cache_clear()

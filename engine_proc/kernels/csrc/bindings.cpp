@@ -16,6 +16,7 @@
 #include "paged_decode.h"
 #include "prefill_attention.h"
 #include "prefill_layer.h"
+#include "quant_panels.h"
 
 TORCH_LIBRARY(rill_cpu, m) {
     m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, "
@@ -31,7 +32,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales, Tensor offsets, int in_features) -> Tensor");
     m.def("int4_dequant(Tensor packed, Tensor scales, Tensor offsets, int in_features, int start, int count, "
           "Tensor like) -> Tensor");
-    m.def("int4_panels_supported() -> bool");
+    m.def("quant_panels_supported() -> bool");
     m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor offsets, int in_features, int gemv_max_rows, "
           "int chunk_elems) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -87,5 +88,5 @@ TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("set_kv_caches", &rill_cpu::set_kv_caches);
     m.impl("prefill_attention_supported", &rill_cpu::prefill_attention_supported);
     m.impl("amx_linear_supported", &rill_cpu::amx_linear_supported);
-    m.impl("int4_panels_supported", &rill_cpu::int4_panels_supported);
+    m.impl("quant_panels_supported", &rill_cpu::quant_panels_supported);
 }

@@ -10,6 +10,7 @@
 //
 // GCC vector extensions and a few intrinsics: AVX-512, AVX2 and SSE2 builds come from the same source.
 #include "int4_gemv.h"
+#include "quant_panels.h"
 
 #include <ATen/ops/linear_ops.h>
 #include <immintrin.h>
@@ -367,7 +368,7 @@ at::Tensor int4_dequant(const at::Tensor& packed, const at::Tensor& scales, cons
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t in_features, int64_t gemv_max_rows, int64_t chunk_elems) {
     if (x.size(0) <= gemv_max_rows) return int4_gemv(x.stride(1) == 1 ? x : x.contiguous(), packed, scales, offsets, in_features);
-    if (int4_panels_take(x, in_features)) return int4_linear_panels(x, packed, scales, offsets, in_features);
+    if (quant_panels_take(x, in_features)) return int4_linear_panels(x, packed, scales, offsets, in_features);
     const int64_t N = packed.size(0), rows_per_chunk = std::max<int64_t>(1, chunk_elems / in_features);
     auto linear = [](const at::Tensor& a, const at::Tensor& b) { return at::_ops::linear::call(a, b, std::nullopt); };
     if (N <= rows_per_chunk) return linear(x, int4_dequant(packed, scales, offsets, in_features, 0, N, x));

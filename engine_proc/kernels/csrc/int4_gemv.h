@@ -77,16 +77,10 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Te
 // Rows [start, start + count) of w as `like`'s dtype: [count, in_features].
 at::Tensor int4_dequant(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
                         int64_t in_features, int64_t start, int64_t count, const at::Tensor& like);
-// The GEMV up to gemv_max_rows rows; above, int4_linear_panels where it takes x, else w converted to x's dtype,
+// The GEMV up to gemv_max_rows rows; above, int4_linear_panels (quant_panels.h) where it takes x, else w converted to x's dtype,
 // chunk_elems at a time, and oneDNN's GEMM (engine_proc/kernels/int4_linear.py passes both figures).
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t in_features, int64_t gemv_max_rows, int64_t chunk_elems);
 
-// int4_panels.cpp: whether this build unpacks panels for brgemm (AVX-512 BF16), whether it takes this x
-// (bfloat16 [M, K], K a multiple of 32), and x @ w.T that way.
-bool int4_panels_supported();
-bool int4_panels_take(const at::Tensor& x, int64_t in_features);
-at::Tensor int4_linear_panels(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
-                              const at::Tensor& offsets, int64_t in_features);
 
 }  // namespace rill_cpu

@@ -11,6 +11,7 @@
 // The operators rill_cpu::int8_gemv and rill_cpu::int8_linear (bindings.cpp registers them). GCC
 // vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the same source.
 #include "int8_gemv.h"
+#include "quant_panels.h"
 
 #include <ATen/ops/linear_ops.h>
 #include <immintrin.h>
@@ -181,6 +182,7 @@ at::Tensor dequantized_matmul(const at::Tensor& x, const at::Tensor& weight_int8
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_int8, const at::Tensor& scale, int64_t in_features,
                        int64_t gemv_max_rows, int64_t chunk_elems) {
     if (x.size(0) <= gemv_max_rows) return int8_gemv(x.stride(1) == 1 ? x : x.contiguous(), weight_int8, scale, in_features);
+    if (quant_panels_take(x, in_features)) return int8_linear_panels(x, weight_int8, scale, in_features);
     return dequantized_matmul(x, weight_int8, scale, in_features, chunk_elems);
 }
 

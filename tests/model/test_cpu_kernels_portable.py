@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py",
          "tests/model/test_int4.py", "tests/model/test_moe_experts.py"]
 # The kernels' own tests; the model runners and benchmarks do not depend on the build target. Of the
-# experts' tests, the int8 operator's (the bfloat16 one needs AVX-512 BF16 or AMX, which these lack).
-SELECT = "not runner and not quick and not load_model and not cli and not (test_moe_experts and not int8)"
+# experts' tests, the int8 operator's (the bfloat16 one needs AVX-512 BF16 or AMX, which these lack; so do the
+# quantized layers' panels, csrc/quant_panels.cpp).
+SELECT = ("not runner and not quick and not load_model and not cli and not (test_moe_experts and not int8) "
+          "and not panels")
 # An AVX2 CPU, as far as this one can be made one: Rill's kernels built for AVX2 (no AVX-512), oneDNN
 # capped at its AVX2 kernels and ATen at its AVX2 ones. The AVX2 build's kernel tests and its batch
 # invariance run in one such process: one pytest and torch start-up, not two.

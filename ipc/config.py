@@ -9,9 +9,22 @@ that reads it, and its docs.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
+
+
+def json_object(text: str, *, not_json: str, not_object: str, error: type[ValueError] = ValueError) -> dict:
+    """A flag's JSON object; `error` (ValueError by default) with `not_json` + the parser's reason, or
+    `not_object` when the JSON is something else."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{not_json}{exc}") from None
+    if not isinstance(value, dict):
+        raise error(not_object)
+    return value
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -51,19 +51,13 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 def default_template_kwargs(text: str | None) -> dict:
     """--default-chat-template-kwargs' JSON object: at most MAX_TEMPLATE_KWARGS entries, none of the
     names a request's own fields set."""
-    import json
-
     from rill.asgi.prompt.templating import RESERVED_KWARGS
     from rill.asgi.requests.bounds import MAX_TEMPLATE_KWARGS
+    from rill.ipc.config import json_object
 
     if not text:
         return {}
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise ValueError('a JSON object, such as {"enable_thinking": false}')
+    kwargs = json_object(text, not_json="not JSON: ", not_object='a JSON object, such as {"enable_thinking": false}')
     if reserved := RESERVED_KWARGS & kwargs.keys():
         raise ValueError(f"must not set {sorted(reserved)}: the request's own fields do")
     if len(kwargs) > MAX_TEMPLATE_KWARGS:

@@ -12,6 +12,8 @@ import logging
 import math
 from pathlib import Path
 
+from rill.ipc.config import json_object
+
 log = logging.getLogger("rill.api")
 
 # Each field's bounds, as a request's (asgi/requests/schemas.py): (low, high, low is inclusive)
@@ -41,12 +43,8 @@ def parse_override(text: str | None) -> dict[str, float | int]:
     """--override-generation-config's JSON object, each field checked."""
     if not text:
         return {}
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DefaultsError(f"not JSON: {exc}") from None
-    if not isinstance(fields, dict):
-        raise DefaultsError("a JSON object of fields, such as {\"temperature\": 0.6}")
+    fields = json_object(text, not_json="not JSON: ", not_object='a JSON object of fields, such as {"temperature": 0.6}',
+                         error=DefaultsError)
     return {name: check_value(name, value) for name, value in fields.items()}
 
 

@@ -1,9 +1,9 @@
 """`--speculative-config`: vLLM's JSON object, checked once at start with a message naming the key."""
 from __future__ import annotations
 
-import json
-
 import msgspec
+
+from rill.ipc.config import json_object
 
 METHODS = ("ngram", "draft_model")
 
@@ -29,12 +29,8 @@ def parse_speculative_config(text: str) -> SpeculativeConfig | None:
     """The config from its JSON text ("" or "null": none); ValueError naming the key at fault."""
     if not text or text.strip() in ("null", "{}"):
         return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--speculative-config is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("--speculative-config must be a JSON object")
+    raw = json_object(text, not_json="--speculative-config is not JSON: ",
+                      not_object="--speculative-config must be a JSON object")
     if not raw.get("method") and raw.get("model"):
         raw["method"] = "draft_model"  # as vLLM: a model and no method is a draft model
     try:

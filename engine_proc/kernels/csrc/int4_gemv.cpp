@@ -3,7 +3,7 @@
 //
 // A decode step reads every weight once, so its speed is the memory bandwidth: at 4.5 bits a weight
 // (nibbles, a float16 scale and offset per 32) a step reads 0.56 of int8's bytes. As int8_gemv.cpp does,
-// each thread streams a contiguous range of weight rows, a few at a time, with software prefetch; per
+// each thread streams a contiguous range of weight rows, a few at a time, each block of rows prefetched first; per
 // group of 32 it splits 16 bytes into their low and high nibbles, converts each half to 16 floats, applies
 // the group's scale and offset in one FMA, and multiplies them into every activation row. Prompt steps
 // convert the weight to the activations' dtype a slice at a time for oneDNN's GEMM.
@@ -89,18 +89,14 @@ struct GroupParams {
     }
 };
 
-constexpr int64_t PREFETCH_ROWS = 16;
-
 // Rows [n0, n1) of the output for M activation rows, R weight rows at a time (R x M accumulators in registers).
 template <int R, int M, typename T>
-void rows(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N, int64_t n0, int64_t n1) {
+void rows(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t n0, int64_t n1) {
     const int64_t row_bytes = w.Kp / 2, groups = w.Kp / 32;
-    const uint8_t* end = w.packed + N * row_bytes;
     int64_t n = n0;
     for (; n + R <= n1; n += R) {
         v16f acc[R][M] = {};
-        const uint8_t* ahead = w.packed + (n + PREFETCH_ROWS) * row_bytes;
-        for (int64_t b = 0; b < R * row_bytes && ahead + b < end; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        rill_simd::prefetch_block(w.packed + n * row_bytes, R * row_bytes);
         for (int64_t g0 = 0; g0 < groups; g0 += 16) {
             const int64_t count = std::min<int64_t>(16, groups - g0);
             GroupParams params[R];
@@ -123,12 +119,12 @@ void rows(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N, i
         for (int r = 0; r < R; ++r)
             for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, hsum(acc[r][m]));
     }
-    if (n < n1) rows<1, M, T>(y, y_stride, xf, w, N, n, n1);
+    if (n < n1) rows<1, M, T>(y, y_stride, xf, w, n, n1);
 }
 
 template <int M, typename T>
 void gemv(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N) {
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, w, N, n0, n1); });
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows<(M <= 4 ? 4 : 2), M, T>(y, y_stride, xf, w, n0, n1); });
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -189,9 +185,8 @@ inline __m512i nibble_pair(const uint8_t* p) {
 }
 
 template <int R, int M, typename T>
-void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t N, int64_t n0, int64_t n1) {
+void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t n0, int64_t n1) {
     const int64_t row_bytes = w.Kp / 2, G = w.Kp / 32;
-    const uint8_t* end = w.packed + N * row_bytes;
     // Lanes 0-3 and 8-11 hold group g's partial sums, 4-7 and 12-15 group g+1's: a pair's scales by index.
     const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
     int64_t n = n0;
@@ -200,8 +195,7 @@ void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64
         float offset_part[R][M] = {};
         for (int r = 0; r < R; ++r)
             for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-        const uint8_t* ahead = w.packed + (n + PREFETCH_ROWS) * row_bytes;
-        for (int64_t b = 0; b < R * row_bytes && ahead + b < end; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        rill_simd::prefetch_block(w.packed + n * row_bytes, R * row_bytes);
         for (int64_t g0 = 0; g0 < G; g0 += 16) {
             const int64_t count = std::min<int64_t>(16, G - g0);  // even: Kp is a multiple of 64
             const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
@@ -235,12 +229,12 @@ void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64
             for (int m = 0; m < M; ++m)
                 store(y + m * y_stride + n + r, _mm512_reduce_add_ps(acc[r][m]) + offset_part[r][m]);
     }
-    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, N, n, n1);
+    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, n, n1);
 }
 
 template <int M, typename T>
 void gemv_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t N) {
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, w, N, n0, n1); });
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, w, n0, n1); });
 }
 #endif
 

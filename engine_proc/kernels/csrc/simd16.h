@@ -56,6 +56,15 @@ inline float hsum(v16f v) {
     return s;
 }
 
+// The bytes a block of weight rows is about to read, requested a cache line each before the first is used, so
+// that the memory works on all of them at once. On a Zen 4 this streamed a weight 1.6-1.9x faster than
+// prefetching 16 rows ahead (what the GEMVs did before) or leaving it to the hardware: Qwen2.5-1.5B's head in int8
+// at one row, 5.7 against 9.0 and 10.6 ms; in int4, 6.1 against 11.3 and 10.1 ms (interleaved in one process).
+inline void prefetch_block(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
 // body(n0, n1) on each OpenMP thread: contiguous ranges of whole 16-row blocks of N rows, so that each
 // thread streams its own part of the weight.
 template <typename F>

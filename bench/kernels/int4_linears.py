@@ -8,12 +8,14 @@ the time of one call of each of Rill's linears on M rows of bfloat16 activations
 - `int4`: Int4Linear (csrc/int4_gemv.cpp; above its GEMV rows csrc/quant_panels.cpp where the CPU has AVX-512 BF16);
 A decode row reads every weight once, so at one row each has a floor: its weight bytes over the memory
 bandwidth, which a large copy measures in the same run (bytes read plus written per second). The
-ratio `int4 / floor` says how close the kernel gets. Calls are interleaved over rounds and the median round
-is reported; random weights of the model's shapes (timings do not depend on values).
+ratio `int4 / floor` says how close the kernel gets. Each layer has its own copy of the weights, so a step streams
+them from memory as a model's does. Steps are interleaved over rounds and the median round is reported; random
+weights of the model's shapes (timings do not depend on values).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -54,37 +56,36 @@ def weight_bytes(layer) -> int:
 
 
 def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
+    """A decode step's linears, as the model reads them: every layer's own copy of each shape (so the weights
+    stream from memory, as in a real step, not from a cache one layer's weights fit in), then the head."""
     num_layers, shapes, head = MODELS[model]
     gen = torch.Generator().manual_seed(0)
-    layers = {}  # (shape, variant) -> layer
+    steps: dict[str, list] = {variant: [] for variant in VARIANTS}  # (layer, in_features) in step order
     for name, n, k in [*shapes, head]:
         weight = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
-        layers[name, "bf16"] = float_linear(weight)
-        layers[name, "int8"], layers[name, "int4"] = Int8Linear(weight), Int4Linear(weight)
+        copies = 1 if name == head[0] else num_layers
+        steps["bf16"] += [(float_linear(weight), k) for _ in range(copies)]  # oneDNN's packed weight: no deepcopy
+        for variant, layer in (("int8", Int8Linear(weight)), ("int4", Int4Linear(weight))):
+            steps[variant] += [(layer, k), *((copy.deepcopy(layer), k) for _ in range(copies - 1))]
     samples: dict[tuple, list[float]] = {}
     with torch.inference_mode():
         inputs = {(rows, k): torch.randn(rows, k, generator=gen).to(torch.bfloat16)
                   for rows in rows_list for _, _, k in [*shapes, head]}
+
+        def step(variant: str, rows: int) -> None:
+            for layer, k in steps[variant]:
+                layer(inputs[rows, k])
+
         for _ in range(rounds):
-            for (name, variant), layer in layers.items():
-                k = next(s[2] for s in [*shapes, head] if s[0] == name)
+            for variant in VARIANTS:
                 for rows in rows_list:
-                    x = inputs[rows, k]
-                    layer(x)
-                    samples.setdefault((name, variant, rows), []).append(time_call(lambda: layer(x), budget_s))
-    ms = {key: statistics.median(v) for key, v in samples.items()}
-    # A decode step's linears: every layer's shapes times the layers, and the head once.
-    step = {(variant, rows): sum(ms[name, variant, rows] * num_layers for name, _, _ in shapes)
-            + ms[head[0], variant, rows] for variant in VARIANTS for rows in rows_list}
-    step_bytes = {}
-    for variant in VARIANTS:
-        per_layer = sum(weight_bytes(layers[name, variant]) if variant != "bf16" else n * k * 2 for name, n, k in shapes)
-        head_bytes = weight_bytes(layers[head[0], variant]) if variant != "bf16" else head[1] * head[2] * 2
-        step_bytes[variant] = per_layer * num_layers + head_bytes
+                    step(variant, rows)
+                    samples.setdefault((variant, rows), []).append(time_call(lambda: step(variant, rows), budget_s))
+    step_bytes = {variant: sum(n * k * 2 for _, n, k in shapes) * num_layers + head[1] * head[2] * 2
+                  if variant == "bf16" else sum(weight_bytes(layer) for layer, _ in steps[variant]) for variant in VARIANTS}
     return {"model": model, "num_layers": num_layers,
-            "step_ms": {f"{variant} {rows}": round(v, 4) for (variant, rows), v in step.items()},
-            "weight_bytes": step_bytes,
-            "per_shape_ms": {f"{name} {variant} {rows}": round(v, 4) for (name, variant, rows), v in ms.items()}}
+            "step_ms": {f"{variant} {rows}": round(statistics.median(v), 4) for (variant, rows), v in samples.items()},
+            "weight_bytes": step_bytes}
 
 
 def markdown(report: dict) -> str:

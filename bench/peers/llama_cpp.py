@@ -40,8 +40,12 @@ def is_built(root: Path | None = None) -> bool:
 
 
 def sdist_url() -> str:
-    release = httpx.get(f"https://pypi.org/pypi/{PACKAGE}/{VERSION}/json", timeout=60).raise_for_status().json()
-    return next(u["url"] for u in release["urls"] if u["packagetype"] == "sdist")
+    """From PyPI's simple index (PEP 691's JSON form, what installers read: its per-version JSON API answered
+    404 for this release on 2026-12-04)."""
+    index = httpx.get(f"https://pypi.org/simple/{PACKAGE}/", timeout=60,
+                      headers={"Accept": "application/vnd.pypi.simple.v1+json"}).raise_for_status().json()
+    name = f"{PACKAGE.replace('-', '_')}-{VERSION}.tar.gz"
+    return next(f["url"] for f in index["files"] if f["filename"] == name)
 
 
 def install(root: Path | None = None, log=print) -> Path:

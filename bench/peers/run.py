@@ -117,10 +117,11 @@ def build_workload(sizes: Sizes, round_index: int) -> Workload:
 
 
 SETTLE_S = [10.0]  # --settle-s: rest before each measured phase
+CONCURRENCY_MID = 8  # the middle throughput phase: the first 16 prompts, 8 at a time
 
 
 def served_phase(name: str, base_url: str, work: Workload, model: str | None = None) -> dict:
-    """Throughput at concurrency len(prompts), then ITL at concurrency 1, then TTFT of the long prompts."""
+    """Throughput at concurrency len(prompts) and at 8, then ITL at concurrency 1, then TTFT of the long prompts."""
     start_s = time.perf_counter()
 
     def run(prompts, concurrency):
@@ -128,9 +129,11 @@ def served_phase(name: str, base_url: str, work: Workload, model: str | None = N
         return run_forced(base_url, prompts, concurrency, TITLES[name], **({"model": model} if model else {}))
 
     tp = run(work.throughput, len(work.throughput))
+    tp8 = run(work.throughput[:2 * CONCURRENCY_MID], CONCURRENCY_MID)
     itl = run(work.itl, 1)
     ttft = run(work.ttft, 1)
-    return {"output_throughput": tp["output_throughput"], "duration_s": tp["duration"],
+    return {"output_throughput": tp["output_throughput"], "output_throughput_c8": tp8["output_throughput"],
+            "duration_s": tp["duration"],
             "num_output_tokens": tp["total_output_tokens"], "server_input_tokens": tp["server_total_input_tokens"],
             "median_itl_ms_this_round": itl["median_itl_ms"], "mean_tpot_ms": itl["mean_tpot_ms"],
             "itls_ms": [1e3 * gap for gaps in itl["itls"] for gap in gaps],

@@ -111,6 +111,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
         self.uses_kernels = weight.device.type == "cpu" and weight.dtype in _GEMV_DTYPES and extension.available()
         self.panels = self.uses_kernels and torch.ops.rill_cpu.quant_panels_supported()
+        self.float_dtype = weight.dtype  # the model's: its activations'
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -119,9 +120,8 @@ class Int8Linear(nn.Module):
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         if self.uses_kernels:  # one operator, eager or in a compiled decode graph: no Python inside the step
-            panels = self.panels and x.dtype == torch.bfloat16
             y = torch.ops.rill_cpu.int8_linear(x2d, self.weight_int8, self.scale, self.in_features,
-                                               PANELS_GEMV_MAX_ROWS if panels else GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
+                                               self.gemv_max_rows(x.dtype), DEQUANT_CHUNK_ELEMS)
         elif torch.compiler.is_compiling():
             # In a compiled decode graph the row count is symbolic: one opaque op that chooses the
             # path by the real count at run time (engine_proc/model/decode_graphs.py).
@@ -129,6 +129,10 @@ class Int8Linear(nn.Module):
         else:
             y = int8_matmul(x2d, self.weight_int8, self.scale, self.in_features)
         return self._biased(y).view(*lead_shape, self.out_features)
+
+    def gemv_max_rows(self, dtype: torch.dtype) -> int:
+        """The rows up to which rill_cpu::int8_linear takes the GEMV for activations of `dtype`."""
+        return PANELS_GEMV_MAX_ROWS if self.panels and dtype == torch.bfloat16 else GEMV_MAX_ROWS
 
     def gemv_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """Rill's GEMV kernel (rill_cpu::int8_gemv) on activations [M, K]; None where it is not built."""

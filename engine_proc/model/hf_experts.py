@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate
 
-from rill.engine_proc.kernels.int8_linear import DEQUANT_CHUNK_ELEMS, GEMV_MAX_ROWS, Int8Linear
+from rill.engine_proc.kernels.int8_linear import DEQUANT_CHUNK_ELEMS, Int8Linear
 from rill.engine_proc.kernels.linear import AmxLinear
 
 IMPLEMENTATION = "rill_experts"
@@ -83,7 +83,8 @@ def _fused_experts(module: nn.Module) -> tuple | None:
     if int8:
         return ("moe_experts_int8", [layer.weight_int8 for layer in gate_up], [layer.scale for layer in gate_up],
                 [layer.bias for layer in gate_up], [layer.weight_int8 for layer in down], [layer.scale for layer in down],
-                [layer.bias for layer in down], *sizes, GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
+                [layer.bias for layer in down], *sizes, gate_up[0].gemv_max_rows(gate_up[0].float_dtype),
+                DEQUANT_CHUNK_ELEMS)
     return ("moe_experts", [layer.packed_weight for layer in gate_up], [layer.bias for layer in gate_up],
             [layer.packed_weight for layer in down], [layer.bias for layer in down], *sizes)
 

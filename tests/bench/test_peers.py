@@ -132,10 +132,12 @@ def test_summary_names_what_was_not_measured():
 def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
     from rill.bench.peers import llama_cpp
 
-    int4 = {"output_throughput": 300.0, "itls_ms": [6.0], "ttfts_ms": [40.0]}
-    llama = {"output_throughput": 100.0, "itls_ms": [10.0], "ttfts_ms": [100.0]}
+    int4 = {"output_throughput": 300.0, "output_throughput_c8": 150.0, "itls_ms": [6.0], "ttfts_ms": [40.0]}
+    llama = {"output_throughput": 100.0, "output_throughput_c8": 100.0, "itls_ms": [10.0], "ttfts_ms": [100.0]}
     results, _ = summarize([{"round": 0, "first": "rill_int4", "rill_int4": int4, "llamacpp": llama}], {})
-    assert set(results) == {"llamacpp_itl", "llamacpp_throughput", "llamacpp_ttft"}
+    assert set(results) == {"llamacpp_itl", "llamacpp_throughput", "llamacpp_throughput_c8", "llamacpp_ttft"}
+    c8 = results["llamacpp_throughput_c8"]  # its own phase's figures, not c=32's
+    assert c8["ratio"] == 1.5 and c8["ratio_per_round"] == [1.5] and c8["pass"] is False
     assert results["llamacpp_itl"]["ratio"] == 0.6 and results["llamacpp_itl"]["pass"] is True
     assert results["llamacpp_throughput"]["ratio"] == 3.0 and results["llamacpp_throughput"]["pass"] is True
     assert results["llamacpp_ttft"]["ratio"] == 0.4 and results["llamacpp_ttft"]["pass"] is True

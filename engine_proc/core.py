@@ -8,7 +8,7 @@ import time
 
 from rill.engine_proc.grammar.compiler import GrammarCompiled
 from rill.engine_proc.grammar.gate import GrammarGate
-from rill.engine_proc.model.memory import resident_bytes, weight_bytes
+from rill.engine_proc.model.memory import release_free_heap, resident_bytes, weight_bytes
 from rill.engine_proc.model.runner_api import Runner
 from rill.engine_proc.sched.admission import AdmissionControl
 from rill.engine_proc.sched.batch import Batch, TokenDelta
@@ -44,6 +44,8 @@ class EngineCore:
         self.kv_events = kv_events  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
         self.rank = rank  # --data-parallel-size: this engine's rank
         self.weight_bytes = weight_bytes(getattr(runner, "model", None))  # as loaded (prepacked, quantized)
+        if released := release_free_heap():  # what loading freed, back to the system before serving
+            log.info("returned %.0f MiB of freed heap to the system after loading", released / 2**20)
 
     def run_busy_loop(self) -> None:
         while True:

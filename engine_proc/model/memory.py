@@ -1,6 +1,8 @@
 """What the engine's memory holds: the model's weights as loaded, and the process's resident set now."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 
 import torch
@@ -36,3 +38,17 @@ def resident_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def release_free_heap() -> int:
+    """Hands the free pages of malloc's heap back to the system (glibc's malloc_trim). Loading a model
+    frees much (float copies made before packing or quantizing, the loader's buffers) that malloc keeps
+    for later, and the resident set counts it. Returns the bytes the resident set fell by (0 where the C
+    library has no malloc_trim)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return 0
+    before = resident_bytes()
+    trim(0)
+    return max(0, before - resident_bytes())

@@ -13,13 +13,15 @@ The three served sides are measured the same three ways by our harness, ignore_e
 output to its length:
 
 1. Throughput: 32 prompts of exactly 128 tokens (our `random` dataset and the bundled tokenizer),
-   128 forced output tokens each, at concurrency 32; aggregate output tokens/s.
+   128 forced output tokens each, at concurrency 32; aggregate output tokens/s. Then the first 16 of them
+   at concurrency 8, the same way.
 2. Latency at concurrency 1: median inter-token latency over a few 128-in/128-out requests sent one
    at a time.
 3. TTFT: median over 512-token prompts with max_tokens 1, one at a time.
 
 Targets against vLLM CPU (Rill / vLLM): throughput >= 1.5x, ITL <= 0.7x, TTFT <= 0.8x, and Rill
-int8's ITL <= 0.4x vLLM's. A Rill without the --quantization asked (an unknown argument) is recorded as
+int8's ITL <= 0.4x vLLM's. Against llama.cpp (Rill int4 / llama.cpp): ITL <= 0.8x, throughput >= 3x at
+concurrency 32 and >= 2x at 8, TTFT <= 0.5x. A Rill without the --quantization asked (an unknown argument) is recorded as
 unavailable and the run goes on.
 
 Against transformers (float32, in-process): throughput >= 3x against the same token ids in ONE

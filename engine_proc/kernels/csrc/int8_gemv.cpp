@@ -115,18 +115,18 @@ inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, int64_t C, Qua
     out.sign.assign(M * C, 0);
     out.scale.assign(M * C * 16, 0.0f);
     for (int64_t m = 0; m < M; ++m) {
-        for (int64_t g = 0; g * 32 < Kp; ++g) {
-            const float* v = xf + m * Kp + 32 * g;
-            const int64_t len = std::min<int64_t>(32, Kp - 32 * g);
-            float amax = 0.0f;
-            for (int64_t e = 0; e < len; ++e) amax = std::max(amax, std::abs(v[e]));
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            for (int64_t e = 0; e < len; ++e) {
-                const int q = static_cast<int>(std::nearbyint(v[e] * inv));
-                const int64_t k = 32 * g + e;
-                out.mag[m * C * 64 + k] = static_cast<uint8_t>(q < 0 ? -q : q);
-                if (q < 0) out.sign[m * C + k / 64] |= uint64_t{1} << (k % 64);
-            }
+        for (int64_t g = 0; g * 32 < Kp; ++g) {  // 32 values, or the last 16 (Kp is a multiple of 16)
+            const int64_t k = 32 * g;
+            const __m512 a = _mm512_loadu_ps(xf + m * Kp + k);
+            const __m512 b = k + 32 <= Kp ? _mm512_loadu_ps(xf + m * Kp + k + 16) : _mm512_setzero_ps();
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            // Rounded to the nearest (even), as std::nearbyint; |q| <= 127.
+            const __m256i q = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv)))),
+                _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))), 1);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.mag.data() + m * C * 64 + k), _mm256_abs_epi8(q));
+            out.sign[m * C + k / 64] |= uint64_t{static_cast<uint32_t>(_mm256_movemask_epi8(q))} << (k % 64);
             float* lanes = out.scale.data() + (m * C + g / 2) * 16 + 8 * (g % 2);
             for (int l = 0; l < 8; ++l) lanes[l] = amax / 127.0f;
         }

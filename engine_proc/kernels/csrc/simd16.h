@@ -66,11 +66,11 @@ inline void prefetch_block(const void* p, int64_t bytes) {
 }
 
 // body(n0, n1) on each OpenMP thread: contiguous ranges of whole 16-row blocks of N rows, so that each
-// thread streams its own part of the weight.
+// thread streams its own part of the weight. One block runs on the calling thread alone (no team to wake).
 template <typename F>
 void split_rows(int64_t N, F&& body) {
     const int64_t blocks = (N + 15) / 16;
-#pragma omp parallel
+#pragma omp parallel if (blocks > 1)
     {
         int64_t t = 0, nt = 1;
 #ifdef _OPENMP

@@ -15,6 +15,7 @@ was lost, and the callers take their torch paths, which compute the same within 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -115,12 +116,40 @@ def _build(compiler: str, path: Path) -> None:
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
 
 
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    """An exclusive flock on `lock_path` (released when the holder exits, however it exits)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 _loaded = [False]
 
 
 def loaded() -> bool:
     """Whether available() has loaded the operators: no side effect, so torch.compile traces it."""
     return _loaded[0]
+
+
+def ensure_built(compiler: str, path: Path) -> None:
+    """Builds `path` unless it is there. Processes starting together (test workers, data-parallel engines)
+    build it once: the others wait on a lock beside it, then find it."""
+    if path.exists():
+        return
+    lock = path.with_suffix(".lock")
+    with _locked(lock):
+        if path.exists():
+            return
+        started = time.perf_counter()
+        _build(compiler, path)
+        prune(path.parent, keep=path)
+        lock.unlink()  # a waiter holds it open; a later start finds the build
+        log.info("built the CPU kernels for this CPU in %.1f s: %s", time.perf_counter() - started, path)
 
 
 @functools.cache
@@ -134,12 +163,7 @@ def available() -> bool:
         return False
     try:
         path = _library_path(compiler)
-        if not path.exists():
-            started = time.perf_counter()
-            _build(compiler, path)
-            prune(path.parent, keep=path)
-            log.info("built the CPU kernels for this CPU in %.1f s: %s", time.perf_counter() - started,
-                     path)
+        ensure_built(compiler, path)
         torch.ops.load_library(str(path))
         with contextlib.suppress(OSError):  # a read-only cache still serves
             os.utime(path)  # in use: not pruned as stale

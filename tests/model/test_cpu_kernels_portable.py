@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import NamedTuple
@@ -155,3 +157,25 @@ def test_the_build_key_covers_every_source_file(tmp_path, monkeypatch):
         keys.add(extension._library_path(compiler))
         f.write_text(text)
     assert len(keys) == 1 + len(list(csrc.iterdir()))
+
+
+def test_processes_starting_together_build_once(tmp_path, monkeypatch):
+    """Two builders at once (here threads, each with its own lock file description, as processes have): one
+    builds, the other waits and finds the library; no lock file is left."""
+    calls = []
+
+    def fake_build(compiler, path):
+        calls.append(path)
+        time.sleep(0.3)  # long enough for the other to arrive and wait
+        path.write_bytes(b"built")
+
+    monkeypatch.setattr(extension, "_build", fake_build)
+    path = tmp_path / "kernels" / "rill_cpu-test.so"
+    path.parent.mkdir()
+    threads = [threading.Thread(target=extension.ensure_built, args=("c++", path)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [path] and path.read_bytes() == b"built"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]

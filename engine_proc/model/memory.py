@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 
 import torch
@@ -50,5 +51,6 @@ def release_free_heap() -> int:
     except (OSError, AttributeError, TypeError):
         return 0
     before = resident_bytes()
+    gc.collect()  # the loader's and the compiler's cyclic garbage first
     trim(0)
     return max(0, before - resident_bytes())

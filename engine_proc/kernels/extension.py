@@ -15,7 +15,6 @@ was lost, and the callers take their torch paths, which compute the same within 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
@@ -116,18 +115,6 @@ def _build(compiler: str, path: Path) -> None:
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    """An exclusive flock on `lock_path` (released when the holder exits, however it exits)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 _loaded = [False]
 
 
@@ -142,7 +129,9 @@ def ensure_built(compiler: str, path: Path) -> None:
     if path.exists():
         return
     lock = path.with_suffix(".lock")
-    with _locked(lock):
+    from rill.engine_proc.model.bundled import cache_lock
+
+    with cache_lock(lock):
         if path.exists():
             return
         started = time.perf_counter()

@@ -10,7 +10,6 @@ then an atomic rename). Split files (`-00001-of-0000N.gguf`) are refused: transf
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -19,6 +18,8 @@ import re
 import shutil
 import time
 from pathlib import Path
+
+from rill.engine_proc.model.bundled import cache_lock
 
 # What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json).
 CONVERSION = 2
@@ -52,7 +53,7 @@ def ensure_converted(gguf_path: Path, target: Path, dtype: str = "float32") -> P
     prefix = f".{target.name}.tmp-"
     # The lock only saves a second process from converting too; correctness comes from the atomic
     # rename, so a lock left by a dead process (flock dies with it) is harmless.
-    with _locked(target.parent / f".{target.name}.lock"):
+    with cache_lock(target.parent / f".{target.name}.lock"):
         if is_complete(target):
             return target
         _remove_stale_tmp_dirs(target.parent, prefix)
@@ -143,16 +144,6 @@ def _one_reader():
         yield
     finally:
         gguf.GGUFReader = original
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 def _remove_stale_tmp_dirs(parent: Path, prefix: str) -> None:

@@ -129,7 +129,7 @@ def ensure_built(compiler: str, path: Path) -> None:
     if path.exists():
         return
     lock = path.with_suffix(".lock")
-    from rill.engine_proc.model.bundled import cache_lock
+    from rill.engine_proc.model.cache_lock import cache_lock
 
     with cache_lock(lock):
         if path.exists():

@@ -1,8 +1,6 @@
 """The bundled SmolLM2 GGUF, converted once into a float32 safetensors directory in the cache."""
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import os
 from pathlib import Path
@@ -14,19 +12,6 @@ BUNDLED_DIR_NAME = "smollm2-135m-instruct"
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("RILL_CACHE") or Path.home() / ".cache" / "rill")
-
-
-@contextlib.contextmanager
-def cache_lock(lock_path: Path):
-    """An exclusive flock on `lock_path`, so that processes starting together make a cache entry once (the
-    kernels' build, a GGUF's conversion); the system releases it if its holder dies."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 def bundled_gguf_path() -> Path:

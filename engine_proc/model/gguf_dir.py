@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from rill.engine_proc.model.bundled import cache_lock
+from rill.engine_proc.model.cache_lock import cache_lock
 
 # What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json).
 CONVERSION = 2

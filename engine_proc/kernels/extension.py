@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from rill.engine_proc.model.cache_lock import cache_lock
+
 log = logging.getLogger("rill.model")
 
 CSRC = Path(__file__).parent / "csrc"
@@ -42,7 +44,7 @@ def sources() -> list[Path]:
     return sorted(CSRC.glob("*.cpp"))
 
 
-def _arch_flags() -> list[str]:
+def _target_flags() -> list[str]:
     """-O3 -march=native, or RILL_CPU_ARCH's target (x86-64-v3 for AVX2 without AVX-512, x86-64 for
     SSE2 alone) and RILL_CPU_OPT's level: tests build for older CPUs than the one they run on to check
     those paths, at -O1 (a build in 18 s against 32 s at -O3 on 2 cores; those tests run in 3 s)."""
@@ -70,7 +72,7 @@ def _library_path(compiler: str) -> Path:
     info = cpu_info()
     # Every file of csrc/, headers too: any change of source makes a new build.
     files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
-    key = hashlib.sha256("\n".join([*(f"{f.name}\n{f.read_text()}" for f in files), " ".join(CXXFLAGS + _arch_flags()),
+    key = hashlib.sha256("\n".join([*(f"{f.name}\n{f.read_text()}" for f in files), " ".join(CXXFLAGS + _target_flags()),
                                     version, torch.__version__, info.model, " ".join(sorted(info.flags))]).encode())
     return default_cache_dir() / "kernels" / f"rill_cpu-{key.hexdigest()[:16]}.so"
 
@@ -101,7 +103,7 @@ def _build(compiler: str, path: Path) -> None:
 
         def compile_one(source: Path) -> str:
             obj = str(Path(tmp) / f"{source.stem}.o")
-            subprocess.run([compiler, *CXXFLAGS, *_arch_flags(), *_torch_compile_flags(), "-c", str(source), "-o", obj],
+            subprocess.run([compiler, *CXXFLAGS, *_target_flags(), *_torch_compile_flags(), "-c", str(source), "-o", obj],
                            check=True, capture_output=True, text=True, timeout=600)
             return obj
 
@@ -129,8 +131,6 @@ def ensure_built(compiler: str, path: Path) -> None:
     if path.exists():
         return
     lock = path.with_suffix(".lock")
-    from rill.engine_proc.model.cache_lock import cache_lock
-
     with cache_lock(lock):
         if path.exists():
             return

@@ -152,15 +152,12 @@ inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, QuantizedRows&
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t g = 0; g < G; ++g) {
             const __m512 lo = _mm512_loadu_ps(xf + m * Kp + 32 * g), hi = _mm512_loadu_ps(xf + m * Kp + 32 * g + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-            const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            out.scale[m * G + g] = amax / 127.0f;
+            __m128i q_lo, q_hi;
+            out.scale[m * G + g] = rill_simd::quantize32(lo, hi, q_lo, q_hi) / 127.0f;
             out.sum[m * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
             int8_t* dst = out.q.data() + m * Kp + 64 * (g / 2) + 16 * (g % 2);
-            // Rounded to the nearest (even), as std::nearbyint; |q| <= 127.
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv))));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32),
-                             _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inv))));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), q_lo);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), q_hi);
         }
     }
 }

@@ -119,12 +119,9 @@ inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, int64_t C, Qua
             const int64_t k = 32 * g;
             const __m512 a = _mm512_loadu_ps(xf + m * Kp + k);
             const __m512 b = k + 32 <= Kp ? _mm512_loadu_ps(xf + m * Kp + k + 16) : _mm512_setzero_ps();
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-            const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            // Rounded to the nearest (even), as std::nearbyint; |q| <= 127.
-            const __m256i q = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv)))),
-                _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))), 1);
+            __m128i qa, qb;
+            const float amax = rill_simd::quantize32(a, b, qa, qb);
+            const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.mag.data() + m * C * 64 + k), _mm256_abs_epi8(q));
             out.sign[m * C + k / 64] |= uint64_t{static_cast<uint32_t>(_mm256_movemask_epi8(q))} << (k % 64);
             float* lanes = out.scale.data() + (m * C + g / 2) * 16 + 8 * (g % 2);

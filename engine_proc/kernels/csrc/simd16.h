@@ -56,6 +56,19 @@ inline float hsum(v16f v) {
     return s;
 }
 
+#if defined(__AVX512F__)
+// A group of 32 activations (lo: its first 16, hi: the rest) rounded to int8 against the group's max |x| / 127, as
+// llama.cpp's Q8 rows are: the two halves' int8 values (to the nearest, ties to even, as std::nearbyint; |q| <= 127),
+// and the group's max |x|. The quantized GEMVs' (int8_gemv.cpp, int4_gemv.cpp) activations for vpdpbusd.
+inline float quantize32(__m512 lo, __m512 hi, __m128i& q_lo, __m128i& q_hi) {
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    q_lo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)));
+    q_hi = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
+    return amax;
+}
+#endif
+
 // The bytes a block of weight rows is about to read, requested a cache line each before the first is used, so
 // that the memory works on all of them at once. On a Zen 4 this streamed a weight 1.6-1.9x faster than
 // prefetching 16 rows ahead (what the GEMVs did before) or leaving it to the hardware: Qwen2.5-1.5B's head in int8

@@ -61,6 +61,23 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_gemv_rounding_follows_the_weights_not_their_offsets(dtype):
+    """The activations' rounding (to int8 per group in the VNNI kernel) weighs in by w, as llama.cpp's Q4_1 x
+    Q8_1 does: a group of weights at 0 with one at -1 (offset -1) against activations 127 and 0.5 (which round
+    to 0) gives -127. Rounding only the scales' part left (w - offset) = 1 on each 0.5: -142.5."""
+    weight = torch.zeros(16, 32)
+    weight[:, 0] = -1.0
+    layer = Int4Linear(weight.to(dtype))
+    x = torch.full((1, 32), 0.5)
+    x[0, 0] = 127.0
+    got = layer(x.to(dtype)).float()
+    want = torch.nn.functional.linear(x.double(), layer.dequantized_weight(torch.float64)).float()
+    assert abs(float(want[0, 0]) + 127) < 0.1
+    torch.testing.assert_close(got, want, rtol=2**-8, atol=0.05)
+
+
 @pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.quant_panels_supported(),
                     reason="the panels need a build with AVX-512 BF16")
 # Rows: a part of a tile of 32, a tile and one row more, several tiles.

@@ -81,6 +81,22 @@ class AmxLinear(nn.Module):
         return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
 
 
+class PanelEmbedding(nn.Module):
+    """A tied embedding's lookups from its AmxLinear head's panels: the model keeps one copy of the matrix, not
+    the embedding and a packed head (Qwen2.5-1.5B's is 0.47 GB of its 3.3). Weight row n is column n % 64 of
+    panel n // 64, its (k, k + 1) pairs 128 elements apart (amx_linear.cpp's pack). The packed weight is a
+    plain attribute, not a child module: tile_linears and the LoRA swaps see the head once, as model.lm_head."""
+
+    def __init__(self, head: AmxLinear, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.packed_weight = head.packed_weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        panels = self.packed_weight.view(self.packed_weight.shape[0], -1, 64, 2)
+        return panels[ids // 64, :, ids % 64].reshape(*ids.shape, self.embedding_dim)
+
+
 # Where AmxLinear is the default (bench/results/linear_kernels-cpu.md, cold weights): every
 # projection, not the head. At decode sizes it took 0.76-0.99x oneDNN's time (oneDNN's per-call
 # overhead weighs on a small layer); at prompt sizes 0.70x on o_proj and down_proj, whose 576
@@ -93,11 +109,12 @@ class AmxLinear(nn.Module):
 HEAD = "lm_head"
 
 
-def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool) -> nn.Module:
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, name: str, batch_invariant: bool,
+                  tied: bool = False) -> nn.Module:
     """The packed form of linear layer `name` on this CPU: AmxLinear where it applies and is the
     faster (every projection, and under --batch-invariant, which it serves without row tiles, the
-    head too), else oneDNN's."""
-    if (batch_invariant or name != HEAD) and AmxLinear.applies(weight):
+    head too), or saves memory (a tied head, whose panels serve the embedding: PanelEmbedding), else oneDNN's."""
+    if (batch_invariant or tied or name != HEAD) and AmxLinear.applies(weight):
         return AmxLinear(weight, bias, fixed_tiles=batch_invariant)
     return PackedLinear(weight, bias)
 
@@ -114,11 +131,11 @@ def pack_linears_for_cpu(model: nn.Module, batch_invariant: bool = False) -> Non
             for child_name, child in parent.named_children()
             if type(child) is nn.Linear
         ]
-        # A packed copy of the tied embedding: +vocab x hidden weights, for a head that
-        # is about a fifth of a small model's weight reads per step.
+        # A packed copy of the tied embedding, for a head that is about a fifth of a small model's weight
+        # reads per step; on AmxLinear it serves the embedding's lookups too (PanelEmbedding).
         tied_head = None
         if model.lm_head is None:
-            tied_head = packed_linear(model.embed_tokens.weight, None, "lm_head", batch_invariant)
+            tied_head = packed_linear(model.embed_tokens.weight, None, HEAD, batch_invariant, tied=True)
     except (RuntimeError, AttributeError) as e:  # bf16 on a CPU without AVX512; an older torch
         dtype = model.embed_tokens.weight.dtype
         log.info("keeping plain F.linear: oneDNN cannot pack %s weights here (%s)", dtype, e)
@@ -127,3 +144,5 @@ def pack_linears_for_cpu(model: nn.Module, batch_invariant: bool = False) -> Non
         setattr(parent, child_name, packed)
     if tied_head is not None:
         model.lm_head = tied_head
+        if isinstance(tied_head, AmxLinear):
+            model.embed_tokens = PanelEmbedding(tied_head, model.embed_tokens)

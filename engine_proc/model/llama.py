@@ -224,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
         ops where the C++ kernels are loaded for this device and dtype, the projections' fused
         epilogues where their kind has them, and the fused prompt layers' arguments anew (built at
         the next prompt step). The loader calls it; so does whatever swaps the linears after (LoRA)."""
-        ops = elementwise_ops(self.embed_tokens.weight)
+        ops = elementwise_ops(self.norm.weight)  # (a tied embedding may have no weight: PanelEmbedding)
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.ops = ops

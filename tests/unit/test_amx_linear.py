@@ -6,9 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import LlamaConfig
 
 from rill.engine_proc.kernels import extension
-from rill.engine_proc.kernels.linear import HEAD, AmxLinear, PackedLinear, packed_linear
+from rill.engine_proc.kernels.linear import (
+    HEAD,
+    AmxLinear,
+    PackedLinear,
+    PanelEmbedding,
+    pack_linears_for_cpu,
+    packed_linear,
+)
+from rill.engine_proc.model.llama import LlamaForCausalLM
 
 
 def supported() -> bool:
@@ -69,6 +78,7 @@ def test_which_layers_get_the_amx_kernel():
     for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "q_proj", "up_proj", "lm_head"):
         chosen = type(packed_linear(weight, None, name, batch_invariant=False))
         assert chosen is (PackedLinear if name == HEAD else AmxLinear), name
+        assert type(packed_linear(weight, None, name, batch_invariant=False, tied=True)) is AmxLinear  # PanelEmbedding
         invariant = packed_linear(weight, None, name, batch_invariant=True)
         assert type(invariant) is AmxLinear and invariant.fixed_tiles and invariant.row_invariant  # invariant as built
     assert type(packed_linear(weight.float(), None, "o_proj", batch_invariant=True)) is PackedLinear
@@ -120,3 +130,30 @@ def test_the_fused_rope_gives_the_bits_of_the_layer_then_rope(rows, bias, fixed_
     got = amx.rope(x, cos, sin, 12).view(rows, 15, 64)
     assert torch.equal(got, expected)
     assert torch.equal(got[:, 12:], plain[:, 12:]) and not torch.equal(got[:, :12], plain[:, :12])
+
+
+@pytest.mark.parametrize("vocab", [64, 100, 250])  # whole panels, one part panel, several and a part
+def test_a_panel_embedding_reads_the_weights_rows(vocab):
+    weight, _ = layer(vocab, 96, bias=False)
+    embedding = torch.nn.Embedding(vocab, 96, _weight=weight)
+    lookup = PanelEmbedding(AmxLinear(weight, None), embedding)
+    ids = torch.tensor([[0, vocab - 1, 63 % vocab, 5], [vocab // 2, 1, vocab - 1, 0]])
+    assert torch.equal(lookup(ids), weight[ids])
+    assert torch.equal(lookup(ids[0]), weight[ids[0]])
+
+
+def test_a_tied_model_keeps_one_copy_of_its_embedding():
+    config = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16).to_empty(device="cpu")
+    model.init_dummy_weights()
+    embedding = model.embed_tokens.weight.clone()
+    pack_linears_for_cpu(model)
+    assert isinstance(model.lm_head, AmxLinear) and isinstance(model.embed_tokens, PanelEmbedding)
+    assert not any(p.shape == embedding.shape for p in model.parameters())  # the float embedding is gone
+    ids = torch.arange(config.vocab_size)
+    assert torch.equal(model.embed_tokens(ids), embedding)
+    x = torch.randn(3, config.hidden_size).to(torch.bfloat16)
+    torch.testing.assert_close(model.lm_logits(x).float(), F.linear(x, embedding).float(), rtol=2e-2, atol=2e-2)

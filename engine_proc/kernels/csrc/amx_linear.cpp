@@ -32,6 +32,7 @@
 #include "aligned.h"
 #include "bf16_simd.h"
 #include "float_bits.h"
+#include "simd16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -160,7 +161,11 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 // fit the caches), and AMX tile loads wait for them: measured, a 576 x 3,072 layer at 512 rows
 // took 1.6 ms with cold weights against 0.8 with warm ones. So where a thread runs several tiles
 // on a panel (a prompt), each tile asks for its share of the next panel ahead of time. Not in a
-// decode step (one tile a panel): there the hardware's own prefetch did better, by 10-30%.
+// decode step (one tile a panel): there the hardware's own prefetch did better, by 10-30%. But up to
+// kPrefetchRows rows, requesting the whole panel about to be read before brgemm starts on it (as the int
+// GEMVs' prefetch_block does) beat the hardware: at 1-2 rows, Qwen2.5-1.5B's shapes streamed from memory
+// took 0.71-0.90x the time (gate_up 1.55 against 2.12 ms, the 151,936-row head 14.5 against 17.8), the
+// bundled model's head 0.81-0.91x; at 4 rows 0.8-1.1x, at 8-16 rows it lost up to 15% (Zen 4, 2026-12-04).
 //
 // out [M, N] = x [M, K] (rows contiguous, K apart) times the packed weight, plus bias (float, or
 // null). With silu_mul, out is [M, N / 2] = silu(gate) * up, where the weight's first N / 2
@@ -203,6 +208,9 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
             if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
+            } else if (n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
+                rill_simd::prefetch_block(packed + u * panel_elems, panel_elems * 2);
+                if (silu_mul) rill_simd::prefetch_block(packed + (u + units) * panel_elems, panel_elems * 2);
             }
             gemm(a, rows, u, c.get());
             const int64_t n0 = u * kPanel;

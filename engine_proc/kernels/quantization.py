@@ -27,24 +27,34 @@ def linear_class(method: str) -> type[nn.Module]:
     return Int4Linear
 
 
-def quantize_linears(model: nn.Module, method: str = "int8") -> int:
+def quantize_linears(model: nn.Module, method: str = "int8", packed: dict | None = None,
+                     int8: set[str] | frozenset = frozenset()) -> int:
     """Swap every nn.Linear for the method's quantized linear and give a tied head a quantized copy.
 
     The LM head stays int8 under int4, as llama.cpp's 4-bit files keep their output matrix at 6 or 8 bits:
     in 4 bits it alone cost the bundled model 5% of perplexity (bench/kernels/quant_quality.py).
+    `packed`: qualified layer name -> a 4-bit weight as it is (int4; model/gguf_int4.py), for the layers it names;
+    `int8`: the names of layers that are int8 whatever the method (a GGUF's wider types).
     Returns how many layers were quantized. The float weights of the swapped layers are dropped
     with them; the embedding of a tied model stays float for its lookup.
     """
     make = linear_class(method)
     make_head = linear_class("int8")
+    packed = packed or {}
     replacements = [
-        (parent, child_name, child)
-        for parent in model.modules()
+        (parent, child_name, child, f"{prefix}.{child_name}".lstrip("."))
+        for prefix, parent in model.named_modules()
         for child_name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
-    for parent, child_name, child in replacements:
-        setattr(parent, child_name, (make_head if child_name == "lm_head" else make)(child.weight, child.bias))
+    for parent, child_name, child, name in replacements:
+        if child_name == "lm_head" or name in int8:
+            layer = make_head(child.weight, child.bias)
+        elif name in packed:
+            layer = make(child.weight, child.bias, packed=packed[name])
+        else:
+            layer = make(child.weight, child.bias)
+        setattr(parent, child_name, layer)
     num_quantized = len(replacements)
     if getattr(model, "lm_head", 0) is None:  # Rill's Llama: None means tied to embed_tokens
         model.lm_head = make_head(model.embed_tokens.weight)

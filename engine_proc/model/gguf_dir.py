@@ -21,12 +21,14 @@ from pathlib import Path
 
 from rill.engine_proc.model.cache_lock import cache_lock
 
-# What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json).
-CONVERSION = 2
+# What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json;
+# 3: SOURCE_FILE_NAME).
+CONVERSION = 3
 log = logging.getLogger("rill.model")
 
 # Present only in a finished directory: everything is written before the final rename.
-REQUIRED_FILE_NAMES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+SOURCE_FILE_NAME = "rill_gguf.json"  # the GGUF converted: --quantization int4 keeps its 4-bit blocks (gguf_int4.py)
+REQUIRED_FILE_NAMES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE_NAME)
 SPLIT = re.compile(r"-\d{5}-of-(\d{5})\.gguf$")
 
 
@@ -93,6 +95,7 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
         path = out_dir / "generation_config.json"  # refuses to save a temperature without do_sample)
         fields = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**fields, **sampling}, indent=2) + "\n")
+    (out_dir / SOURCE_FILE_NAME).write_text(json.dumps({"gguf": str(gguf_path)}) + "\n")
     if not tokenizer.chat_template:
         log.warning("%s carries no chat template: /v1/chat/completions needs --chat-template", gguf_name)
     # The template goes into tokenizer_config.json (not chat_template.jinja): the API process reads
@@ -101,6 +104,15 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     with open(out_dir / "tokenizer_config.json") as f:
         if tokenizer.chat_template and not json.load(f).get("chat_template"):
             raise RuntimeError("the chat template did not reach tokenizer_config.json")
+
+
+def source_gguf(model_dir: Path) -> Path | None:
+    """The GGUF file `model_dir` was converted from, where it is one and the file is still there."""
+    try:
+        path = Path(json.loads((Path(model_dir) / SOURCE_FILE_NAME).read_text())["gguf"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return path if path.is_file() else None
 
 
 # general.sampling.* (llama.cpp's names) -> generation_config.json's

@@ -84,7 +84,7 @@ def load_model(
         model.load_weights(iter_safetensors(safetensors_files(model_dir)))
     model.eval().requires_grad_(False)
     if quantization != "none":
-        num_quantized = quantize_linears(model, quantization)
+        num_quantized = quantize_linears(model, quantization, *_gguf_blocks(model, model_dir, quantization, shard))
         log.info("%s weights for %d linear layers, the head included", quantization, num_quantized)
     elif torch.device(device).type == "cpu":
         pack_linears_for_cpu(model, batch_invariant)
@@ -92,3 +92,16 @@ def load_model(
     log.info("loaded %s (%s, %s, quantization %s) in %.1f s", model_dir, load_format, dtype, quantization,
              time.monotonic() - start_s)
     return model
+
+
+def _gguf_blocks(model, model_dir, quantization: str, shard) -> tuple[dict, set]:
+    """A converted GGUF's 4-bit blocks for int4, and its linears of wider types (model/gguf_int4.py); none for a
+    tensor-parallel rank, whose weights are slices."""
+    from rill.engine_proc.model.gguf_dir import source_gguf
+
+    gguf_path = source_gguf(model_dir) if quantization == "int4" and shard is None and model_dir else None
+    if gguf_path is None:
+        return {}, set()
+    from rill.engine_proc.model.gguf_int4 import repacked_linears
+
+    return repacked_linears(model, gguf_path)

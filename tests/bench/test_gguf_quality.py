@@ -7,7 +7,8 @@ import pytest
 
 from rill.bench.kernels import gguf_quality
 from rill.bench.peers import llama_cpp
-from rill.engine_proc.model.bundled import bundled_gguf_path
+from rill.engine_proc.model import gguf_dir
+from rill.engine_proc.model.bundled import bundled_gguf_path, ensure_bundled_model
 
 
 def test_chunks_are_llama_perplexitys():
@@ -26,6 +27,17 @@ def test_the_final_estimate_is_parsed_or_missed_loudly():
 
 def test_the_bundled_files_vocabulary_adds_no_bos():
     assert gguf_quality.bos_id(bundled_gguf_path()) is None
+
+
+def test_the_files_types_are_counted():
+    assert gguf_quality.file_types(bundled_gguf_path()) == "Q4_1 x 210; embedding Q8_0"  # 30 layers x 7 linears
+
+
+def test_the_from_floats_view_hides_the_source_file(tmp_path):
+    model_dir = ensure_bundled_model()
+    view = gguf_quality.without_source(model_dir, tmp_path)
+    assert gguf_dir.source_gguf(model_dir) == bundled_gguf_path().resolve() and gguf_dir.source_gguf(view) is None
+    assert {p.name for p in view.iterdir()} == {p.name for p in model_dir.iterdir()} - {gguf_dir.SOURCE_FILE_NAME}
 
 
 @pytest.mark.skipif(not llama_cpp.is_built(), reason="llama.cpp is not built here (python -m rill.bench.peers.llama_cpp: "

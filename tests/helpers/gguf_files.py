@@ -59,10 +59,43 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
+def quantize_q4_k(array: np.ndarray) -> np.ndarray:
+    """A float array [rows, cols] (cols a multiple of 256) as Q4_K blocks [rows, cols / 256 * 144], as llama.cpp
+    lays them out (the gguf package reads them; it writes none): per super-block of 256, float16 d and dmin, 8
+    blocks of 32 with 6-bit scales sc and minimums m (w = d sc q - dmin m), then the nibbles. Each block's range
+    rounded plainly, not llama.cpp's search: a Q4_K file's layout, not its best weights."""
+    rows = array.shape[0]
+    x = array.astype(np.float32).reshape(-1, 8, 32)
+    low, high = np.minimum(x.min(-1), 0), np.maximum(x.max(-1), 0)
+    scale, minimum = (high - low) / 15, -low
+    d = (scale.max(-1) / 63).astype(np.float16)
+    dmin = (minimum.max(-1) / 63).astype(np.float16)
+    sc = np.clip(np.round(scale / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.round(minimum / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32)[:, None] * sc)[..., None]
+    offset = (dmin.astype(np.float32)[:, None] * m)[..., None]
+    q = np.clip(np.round((x + offset) / np.where(step == 0, 1, step)), 0, 15).astype(np.uint8)
+    packed_scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
+                                    (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4)], axis=1)
+    qs = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(-1, 128)  # pair c: block 2c low, block 2c + 1 high
+    blocks = np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), packed_scales, qs],
+                            axis=1)
+    return blocks.reshape(rows, -1)
+
+
+def quantize(array: np.ndarray, quantization: gguf.GGMLQuantizationType) -> np.ndarray:
+    """`array`'s blocks: the gguf package's quantizer, or quantize_q4_k."""
+    if quantization == gguf.GGMLQuantizationType.Q4_K:
+        return quantize_q4_k(array)
+    return gguf.quants.quantize(array, quantization)
+
+
 def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-               name: str = "tiny", sampling: dict[str, float | int] | None = None) -> Path:
+               name: str = "tiny", sampling: dict[str, float | int] | None = None,
+               types: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
     """`model` (a transformers Llama or Qwen3 with the bundled tokenizer's vocabulary) as a GGUF at `path`;
-    `sampling`: general.sampling.* fields by their last part (temp, top_k, ...), as llama.cpp writes them."""
+    `sampling`: general.sampling.* fields by their last part (temp, top_k, ...), as llama.cpp writes them;
+    `types`: GGUF tensor name -> its type, where it is not `quantization` (a Q4_K_M file's Q6_K layers)."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), config.model_type)
     writer.add_name(name)
@@ -87,8 +120,9 @@ def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf
         else:
             writer.add_float32(f"general.sampling.{key}", value)
     for tensor_name, array in gguf_tensors(model).items():
-        if array.ndim == 2 and quantization != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(tensor_name, gguf.quants.quantize(array, quantization), raw_dtype=quantization)
+        qtype = (types or {}).get(tensor_name, quantization)
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(tensor_name, quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(tensor_name, array.astype(np.float32))
     writer.write_header_to_file()

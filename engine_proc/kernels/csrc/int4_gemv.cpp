@@ -8,7 +8,9 @@
 // the group's scale and offset in one FMA, and multiplies them into every activation row. Prompt steps
 // convert the weight to the activations' dtype a slice at a time for oneDNN's GEMM.
 //
-// GCC vector extensions and a few intrinsics: AVX-512, AVX2 and SSE2 builds come from the same source.
+// GCC vector extensions and a few intrinsics: AVX-512, AVX2 and SSE2 builds come from the same source. Decode
+// steps run integer dot products where the CPU has them: AVX512-VNNI below, AVX2's vpmaddubsw in
+// int4_gemv_avx2.h; the float path (rows()) is the SSE2 build's.
 #include "int4_gemv.h"
 #include "quant_panels.h"
 
@@ -24,6 +26,9 @@
 #include "bf16_simd.h"
 #include "float_bits.h"
 #include "simd16.h"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "int4_gemv_avx2.h"
+#endif
 
 namespace rill_int4 {
 
@@ -263,6 +268,9 @@ void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_
         }
         m += rows_now;
     }
+    return;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    avx2::run(y, y_stride, xf, M, w, N);  // int4_gemv_avx2.h
     return;
 #endif
     for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight

@@ -9,7 +9,8 @@
 // (sign-extend, convert) and multiplying them into every activation row.
 //
 // The operators rill_cpu::int8_gemv and rill_cpu::int8_linear (bindings.cpp registers them). GCC
-// vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the same source.
+// vector extensions and a few intrinsics: AVX-512 and AVX2 builds come from the same source. bfloat16 activations
+// take integer dot products where the CPU has them: AVX512-VNNI below, AVX2's vpmaddubsw in int8_gemv_avx2.h.
 #include "int8_gemv.h"
 #include "quant_panels.h"
 
@@ -25,6 +26,10 @@
 
 #include "float_bits.h"
 #include "simd16.h"
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#include "int8_gemv_avx2.h"
+#define RILL_INT8_AVX2 1
+#endif
 
 namespace rill_gemv {
 
@@ -209,6 +214,8 @@ int run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_t
     const float* xf = buf.data();
 #ifdef RILL_INT8_VNNI
     if constexpr (std::is_same_v<T, uint16_t>) return run_vnni(y, y_stride, xf, M, w, Kp, scale, N), 0;
+#elif defined(RILL_INT8_AVX2)
+    if constexpr (std::is_same_v<T, uint16_t>) return avx2::run(y, y_stride, xf, M, w, Kp, scale, N), 0;
 #endif
     switch (M) {
         case 1: return gemv<1, T>(y, y_stride, xf, Kp, w, Kp, scale, N), 0;

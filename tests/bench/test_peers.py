@@ -149,4 +149,6 @@ def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
     (tmp_path / ".rill-built").write_text(llama_cpp.STAMP)
     assert not llama_cpp.is_built(tmp_path)  # llama-perplexity is missing
     (tmp_path / "bin" / "llama-perplexity").write_text("")
+    assert not llama_cpp.is_built(tmp_path)  # llama-quantize is missing
+    (tmp_path / "bin" / "llama-quantize").write_text("")
     assert llama_cpp.is_built(tmp_path)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -87,13 +86,8 @@ def llama_tokens(gguf: Path, text: str, scratch: Path) -> list[int]:
 
 def llama_perplexity(gguf: Path, ctx: int, num_chunks: int, threads: int) -> dict:
     started = time.perf_counter()
-    done = subprocess.run([str(llama_cpp.binary(name="llama-perplexity")), "-m", str(gguf), "-f", str(TEXT_PATH),
-                           "-c", str(ctx), "--chunks", str(num_chunks), "-t", str(threads)],
-                          capture_output=True, text=True, timeout=1800,
-                          env={"LD_LIBRARY_PATH": str(llama_cpp.binary().parent)})
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"llama-perplexity exited with {done.returncode}:\n{output[-3000:]}")
+    output = llama_cpp.run_tool("llama-perplexity", ["-m", str(gguf), "-f", str(TEXT_PATH), "-c", str(ctx),
+                                                     "--chunks", str(num_chunks), "-t", str(threads)])
     ppl, plus_minus = parse_final(output)
     return {"ppl": ppl, "plus_minus": plus_minus, "seconds": time.perf_counter() - started}
 
@@ -167,11 +161,7 @@ def requantized(source: Path, qtype: str) -> Path:
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
-        done = subprocess.run([str(llama_cpp.binary(name="llama-quantize")), "--allow-requantize", str(source), str(tmp),
-                               qtype], capture_output=True, text=True, timeout=1800,
-                              env={"LD_LIBRARY_PATH": str(llama_cpp.binary().parent)})
-        if done.returncode != 0:
-            raise RuntimeError(f"llama-quantize exited with {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+        llama_cpp.run_tool("llama-quantize", ["--allow-requantize", str(source), str(tmp), qtype])
         tmp.replace(target)
     return target
 

@@ -42,6 +42,16 @@ def is_built(root: Path | None = None) -> bool:
     return stamp.is_file() and stamp.read_text() == STAMP and all(binary(root, name).is_file() for name in TARGETS)
 
 
+def run_tool(name: str, args: list[str], timeout_s: float = 1800) -> str:
+    """One of the built tools (llama-perplexity, llama-quantize) run to its end: its output, or why it failed."""
+    done = subprocess.run([str(binary(name=name)), *args], capture_output=True, text=True, timeout=timeout_s,
+                          env={"LD_LIBRARY_PATH": str(binary().parent)})
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} exited with {done.returncode}:\n{output[-3000:]}")
+    return output
+
+
 def sdist_url() -> str:
     """From PyPI's simple index (PEP 691's JSON form, what installers read: its per-version JSON API answered
     404 for this release on 2026-12-04)."""
@@ -52,8 +62,7 @@ def sdist_url() -> str:
 
 
 def install(root: Path | None = None, log=print) -> Path:
-    """llama-server (and llama-perplexity) built from the sdist; does nothing where a finished build is there
-    already. The build happens in a folder beside `root`, which replaces it when done: a server started from
+    """TARGETS built from the sdist; does nothing where a finished build is there already. The build happens in a folder beside `root`, which replaces it when done: a server started from
     an older build keeps its files meanwhile."""
     root = root or build_dir()
     if is_built(root):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rill.engine_proc.attention.kv_cache import num_kv_heads_of
 from rill.engine_proc.kernels.int4_linear import dequantize_int4
 from rill.engine_proc.model.llama_weights import RENAMES, fused_shards
 
@@ -90,13 +91,7 @@ def hf_parts(native: str, config) -> list[tuple[str, int]]:
 
 
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
-
-
-def wider_than_4_bits(qtype) -> bool:
-    import gguf
-
-    types = gguf.GGMLQuantizationType
-    return qtype in (types.Q5_0, types.Q5_1, types.Q5_K, types.Q6_K, types.Q8_0, types.Q8_1, types.Q8_K)
+WIDER = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K")  # quantized types wider than 4 bits: int8
 
 
 def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packed], set[str]]:
@@ -113,8 +108,7 @@ def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packe
     names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     tensors = {t.name: t for t in reader.tensors}
     config = model.config
-    heads = {"self_attn.q_proj": config.num_attention_heads,
-             "self_attn.k_proj": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
+    heads = {"q_proj": config.num_attention_heads, "k_proj": num_kv_heads_of(config)}  # llama.cpp reorders these
     # A 4-bit file's wider layers are int8; a Q8_0 file's are int4, as asked.
     mixed = any(t.tensor_type.name in FOUR_BIT for t in reader.tensors if t.name.startswith("blk."))
     out, wider, mismatched = {}, set(), []
@@ -124,7 +118,7 @@ def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packe
         pieces = []
         parts = [(names.get_name(hf + ".weight", try_suffixes=(".weight",)), hf, offset)
                  for hf, offset in hf_parts(qualified, config)]
-        if mixed and any(wider_than_4_bits(tensors[n].tensor_type) for n, _, _ in parts if n in tensors):
+        if mixed and any(tensors[n].tensor_type.name in WIDER for n, _, _ in parts if n in tensors):
             wider.add(qualified)
             continue
         for gguf_name, hf, offset in parts:
@@ -135,8 +129,7 @@ def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packe
             rows = slice(offset, offset + packed[0].shape[0])
             weight = module.weight.detach()[rows]
             if not matches(packed, weight):
-                kind = hf.rpartition(".")[2]
-                heads_of = heads.get(f"self_attn.{kind}")
+                heads_of = heads.get(hf.rpartition(".")[2])
                 order = None if heads_of is None else torch.argsort(llama_cpp_order(packed[0].shape[0], heads_of))
                 packed = None if order is None else tuple(t[order] for t in packed)
                 if packed is None or not matches(packed, weight):
@@ -144,7 +137,7 @@ def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packe
                     break
             pieces.append(packed)
         else:
-            out[qualified] = tuple(torch.cat(parts).contiguous() for parts in zip(*pieces))
+            out[qualified] = tuple(torch.cat(same).contiguous() for same in zip(*pieces))
     if mismatched:
         log.warning("%d 4-bit GGUF tensors differ from the converted weights (%s ...): quantized from floats",
                     len(mismatched), mismatched[0])

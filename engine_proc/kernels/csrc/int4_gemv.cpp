@@ -256,16 +256,7 @@ void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_
         T* out = y + m * y_stride;
         const int64_t rows_now = std::min<int64_t>(M - m, 8), G = w.Kp / 32;
         const RowsView part{qx.q.data() + m * w.Kp, qx.scale.data() + m * G, qx.sum.data() + m * G};
-        switch (rows_now) {
-            case 1: gemv_vnni<1, T>(out, y_stride, part, w, N); break;
-            case 2: gemv_vnni<2, T>(out, y_stride, part, w, N); break;
-            case 3: gemv_vnni<3, T>(out, y_stride, part, w, N); break;
-            case 4: gemv_vnni<4, T>(out, y_stride, part, w, N); break;
-            case 5: gemv_vnni<5, T>(out, y_stride, part, w, N); break;
-            case 6: gemv_vnni<6, T>(out, y_stride, part, w, N); break;
-            case 7: gemv_vnni<7, T>(out, y_stride, part, w, N); break;
-            default: gemv_vnni<8, T>(out, y_stride, part, w, N); break;
-        }
+        rill_simd::with_rows(rows_now, [&](auto rows) { gemv_vnni<decltype(rows)::value, T>(out, y_stride, part, w, N); });
         m += rows_now;
     }
     return;
@@ -276,16 +267,9 @@ void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_
     for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight
         T* out = y + m * y_stride;
         const float* in = xf + m * w.Kp;
-        switch (std::min<int64_t>(M - m, 8)) {
-            case 1: gemv<1, T>(out, y_stride, in, w, N); m += 1; break;
-            case 2: gemv<2, T>(out, y_stride, in, w, N); m += 2; break;
-            case 3: gemv<3, T>(out, y_stride, in, w, N); m += 3; break;
-            case 4: gemv<4, T>(out, y_stride, in, w, N); m += 4; break;
-            case 5: gemv<5, T>(out, y_stride, in, w, N); m += 5; break;
-            case 6: gemv<6, T>(out, y_stride, in, w, N); m += 6; break;
-            case 7: gemv<7, T>(out, y_stride, in, w, N); m += 7; break;
-            default: gemv<8, T>(out, y_stride, in, w, N); m += 8; break;
-        }
+        const int64_t rows_now = std::min<int64_t>(M - m, 8);
+        rill_simd::with_rows(rows_now, [&](auto rows) { gemv<decltype(rows)::value, T>(out, y_stride, in, w, N); });
+        m += rows_now;
     }
 }
 

@@ -125,16 +125,7 @@ void run(T* y, int64_t y_stride, const float* xf, int64_t M, const Weight& w, in
     pair_order(qx);
     for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight
         const int64_t rows_now = std::min<int64_t>(M - m, 8);
-        switch (rows_now) {
-            case 1: gemv<1, T>(y, y_stride, qx, m, w, N); break;
-            case 2: gemv<2, T>(y, y_stride, qx, m, w, N); break;
-            case 3: gemv<3, T>(y, y_stride, qx, m, w, N); break;
-            case 4: gemv<4, T>(y, y_stride, qx, m, w, N); break;
-            case 5: gemv<5, T>(y, y_stride, qx, m, w, N); break;
-            case 6: gemv<6, T>(y, y_stride, qx, m, w, N); break;
-            case 7: gemv<7, T>(y, y_stride, qx, m, w, N); break;
-            default: gemv<8, T>(y, y_stride, qx, m, w, N); break;
-        }
+        rill_simd::with_rows(rows_now, [&](auto rows) { gemv<decltype(rows)::value, T>(y, y_stride, qx, m, w, N); });
         m += rows_now;
     }
 }

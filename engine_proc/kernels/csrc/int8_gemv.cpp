@@ -187,16 +187,7 @@ inline void run_vnni(uint16_t* y, int64_t y_stride, const float* xf, int64_t M, 
         const int64_t now = std::min<int64_t>(M - m, 8);
         quantize_rows(xf + m * Kp, now, Kp, C, qx);
         uint16_t* out = y + m * y_stride;
-        switch (now) {
-            case 1: gemv_vnni<1>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 2: gemv_vnni<2>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 3: gemv_vnni<3>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 4: gemv_vnni<4>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 5: gemv_vnni<5>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 6: gemv_vnni<6>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            case 7: gemv_vnni<7>(out, y_stride, qx, C, w, Kp, scale, N); break;
-            default: gemv_vnni<8>(out, y_stride, qx, C, w, Kp, scale, N); break;
-        }
+        rill_simd::with_rows(now, [&](auto rows) { gemv_vnni<decltype(rows)::value>(out, y_stride, qx, C, w, Kp, scale, N); });
         m += now;
     }
 }

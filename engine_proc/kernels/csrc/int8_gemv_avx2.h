@@ -72,16 +72,7 @@ inline void run(uint16_t* y, int64_t y_stride, const float* xf, int64_t M, const
     rill_avx2::quantize_rows(xf, M, Kp, qx);
     for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight
         const int64_t now = std::min<int64_t>(M - m, 8);
-        switch (now) {
-            case 1: gemv<1>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 2: gemv<2>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 3: gemv<3>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 4: gemv<4>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 5: gemv<5>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 6: gemv<6>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            case 7: gemv<7>(y, y_stride, qx, m, w, Kp, scale, N); break;
-            default: gemv<8>(y, y_stride, qx, m, w, Kp, scale, N); break;
-        }
+        rill_simd::with_rows(now, [&](auto rows) { gemv<decltype(rows)::value>(y, y_stride, qx, m, w, Kp, scale, N); });
         m += now;
     }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "float_bits.h"
 #ifdef _OPENMP
@@ -76,6 +77,22 @@ inline float quantize32(__m512 lo, __m512 hi, __m128i& q_lo, __m128i& q_hi) {
 inline void prefetch_block(const void* p, int64_t bytes) {
     const char* c = static_cast<const char*>(p);
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
+// f(std::integral_constant<int, m>{}) with m = rows, 1 to 8 (more: 8): a kernel's row count, a template argument
+// (its accumulators stay in registers), chosen at run time. The GEMVs take up to eight rows a pass.
+template <typename F>
+void with_rows(int64_t rows, F&& f) {
+    switch (rows) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
+    }
 }
 
 // body(n0, n1) on each OpenMP thread: contiguous ranges of whole 16-row blocks of N rows, so that each

@@ -61,7 +61,9 @@ async def complete(client: httpx.AsyncClient, path: str, body: dict) -> str | No
     if body["stream"]:
         async with client.stream("POST", path, json=body) as resp:
             events = [line async for line in resp.aiter_lines() if line.startswith("data:")]
-        if resp.status_code != 200 or events[-1:] != ["data: [DONE]"] or any('"error"' in e for e in events):
+        # An error event is a frame with an "error" key; the text "error" may be a random model's content.
+        frames = [json.loads(e[5:]) for e in events if e != "data: [DONE]"]
+        if resp.status_code != 200 or events[-1:] != ["data: [DONE]"] or any("error" in f for f in frames):
             return f"stream {resp.status_code}: {events[-2:]}"
         return None
     resp = await client.post(path, json=body)

@@ -34,7 +34,10 @@ def bundled_gguf_path() -> Path:
 def ensure_bundled_model(cache_dir: str | Path | None = None) -> Path:
     """Return the converted model directory, converting the GGUF on the first call only
     (engine_proc/model/gguf_dir.py)."""
-    from rill.engine_proc.model.gguf_dir import ensure_converted, is_complete
+    from rill.engine_proc.model.gguf_dir import SOURCE_FILE_NAME, ensure_converted, follow_source, is_complete
 
     target = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / BUNDLED_DIR_NAME
-    return target if is_complete(target) else ensure_converted(bundled_gguf_path(), target)
+    gguf_path = bundled_gguf_path()
+    if is_complete(target) and not follow_source(target, gguf_path):
+        (target / SOURCE_FILE_NAME).unlink(missing_ok=True)  # converted from another file: convert this one
+    return ensure_converted(gguf_path, target)

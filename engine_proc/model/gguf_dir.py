@@ -95,7 +95,7 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
         path = out_dir / "generation_config.json"  # refuses to save a temperature without do_sample)
         fields = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**fields, **sampling}, indent=2) + "\n")
-    (out_dir / SOURCE_FILE_NAME).write_text(json.dumps({"gguf": str(gguf_path)}) + "\n")
+    write_source(out_dir, gguf_path)
     if not tokenizer.chat_template:
         log.warning("%s carries no chat template: /v1/chat/completions needs --chat-template", gguf_name)
     # The template goes into tokenizer_config.json (not chat_template.jinja): the API process reads
@@ -106,13 +106,39 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
             raise RuntimeError("the chat template did not reach tokenizer_config.json")
 
 
+def write_source(model_dir: Path, gguf_path: Path) -> None:
+    """Name `gguf_path` as the file `model_dir` was converted from (written whole: readers never see half)."""
+    tmp = Path(model_dir) / f".{SOURCE_FILE_NAME}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"gguf": str(gguf_path), "size": gguf_path.stat().st_size}) + "\n")
+    os.replace(tmp, Path(model_dir) / SOURCE_FILE_NAME)
+
+
+def _source_record(model_dir: Path) -> dict:
+    try:
+        record = json.loads((Path(model_dir) / SOURCE_FILE_NAME).read_text())
+        return record if isinstance(record, dict) and isinstance(record.get("gguf"), str) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def source_gguf(model_dir: Path) -> Path | None:
     """The GGUF file `model_dir` was converted from, where it is one and the file is still there."""
-    try:
-        path = Path(json.loads((Path(model_dir) / SOURCE_FILE_NAME).read_text())["gguf"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return path if path.is_file() else None
+    path = Path(record["gguf"]) if (record := _source_record(model_dir)) else None
+    return path if path is not None and path.is_file() else None
+
+
+def follow_source(model_dir: Path, gguf_path: Path) -> bool:
+    """Point `model_dir` at `gguf_path` where it was converted from a file of that name and size elsewhere
+    (the bundled model's cache outlives the checkout or virtual environment that filled it). False where
+    the file is another: the directory needs converting again."""
+    gguf_path = gguf_path.resolve()
+    record = _source_record(model_dir)
+    if record and Path(record["gguf"]) == gguf_path:
+        return True
+    if not record or Path(record["gguf"]).name != gguf_path.name or record.get("size") != gguf_path.stat().st_size:
+        return False
+    write_source(model_dir, gguf_path)
+    return True
 
 
 # general.sampling.* (llama.cpp's names) -> generation_config.json's

@@ -66,3 +66,31 @@ def test_a_crashed_conversion_leaves_nothing_that_counts(tmp_path):
     gguf_dir._remove_stale_tmp_dirs(tmp_path, prefix)
     assert not dead_tmp.exists()
     assert live_tmp.exists()
+
+
+def _copy_of(model_dir: Path, cache: Path) -> Path:
+    """The converted directory under another cache, its large files linked, not copied."""
+    copy = cache / bundled_model.BUNDLED_DIR_NAME
+    copy.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if path.name == gguf_dir.SOURCE_FILE_NAME:
+            continue
+        os.symlink(path, copy / path.name)
+    return copy
+
+
+def test_a_cache_filled_from_another_install_follows_the_bundled_file_it_was_made_from(model_dir, tmp_path):
+    """The cache outlives the checkout or virtual environment that filled it: the same file (name, size)
+    moved is followed; another file is converted again."""
+    gguf = bundled_model.bundled_gguf_path()
+    copy = _copy_of(model_dir, tmp_path)
+    moved = tmp_path / "old-venv" / gguf.name
+    moved.parent.mkdir()
+    os.symlink(gguf, moved)
+    gguf_dir.write_source(copy, moved)
+    assert gguf_dir.source_gguf(copy) == moved
+    assert ensure_bundled_model(tmp_path) == copy and gguf_dir.source_gguf(copy) == gguf.resolve()
+    moved.unlink()
+    moved.write_bytes(b"another file, another size")
+    gguf_dir.write_source(copy, moved)
+    assert not gguf_dir.follow_source(copy, gguf)

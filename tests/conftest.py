@@ -40,6 +40,16 @@ HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkser
 FOLDER_MARKERS = {"unit": "unit", "model": "model", "e2e": "e2e", "hardening": "e2e", "bench": "bench"}
 
 
+def pytest_sessionstart(session):
+    """The bundled model's directory, ready before any worker starts (xdist's controller, or the one
+    process): a conversion, or a cache filled from another checkout made to follow this one's file
+    (engine_proc/model/bundled.py), never happens under a running test."""
+    if not hasattr(session.config, "workerinput"):
+        from rill.engine_proc.model.bundled import ensure_bundled_model
+
+        ensure_bundled_model()
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         marker = FOLDER_MARKERS.get(item.path.parent.name)

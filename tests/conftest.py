@@ -41,10 +41,10 @@ FOLDER_MARKERS = {"unit": "unit", "model": "model", "e2e": "e2e", "hardening": "
 
 
 def pytest_sessionstart(session):
-    """The bundled model's directory, ready before any worker starts (xdist's controller, or the one
-    process): a conversion, or a cache filled from another checkout made to follow this one's file
-    (engine_proc/model/bundled.py), never happens under a running test."""
-    if not hasattr(session.config, "workerinput"):
+    """Under xdist, the bundled model's directory is made ready in the controller before any worker
+    starts: a conversion, or a cache filled from another checkout made to follow this one's file
+    (engine_proc/model/bundled.py), never happens under another worker's running test."""
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
         from rill.engine_proc.model.bundled import ensure_bundled_model
 
         ensure_bundled_model()

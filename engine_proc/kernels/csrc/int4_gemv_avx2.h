@@ -57,6 +57,8 @@ void rows(T* y, int64_t y_stride, const int8_t* xq, const float* xs, const float
         for (int r = 0; r < R; ++r)
             for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
         rill_simd::prefetch_block(w.packed + n * row_bytes, R * row_bytes);
+        const uint8_t* next = w.packed + (n + R) * row_bytes;  // the next block's rows, as the VNNI kernel's
+        const int64_t next_bytes = std::min<int64_t>(R, n1 - n - R) * row_bytes;
         for (int64_t g0 = 0; g0 < G; g0 += 8) {
             const int64_t count = std::min<int64_t>(8, G - g0);
             alignas(32) float combined[R][M][8];  // per group: the weight's scale times the activations'
@@ -89,6 +91,9 @@ void rows(T* y, int64_t y_stride, const int8_t* xq, const float* xs, const float
                 const __m256i lanes = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
                 __m256i lo[R], hi[R];
                 for (int r = 0; r < R; ++r) nibble_pair(w.packed + (n + r) * row_bytes + 16 * g, lo[r], hi[r]);
+                if (g % 4 == 0)
+                    for (int r = 0; r < R; ++r)
+                        if (r * row_bytes < next_bytes) __builtin_prefetch(next + r * row_bytes + 16 * g, 0, 3);
                 for (int m = 0; m < M; ++m) {
                     const __m256i* xv = reinterpret_cast<const __m256i*>(xq + m * w.Kp + 32 * g);
                     const __m256i x_lo = _mm256_loadu_si256(xv), x_hi = _mm256_loadu_si256(xv + 1);

@@ -147,10 +147,12 @@ void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t C, const 
             for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
         const int8_t* w0 = w + n * Kp;
         rill_simd::prefetch_block(w0, R * Kp);
+        const int64_t next_rows = std::min<int64_t>(R, n1 - n - R);  // and the next block's, as int4_gemv.cpp's
         for (int64_t c = 0; c < C; ++c) {
             const __mmask64 valid = c + 1 < C ? ~uint64_t{0} : tail;  // the masked bytes are not read
             __m512i wv[R];
             for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi8(valid, w0 + r * Kp + 64 * c);
+            for (int r = 0; r < next_rows; ++r) __builtin_prefetch(w0 + (R + r) * Kp + 64 * c, 0, 3);
             for (int m = 0; m < M; ++m) {
                 const __m512i mag = _mm512_loadu_si512(x.mag.data() + (m * C + c) * 64);
                 const __mmask64 neg = x.sign[m * C + c];

@@ -37,9 +37,12 @@ void rows(uint16_t* y, int64_t y_stride, const rill_avx2::Int8Rows& x, int64_t m
             for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
         const int8_t* w0 = w + n * Kp;
         rill_simd::prefetch_block(w0, R * Kp);
+        const int64_t next_rows = std::min<int64_t>(R, n1 - n - R);  // and the next block's, as int4_gemv.cpp's
         for (int64_t g = 0; g < G; ++g) {
             __m256i wv[R];
             for (int r = 0; r < R; ++r) wv[r] = weights32(w0 + r * Kp, 32 * g, Kp);
+            if (g % 2 == 0)
+                for (int r = 0; r < next_rows; ++r) __builtin_prefetch(w0 + (R + r) * Kp + 32 * g, 0, 3);
             for (int m = 0; m < M; ++m) {
                 const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + ((m0 + m) * G + g) * 32));
                 const __m256i mag = _mm256_sign_epi8(xv, xv);

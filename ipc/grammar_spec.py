@@ -49,7 +49,9 @@ def to_grammar(spec: StructuredSpec):
             return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(value)))
         if kind is StructuredKind.GRAMMAR:
             return xgr.Grammar.from_ebnf(value)
-    except (RuntimeError, ValueError) as exc:  # xgrammar raises RuntimeError for every parse error
+        if kind is StructuredKind.STRUCTURAL_TAG:
+            return xgr.Grammar.from_structural_tag(value)
+    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for every parse error
         raise GrammarError(error_text(exc)) from None
     raise GrammarError(f"unknown structured output kind {kind!r}")
 

@@ -28,6 +28,7 @@ class StructuredKind(enum.IntEnum):
     REGEX = 3  # value: the regular expression
     CHOICE = 4  # value: a JSON list of the allowed strings
     GRAMMAR = 5  # value: an EBNF grammar (GBNF)
+    STRUCTURAL_TAG = 6  # value: an xgrammar structural tag, as JSON text (asgi/requests/structural_tags.py)
 
 
 class StructuredSpec(msgspec.Struct, array_like=True, gc=False):

@@ -17,9 +17,9 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
     chat.add_argument("--default-chat-template-kwargs", default=None,
                       help='keyword arguments every chat template render gets, as JSON (a request\'s own '
                            'chat_template_kwargs win): {"enable_thinking": false} turns Qwen3\'s thinking off')
-    chat.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
-                      help="how the model writes tool calls (vLLM's names): hermes for <tool_call>{...}</tool_call>, "
-                           "llama3_json for Llama 3's JSON calls")
+    chat.add_argument("--tool-call-parser", choices=["auto", *sorted(TOOL_PARSERS)], default=None,
+                      help="how the model writes tool calls (vLLM's names; docs/tool-calls.md): auto picks one from "
+                           "the chat template")
     chat.add_argument("--enable-auto-tool-choice", action="store_true",
                       help='let the model choose to call tools (tool_choice "auto", the default when a request '
                            "has tools); needs --tool-call-parser")
@@ -82,3 +82,22 @@ def _check_generation_config(args: argparse.Namespace, parser: argparse.Argument
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:
     parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def log_tool_parser(args: argparse.Namespace, model_dir) -> None:
+    """With --tool-call-parser auto, which parser the served chat template picks (a request's own template
+    picks for itself)."""
+    import logging
+
+    from rill.asgi.parsers.tools.auto import pick_tool_parser
+    from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
+
+    if args.tool_call_parser != "auto":
+        return
+    template = load_template_arg(args.chat_template, model_dir) if args.chat_template else ChatTemplate(model_dir)
+    log = logging.getLogger("rill")
+    if name := pick_tool_parser(template.source):
+        log.info("--tool-call-parser auto: %s, from the chat template (%s)", name, template.origin)
+    else:
+        log.warning("--tool-call-parser auto: the chat template (%s) shows no tool-call format Rill reads; "
+                    '"auto" tool choice gets 400 unless a request brings its own chat_template', template.origin)

@@ -23,6 +23,7 @@ import zmq
 from rill.asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
 from rill.asgi.state import SETTINGS_ENV, WorkerSettings
 from rill.asgi.stores.open import StoreURLError, check_url, describe
+from rill.chat_flags import log_tool_parser
 from rill.config_args import config_from_args
 from rill.engine_monitor import EngineMonitor
 from rill.engine_proc.main import run_engine
@@ -137,6 +138,7 @@ def serve(args) -> int:
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.create(str(os.getpid()))
     config = config_from_args(args, model_dir, model_id)
+    log_tool_parser(args, model_dir)
     num_engines = config.engine.parallel.data_parallel_size
     procs = []
     watches: list[EngineWatch] = []

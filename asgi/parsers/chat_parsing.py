@@ -64,17 +64,29 @@ class FirstCalls:
 
 def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
                    reasoning_parser: str | None) -> Callable[[], OutputParser]:
-    """A new parser per choice. A forced call (named or required) is the whole output, so it
-    skips the reasoning parser: the grammar leaves no room for thinking first."""
+    """A new parser per choice: the reasoning parser's, then the tool parser's on what follows the thinking
+    (a call written while thinking is not a call). A forced call (named or required) is the whole output, so
+    it skips the reasoning parser: its grammar applies from the first token (Anthropic's API allows no
+    thinking with a forced tool either)."""
     if plan.mode is ToolMode.NAMED:
         return lambda: NamedCall(plan.function_name)
     if plan.mode is ToolMode.REQUIRED:
         return RequiredCalls
-    make_tools = TOOL_PARSERS[tool_parser] if plan.mode is ToolMode.AUTO else None
     make_reasoning = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
+    make_tools = None
+    if plan.mode is ToolMode.AUTO:
+        parser_class, tools = TOOL_PARSERS[tool_parser], plan.tools
+        make_tools = lambda: parser_class(tools=tools)  # noqa: E731 (qwen3_coder types its values by their schemas)
     if make_tools and plan.max_calls is not None:
         make_all_calls, max_calls = make_tools, plan.max_calls
         make_tools = lambda: FirstCalls(make_all_calls(), max_calls)  # noqa: E731
     if make_tools and make_reasoning:
         return lambda: ReasoningThenTools(make_reasoning(), make_tools())
     return make_tools or make_reasoning or PlainText
+
+
+def keeps_special_tokens(plan: ToolPlan, tool_parser: str | None) -> bool:
+    """Whether the text must keep special tokens for the tool parser: Mistral's `[TOOL_CALLS]` and Granite's
+    `<|tool_call|>` are special tokens, which a detokenizer that skips them would leave out (vLLM's parsers
+    turn skip_special_tokens off the same way)."""
+    return plan.mode is ToolMode.AUTO and getattr(TOOL_PARSERS[tool_parser], "reads_special_tokens", False)

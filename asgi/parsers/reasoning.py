@@ -48,7 +48,8 @@ class ThinkParser(BufferedParser):
         return delta.build()
 
 
-REASONING_PARSERS = {
-    "deepseek_r1": lambda: ThinkParser(opening_optional=True),
-    "qwen3": lambda: ThinkParser(opening_optional=False),
-}
+# Whether each parser's output may start in its reasoning without the opening tag (the grammar's
+# think-then-constrain needs it too: asgi/requests/structural_tags.py).
+OPENING_OPTIONAL = {"deepseek_r1": True, "qwen3": False}
+REASONING_PARSERS = {name: (lambda optional=optional: ThinkParser(opening_optional=optional))
+                     for name, optional in OPENING_OPTIONAL.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rill.asgi.errors import APIError
+from rill.asgi.parsers.tools.auto import pick_tool_parser
 from rill.asgi.prompt.encoding import encode_texts
 from rill.asgi.prompt.templating import RESERVED_KWARGS, ChatTemplate, TemplateError, request_template
 from rill.asgi.requests import nesting
@@ -47,6 +48,13 @@ def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
         param = "chat_template" if req.chat_template is not None else "messages"
         raise APIError(400, f"The chat template could not render these messages: {exc}", param=param) from None
     return text
+
+
+def tool_parser_name(state: WorkerState, req: ChatCompletionRequest) -> str | None:
+    """--tool-call-parser, or with `auto` the one whose format the request's chat template writes
+    (asgi/parsers/tools/auto.py): the served template's, or the request's own."""
+    name = state.settings.http.tool_call_parser
+    return pick_tool_parser(_template(state, req).source) if name == "auto" else name
 
 
 def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:

@@ -71,6 +71,8 @@ def chat_tools(tools: list[AnthropicTool] | None) -> list[dict[str, Any]] | None
         function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
         if tool.description is not None:
             function["description"] = tool.description
+        if tool.strict is not None:
+            function["strict"] = tool.strict
         out.append({"type": "function", "function": function})
     return out
 

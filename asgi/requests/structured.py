@@ -19,6 +19,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.requests import nesting
 from rill.asgi.requests.bounds import MAX_CONSTRAINT_LEN
 from rill.asgi.requests.schemas import SamplingFields
+from rill.asgi.requests.structural_tags import structural_tag
 from rill.ipc.protocol import StructuredKind, StructuredSpec
 
 _GUIDED = (("guided_json", StructuredKind.JSON_SCHEMA), ("guided_regex", StructuredKind.REGEX),
@@ -26,8 +27,9 @@ _GUIDED = (("guided_json", StructuredKind.JSON_SCHEMA), ("guided_regex", Structu
 # vLLM's StructuredOutputsParams: its constraints (exactly one is set) and, ignored here, its options.
 _STRUCTURED_OUTPUTS = {"json": StructuredKind.JSON_SCHEMA, "regex": StructuredKind.REGEX,
                        "choice": StructuredKind.CHOICE, "grammar": StructuredKind.GRAMMAR,
-                       "json_object": StructuredKind.JSON_OBJECT, "structural_tag": None}
+                       "json_object": StructuredKind.JSON_OBJECT, "structural_tag": StructuredKind.STRUCTURAL_TAG}
 _RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+_WHAT = {StructuredKind.JSON_SCHEMA: "JSON schema", StructuredKind.STRUCTURAL_TAG: "structural tag"}
 
 
 _CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param, _ in _GUIDED))
@@ -168,13 +170,10 @@ def _structured_outputs(so: Any) -> tuple[StructuredSpec, str]:
         raise _bad("structured_outputs", "must be an object")
     keys = [k for k in _STRUCTURED_OUTPUTS if so.get(k) is not None and so.get(k) is not False]
     if len(keys) != 1:
-        raise _bad("structured_outputs", "must set exactly one of "
-                   f"{', '.join(k for k in _STRUCTURED_OUTPUTS if k != 'structural_tag')}")
+        raise _bad("structured_outputs", f"must set exactly one of {', '.join(_STRUCTURED_OUTPUTS)}")
     key = keys[0]
     param = f"structured_outputs.{key}"
     kind = _STRUCTURED_OUTPUTS[key]
-    if kind is None:
-        raise APIError(400, f"`{param}` is not supported by this server.", param=param, code="unsupported_parameter")
     if kind is StructuredKind.JSON_OBJECT:
         if so[key] is not True:
             raise _bad(param, "must be a boolean")
@@ -184,16 +183,18 @@ def _structured_outputs(so: Any) -> tuple[StructuredSpec, str]:
 
 def _spec(kind: StructuredKind, value: Any, param: str) -> StructuredSpec:
     """The spec of one constraint's value, its type checked; whether it compiles is `checked`'s job."""
-    if kind is StructuredKind.JSON_SCHEMA:
-        if isinstance(value, str):  # vLLM also takes the schema as JSON text
+    if kind in (StructuredKind.JSON_SCHEMA, StructuredKind.STRUCTURAL_TAG):
+        if isinstance(value, str):  # vLLM also takes the schema (and the tag) as JSON text
             try:
                 value = nesting.loads(value)
             except nesting.TooDeep as exc:
                 raise _bad(param, f"is not a valid constraint: {exc}") from None
             except ValueError:
-                raise _bad(param, "must be a JSON schema (an object, or its JSON text)") from None
+                raise _bad(param, f"must be a {_WHAT[kind]} (an object, or its JSON text)") from None
         if not isinstance(value, dict):
-            raise _bad(param, "must be a JSON schema (an object)")
+            raise _bad(param, f"must be a {_WHAT[kind]} (an object)")
+        if kind is StructuredKind.STRUCTURAL_TAG:
+            value = structural_tag(value)
         return StructuredSpec(kind, msgspec.json.encode(value).decode())
     if kind is StructuredKind.CHOICE:
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):

@@ -35,6 +35,9 @@ class ToolPlan:
     # AUTO with parallel_tool_calls false (Anthropic's disable_parallel_tool_use): calls the model
     # writes past this many are left out (REQUIRED has it in its grammar; NAMED is one call).
     max_calls: int | None = None
+    # AUTO: the functions marked `strict`, whose arguments the grammar holds to their schemas once the
+    # model opens a call (asgi/requests/structural_tags.py: strict_calls).
+    strict: tuple[str, ...] = ()
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -75,10 +78,14 @@ def plan_tools(req: ChatCompletionRequest, *, parser_name: str | None, auto_enab
     if tools is None:
         raise APIError(400, "`tool_choice` needs `tools`.", param="tool_choice")
     if choice == "auto":
-        if not (auto_enabled and parser_name):
+        if not auto_enabled:
             raise APIError(400, '"auto" tool choice needs the server started with --enable-auto-tool-choice '
                                 "and --tool-call-parser.", param="tool_choice")
-        return ToolPlan(ToolMode.AUTO, tools, max_calls=1 if req.parallel_tool_calls is False else None)
+        if not parser_name:  # --tool-call-parser auto, and the chat template writes calls in no known format
+            raise APIError(400, '"auto" tool choice needs a tool-call parser, and the chat template shows no '
+                                "tool-call format this server reads (--tool-call-parser auto).", param="tool_choice")
+        strict = tuple(t.function.name for t in req.tools if t.function is not None and t.function.strict)
+        return ToolPlan(ToolMode.AUTO, tools, max_calls=1 if req.parallel_tool_calls is False else None, strict=strict)
     if choice == "required":
         return ToolPlan(ToolMode.REQUIRED, tools, schema=required_schema(tools, req.parallel_tool_calls))
     return _named(choice, tools)

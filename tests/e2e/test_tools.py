@@ -1,7 +1,8 @@
 """Chat templates, tool calls and reasoning through a real `rill serve` and the strict OpenAI SDK.
 
-One server for the module: a ChatML template that shows tools (--chat-template), the hermes
-tool parser with auto tool choice, the qwen3 reasoning parser, and request templates trusted.
+One server for the module: a ChatML template that shows tools (--chat-template), the tool parser
+picked from the chat template (`auto`: hermes for the served one, each format's own for a request's
+template) with auto tool choice, the qwen3 reasoning parser, and request templates trusted.
 The bundled model writes neither tool calls nor think tags by itself: the tests that need them
 force its text with the grammar (a regex, or tool_choice required or named).
 """
@@ -18,6 +19,7 @@ from rill.bench.serving.servers import RILL
 from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE, TOOLS
 from tests.helpers.openapi import validate
 from tests.helpers.server import start_server, stop_server
+from tests.helpers.tool_formats import OUTPUTS, chat_template, literal_regex
 
 MODEL = "smollm2-135m-instruct"
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -33,7 +35,7 @@ def tool_server(model_dir, tmp_path_factory):
     template = tmp_path_factory.mktemp("template") / "tools.jinja"
     template.write_text(TOOL_TEMPLATE)
     srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--chat-template", str(template),
-                       "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+                       "--tool-call-parser", "auto", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
                        "--trust-request-chat-template",
                        "--default-chat-template-kwargs", '{"rill_greeting": "from the server", "rill_other": 1}')
     yield srv
@@ -215,3 +217,30 @@ def test_required_tool_choice_forces_calls(sdk):
     content, _, calls, finish = streamed(sdk, **body)
     assert (content, finish) == (None, "tool_calls")
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
+
+
+@pytest.mark.parametrize("fmt", sorted(OUTPUTS))
+def test_auto_reads_each_format_its_request_template_writes(sdk, tool_server, fmt):
+    """--tool-call-parser auto picks the parser from the request's own chat template (the served one's
+    is hermes, said at start); the grammar writes the format's calls, after an empty thinking."""
+    assert "--tool-call-parser auto: hermes, from the chat template" in tool_server.log()
+    text, content, calls = OUTPUTS[fmt]
+    body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=400,
+                extra_body={"chat_template": chat_template(fmt),
+                            "structured_outputs": {"regex": literal_regex("<think></think>" + text)}})
+    choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == calls
+    if fmt in ("mistral", "qwen3_coder", "pythonic"):  # streamed too (every split of each is a unit test)
+        streamed_content, _, streamed_calls, finish = streamed(sdk, **body)
+        assert (streamed_content, finish) == (content, "tool_calls")
+        assert [(c["name"], json.loads(c["arguments"])) for c in streamed_calls] == calls
+
+
+def test_auto_without_a_known_format_is_a_400_naming_tool_choice(tool_server):
+    plain = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    r = post_chat(tool_server, messages=USER, tools=[CITY_TOOL], chat_template=plain)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+    assert "no tool-call format" in r.json()["error"]["message"]
+    assert post_chat(tool_server, messages=USER, tools=[CITY_TOOL], tool_choice="none", chat_template=plain,
+                     max_tokens=2).status_code == 200

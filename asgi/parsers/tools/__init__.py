@@ -1,10 +1,21 @@
 """Tool-call parsers by vLLM's `--tool-call-parser` names; each is an OutputParser (asgi/parsers/chat_output.py)."""
 from __future__ import annotations
 
+from rill.asgi.parsers.tools.deepseek_v3 import DeepSeekV3Parser, DeepSeekV31Parser
+from rill.asgi.parsers.tools.granite import GraniteParser
 from rill.asgi.parsers.tools.hermes import HermesParser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
+from rill.asgi.parsers.tools.mistral import MistralParser
+from rill.asgi.parsers.tools.pythonic import PythonicParser
+from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
 
 TOOL_PARSERS = {
+    "deepseek_v3": DeepSeekV3Parser,
+    "deepseek_v31": DeepSeekV31Parser,
+    "granite": GraniteParser,
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+    "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser,
 }

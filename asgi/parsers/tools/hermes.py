@@ -55,7 +55,11 @@ class ContentAroundCalls:
 
 
 class HermesParser(BufferedParser):
-    def __init__(self, make_id: Callable[[], str] = new_call_id):
+    # (trigger, the call's text before its arguments, after them): the grammar of `strict` functions
+    # (asgi/requests/structural_tags.py); NAME stands for the function's name.
+    call_tag = (OPEN, OPEN + '\n{"name": "NAME", "arguments": ', "}\n" + CLOSE)
+
+    def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.calls = CallCounter(make_id)
         self.content = ContentAroundCalls()
         self.pending = ""

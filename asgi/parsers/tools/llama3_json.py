@@ -18,7 +18,9 @@ _SEPARATORS = " \t\r\n;"
 
 
 class Llama3JsonParser(BufferedParser):
-    def __init__(self, make_id: Callable[[], str] = new_call_id):
+    call_tag = ('{"name": "', '{"name": "NAME", "parameters": ', "}")  # as HermesParser's
+
+    def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.calls = CallCounter(make_id)
         self.mode = "start"  # start: undecided; calls; content: everything left is content
         self.pending = ""

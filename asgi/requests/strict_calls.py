@@ -1,0 +1,31 @@
+"""`strict` functions under `tool_choice: auto`: the grammar holds a call's arguments to its function's schema
+once the model has opened the call, the text around calls free (an xgrammar structural tag's triggered tags)."""
+from __future__ import annotations
+
+import json
+
+from rill.asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.requests.tool_choice import EMPTY_PARAMETERS, ToolMode, ToolPlan
+from rill.ipc.protocol import StructuredKind, StructuredSpec
+
+
+def strict_calls(plan: ToolPlan, tool_parser: str | None) -> StructuredSpec | None:
+    """With `tool_choice: auto` and functions marked `strict`: free text, until the model opens a call (the
+    parser's trigger); then the call is one of the tools', written the parser's way, its arguments JSON held to
+    the function's schema where it is strict (any object where not). With parallel_tool_calls false, the
+    output ends at the first call. None where no function is strict, or the parser's format has no fixed
+    call text (qwen3_coder's XML, the pythonic and granite lists)."""
+    parser = TOOL_PARSERS.get(tool_parser) if tool_parser else None
+    call_tag = getattr(parser, "call_tag", None)
+    if plan.mode is not ToolMode.AUTO or not plan.strict or call_tag is None:
+        return None
+    trigger, begin, end = call_tag
+    tags = []
+    for tool in plan.tools or []:
+        function = tool["function"]
+        schema = (function.get("parameters") or EMPTY_PARAMETERS) if function["name"] in plan.strict \
+            else {"type": "object"}
+        tags.append({"begin": begin.replace("NAME", json.dumps(function["name"])[1:-1]),
+                     "content": {"type": "json_schema", "json_schema": schema}, "end": end})
+    fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": plan.max_calls == 1}
+    return StructuredSpec(StructuredKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt}))

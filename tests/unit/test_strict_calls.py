@@ -1,0 +1,61 @@
+"""`strict` functions with tool_choice auto: the grammar holds a call's arguments to its schema once the model
+opens it, in each parser's own call text, which the parser then reads back."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rill.asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.requests.strict_calls import strict_calls
+from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
+from tests.helpers.parser_checks import check_every_split
+from tests.unit.test_structural_tags import admits
+
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+WITH_TAGS = sorted(name for name, parser in TOOL_PARSERS.items() if hasattr(parser, "call_tag"))
+
+
+def plan(strict=("get_weather",), max_calls=None) -> ToolPlan:
+    return ToolPlan(ToolMode.AUTO, [CITY, TIME], max_calls=max_calls, strict=strict)
+
+
+def call_text(parser: str, name: str, arguments: str) -> str:
+    _, begin, end = TOOL_PARSERS[parser].call_tag
+    text = begin.replace("NAME", name) + arguments + end
+    if parser.startswith("deepseek"):  # the calls' block around the call: free text to the grammar
+        text = "<｜tool▁calls▁begin｜>" + text + "<｜tool▁calls▁end｜>"
+    return text
+
+
+def test_the_formats_with_a_fixed_call_text():
+    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "mistral"]
+    for parser in ("qwen3_coder", "pythonic", "granite"):
+        assert strict_calls(plan(), parser) is None
+    assert strict_calls(plan(strict=()), "hermes") is None  # nothing strict: no grammar
+    assert strict_calls(ToolPlan(ToolMode.NONE, [CITY]), "hermes") is None
+
+
+@pytest.mark.parametrize("parser", WITH_TAGS)
+def test_a_strict_call_follows_its_schema_and_reads_back(parser):
+    spec = strict_calls(plan(), parser)
+    good = call_text(parser, "get_weather", '{"city": "Paris"}')
+    lead = "" if parser == "llama3_json" else "Let me look. "  # llama3_json reads only an output that is calls
+    assert admits(spec, lead + good) and admits(spec, "No call needed.")
+    assert not admits(spec, lead + call_text(parser, "get_weather", '{"city": "Berlin"}'))  # not in the enum
+    assert not admits(spec, lead + call_text(parser, "get_weather", '{"town": "Paris"}'))
+    assert not admits(spec, lead + call_text(parser, "get_news", "{}"))  # not a tool
+    assert admits(spec, lead + call_text(parser, "get_time", '{"anything": [1]}'))  # not strict: any object
+    message = check_every_split(TOOL_PARSERS[parser], lead + good)
+    [call] = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_parallel_tool_calls_false_ends_at_the_first_call():
+    one = call_text("hermes", "get_weather", '{"city": "Rome"}')
+    assert admits(strict_calls(plan(), "hermes"), one + one)
+    assert admits(strict_calls(plan(max_calls=1), "hermes"), one)
+    assert not admits(strict_calls(plan(max_calls=1), "hermes"), one + one)

@@ -38,6 +38,17 @@ class StructuredSpec(msgspec.Struct, array_like=True, gc=False):
     value: str
 
 
+class ThinkingBudget(msgspec.Struct, array_like=True, gc=False):
+    """A thinking budget: after `max_tokens` output tokens of thinking, the engine writes `end_ids` (the
+    reasoning parser's `</think>`) itself, and the answer follows (engine_proc/sample/thinking.py)."""
+
+    max_tokens: int
+    end_ids: list[int]
+    # Where not empty, only an output that opens with these ids is thinking (qwen3: `<think>`); else every
+    # output starts in its thinking (deepseek_r1, whose template opens it in the prompt).
+    open_ids: list[int] = []
+
+
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What the engine needs to generate for one request; validated in the API worker."""
 
@@ -63,6 +74,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # STOP delta (RequestDelta.embedding); nothing is sampled.
     embed: bool = False
     lora: str = ""  # the LoRA adapter the request runs with, by name ("": the base model)
+    thinking: ThinkingBudget | None = None  # thinking_token_budget, Anthropic's budget_tokens
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc/ipc_bench.py measured them against ids in a

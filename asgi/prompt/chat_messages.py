@@ -14,6 +14,7 @@ from rill.asgi.prompt.encoding import encode_texts
 from rill.asgi.prompt.templating import RESERVED_KWARGS, ChatTemplate, TemplateError, request_template
 from rill.asgi.requests import nesting
 from rill.asgi.requests.schemas import ChatCompletionRequest, ChatMessage
+from rill.asgi.requests.thinking import effort_of, effort_template_kwargs
 from rill.asgi.requests.tool_choice import template_tools
 from rill.asgi.state import WorkerState
 
@@ -34,7 +35,9 @@ def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
     if reserved := RESERVED_KWARGS & extra.keys():
         raise APIError(400, f"`chat_template_kwargs` must not set {sorted(reserved)}; use the request fields.",
                        param="chat_template_kwargs")
-    extra = {**state.settings.http.default_chat_template_kwargs, **extra}  # --default-chat-template-kwargs under
+    # --default-chat-template-kwargs under reasoning_effort's (asgi/requests/thinking.py) under the request's own
+    extra = {**state.settings.http.default_chat_template_kwargs, **effort_template_kwargs(effort_of(req.reasoning_effort)),
+             **extra}
     if req.continue_final_message and req.add_generation_prompt:
         raise APIError(400, "`continue_final_message` and `add_generation_prompt` cannot both be true: "
                             "send add_generation_prompt false to continue the final message.",

@@ -14,6 +14,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
 from rill.asgi.requests.responses_request import ResponsesRequest, wants_logprobs
 from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
+from rill.asgi.requests.thinking import effort_of
 
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -133,6 +134,8 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
             if v is not None}} for t in req.tools]
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
+    if isinstance(req.reasoning, dict) and req.reasoning.get("effort") is not None:
+        body["reasoning_effort"] = effort_of(req.reasoning["effort"], "reasoning.effort")
     return chat_from(body, "input")
 
 

@@ -150,7 +150,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
     chat_template: Annotated[str, Meta(max_length=MAX_CHAT_TEMPLATE_LEN)] | None = None
-    reasoning_effort: Name | None = None
+    reasoning_effort: Name | None = None  # asgi/requests/thinking.py
+    thinking_token_budget: Annotated[int, Meta(ge=0)] | None = None  # vLLM's name
     audio: Any = None
     modalities: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     prediction: Any = None
@@ -196,7 +197,6 @@ def reject_unsupported(req: SamplingFields) -> None:
         checks += [
             ("functions", bool(req.functions)),
             ("function_call", req.function_call not in (None, "none")),
-            ("reasoning_effort", req.reasoning_effort is not None),
             ("audio", req.audio is not None),
             ("modalities", req.modalities not in (None, ["text"])),
             ("prediction", req.prediction is not None),

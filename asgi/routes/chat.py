@@ -16,6 +16,7 @@ from rill.asgi.requests.schemas import chat_decoder, stop_strings, stream_usage
 from rill.asgi.requests.strict_calls import strict_calls
 from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import load_checker
+from rill.asgi.requests.thinking import chat_thinking
 from rill.asgi.requests.tool_choice import forced_spec, plan_tools
 from rill.asgi.routes.lora_admin import decode_for_model
 from rill.asgi.state import WorkerState
@@ -46,6 +47,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     make_parser = parser_factory(tool_plan, tool_parser=parser_name,
                                  reasoning_parser=settings.http.reasoning_parser)
     params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
+    params.thinking = chat_thinking(state, req)  # thinking_token_budget, reasoning_effort
     request_id = new_request_id("chatcmpl")
     skip_special = req.skip_special_tokens and not keeps_special_tokens(tool_plan, parser_name)
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=skip_special,

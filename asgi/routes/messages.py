@@ -27,6 +27,7 @@ from rill.asgi.requests.schemas import unknown_model
 from rill.asgi.requests.strict_calls import strict_calls
 from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import load_checker
+from rill.asgi.requests.thinking import thinking_budget
 from rill.asgi.requests.tool_choice import forced_spec, plan_tools
 from rill.asgi.state import WorkerState
 
@@ -66,6 +67,8 @@ async def create_message(http: HTTPRequest) -> None:
     params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=settings.limits.max_model_len, prompt_param="messages",
                              vocab_size=settings.limits.vocab_size, defaults=state.sampling_defaults)
+    if req.thinking is not None and req.thinking.type == "enabled":  # budget_tokens, with a reasoning parser
+        params.thinking = thinking_budget(state, req.thinking.budget_tokens)
     # tool_choice any or tool; with auto, strict tools' calls after the thinking (as chat's)
     params.structured = forced_spec(tool_plan, after_reasoning(strict_calls(tool_plan, parser_name),
                                                                settings.http.reasoning_parser))

@@ -24,6 +24,7 @@ from rill.asgi.requests.schemas import unknown_model
 from rill.asgi.requests.strict_calls import strict_calls
 from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import load_checker, text_format_spec
+from rill.asgi.requests.thinking import chat_thinking
 from rill.asgi.requests.tool_choice import forced_spec, plan_tools
 from rill.asgi.routes.conversations import append_items, conversation_id_of, items_or_404
 from rill.asgi.state import WorkerState
@@ -103,6 +104,7 @@ async def create_response(http: HTTPRequest) -> None:
     structured = after_reasoning((text_format_spec(text_format) if text_format else None) or strict_calls(tool_plan, parser_name),
                                  settings.http.reasoning_parser)
     params.structured = forced_spec(tool_plan, structured)  # think, then constrain (as chat's)
+    params.thinking = chat_thinking(state, chat)  # reasoning.effort, as chat's reasoning_effort
     make_parser = parser_factory(tool_plan, tool_parser=parser_name,
                                  reasoning_parser=settings.http.reasoning_parser)
     response_id = new_request_id("resp").replace("-", "_")

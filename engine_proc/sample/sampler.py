@@ -9,6 +9,7 @@ from rill.engine_proc.grammar.bitmask import GrammarMasker
 from rill.engine_proc.sample.logit_bias import add_logit_bias, biased_rows
 from rill.engine_proc.sample.penalties import penalize, uses_penalties
 from rill.engine_proc.sample.prepared import SamplePrep, prepared
+from rill.engine_proc.sample.thinking import force_thinking_ends
 from rill.engine_proc.sched.batch import ScheduledSeq
 from rill.ipc.logprobs import TokenLogprobs
 
@@ -135,6 +136,8 @@ class Sampler:
             logits = self._grammar_masker.masked(logits, seqs, grammar_rows)
         logits = self._processed(logits, seqs)
         token_ids = self._choose(logits, seqs)
+        if any(s.req.params.thinking is not None for s in seqs):  # a thinking budget spent: its end marker
+            token_ids = force_thinking_ends(token_ids, seqs)
         if grammar_rows:
             self._grammar_masker.accept(token_ids.tolist(), seqs, grammar_rows)
         if raw_logprobs is None:

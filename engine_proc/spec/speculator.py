@@ -27,7 +27,7 @@ class SpecStats:
 
 class Speculator:
     """Asks the proposer for a decode's drafts: never past max_tokens, the model's length or the
-    cache, never for a request with a grammar (its matcher would have to accept the drafts first),
+    cache, never for a request with a grammar or a thinking budget (which would have to take the drafts first),
     and not at all in a step with more than `disable_by_batch_size` running requests (0: no limit),
     where verifying costs more than the drafts save."""
 
@@ -40,8 +40,8 @@ class Speculator:
     def drafts(self, req: EngineRequest, start_pos: int, budget: int, num_running: int, max_len: int) -> list[int]:
         """`max_len`: the most tokens a request may reach (the model's length, the cache's)."""
         num_tokens = req.num_tokens
-        if num_tokens - start_pos != 1 or req.grammar is not None:
-            return []
+        if num_tokens - start_pos != 1 or req.grammar is not None or req.params.thinking is not None:
+            return []  # a grammar's matcher, a thinking budget's count, would have to take the drafts first
         if self.disable_by_batch_size and num_running > self.disable_by_batch_size:
             return []
         most = min(self.num_speculative_tokens, budget - 1, max_len - num_tokens - 1,

@@ -8,8 +8,11 @@ writes no tool calls by itself: the tool tests force them with tool_choice `tool
 """
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.helpers.conversations import CONVERSATION, TOOL_TEMPLATE
@@ -123,3 +126,24 @@ def test_ping_is_the_keepalive(flagged):
                       json={"model": MODEL, "messages": long_ask, "max_tokens": 8, "stream": True}) as r:
         chat = r.read().decode()
     assert ": keep-alive\n\n" in chat and "ping" not in chat
+
+
+def test_a_thinking_budget_ends_the_thinking_and_the_grammar_holds_the_answer(flagged, tokenizer):
+    """deepseek_r1: this model never ends its thinking itself. A budget of 6 tokens writes `</think>` for it;
+    the response format applies from there on (think, then constrain), and reasoning_effort none is a budget
+    of 0: no thinking, the answer alone."""
+    sdk = openai.OpenAI(base_url=f"{flagged.base_url}/v1", api_key="x", _strict_response_validation=True,
+                        max_retries=0, timeout=120)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Which city?"}], max_tokens=60, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    budgeted = sdk.chat.completions.create(**body, extra_body={"thinking_token_budget": 6}).choices[0]
+    reasoning = budgeted.message.model_extra["reasoning_content"]
+    assert 3 <= len(tokenizer.encode(reasoning, add_special_tokens=False).ids) <= 8, reasoning
+    assert budgeted.finish_reason == "stop" and json.loads(budgeted.message.content)["city"] in ("Paris", "Rome")
+    unbudgeted = sdk.chat.completions.create(**body).choices[0]  # thinks until max_tokens: no answer
+    assert unbudgeted.finish_reason == "length" and unbudgeted.message.content is None
+    none = sdk.chat.completions.create(**body, reasoning_effort="none").choices[0]
+    assert none.message.model_extra.get("reasoning_content") is None
+    assert json.loads(none.message.content)["city"] in ("Paris", "Rome")

@@ -18,17 +18,12 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.messages_blocks import MessageBlocks
 from rill.asgi.output.messages_format import MessageStream, error_event
 from rill.asgi.output.respond import respond
-from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
-from rill.asgi.prompt.chat_messages import render_messages, tool_parser_name
+from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
-from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import unknown_model
-from rill.asgi.requests.strict_calls import strict_calls
-from rill.asgi.requests.structural_tags import after_reasoning
-from rill.asgi.requests.structured import load_checker
 from rill.asgi.requests.thinking import thinking_budget
-from rill.asgi.requests.tool_choice import forced_spec, plan_tools
 from rill.asgi.state import WorkerState
 
 # Anthropic's error types by HTTP status.
@@ -60,25 +55,13 @@ async def create_message(http: HTTPRequest) -> None:
     _model(state, req.model)
     log_request_content(settings.http.log_requests, req)
     chat = chat_request(req)
-    parser_name = tool_parser_name(state, chat)
-    tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=settings.http.enable_auto_tool_choice)
-    prompt_ids = await render_messages(state, chat)
-    await load_checker(chat, forced_schema=tool_plan.schema)
-    params = sampling_params(chat, max_tokens=req.max_tokens, prompt_len=len(prompt_ids),
-                             max_model_len=settings.limits.max_model_len, prompt_param="messages",
-                             vocab_size=settings.limits.vocab_size, defaults=state.sampling_defaults)
-    if req.thinking is not None and req.thinking.type == "enabled":  # budget_tokens, with a reasoning parser
-        params.thinking = thinking_budget(state, req.thinking.budget_tokens)
-    # tool_choice any or tool; with auto, strict tools' calls after the thinking (as chat's)
-    params.structured = forced_spec(tool_plan, after_reasoning(strict_calls(tool_plan, parser_name),
-                                                               settings.http.reasoning_parser))
-    make_parser = parser_factory(tool_plan, tool_parser=parser_name,
-                                 reasoning_parser=settings.http.reasoning_parser)
+    # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py)
+    budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
+    plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking=thinking_budget(state, budget),
+                                 stop=req.stop_sequences)
     message_id = f"msg_{uuid.uuid4().hex}"
-    make_detok = state.detokenizer(stop=req.stop_sequences or [], include_stop=False,
-                                   skip_special_tokens=not keeps_special_tokens(tool_plan, parser_name))
-    gen = Generation(state.client, message_id, [prompt_ids], params, make_detok)
-    shape = MessageStream(message_id, state.model_id, MessageBlocks(make_parser()))
+    gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok)
+    shape = MessageStream(message_id, state.model_id, MessageBlocks(plan.make_parser()))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
                   keepalive_s=settings.http.sse_keepalive_s)
 

@@ -14,18 +14,12 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
 from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
-from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
-from rill.asgi.prompt.chat_messages import render_messages, tool_parser_name
+from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.responses_input import chat_request, input_items, items_to_messages
 from rill.asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
-from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import unknown_model
-from rill.asgi.requests.strict_calls import strict_calls
-from rill.asgi.requests.structural_tags import after_reasoning
-from rill.asgi.requests.structured import load_checker, text_format_spec
-from rill.asgi.requests.thinking import chat_thinking
-from rill.asgi.requests.tool_choice import forced_spec, plan_tools
 from rill.asgi.routes.conversations import append_items, conversation_id_of, items_or_404
 from rill.asgi.state import WorkerState
 from rill.asgi.stores.base import StoredResponse, StoreUnavailable
@@ -92,27 +86,15 @@ async def create_response(http: HTTPRequest) -> None:
     log_request_content(state.settings.http.log_requests, req)
     settings = state.settings
     items, messages, chat, prompt_ids = await prepare(state, req)
-    parser_name = tool_parser_name(state, chat)
-    tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=settings.http.enable_auto_tool_choice)
-    text_format = req.text.format if req.text is not None else None
-    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format)
     num_top = chat.top_logprobs if chat.logprobs else None
-    params = sampling_params(chat, max_tokens=req.max_output_tokens, prompt_len=len(prompt_ids),
-                             max_model_len=settings.limits.max_model_len, prompt_param="input",
-                             vocab_size=settings.limits.vocab_size, logprobs=num_top,
-                             max_tokens_param="max_output_tokens", defaults=state.sampling_defaults)
-    structured = after_reasoning((text_format_spec(text_format) if text_format else None) or strict_calls(tool_plan, parser_name),
-                                 settings.http.reasoning_parser)
-    params.structured = forced_spec(tool_plan, structured)  # think, then constrain (as chat's)
-    params.thinking = chat_thinking(state, chat)  # reasoning.effort, as chat's reasoning_effort
-    make_parser = parser_factory(tool_plan, tool_parser=parser_name,
-                                 reasoning_parser=settings.http.reasoning_parser)
+    plan = await plan_generation(state, chat, max_tokens=req.max_output_tokens, prompt_ids=prompt_ids,
+                                 prompt_param="input", max_tokens_param="max_output_tokens",
+                                 text_format=req.text.format if req.text is not None else None, logprobs=num_top)
+    params = plan.params
     response_id = new_request_id("resp").replace("-", "_")
-    make_detok = state.detokenizer(stop=[], skip_special_tokens=not keeps_special_tokens(tool_plan, parser_name),
-                                   include_stop=False)
-    gen = Generation(state.client, response_id, [prompt_ids], params, make_detok)
+    gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok)
     logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
-    builder = ResponseBuilder(echoed_fields(req, response_id, state), make_parser(), logprobs)
+    builder = ResponseBuilder(echoed_fields(req, response_id, state), plan.make_parser(), logprobs)
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
     gen.on_cancel = lambda: _cancel(gen, builder)  # a cancel from another API worker, through the engine
     entry = None

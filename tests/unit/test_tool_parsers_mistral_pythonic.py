@@ -258,3 +258,16 @@ def test_granite_streams_arguments_before_the_call_ends():
         {"tool_calls": [{"index": 0, "function": {"arguments": '"abc"}'}}]},
         {},
     ]
+
+
+def test_phi4_mini_json_reads_functools_lists():
+    from rill.asgi.parsers.tools.granite import Phi4MiniJsonParser
+
+    text = 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
+    message = check_every_split(Phi4MiniJsonParser, text)
+    assert message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+    for plain in ("functools are handy", "Sure, here it is."):
+        assert check_every_split(Phi4MiniJsonParser, plain) == {"content": plain, "reasoning_content": None,
+                                                                  "tool_calls": None}

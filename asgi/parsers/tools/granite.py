@@ -18,6 +18,7 @@ MARKERS = ("<|tool_call|>", "<tool_call>")
 
 class GraniteParser(BufferedParser):
     reads_special_tokens = True  # Granite 3.0's <|tool_call|>
+    markers = MARKERS
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.calls = CallCounter(make_id)
@@ -34,12 +35,12 @@ class GraniteParser(BufferedParser):
         delta = DeltaBuilder()
         if self.state == "start":
             head = self.pending.lstrip()
-            marker = next((m for m in MARKERS if head.startswith(m)), "")
+            marker = next((m for m in self.markers if head.startswith(m)), "")
             if marker or head.startswith("["):
                 at = len(self.pending) - len(head) + len(marker)
                 self.array = CallArray(self.calls, self.pending[:at])
                 self.pending, self.state = self.pending[at:], "array"
-            elif not final and any(m.startswith(head) for m in MARKERS):  # nothing yet, or maybe a marker
+            elif not final and any(m.startswith(head) for m in self.markers):  # nothing yet, or maybe a marker
                 return {}
             else:
                 self.state = "content"
@@ -59,3 +60,11 @@ class GraniteParser(BufferedParser):
             delta.add_content(self.pending)
         self.pending = ""
         return delta.build()
+
+
+class Phi4MiniJsonParser(GraniteParser):
+    """vLLM's `phi4_mini_json`: Phi-4-mini's `functools[{"name": ..., "arguments": {...}}, ...]`, read the same way
+    (an output that begins with `functools` or `[`)."""
+
+    reads_special_tokens = False
+    markers = ("functools",)

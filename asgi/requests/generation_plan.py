@@ -1,0 +1,70 @@
+"""One generation pipeline for the chat-shaped routes (chat completions, Responses, Messages): a chat request in,
+what the engine and the output need out. Each route adapts its own body to a chat request first and shapes the
+answer after; everything between is here, once.
+
+The order: the tool-call parser (--tool-call-parser, or `auto`'s pick from the request's template) and the tool
+plan; the prompt; the constraints compiled (a 400 if bad); the sampling parameters with the model's defaults;
+the grammar (the request's constraint, else strict tools' calls, after the thinking where a reasoning parser
+is on; or a forced call's from the first token); the thinking budget; the output parsers and the detokenizer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rill.asgi.parsers.chat_output import OutputParser
+from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
+from rill.asgi.prompt.chat_messages import render_messages, tool_parser_name
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.schemas import ChatCompletionRequest
+from rill.asgi.requests.strict_calls import strict_calls
+from rill.asgi.requests.structural_tags import after_reasoning
+from rill.asgi.requests.structured import load_checker, text_format_spec
+from rill.asgi.requests.thinking import chat_thinking
+from rill.asgi.requests.tool_choice import ToolPlan, forced_spec, plan_tools
+from rill.ipc.protocol import SamplingParams, ThinkingBudget
+
+_FROM_REQUEST = object()  # the budget from the chat request's own fields
+
+
+@dataclass
+class GenerationPlan:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tool_plan: ToolPlan
+    make_parser: Callable[[], OutputParser]  # one per choice
+    make_detok: Callable[[], Any]
+
+
+async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int | None,
+                          prompt_ids: list[int] | None = None, prompt_param: str = "messages",
+                          max_tokens_param: str = "max_tokens", text_format: dict[str, Any] | None = None,
+                          thinking: ThinkingBudget | None | object = _FROM_REQUEST, stop: list[str] | None = None,
+                          skip_special_tokens: bool = True, include_stop: bool = False,
+                          logprobs: int | None = None, prompt_logprobs: int | None = None) -> GenerationPlan:
+    """`prompt_ids`: already rendered (the Responses API renders first, to store its messages);
+    `text_format`: the Responses API's `text.format`; `thinking`: a budget the route worked out itself
+    (Anthropic's budget_tokens); the rest as sampling_params and the detokenizer take them."""
+    http = state.settings.http
+    parser_name = tool_parser_name(state, chat)
+    tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
+    if prompt_ids is None:
+        prompt_ids = await render_messages(state, chat)
+    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format)
+    params = sampling_params(chat, max_tokens=max_tokens, prompt_len=len(prompt_ids),
+                             max_model_len=state.settings.limits.max_model_len, prompt_param=prompt_param,
+                             vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
+                             max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
+                             defaults=state.sampling_defaults)
+    constraint = text_format_spec(text_format) if text_format else params.structured
+    # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
+    # a forced call's (tool_choice required or named) from the first token.
+    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict_calls(tool_plan, parser_name),
+                                                               http.reasoning_parser))
+    params.thinking = chat_thinking(state, chat) if thinking is _FROM_REQUEST else thinking
+    make_parser = parser_factory(tool_plan, tool_parser=parser_name, reasoning_parser=http.reasoning_parser)
+    make_detok = state.detokenizer(stop=stop or [], include_stop=include_stop,
+                                   skip_special_tokens=skip_special_tokens and not keeps_special_tokens(tool_plan,
+                                                                                                        parser_name))
+    return GenerationPlan(prompt_ids, params, tool_plan, make_parser, make_detok)

@@ -24,8 +24,8 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
                       help='let the model choose to call tools (tool_choice "auto", the default when a request '
                            "has tools); needs --tool-call-parser")
     chat.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
-                      help="split <think>...</think> into reasoning_content (vLLM's names): deepseek_r1 "
-                           "(the opening tag may be absent), qwen3")
+                      help="split the thinking into reasoning_content (vLLM's names): deepseek_r1 "
+                           "(the opening <think> may be absent), qwen3, openai_gptoss (GPT-OSS's analysis channel)")
 
 
 def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rill.asgi.parsers.chat_output import BufferedParser
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail
+from rill.asgi.parsers.tools.harmony import HarmonyParser
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -48,8 +49,9 @@ class ThinkParser(BufferedParser):
         return delta.build()
 
 
-# Whether each parser's output may start in its reasoning without the opening tag (the grammar's
-# think-then-constrain needs it too: asgi/requests/structural_tags.py).
+# The <think> parsers: whether each one's output may start in its reasoning without the opening tag (the
+# grammar's think-then-constrain and the thinking budgets need it too: asgi/requests/structural_tags.py, thinking.py).
 OPENING_OPTIONAL = {"deepseek_r1": True, "qwen3": False}
 REASONING_PARSERS = {name: (lambda optional=optional: ThinkParser(opening_optional=optional))
                      for name, optional in OPENING_OPTIONAL.items()}
+REASONING_PARSERS["openai_gptoss"] = HarmonyParser  # GPT-OSS's analysis channel (asgi/parsers/tools/harmony.py)

@@ -33,8 +33,8 @@ def after_reasoning(spec: StructuredSpec | None, reasoning_parser: str | None) -
     (which it cannot contain); then whitespace, then what `spec` allows. Where the parser's output must open
     with `<think>` (qwen3), an output that does not think (thinking off) is `spec` alone. A regex, grammar
     or structural tag that names the thinking markers itself is left as it is."""
-    if spec is None or reasoning_parser is None:
-        return spec
+    if spec is None or reasoning_parser not in OPENING_OPTIONAL:
+        return spec  # none, or not a <think> parser (openai_gptoss: harmony's channels)
     if spec.kind in (StructuredKind.REGEX, StructuredKind.GRAMMAR, StructuredKind.STRUCTURAL_TAG) and \
             (OPEN in spec.value or CLOSE in spec.value):
         return spec  # it spells out the thinking itself: the whole output, as written

@@ -49,10 +49,10 @@ def thinking_budget(state, max_tokens: int | None, param: str | None = None) -> 
     """The engine's budget of `max_tokens` thinking tokens, the markers tokenized for the served model. Without
     a reasoning parser: a 400 naming `param` where a client asked by name, else no budget."""
     parser = state.settings.http.reasoning_parser
-    if max_tokens is None or parser is None:
+    if max_tokens is None or parser not in OPENING_OPTIONAL:
         if max_tokens is not None and param is not None:
-            raise APIError(400, f"`{param}` needs the server started with --reasoning-parser, which says where the "
-                                "thinking ends.", param=param, code="invalid_value")
+            raise APIError(400, f"`{param}` needs the server started with a <think> --reasoning-parser (qwen3, "
+                                "deepseek_r1), which says where the thinking ends.", param=param, code="invalid_value")
         return None
     encode = state.tokenizer.encode
     opening = [] if OPENING_OPTIONAL[parser] else encode(OPEN, add_special_tokens=False).ids

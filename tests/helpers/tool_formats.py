@@ -19,6 +19,8 @@ CALL_RENDERINGS = {
                 "{% endfor %})]",
     "llama3_json": '<|python_tag|>{"name": "{{ tc.function.name }}", "parameters": '
                    "{{ tc.function.arguments | tojson }}}",
+    "openai": "<|start|>assistant to=functions.{{ tc.function.name }}<|channel|>commentary json<|message|>"
+              "{{ tc.function.arguments | tojson }}<|call|>",
 }
 # What the pythonic templates tell the model (vLLM's examples/tool_chat_template_llama3.2_pythonic.jinja).
 PYTHONIC_INSTRUCTIONS = ("If you decide to invoke any of the function(s), you MUST put it in the format of "
@@ -62,6 +64,9 @@ OUTPUTS = {
     "pythonic": ('[get_weather(city="Paris"), get_time()]', None, [PARIS, NONE]),
     "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                     '{"name": "get_time", "parameters": {}}', None, [PARIS, NONE]),
+    "openai": ("<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>commentary "
+               'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|><|start|>assistant'
+               "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|><|call|>", None, [PARIS, NONE]),
 }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rill.asgi.parsers.tools.deepseek_v3 import DeepSeekV3Parser, DeepSeekV31Parser
 from rill.asgi.parsers.tools.granite import GraniteParser, Phi4MiniJsonParser
+from rill.asgi.parsers.tools.harmony import HarmonyParser
 from rill.asgi.parsers.tools.hermes import HermesParser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
 from rill.asgi.parsers.tools.mistral import MistralParser
@@ -16,6 +17,7 @@ TOOL_PARSERS = {
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
+    "openai": HarmonyParser,
     "phi4_mini_json": Phi4MiniJsonParser,
     "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser,

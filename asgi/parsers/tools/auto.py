@@ -11,6 +11,7 @@ import functools
 
 # (parser, markers that must all be in the template)
 FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("openai", ("<|channel|>", "<|call|>")),  # GPT-OSS's harmony
     ("qwen3_coder", ("<tool_call>", "<function=")),
     ("deepseek_v3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json")),  # type, sep, name, a fenced block
     ("deepseek_v31", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>")),  # name, sep, the arguments as written

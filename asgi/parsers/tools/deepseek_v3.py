@@ -22,9 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from rill.asgi.parsers.chat_output import BufferedParser
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
-from rill.asgi.parsers.tools.hermes import ContentAroundCalls
+from rill.asgi.parsers.tools.hermes import ContentAroundCalls, StateParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -33,7 +32,7 @@ _FENCE = re.compile(r"```[^\n<]*\n")  # V3's "```json" line before the arguments
 _FENCE_START = re.compile(r"`{0,3}|```[^\n<]*")  # what may still become that line
 
 
-class DeepSeekV3Parser(BufferedParser):
+class DeepSeekV3Parser(StateParser):
     """V3 (and R1): `function<｜tool▁sep｜>NAME`, a newline, then the arguments in a ```json fence."""
 
     fenced = True
@@ -47,18 +46,6 @@ class DeepSeekV3Parser(BufferedParser):
         self.state = "text"  # text, calls (in the block, between calls), type, name, fence, args
         self.name: list[str] = []
         self.sent_args = False  # some of the current call's arguments went out
-
-    @property
-    def called_tools(self) -> bool:
-        return self.num_calls > 0
-
-    def _drain(self, final: bool) -> dict:
-        delta = DeltaBuilder()
-        while getattr(self, "_at_" + self.state)(delta, final):
-            pass
-        if final:
-            self.content.before_call_or_end(delta, self.num_calls)
-        return delta.build()
 
     # -- states: each reads what it can of `pending` and says whether to go on -----------------
 

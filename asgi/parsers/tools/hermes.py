@@ -54,6 +54,28 @@ class ContentAroundCalls:
         self.held = ""
 
 
+class StateParser(BufferedParser):
+    """A parser written as states (qwen3_coder.py, deepseek_v3.py): `_drain` runs `_at_<state>` until one says
+    to stop (False), then at the end settles the whitespace held before calls. Subclasses keep `content` (a
+    ContentAroundCalls), `num_calls` and `state`."""
+
+    content: ContentAroundCalls
+    num_calls: int
+    state: str
+
+    @property
+    def called_tools(self) -> bool:
+        return self.num_calls > 0
+
+    def _drain(self, final: bool) -> dict:
+        delta = DeltaBuilder()
+        while getattr(self, "_at_" + self.state)(delta, final):
+            pass
+        if final:
+            self.content.before_call_or_end(delta, self.num_calls)
+        return delta.build()
+
+
 class HermesParser(BufferedParser):
     # (trigger, the call's text before its arguments, after them): the grammar of `strict` functions
     # (asgi/requests/structural_tags.py); NAME stands for the function's name.

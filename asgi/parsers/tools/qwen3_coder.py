@@ -25,9 +25,8 @@ import json
 import re
 from collections.abc import Callable
 
-from rill.asgi.parsers.chat_output import BufferedParser
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
-from rill.asgi.parsers.tools.hermes import ContentAroundCalls
+from rill.asgi.parsers.tools.hermes import ContentAroundCalls, StateParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -36,7 +35,7 @@ _NAME_END = re.compile(r"[>\n<]")  # a newline or a `<` before the `>` means `<f
 _NOT = object()  # a value that does not read as the type asked for
 
 
-class Qwen3CoderParser(BufferedParser):
+class Qwen3CoderParser(StateParser):
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.make_id = make_id
         self.tools = tools
@@ -50,18 +49,6 @@ class Qwen3CoderParser(BufferedParser):
         self.num_params = 0
         self.key = ""
         self.value: list[str] = []
-
-    @property
-    def called_tools(self) -> bool:
-        return self.num_calls > 0
-
-    def _drain(self, final: bool) -> dict:
-        delta = DeltaBuilder()
-        while getattr(self, "_at_" + self.state)(delta, final):
-            pass
-        if final:
-            self.content.before_call_or_end(delta, self.num_calls)
-        return delta.build()
 
     # -- states: each reads what it can of `pending` and says whether to go on -----------------
 

@@ -143,7 +143,7 @@ def test_a_thinking_budget_ends_the_thinking_and_the_grammar_holds_the_answer(fl
     assert 3 <= len(tokenizer.encode(reasoning, add_special_tokens=False).ids) <= 8, reasoning
     assert budgeted.finish_reason == "stop" and json.loads(budgeted.message.content)["city"] in ("Paris", "Rome")
     unbudgeted = sdk.chat.completions.create(**body).choices[0]  # thinks until max_tokens: no answer
-    assert unbudgeted.finish_reason == "length" and unbudgeted.message.content is None
+    assert unbudgeted.finish_reason == "length" and not unbudgeted.message.content
     none = sdk.chat.completions.create(**body, reasoning_effort="none").choices[0]
     assert none.message.model_extra.get("reasoning_content") is None
     assert json.loads(none.message.content)["city"] in ("Paris", "Rome")

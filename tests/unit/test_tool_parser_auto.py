@@ -43,3 +43,18 @@ def test_each_parser_reads_its_formats_output(fmt):
     message = check_every_split(TOOL_PARSERS[fmt], text)
     assert message["content"] == content
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == calls
+
+
+def test_the_start_log_names_the_pick(tmp_path, caplog):
+    import argparse
+
+    from rill.chat_flags import log_tool_parser
+
+    for fmt, says in (("mistral", "--tool-call-parser auto: mistral, from the chat template"),
+                      (None, "shows no tool-call format Rill reads")):
+        path = tmp_path / "template.jinja"
+        path.write_text(chat_template(fmt) if fmt else "{{ messages[0].content }}")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="rill"):
+            log_tool_parser(argparse.Namespace(tool_call_parser="auto", chat_template=str(path)), tmp_path)
+        assert says in caplog.text

@@ -9,8 +9,8 @@ import pytest
 from rill.asgi.parsers.tools import TOOL_PARSERS
 from rill.asgi.requests.strict_calls import strict_calls
 from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
+from tests.helpers.grammar_checks import admits
 from tests.helpers.parser_checks import check_every_split
-from tests.unit.test_structural_tags import admits
 
 CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},

@@ -5,22 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import xgrammar as xgr
 
 from rill.asgi.errors import APIError
 from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import _structured_outputs, checked
-from rill.ipc.grammar_spec import _NUM_BYTE_TOKENS, _byte_compiler, to_grammar
 from rill.ipc.protocol import StructuredKind, StructuredSpec
+from tests.helpers.grammar_checks import admits
 
 SCHEMA = StructuredSpec(StructuredKind.JSON_SCHEMA, json.dumps(
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}))
-
-
-def admits(spec: StructuredSpec, text: str) -> bool:
-    """Whether the grammar takes `text` as a whole output (then the stop token)."""
-    matcher = xgr.GrammarMatcher(_byte_compiler().compile_grammar(to_grammar(spec)))
-    return matcher.accept_string(text) and matcher.accept_token(_NUM_BYTE_TOKENS - 1)
 
 
 @pytest.mark.parametrize("text,qwen3,deepseek_r1", [

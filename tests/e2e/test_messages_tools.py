@@ -136,7 +136,7 @@ def test_a_thinking_budget_ends_the_thinking_and_the_grammar_holds_the_answer(fl
                         max_retries=0, timeout=120)
     schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
               "required": ["city"], "additionalProperties": False}
-    body = dict(model=MODEL, messages=[{"role": "user", "content": "Which city?"}], max_tokens=60, temperature=0,
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Which city?"}], max_tokens=40, temperature=0,
                 response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
     budgeted = sdk.chat.completions.create(**body, extra_body={"thinking_token_budget": 6}).choices[0]
     reasoning = budgeted.message.model_extra["reasoning_content"]

@@ -80,10 +80,9 @@ def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
     if make_tools and plan.max_calls is not None:
         make_all_calls, max_calls = make_tools, plan.max_calls
         make_tools = lambda: FirstCalls(make_all_calls(), max_calls)  # noqa: E731
+    # harmony (openai) splits off the reasoning itself: its parser alone
     if make_tools and make_reasoning and not getattr(TOOL_PARSERS[tool_parser], "handles_reasoning", False):
         return lambda: ReasoningThenTools(make_reasoning(), make_tools())
-    if make_tools:
-        return make_tools  # harmony (openai): its own parser splits off the reasoning too
     return make_tools or make_reasoning or PlainText
 
 

@@ -51,7 +51,8 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
     if prompt_ids is None:
         prompt_ids = await render_messages(state, chat)
-    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format)
+    strict = strict_calls(tool_plan, parser_name)
+    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format, strict=strict)
     params = sampling_params(chat, max_tokens=max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=state.settings.limits.max_model_len, prompt_param=prompt_param,
                              vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
@@ -60,8 +61,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.
-    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict_calls(tool_plan, parser_name),
-                                                               http.reasoning_parser))
+    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, http.reasoning_parser))
     params.thinking = chat_thinking(state, chat) if thinking is _FROM_REQUEST else thinking
     make_parser = parser_factory(tool_plan, tool_parser=parser_name, reasoning_parser=http.reasoning_parser)
     make_detok = state.detokenizer(stop=stop or [], include_stop=include_stop,

@@ -37,7 +37,7 @@ _checker_loaded = False
 
 
 async def load_checker(req: SamplingFields, constrained: bool = False, *, forced_schema: dict[str, Any] | None = None,
-                       text_format: dict[str, Any] | None = None) -> None:
+                       text_format: dict[str, Any] | None = None, strict: StructuredSpec | None = None) -> None:
     """Imports xgrammar the first time a request may need it, on a thread: it imports torch (about
     2 s here), which on the event loop would stall every stream of this worker. `constrained`: the
     caller knows of a constraint `req` does not hold (the Responses API's `text.format`).
@@ -45,11 +45,12 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     Then compiles the request's constraints on a thread too (a 400 if one is bad): xgrammar
     releases the GIL, and a schema at MAX_CONSTRAINT_LEN can take a second. The checks that build
     the request's spec later find the result in their cache. `forced_schema`: a tool plan's
-    (required or named); `text_format`: the Responses API's."""
+    (required or named); `text_format`: the Responses API's; `strict`: the grammar of strict tools' calls
+    (asgi/requests/strict_calls.py), bounded and compiled like the rest, its errors naming `tools`."""
     global _checker_loaded
     if text_format is not None and text_format.get("type") == "text":
         text_format = None  # plain text: nothing to compile
-    constrained = constrained or forced_schema is not None or text_format is not None or \
+    constrained = constrained or forced_schema is not None or text_format is not None or strict is not None or \
         any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
         getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
     if not constrained:
@@ -57,15 +58,18 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     if not _checker_loaded:
         await asyncio.to_thread(importlib.import_module, "rill.ipc.grammar_spec")
         _checker_loaded = True
-    await asyncio.to_thread(_check_all, req, forced_schema, text_format)
+    await asyncio.to_thread(_check_all, req, forced_schema, text_format, strict)
 
 
-def _check_all(req: SamplingFields, forced_schema: dict[str, Any] | None, text_format: dict[str, Any] | None) -> None:
+def _check_all(req: SamplingFields, forced_schema: dict[str, Any] | None, text_format: dict[str, Any] | None,
+               strict: StructuredSpec | None) -> None:
     structured_spec(req)
     if forced_schema is not None:
         json_schema_spec(forced_schema)
     if text_format is not None:
         text_format_spec(text_format)
+    if strict is not None:
+        checked(strict, "tools")
 
 
 def structured_spec(req: SamplingFields) -> StructuredSpec | None:

@@ -7,13 +7,13 @@ import time
 
 from rill.asgi.engine_link.client import EngineDead
 from rill.asgi.engine_link.dp_router import total_stats
-from rill.asgi.engine_link.generate import GenerationFailed
 from rill.asgi.errors import APIError, engine_unavailable, error_body, shutting_down
 from rill.asgi.http.access_log import loggable, tag_records_with_request_id
 from rill.asgi.http.paths import normalize
 from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_response
 from rill.asgi.http.request_context import RequestContext, set_current
 from rill.asgi.http.router import HTTPRequest, Router
+from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
 from rill.asgi.routes import conversations, lora_admin, messages, router_probes
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
@@ -69,19 +69,14 @@ async def engine_stats(http: HTTPRequest) -> None:
 async def list_models(http: HTTPRequest) -> None:
     state = http.state
     if state.settings.http.allow_runtime_lora_updating:
-        await lora_admin.refresh(state)
+        await refresh_adapters(state)
     cards = [state.model_card(), *(state.model_card(name) for name in state.lora_names)]
     await send_response(http.send, 200, dumps({"object": "list", "data": cards}))
 
 
 async def get_model(http: HTTPRequest) -> None:
-    model_id = http.params["model_id"]
-    state = http.state
-    if model_id != state.model_id and model_id not in state.lora_names and state.settings.http.allow_runtime_lora_updating:
-        await lora_admin.refresh(state)
-    if model_id != state.model_id and model_id not in state.lora_names:
-        raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    await send_response(http.send, 200, dumps(state.model_card(None if model_id == state.model_id else model_id)))
+    adapter = await resolve_model(http.state, http.params["model_id"])
+    await send_response(http.send, 200, dumps(http.state.model_card(adapter or None)))
 
 
 def generative(handler):
@@ -211,11 +206,6 @@ class App:
             await send_response(send, exc.status, body, headers=exc.headers)
         except ClientDisconnected:
             pass
-        except GenerationFailed as exc:
-            body = messages.anthropic_error(exc.status, str(exc)) if _is_messages(path) else \
-                error_body(str(exc), "server_error", code="engine_error") if exc.status != 404 else \
-                error_body(str(exc), "invalid_request_error", param="model", code=exc.code)
-            await send_response(send, exc.status, body)
         except StoreUnavailable as exc:  # the state store is down: only the routes that need it fail
             await send_response(send, 503, error_body(f"The state store is unavailable: {exc}.", "server_error",
                                                       code="store_unavailable"))

@@ -51,13 +51,15 @@ class Usage:
         }
 
 
-class GenerationFailed(Exception):
-    """The engine could not finish the request (it died, a step failed, or the drain timed out)."""
+class GenerationFailed(APIError):
+    """The engine could not finish the request (it died, a step failed, or the drain timed out), or its LoRA
+    adapter went away meanwhile (a 404 naming `model`). An APIError, answered as one by the app; a stream that
+    already began ends with it as its last event instead (asgi/output/respond.py)."""
 
     def __init__(self, message: str, status: int = 500, code: str = "engine_error"):
-        super().__init__(message)
-        self.code = code
-        self.status = status
+        gone = status == 404
+        super().__init__(status, message, type="invalid_request_error" if gone else "server_error",
+                         param="model" if gone else None, code=code)
 
 
 def new_request_id(prefix: str) -> str:

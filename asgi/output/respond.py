@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from rill.asgi.engine_link.generate import KEEPALIVE, ChoiceDelta, Generation, GenerationFailed, Usage
-from rill.asgi.errors import APIError, error_body
+from rill.asgi.errors import error_body
 from rill.asgi.http.primitives import DisconnectWatcher, send_response
 from rill.asgi.http.sse import KEEPALIVE as KEEPALIVE_COMMENT
 from rill.asgi.http.sse import SSEWriter, frame
@@ -114,13 +114,8 @@ async def _end(sse: SSEWriter, shape: Shape) -> None:
 
 
 async def _aggregate(gen: Generation, shape: Shape, send, last: BeforeLast) -> None:
-    try:
-        async for item in gen.deltas():
-            shape.add(item)
-    except GenerationFailed as exc:
-        if exc.status == 404:  # its LoRA adapter was unloaded meanwhile
-            raise APIError(404, str(exc), param="model", code=exc.code) from None
-        raise APIError(exc.status, str(exc), type="server_error", code=exc.code) from None
+    async for item in gen.deltas():  # a GenerationFailed is the app's to answer, as any APIError
+        shape.add(item)
     body = shape.body(gen)
     if body is not None:
         await last(False)

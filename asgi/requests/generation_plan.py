@@ -42,10 +42,12 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                           max_tokens_param: str = "max_tokens", text_format: dict[str, Any] | None = None,
                           thinking: ThinkingBudget | None | object = _FROM_REQUEST, stop: list[str] | None = None,
                           skip_special_tokens: bool = True, include_stop: bool = False,
-                          logprobs: int | None = None, prompt_logprobs: int | None = None) -> GenerationPlan:
+                          logprobs: int | None = None, prompt_logprobs: int | None = None,
+                          lora: str = "") -> GenerationPlan:
     """`prompt_ids`: already rendered (the Responses API renders first, to store its messages);
     `text_format`: the Responses API's `text.format`; `thinking`: a budget the route worked out itself
-    (Anthropic's budget_tokens); the rest as sampling_params and the detokenizer take them."""
+    (Anthropic's budget_tokens); `lora`: the LoRA adapter (resolve_model's); the rest as sampling_params and the
+    detokenizer take them."""
     http = state.settings.http
     parser_name = tool_parser_name(state, chat)
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
@@ -58,6 +60,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                              vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
                              max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
                              defaults=state.sampling_defaults)
+    params.lora = lora
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.

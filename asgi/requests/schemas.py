@@ -171,15 +171,12 @@ chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def decode_request(decoder: msgspec.json.Decoder, body: bytes, served_model: str, adapters=()):
-    """Decode and check a request body: 400 naming the parameter, 404 for a model that is neither
-    the served one nor one of its LoRA `adapters` (names)."""
+def decode_request(decoder: msgspec.json.Decoder, body: bytes):
+    """Decode and check a request body: 400 naming the parameter (the model: asgi/requests/model_choice.py)."""
     req = decode_json(decoder, body)
     reject_unsupported(req)
     if req.nvext is not None:
         req.nvext.check(chat=isinstance(req, ChatCompletionRequest))
-    if req.model != served_model and req.model not in adapters:
-        raise unknown_model(req.model)
     return req
 
 

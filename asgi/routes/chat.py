@@ -3,32 +3,29 @@ from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
 from rill.asgi.http.access_log import log_request_content
-from rill.asgi.http.request_context import current
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.chat_format import ChatFormatter
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.requests.generation_plan import plan_generation
+from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
-from rill.asgi.requests.schemas import chat_decoder, stop_strings, stream_usage
-from rill.asgi.routes.lora_admin import decode_for_model
+from rill.asgi.requests.schemas import chat_decoder, decode_request, stop_strings, stream_usage
 from rill.asgi.state import WorkerState
 
 
 async def chat_completions(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = await decode_for_model(state, chat_decoder, http.body)  # the served model or a LoRA adapter
-    if (ctx := current()) is not None:
-        ctx.model = req.model
+    req = decode_request(chat_decoder, http.body)
+    lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(state.settings.http.log_requests, req)
     stop = stop_strings(req)
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     plan = await plan_generation(state, req, max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None
                                  else req.max_tokens, stop=stop, skip_special_tokens=req.skip_special_tokens,
                                  include_stop=req.include_stop_str_in_output, logprobs=num_top,
-                                 prompt_logprobs=req.prompt_logprobs)
+                                 prompt_logprobs=req.prompt_logprobs, lora=lora)
     prompt_ids, params = plan.prompt_ids, plan.params
-    params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
     request_id = new_request_id("chatcmpl")
     n = req.n or 1
     gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n)

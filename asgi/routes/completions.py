@@ -3,17 +3,23 @@ from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
 from rill.asgi.http.access_log import log_request_content
-from rill.asgi.http.request_context import current
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.completion_format import CompletionFormatter, Echo, PromptScores
 from rill.asgi.output.logprobs_format import CompletionLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.sampling import sampling_params
-from rill.asgi.requests.schemas import check_choices, completion_decoder, prompt_batch, stop_strings, stream_usage
+from rill.asgi.requests.schemas import (
+    check_choices,
+    completion_decoder,
+    decode_request,
+    prompt_batch,
+    stop_strings,
+    stream_usage,
+)
 from rill.asgi.requests.structured import load_checker
-from rill.asgi.routes.lora_admin import decode_for_model
 from rill.asgi.state import WorkerState
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -21,9 +27,8 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 async def completions(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = await decode_for_model(state, completion_decoder, http.body)  # the served model or a LoRA adapter
-    if (ctx := current()) is not None:
-        ctx.model = req.model
+    req = decode_request(completion_decoder, http.body)
+    lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(state.settings.http.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
@@ -40,7 +45,7 @@ async def completions(http: HTTPRequest) -> None:
                              prompt_param="prompt", vocab_size=state.settings.limits.vocab_size,
                              logprobs=num_top, prompt_logprobs=max(wanted, default=None),
                              defaults=state.sampling_defaults)
-    params.lora = "" if req.model == state.model_id else req.model  # a LoRA adapter (--lora-modules)
+    params.lora = lora
     request_id = new_request_id("cmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)

@@ -12,13 +12,13 @@ import numpy as np
 
 from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, new_request_id
 from rill.asgi.errors import APIError
-from rill.asgi.http.request_context import current
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import respond
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
-from rill.asgi.requests.schemas import prompt_batch, unknown_model
+from rill.asgi.requests.model_choice import resolve_model
+from rill.asgi.requests.schemas import prompt_batch
 from rill.asgi.state import WorkerState
 from rill.ipc.protocol import SamplingParams
 
@@ -56,10 +56,7 @@ class EmbeddingList:
 async def create_embeddings(http: HTTPRequest) -> None:
     state: WorkerState = http.state
     req: EmbeddingsRequest = decode_json(embeddings_decoder, http.body)
-    if req.model != state.model_id:
-        raise unknown_model(req.model)
-    if (ctx := current()) is not None:
-        ctx.model = state.model_id
+    await resolve_model(state, req.model, adapters=False)  # the served model's embeddings only
     limits = state.settings.limits
     if not limits.embedding_dim:
         raise APIError(400, "This server does not serve embeddings: start it with --enable-embeddings, or serve "

@@ -13,7 +13,6 @@ from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.bounds import MAX_LORA_PATH_LEN, Name
-from rill.asgi.requests.schemas import decode_request
 from rill.asgi.state import WorkerState
 
 
@@ -30,26 +29,6 @@ class UnloadLoRA(msgspec.Struct, forbid_unknown_fields=True):
 
 _load_decoder = msgspec.json.Decoder(LoadLoRA)
 _unload_decoder = msgspec.json.Decoder(UnloadLoRA)
-
-
-async def refresh(state: WorkerState) -> None:
-    """The adapters the engine holds now (another worker may have loaded or unloaded some)."""
-    try:
-        state.lora_names = dict((await state.client.stats()).lora_modules)
-    except Exception:  # noqa: BLE001  (an engine that does not answer: keep what we knew)
-        pass
-
-
-async def decode_for_model(state: WorkerState, decoder, body: bytes):
-    """decode_request, asking the engine once more which adapters it holds before a 404 for an
-    unknown model while adapters may come and go at runtime."""
-    try:
-        return decode_request(decoder, body, state.model_id, state.lora_names)
-    except APIError as exc:
-        if exc.code != "model_not_found" or not state.settings.http.allow_runtime_lora_updating:
-            raise
-    await refresh(state)
-    return decode_request(decoder, body, state.model_id, state.lora_names)
 
 
 async def load_lora_adapter(http: HTTPRequest) -> None:

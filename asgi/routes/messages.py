@@ -13,7 +13,6 @@ import msgspec
 from rill.asgi.engine_link.generate import Generation
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
-from rill.asgi.http.request_context import current
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.messages_blocks import MessageBlocks
 from rill.asgi.output.messages_format import MessageStream, error_event
@@ -22,7 +21,7 @@ from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
-from rill.asgi.requests.schemas import unknown_model
+from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.thinking import thinking_budget
 from rill.asgi.state import WorkerState
 
@@ -39,29 +38,22 @@ def anthropic_error(status: int, message: str) -> bytes:
     return msgspec.json.encode(error_event(message, kind))
 
 
-def _model(state: WorkerState, model: str) -> None:
-    if model != state.model_id:
-        raise unknown_model(model)
-    if (ctx := current()) is not None:
-        ctx.model = state.model_id
-
-
 async def create_message(http: HTTPRequest) -> None:
     """As the chat route: the tool plan (a forced tool_choice becomes the grammar) and the output
     parsers (reasoning, tool calls) are chat's; only the answer's shape is Anthropic's."""
     state: WorkerState = http.state
     settings = state.settings
     req = decode_json(messages_decoder, http.body)
-    _model(state, req.model)
+    lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(settings.http.log_requests, req)
     chat = chat_request(req)
     # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py)
     budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
     plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking=thinking_budget(state, budget),
-                                 stop=req.stop_sequences)
+                                 stop=req.stop_sequences, lora=lora)
     message_id = f"msg_{uuid.uuid4().hex}"
     gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok)
-    shape = MessageStream(message_id, state.model_id, MessageBlocks(plan.make_parser()))
+    shape = MessageStream(message_id, req.model, MessageBlocks(plan.make_parser()))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
                   keepalive_s=settings.http.sse_keepalive_s)
 
@@ -70,6 +62,6 @@ async def count_tokens(http: HTTPRequest) -> None:
     """The prompt create would build from the same system, messages, tools and thinking."""
     state: WorkerState = http.state
     req = decode_json(count_tokens_decoder, http.body)
-    _model(state, req.model)
+    await resolve_model(state, req.model)
     prompt_ids = await render_messages(state, count_request(req))
     await send_response(http.send, 200, msgspec.json.encode({"input_tokens": len(prompt_ids)}))

@@ -9,7 +9,6 @@ from rill.asgi.engine_link.generate import Generation, Usage, new_request_id
 from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
-from rill.asgi.http.request_context import current
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
@@ -17,19 +16,17 @@ from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
 from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
+from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.responses_input import chat_request, input_items, items_to_messages
 from rill.asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
-from rill.asgi.requests.schemas import unknown_model
 from rill.asgi.routes.conversations import append_items, conversation_id_of, items_or_404
 from rill.asgi.state import WorkerState
 from rill.asgi.stores.base import StoredResponse, StoreUnavailable
 
 
-def decode(body: bytes, served_model: str) -> ResponsesRequest:
+def decode(body: bytes) -> ResponsesRequest:
     req = decode_json(responses_decoder, body)
     check_request(req)
-    if req.model != served_model:
-        raise unknown_model(req.model)
     return req
 
 
@@ -60,7 +57,7 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -
     """What a Response repeats of its request (the defaults it ran with where the request left one out)."""
     tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
               "strict": t.strict} for t in req.tools or []]
-    return {"id": response_id, "model": state.model_id, "instructions": req.instructions,
+    return {"id": response_id, "model": req.model, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
             "reasoning": req.reasoning or {"effort": None, "summary": None}, "store": req.store is not False,
@@ -80,16 +77,16 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -
 
 async def create_response(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = decode(http.body, state.model_id)
-    if (ctx := current()) is not None:
-        ctx.model = state.model_id
+    req = decode(http.body)
+    lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(state.settings.http.log_requests, req)
     settings = state.settings
     items, messages, chat, prompt_ids = await prepare(state, req)
     num_top = chat.top_logprobs if chat.logprobs else None
     plan = await plan_generation(state, chat, max_tokens=req.max_output_tokens, prompt_ids=prompt_ids,
                                  prompt_param="input", max_tokens_param="max_output_tokens",
-                                 text_format=req.text.format if req.text is not None else None, logprobs=num_top)
+                                 text_format=req.text.format if req.text is not None else None, logprobs=num_top,
+                                 lora=lora)
     params = plan.params
     response_id = new_request_id("resp").replace("-", "_")
     gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok)
@@ -146,7 +143,8 @@ async def _finish(state: WorkerState, req: ResponsesRequest, items: list[dict[st
 
 async def count_input_tokens(http: HTTPRequest) -> None:
     """POST /v1/responses/input_tokens: the prompt's token count, as the create request would build it."""
-    req = decode(http.body, http.state.model_id)
+    req = decode(http.body)
+    await resolve_model(http.state, req.model)
     *_, prompt_ids = await prepare(http.state, req)
     await send_response(http.send, 200, msgspec.json.encode({"object": "response.input_tokens",
                                                          "input_tokens": len(prompt_ids)}))

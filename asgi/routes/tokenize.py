@@ -13,7 +13,8 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.prompt.encoding import encode_texts
 from rill.asgi.requests.body import decode_json
-from rill.asgi.requests.schemas import INT64_MAX, ChatCompletionRequest, unknown_model
+from rill.asgi.requests.model_choice import resolve_model
+from rill.asgi.requests.schemas import INT64_MAX, ChatCompletionRequest
 from rill.asgi.state import WorkerState, dumps
 
 
@@ -42,10 +43,9 @@ _chat_decoder = msgspec.json.Decoder(TokenizeChat)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState):
+async def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState):
     req = decode_json(decoder, body)
-    if req.model is not None and req.model != state.model_id:
-        raise unknown_model(req.model)
+    await resolve_model(state, req.model)  # an adapter shares the served model's tokenizer
     return req
 
 
@@ -61,7 +61,7 @@ def _is_chat(body: bytes) -> bool:
 async def tokenize(http: HTTPRequest) -> None:
     state, body = http.state, http.body
     if _is_chat(body):
-        req = _decode(_chat_decoder, body, state)
+        req = await _decode(_chat_decoder, body, state)
         if req.add_special_tokens:
             # The chat template writes the special tokens it wants; adding the tokenizer's on
             # top would not be the prompt chat completions sends.
@@ -69,7 +69,7 @@ async def tokenize(http: HTTPRequest) -> None:
                                 "decides the special tokens.", param="add_special_tokens")
         ids = await render_messages(state, req)
     else:
-        req = _decode(_prompt_decoder, body, state)
+        req = await _decode(_prompt_decoder, body, state)
         (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)
     answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": ids,
               "token_strs": [state.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None}
@@ -78,7 +78,7 @@ async def tokenize(http: HTTPRequest) -> None:
 
 async def detokenize(http: HTTPRequest) -> None:
     state: WorkerState = http.state
-    req = _decode(_detokenize_decoder, http.body, state)
+    req = await _decode(_detokenize_decoder, http.body, state)
     vocab_size = state.settings.limits.vocab_size
     if len(req.tokens) > state.settings.limits.max_model_len:  # decoded on the loop: bound the work
         raise APIError(400, f"`tokens` holds {len(req.tokens)} ids; at most {state.settings.limits.max_model_len}, "

@@ -85,6 +85,28 @@ def test_chat_with_an_adapter_and_an_unknown_model(client):
     assert exc.value.body["code"] == "model_not_found" and exc.value.body["param"] == "model"
 
 
+def test_every_generating_route_resolves_an_adapter_the_same_way(lora_server, client):
+    """Responses and Messages run the adapter their `model` names, as chat does (one resolution for every route);
+    the answer names the adapter; /tokenize takes its name; embeddings, of the served model only, do not."""
+    import anthropic
+
+    ask = [{"role": "user", "content": "Name a colour."}]
+    chat = {m: client.chat.completions.create(model=m, messages=ask, max_tokens=8, temperature=0)
+            for m in ("attn", MODEL)}
+    assert chat["attn"].choices[0].message.content != chat[MODEL].choices[0].message.content
+    response = client.responses.create(model="attn", input=ask, max_output_tokens=8, temperature=0)
+    assert response.model == "attn" and response.output_text == chat["attn"].choices[0].message.content
+    claude = anthropic.Anthropic(base_url=lora_server.base_url, api_key="x", _strict_response_validation=True,
+                                 max_retries=0, timeout=120)
+    message = claude.messages.create(model="attn", messages=ask, max_tokens=8, extra_body={"temperature": 0})
+    assert message.model == "attn" and message.content[0].text == chat["attn"].choices[0].message.content
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="nope", messages=ask, max_tokens=8)
+    assert httpx.post(f"{lora_server.base_url}/tokenize", json={"model": "attn", "prompt": "Hi"}).status_code == 200
+    r = httpx.post(f"{lora_server.base_url}/v1/embeddings", json={"model": "attn", "input": "Hi"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+
+
 def test_an_adapter_loaded_and_unloaded_at_runtime(lora_server, adapters, tmp_path):
     url = lora_server.base_url
 

@@ -126,6 +126,10 @@ class WorkerState:
         return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,
                                    include_stop_str_in_output=include_stop)
 
+    def encode_markers(self, text: str) -> list[int]:
+        """A reasoning format's marker (`</think>`, `<|end|>`) as the served model's ids, special tokens read."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def decode_prompt(self, ids: list[int]) -> str:
         """A prompt's ids as text, special tokens included (what the model sees)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)

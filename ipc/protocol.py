@@ -36,6 +36,9 @@ class StructuredSpec(msgspec.Struct, array_like=True, gc=False):
 
     kind: StructuredKind
     value: str
+    # Where not empty, the grammar starts once the output has written these ids (harmony's final channel,
+    # whose header is special tokens a grammar does not write); the output is free until then.
+    start_ids: list[int] = []
 
 
 class ThinkingBudget(msgspec.Struct, array_like=True, gc=False):
@@ -47,6 +50,9 @@ class ThinkingBudget(msgspec.Struct, array_like=True, gc=False):
     # Where not empty, only an output that opens with these ids is thinking (qwen3: `<think>`); else every
     # output starts in its thinking (deepseek_r1, whose template opens it in the prompt).
     open_ids: list[int] = []
+    # Where not empty, what a model writes when it ends its thinking itself, if not all of `end_ids` (harmony:
+    # `<|end|>`, after which it may open a call rather than the final answer).
+    closed_ids: list[int] = []
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -86,8 +86,11 @@ def parser_factory(plan: ToolPlan, *, tool_parser: str | None,
     return make_tools or make_reasoning or PlainText
 
 
-def keeps_special_tokens(plan: ToolPlan, tool_parser: str | None) -> bool:
-    """Whether the text must keep special tokens for the tool parser: Mistral's `[TOOL_CALLS]` and Granite's
-    `<|tool_call|>` are special tokens, which a detokenizer that skips them would leave out (vLLM's parsers
-    turn skip_special_tokens off the same way)."""
-    return plan.mode is ToolMode.AUTO and getattr(TOOL_PARSERS[tool_parser], "reads_special_tokens", False)
+def keeps_special_tokens(plan: ToolPlan, tool_parser: str | None, reasoning_parser: str | None = None) -> bool:
+    """Whether the text must keep special tokens for the parsers: Mistral's `[TOOL_CALLS]`, Granite's
+    `<|tool_call|>` and harmony's channels are special tokens, which a detokenizer that skips them would leave
+    out (vLLM's parsers turn skip_special_tokens off the same way)."""
+    if plan.mode is ToolMode.AUTO and getattr(TOOL_PARSERS[tool_parser], "reads_special_tokens", False):
+        return True
+    forced = plan.mode in (ToolMode.NAMED, ToolMode.REQUIRED)  # the call's JSON is the whole output
+    return not forced and getattr(REASONING_PARSERS.get(reasoning_parser), "reads_special_tokens", False)

@@ -57,7 +57,12 @@ def tool_parser_name(state: WorkerState, req: ChatCompletionRequest) -> str | No
     """--tool-call-parser, or with `auto` the one whose format the request's chat template writes
     (asgi/parsers/tools/auto.py): the served template's, or the request's own."""
     name = state.settings.http.tool_call_parser
-    return pick_tool_parser(_template(state, req).source) if name == "auto" else name
+    return pick_tool_parser(template_source(state, req)) if name == "auto" else name
+
+
+def template_source(state: WorkerState, req: ChatCompletionRequest) -> str:
+    """The source of the chat template a request renders with: the served one, or the request's own."""
+    return _template(state, req).source
 
 
 def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:

@@ -15,15 +15,16 @@ from typing import Any
 
 from rill.asgi.parsers.chat_output import OutputParser
 from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
-from rill.asgi.prompt.chat_messages import render_messages, tool_parser_name
+from rill.asgi.parsers.thinking_markers import HARMONY_PARSER, thinking_markers
+from rill.asgi.prompt.chat_messages import render_messages, template_source, tool_parser_name
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import ChatCompletionRequest
 from rill.asgi.requests.strict_calls import strict_calls
 from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import load_checker, text_format_spec
-from rill.asgi.requests.thinking import chat_thinking
-from rill.asgi.requests.tool_choice import ToolPlan, forced_spec, plan_tools
-from rill.ipc.protocol import SamplingParams, ThinkingBudget
+from rill.asgi.requests.thinking import honoured_effort, requested_tokens, thinking_budget
+from rill.asgi.requests.tool_choice import ToolMode, ToolPlan, forced_spec, plan_tools
+from rill.ipc.protocol import SamplingParams
 
 _FROM_REQUEST = object()  # the budget from the chat request's own fields
 
@@ -35,19 +36,20 @@ class GenerationPlan:
     tool_plan: ToolPlan
     make_parser: Callable[[], OutputParser]  # one per choice
     make_detok: Callable[[], Any]
+    effort: str | None = None  # the reasoning effort honoured (asgi/requests/thinking.py), as the answer says it
 
 
 async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int | None,
                           prompt_ids: list[int] | None = None, prompt_param: str = "messages",
                           max_tokens_param: str = "max_tokens", text_format: dict[str, Any] | None = None,
-                          thinking: ThinkingBudget | None | object = _FROM_REQUEST, stop: list[str] | None = None,
+                          thinking_tokens: int | None | object = _FROM_REQUEST, stop: list[str] | None = None,
                           skip_special_tokens: bool = True, include_stop: bool = False,
                           logprobs: int | None = None, prompt_logprobs: int | None = None,
                           lora: str = "") -> GenerationPlan:
     """`prompt_ids`: already rendered (the Responses API renders first, to store its messages);
-    `text_format`: the Responses API's `text.format`; `thinking`: a budget the route worked out itself
-    (Anthropic's budget_tokens); `lora`: the LoRA adapter (resolve_model's); the rest as sampling_params and the
-    detokenizer take them."""
+    `text_format`: the Responses API's `text.format`; `thinking_tokens`: a budget the route worked out
+    itself (Anthropic's budget_tokens), else the chat request's own; `lora`: the LoRA adapter (resolve_model's);
+    the rest as sampling_params and the detokenizer take them."""
     http = state.settings.http
     parser_name = tool_parser_name(state, chat)
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
@@ -64,10 +66,18 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.
-    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, http.reasoning_parser))
-    params.thinking = chat_thinking(state, chat) if thinking is _FROM_REQUEST else thinking
+    markers = thinking_markers(http.reasoning_parser, harmony_calls=tool_plan.mode is ToolMode.AUTO and
+                               parser_name == HARMONY_PARSER)
+    encode = state.encode_markers
+    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, markers, encode))
+    if thinking_tokens is _FROM_REQUEST:
+        params.thinking = thinking_budget(requested_tokens(chat), markers, encode, param=(
+            "thinking_token_budget" if chat.thinking_token_budget is not None else None))
+    else:
+        params.thinking = thinking_budget(thinking_tokens, markers, encode)
     make_parser = parser_factory(tool_plan, tool_parser=parser_name, reasoning_parser=http.reasoning_parser)
+    keeps = keeps_special_tokens(tool_plan, parser_name, http.reasoning_parser)
     make_detok = state.detokenizer(stop=stop or [], include_stop=include_stop,
-                                   skip_special_tokens=skip_special_tokens and not keeps_special_tokens(tool_plan,
-                                                                                                        parser_name))
-    return GenerationPlan(prompt_ids, params, tool_plan, make_parser, make_detok)
+                                   skip_special_tokens=skip_special_tokens and not keeps)
+    effort = honoured_effort(chat.reasoning_effort, markers, template_source(state, chat))
+    return GenerationPlan(prompt_ids, params, tool_plan, make_parser, make_detok, effort)

@@ -8,9 +8,10 @@ whose JSON then follows its schema), which is rewritten here into the first.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from rill.asgi.parsers.reasoning import CLOSE, OPEN, OPENING_OPTIONAL
+from rill.asgi.parsers.thinking_markers import ThinkingMarkers
 from rill.ipc.grammar_spec import JSON_OBJECT_SCHEMA, choice_ebnf
 from rill.ipc.protocol import StructuredKind, StructuredSpec
 
@@ -27,22 +28,25 @@ def structural_tag(value: dict[str, Any]) -> dict[str, Any]:
     return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
 
 
-def after_reasoning(spec: StructuredSpec | None, reasoning_parser: str | None) -> StructuredSpec | None:
-    """Think, then constrain: with a reasoning parser, `spec` applies from the end of the thinking on, as
-    vLLM starts its grammar at the reasoning parser's end marker. The thinking is free text up to `</think>`
-    (which it cannot contain); then whitespace, then what `spec` allows. Where the parser's output must open
-    with `<think>` (qwen3), an output that does not think (thinking off) is `spec` alone. A regex, grammar
-    or structural tag that names the thinking markers itself is left as it is."""
-    if spec is None or reasoning_parser not in OPENING_OPTIONAL:
-        return spec  # none, or not a <think> parser (openai_gptoss: harmony's channels)
+def after_reasoning(spec: StructuredSpec | None, markers: ThinkingMarkers | None,
+                    encode: Callable[[str], list[int]]) -> StructuredSpec | None:
+    """Think, then constrain: where the output thinks (`markers`), `spec` applies from the end of the thinking on,
+    as vLLM starts its grammar at the reasoning parser's end marker. A `<think>` model's thinking is free text up
+    to `</think>` (which it cannot contain); then whitespace, then what `spec` allows. Where the thinking must open
+    with `<think>` (qwen3), an output that does not think (thinking off) is `spec` alone. Harmony's grammar starts
+    after the final channel's header (`start_ids`, the engine's). A regex, grammar or structural tag that names
+    the markers itself is left as it is: the whole output, as written."""
+    if spec is None or markers is None:
+        return spec
     if spec.kind in (StructuredKind.REGEX, StructuredKind.GRAMMAR, StructuredKind.STRUCTURAL_TAG) and \
-            (OPEN in spec.value or CLOSE in spec.value):
-        return spec  # it spells out the thinking itself: the whole output, as written
+            any(m and m in spec.value.replace("\\", "") for m in (markers.open, markers.closed_by, markers.answer)):
+        return spec
+    if markers.answer:
+        return StructuredSpec(spec.kind, spec.value, start_ids=encode(markers.answer))
     then = _as_format(spec)
-    thinking = {"type": "tag", "begin": "" if OPENING_OPTIONAL[reasoning_parser] else OPEN,
-                "content": {"type": "any_text"}, "end": CLOSE}
+    thinking = {"type": "tag", "begin": markers.open, "content": {"type": "any_text"}, "end": markers.close}
     after = {"type": "sequence", "elements": [thinking, {"type": "regex", "pattern": r"[ \t\r\n]*"}, then]}
-    fmt = after if OPENING_OPTIONAL[reasoning_parser] else {"type": "or", "elements": [after, then]}
+    fmt = {"type": "or", "elements": [after, then]} if markers.open else after
     return StructuredSpec(StructuredKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt}))
 
 

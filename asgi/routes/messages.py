@@ -22,7 +22,6 @@ from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
 from rill.asgi.requests.model_choice import resolve_model
-from rill.asgi.requests.thinking import thinking_budget
 from rill.asgi.state import WorkerState
 
 # Anthropic's error types by HTTP status.
@@ -49,7 +48,7 @@ async def create_message(http: HTTPRequest) -> None:
     chat = chat_request(req)
     # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py)
     budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
-    plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking=thinking_budget(state, budget),
+    plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking_tokens=budget,
                                  stop=req.stop_sequences, lora=lora)
     message_id = f"msg_{uuid.uuid4().hex}"
     gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok)

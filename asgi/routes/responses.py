@@ -53,14 +53,17 @@ async def prepare(state: WorkerState, req: ResponsesRequest):
     return items, messages, chat, prompt_ids
 
 
-def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState) -> dict[str, Any]:
-    """What a Response repeats of its request (the defaults it ran with where the request left one out)."""
+def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState,
+                  effort: str | None) -> dict[str, Any]:
+    """What a Response repeats of its request (the defaults it ran with where the request left one out; the
+    reasoning effort it honoured, GenerationPlan.effort)."""
     tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
               "strict": t.strict} for t in req.tools or []]
     return {"id": response_id, "model": req.model, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
-            "reasoning": req.reasoning or {"effort": None, "summary": None}, "store": req.store is not False,
+            "reasoning": {"effort": effort, "summary": summary if (summary := (req.reasoning or {}).get("summary")) in
+                          ("auto", "concise", "detailed") else None}, "store": req.store is not False,
             # where the request left them out, the model's defaults (asgi/requests/sampling_defaults.py)
             "temperature": state.sampling_defaults.get("temperature", 1.0) if req.temperature is None else req.temperature,
             "top_p": state.sampling_defaults.get("top_p", 1.0) if req.top_p is None else req.top_p,
@@ -91,7 +94,7 @@ async def create_response(http: HTTPRequest) -> None:
     response_id = new_request_id("resp").replace("-", "_")
     gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok)
     logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
-    builder = ResponseBuilder(echoed_fields(req, response_id, state), plan.make_parser(), logprobs)
+    builder = ResponseBuilder(echoed_fields(req, response_id, state, plan.effort), plan.make_parser(), logprobs)
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
     gen.on_cancel = lambda: _cancel(gen, builder)  # a cancel from another API worker, through the engine
     entry = None

@@ -37,7 +37,7 @@ class GrammarGate:
             req.state = RequestState.FINISHED
             req.finish = FinishReason.ERROR
             return TokenDelta(req, [], FinishReason.ERROR)
-        req.grammar = RequestGrammar(result)
+        req.grammar = RequestGrammar(result, spec.start_ids)
         return None
 
     def compiled(self, event: GrammarCompiled, scheduler: Scheduler) -> list[TokenDelta]:
@@ -56,7 +56,7 @@ class GrammarGate:
                 req.finish = FinishReason.ERROR
                 deltas.append(TokenDelta(req, [], FinishReason.ERROR))
             else:
-                req.grammar = RequestGrammar(result)
+                req.grammar = RequestGrammar(result, req.params.structured.start_ids)
                 scheduler.grammar_ready(req)
         return deltas
 

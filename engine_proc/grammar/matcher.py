@@ -18,22 +18,27 @@ class RequestGrammar:
 
     Preemption by recompute keeps `output_ids` and samples nothing until the request has
     recomputed them, so the matcher, which has accepted exactly those ids, stays valid.
+
+    With `start_ids` (StructuredSpec.start_ids: harmony's final channel), the output is free, and the
+    matcher sees nothing, until the output has written them; the grammar holds from the next token.
     """
 
-    __slots__ = ("_matcher", "finish")
+    __slots__ = ("_matcher", "finish", "_start", "_tail")
 
-    def __init__(self, compiled_grammar) -> None:
+    def __init__(self, compiled_grammar, start_ids: list[int] | None = None) -> None:
         import xgrammar as xgr
 
         self._matcher = xgr.GrammarMatcher(compiled_grammar)
         self.finish: FinishReason | None = None
+        self._start = start_ids or []
+        self._tail: list[int] = []  # before the start: the output's last len(start) ids
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Sets `bitmask[row]` to the tokens the grammar allows next (a stop token once it may end).
 
         A matcher that fails here ends its own request (ERROR), not the whole step's batch.
         """
-        if self.finish is not None:  # ends in this step's update(): nothing more to allow
+        if self.finish is not None or self._start:  # ends in this step's update(), or not begun: all allowed
             return
         try:
             self._matcher.fill_next_token_bitmask(bitmask, row)
@@ -47,6 +52,11 @@ class RequestGrammar:
 
     def accept(self, token_id: int) -> None:
         if self.finish is not None:
+            return
+        if self._start:
+            self._tail = [*self._tail[1 - len(self._start):], token_id] if len(self._start) > 1 else [token_id]
+            if self._tail == self._start:
+                self._start = []  # begun: the next token is the grammar's
             return
         matcher = self._matcher
         if not matcher.accept_token(token_id):

@@ -3,7 +3,8 @@ sampler writes the reasoning parser's end marker for it, one token a step, and t
 
 As vLLM's thinking_token_budget and llama.cpp's --reasoning-budget: the model is cut off mid-thought
 rather than asked to wrap up. The count is the output's tokens from its first (the opening `<think>`
-included); a model that ends its thinking itself within the budget is left alone.
+included); a model that ends its thinking itself within the budget (`</think>`; harmony's `<|end|>`, closed_ids)
+is left alone.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class ThinkingState:
         if self.done:
             return None
         end, opening = budget.end_ids, budget.open_ids
-        if len(output) >= len(end) and output[len(output) - len(end):] == end:
+        closed = budget.closed_ids if budget.closed_ids and not self.forcing else end
+        if _ends_with(output, end) or _ends_with(output, closed):
             self.done = True  # ended, by the model or by us
             return None
         if opening:
@@ -41,6 +43,10 @@ class ThinkingState:
             return None
         self.forcing = True
         return end[_written(end, output)]
+
+
+def _ends_with(output: list[int], ids: list[int]) -> bool:
+    return len(output) >= len(ids) and output[len(output) - len(ids):] == ids
 
 
 def _written(end: list[int], output: list[int]) -> int:

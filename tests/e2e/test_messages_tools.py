@@ -147,3 +147,14 @@ def test_a_thinking_budget_ends_the_thinking_and_the_grammar_holds_the_answer(fl
     none = sdk.chat.completions.create(**body, reasoning_effort="none").choices[0]
     assert none.message.model_extra.get("reasoning_content") is None
     assert json.loads(none.message.content)["city"] in ("Paris", "Rome")
+
+
+def test_budget_tokens_end_the_thinking_and_the_answer_follows(flagged, tokenizer):
+    """Anthropic's budget_tokens, enforced: this model never ends its thinking itself (deepseek_r1); once 1024
+    tokens are spent (Anthropic's least budget) the server writes `</think>`, and a text block follows. Streamed,
+    the events checked; the engine's forcing is the same for a body (tests/unit/test_thinking_budget.py)."""
+    message = streamed(flagged, {"max_tokens": 1040, "messages": ASK, "temperature": 0,
+                                 "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    [thinking, text] = message["content"]
+    assert thinking["type"] == "thinking" and text["type"] == "text" and text["text"].strip()
+    assert 1015 <= len(tokenizer.encode(thinking["thinking"], add_special_tokens=False).ids) <= 1030

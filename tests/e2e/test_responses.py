@@ -50,6 +50,9 @@ def test_create_string_input(client, server):
     assert resp.usage.output_tokens_details.reasoning_tokens == 0
     assert resp.store is True and resp.truncation == "disabled"
     validate("Response", post(server, "/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 3}).json())
+    # No reasoning parser, and SmolLM2's template reads no effort: the effort changed nothing, and the answer says so.
+    asked = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, reasoning={"effort": "high"})
+    assert asked.reasoning.effort is None
 
 
 def test_max_output_tokens_gives_incomplete(client):

@@ -60,3 +60,13 @@ def test_reasoning_items_and_keepalives(flagged):
     kinds = [line[len("event: "):] for line in lines if line.startswith("event: ")]
     assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
     assert response["output"][0]["type"] == "reasoning" and response["status"] == "incomplete"
+
+
+def test_reasoning_effort_is_a_budget_and_the_response_says_it(flagged):
+    """With a reasoning parser an effort is a thinking budget (none: 0, `</think>` first, the answer alone) and
+    the Response echoes the effort it honoured."""
+    none = create(flagged, input="Hi", reasoning={"effort": "none"}, max_output_tokens=6, temperature=0).json()
+    assert none["reasoning"] == {"effort": "none", "summary": None}
+    assert [i["type"] for i in none["output"]] == ["message"] and none["output_text"]
+    low = create(flagged, input="Hi", reasoning={"effort": "low", "summary": "auto"}, temperature=0).json()
+    assert low["reasoning"] == {"effort": "low", "summary": "auto"} and low["output"][0]["type"] == "reasoning"

@@ -219,23 +219,73 @@ def test_required_tool_choice_forces_calls(sdk):
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
 
 
-# Four formats of different kinds (XML typed by the schema, a marker and a name, special markers with a fenced block,
-# Python calls); every parser reads every split of its format in tests/unit, and hermes runs through this server above.
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "mistral", "deepseek_v3", "pythonic"])
+def weather_shots(*cities: str) -> list[dict]:
+    """Past turns in which the assistant called get_weather for each city: the bundled model then writes such a
+    call itself (no grammar forces it), for the question that follows, on Lisbon."""
+    messages = []
+    for i, city in enumerate(cities):
+        messages += [{"role": "user", "content": f"What is the weather in {city}?"},
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function",
+                      "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+                     {"role": "tool", "tool_call_id": f"call_{i}", "content": "Sunny."},
+                     {"role": "assistant", "content": "It is sunny."}]
+    return [*messages, {"role": "user", "content": "What is the weather in Lisbon?"}]
+
+
+def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_server):
+    """tool_choice auto: the model opens a call by itself; with `strict` its arguments follow the schema from
+    there on (a grammar triggered by `<tool_call>`), which allows only Rome; without, it writes Lisbon."""
+    def weather(strict: bool) -> dict:
+        city = {"type": "string", "enum": ["Rome"]} if strict else {"type": "string"}
+        return {"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters": {
+            "type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}}}
+
+    body = dict(messages=weather_shots("Paris", "Berlin"), temperature=0, max_tokens=60)
+    free = sdk.chat.completions.create(model=MODEL, tools=[weather(False)], **body).choices[0]
+    assert [json.loads(c.function.arguments) for c in free.message.tool_calls] == [{"city": "Lisbon"}]
+    held = sdk.chat.completions.create(model=MODEL, tools=[weather(True)], **body).choices[0]
+    assert held.finish_reason == "tool_calls"
+    assert [json.loads(c.function.arguments) for c in held.message.tool_calls] == [{"city": "Rome"}]
+    _, _, calls, finish = streamed(sdk, tools=[weather(True)], **body)
+    assert [json.loads(c["arguments"]) for c in calls] == [{"city": "Rome"}] and finish == "tool_calls"
+    # The Responses API: the same history as items, the same strict function.
+    items = []
+    for m in body["messages"]:
+        if m.get("tool_calls"):
+            items += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                       "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        else:
+            items.append({"role": m["role"], "content": m["content"]})
+    tool = weather(True)["function"]
+    response = sdk.responses.create(model=MODEL, input=items, temperature=0, max_output_tokens=60,
+                                    tools=[{"type": "function", **tool}])
+    [call] = [i for i in response.output if i.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Rome"}
+
+
+# Five formats of different kinds (XML typed by the schema, a marker and a name, special markers with a fenced block,
+# Python calls, harmony's channels); every parser reads every split of its format in tests/unit, and hermes runs
+# through this server above.
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "mistral", "deepseek_v3", "pythonic", "openai"])
 def test_auto_reads_each_format_its_request_template_writes(sdk, fmt):
     """--tool-call-parser auto picks the parser from the request's own chat template (the served one's
-    is hermes); the grammar writes the format's calls, after an empty thinking. (Not harmony,
-    whose channels carry the thinking themselves: tests/unit/test_tool_parsers_harmony.py.)"""
+    is hermes); the grammar writes the format's calls, after an empty thinking. Harmony's channels carry the
+    thinking themselves (its parser replaces the qwen3 reasoning parser): its analysis is the reasoning."""
     text, content, calls = OUTPUTS[fmt]
+    thinking = "" if fmt == "openai" else "<think></think>"
     body = dict(messages=USER, tools=[CITY_TOOL, TIME_TOOL], temperature=0, max_tokens=400,
                 extra_body={"chat_template": chat_template(fmt),
-                            "structured_outputs": {"regex": literal_regex("<think></think>" + text)}})
+                            "structured_outputs": {"regex": literal_regex(thinking + text)}})
     choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == content
     assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == calls
-    if fmt == "mistral":  # streamed too (every split of each is a unit test)
-        streamed_content, _, streamed_calls, finish = streamed(sdk, **body)
-        assert (streamed_content, finish) == (content, "tool_calls")
+    reasoning = choice.message.model_extra.get("reasoning_content")
+    assert reasoning == ("Two calls." if fmt == "openai" else None)
+    if fmt in ("mistral", "openai"):  # streamed too (every split of each is a unit test)
+        streamed_content, streamed_reasoning, streamed_calls, finish = streamed(sdk, **body)
+        assert (streamed_content, streamed_reasoning, finish) == (content, reasoning, "tool_calls")
         assert [(c["name"], json.loads(c["arguments"])) for c in streamed_calls] == calls
 
 

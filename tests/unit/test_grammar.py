@@ -204,6 +204,24 @@ def test_a_dead_end_ends_the_request_with_an_error(compiler, tokenizer_ids):
     assert torch.isinf(logits).all() and grammar.finish is FinishReason.ERROR
 
 
+def test_a_grammar_with_start_ids_holds_only_after_them(compiler, tokenizer_ids):
+    """StructuredSpec.start_ids (harmony's final channel): the output is free, the matcher untouched, until the
+    output has written the start; from the next token the grammar holds."""
+    start = tokenizer_ids("<|im_start|>final")
+    grammar = RequestGrammar(compiled(compiler, CHOICE), start)
+    masker = GrammarMasker(torch.device("cpu"))
+    free = [*tokenizer_ids("no thinking here, "), start[0], *tokenizer_ids(" x "), *start]
+    for token_id in free:
+        assert torch.isfinite(masker.masked(torch.zeros(1, VOCAB), [seq_with(grammar)], [0])).all()  # all allowed
+        grammar.accept(token_id)
+    allowed = torch.isfinite(masker.masked(torch.zeros(1, VOCAB), [seq_with(grammar)], [0])[0])
+    assert 0 < allowed.sum() < 10 and allowed[tokenizer_ids("yes")[0]]
+    for token_id in tokenizer_ids("yes"):
+        grammar.accept(token_id)
+    grammar.accept(EOS_ID)
+    assert grammar.finish is FinishReason.STOP
+
+
 def test_batches_without_grammars_skip_the_mask(monkeypatch):
     sampler = Sampler([EOS_ID], seed=0)
     monkeypatch.setattr(GrammarMasker, "masked", lambda *a: pytest.fail("masked a batch without grammars"))

@@ -38,6 +38,14 @@ def test_with_an_opening_only_an_output_that_opens_with_it_is_cut():
     assert run(ThinkingBudget(3, END, OPEN), [20, 21, 22, 23, 24]) == [20, 21, 22, 23, 24]  # thinking off
 
 
+def test_harmony_ends_its_own_thinking_with_end_and_is_cut_with_the_final_channels_header():
+    """Harmony: the analysis ends at `<|end|>` (7), after which the model may open a call rather than the final
+    answer; a budget spent writes `<|end|>` and the final channel's header (7, 8, 9)."""
+    harmony = ThinkingBudget(4, END, OPEN, closed_ids=[7])
+    assert run(harmony, [5, 20, 21, 7, 40, 41, 42, 43]) == [5, 20, 21, 7, 40, 41, 42, 43]  # a call may follow
+    assert run(harmony, [5, 20, 21, 22, 23, 24, 25, 26]) == [5, 20, 21, 22, 7, 8, 9, 26]
+
+
 def test_other_rows_keep_their_tokens_and_a_recomputed_request_carries_on():
     budgeted = EngineRequest("a", "w", [1], SamplingParams(max_tokens=9, thinking=ThinkingBudget(1, END)))
     plain = EngineRequest("b", "w", [1], SamplingParams(max_tokens=9))
@@ -46,38 +54,41 @@ def test_other_rows_keep_their_tokens_and_a_recomputed_request_carries_on():
     assert out.tolist() == [8, 41] and isinstance(budgeted.thinking, ThinkingState) and plain.thinking is None
 
 
-def state_with(parser: str | None):
-    """What thinking_budget reads of a worker: the reasoning parser and a tokenizer knowing the markers."""
-    from types import SimpleNamespace
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.WordLevel({"<think>": 0, "</think>": 1, "[UNK]": 2}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return SimpleNamespace(settings=SimpleNamespace(http=SimpleNamespace(reasoning_parser=parser)), tokenizer=tokenizer)
+def encode_words(text: str) -> list[int]:
+    """A worker's encode_markers over a vocabulary of the markers' pieces."""
+    vocab = {"<think>": 0, "</think>": 1, "<|channel|>analysis<|message|>": 2, "<|end|>": 3, "<|start|>assistant": 4,
+             "<|channel|>final<|message|>": 5}
+    out, rest = [], text
+    while rest:
+        piece = max((w for w in vocab if rest.startswith(w)), key=len)
+        out.append(vocab[piece])
+        rest = rest[len(piece):]
+    return out
 
 
 def test_budgets_from_the_request_fields():
     import pytest
 
     from rill.asgi.errors import APIError
+    from rill.asgi.parsers.thinking_markers import HARMONY, THINK
     from rill.asgi.requests.schemas import ChatCompletionRequest
-    from rill.asgi.requests.thinking import chat_thinking, effort_template_kwargs, thinking_budget
+    from rill.asgi.requests.thinking import effort_template_kwargs, requested_tokens, thinking_budget
 
     def chat(**fields):
         return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
 
-    assert chat_thinking(state_with("qwen3"), chat(thinking_token_budget=7)) == ThinkingBudget(7, [1], [0])
-    assert chat_thinking(state_with("deepseek_r1"), chat(reasoning_effort="low")) == ThinkingBudget(1024, [1], [])
-    assert chat_thinking(state_with("deepseek_r1"), chat(reasoning_effort="none")).max_tokens == 0
-    assert chat_thinking(state_with("deepseek_r1"), chat(reasoning_effort="max")) is None  # no budget
-    assert chat_thinking(state_with(None), chat(reasoning_effort="low")) is None  # the template's switch only
-    assert thinking_budget(state_with(None), 2048) is None  # Anthropic's budget_tokens: not enforced without one
+    assert requested_tokens(chat(thinking_token_budget=7, reasoning_effort="low")) == 7
+    assert requested_tokens(chat(reasoning_effort="low")) == 1024 and requested_tokens(chat()) is None
+    assert requested_tokens(chat(reasoning_effort="none")) == 0 and requested_tokens(chat(reasoning_effort="max")) is None
+    assert thinking_budget(7, THINK["qwen3"], encode_words) == ThinkingBudget(7, [1], [0])
+    assert thinking_budget(1024, THINK["deepseek_r1"], encode_words) == ThinkingBudget(1024, [1], [])
+    assert thinking_budget(9, HARMONY, encode_words) == ThinkingBudget(9, [3, 4, 5], [2], closed_ids=[3])
+    assert thinking_budget(2048, None, encode_words) is None  # Anthropic's budget_tokens: not enforced without one
     with pytest.raises(APIError) as err:
-        chat_thinking(state_with(None), chat(thinking_token_budget=7))
+        thinking_budget(7, None, encode_words, param="thinking_token_budget")
     assert err.value.param == "thinking_token_budget" and "--reasoning-parser" in str(err.value)
     with pytest.raises(APIError) as err:
-        chat_thinking(state_with("qwen3"), chat(reasoning_effort="extreme"))
+        requested_tokens(chat(reasoning_effort="extreme"))
     assert err.value.param == "reasoning_effort"
     assert effort_template_kwargs("none") == {"reasoning_effort": "none", "enable_thinking": False}
     assert effort_template_kwargs("high") == {"reasoning_effort": "high"} and effort_template_kwargs(None) == {}

@@ -2,6 +2,8 @@
 (the bound holds across them), keep-alives, a reasoning parser."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -63,10 +65,13 @@ def test_reasoning_items_and_keepalives(flagged):
 
 
 def test_reasoning_effort_is_a_budget_and_the_response_says_it(flagged):
-    """With a reasoning parser an effort is a thinking budget (none: 0, `</think>` first, the answer alone) and
-    the Response echoes the effort it honoured."""
-    none = create(flagged, input="Hi", reasoning={"effort": "none"}, max_output_tokens=6, temperature=0).json()
+    """With a reasoning parser an effort is a thinking budget and the Response echoes the effort it honoured.
+    `none` is a budget of 0: `</think>` first; the text format's grammar holds from there (think, then constrain)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    none = create(flagged, input="Which city?", reasoning={"effort": "none"}, max_output_tokens=20, temperature=0,
+                  text={"format": {"type": "json_schema", "name": "city", "schema": schema}}).json()
     assert none["reasoning"] == {"effort": "none", "summary": None}
-    assert [i["type"] for i in none["output"]] == ["message"] and none["output_text"]
+    assert [i["type"] for i in none["output"]] == ["message"] and json.loads(none["output_text"])["city"]
     low = create(flagged, input="Hi", reasoning={"effort": "low", "summary": "auto"}, temperature=0).json()
     assert low["reasoning"] == {"effort": "low", "summary": "auto"} and low["output"][0]["type"] == "reasoning"

@@ -36,13 +36,14 @@ serve: install
 lint: install
 	$(BIN)/ruff check .
 
-# Two pytest-xdist workers, a file to each at a time (a file's servers stay on one worker); each
-# process's torch gets its share of the cores (tests/conftest.py). Then, alone, the few tests marked
+# Two pytest-xdist workers, a file to each at a time (a file's servers stay on one worker), the longest
+# files first (tests/helpers/file_order.py); each process's torch gets its share of the cores
+# (tests/conftest.py). Then, alone, the few tests marked
 # `serial` (a benchmark's run whose peer falls over when it shares the cores). Exit 5 is "no test
 # selected", as when ARGS names a folder without such a test.
 TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(ARGS)
 	$(BIN)/python -m pytest -q -m serial $(ARGS) || test $$? -eq 5
 
 # The unit tests alone (tests/unit: no model weights, no server), in well under a minute.

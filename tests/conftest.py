@@ -23,6 +23,7 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 
 import pytest  # noqa: E402
 
+from tests.helpers.file_order import load_times, longest_first  # noqa: E402
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
 from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server  # noqa: E402
 
@@ -50,11 +51,13 @@ def pytest_sessionstart(session):
         ensure_bundled_model()
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         marker = FOLDER_MARKERS.get(item.path.parent.name)
         if marker:
             item.add_marker(marker)
+    # The longest files first, for xdist's workers to end together (tests/helpers/file_order.py).
+    items[:] = longest_first(items, load_times(), Path(config.rootpath))
 
 
 @pytest.fixture(scope="session")

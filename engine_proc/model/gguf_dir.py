@@ -83,6 +83,7 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     with _one_reader():
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=getattr(torch, dtype))
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        sampling = gguf_sampling(gguf_path)
     # A GGUF-loaded model carries a quantizer and a quantization_config; save_pretrained refuses to
     # write it until both are gone (the weights are already dequantized).
     model.hf_quantizer = None
@@ -91,7 +92,7 @@ def convert(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
-    if sampling := gguf_sampling(gguf_path):  # served as the model's defaults; written as they are (transformers
+    if sampling:  # served as the model's defaults; written as they are (transformers
         path = out_dir / "generation_config.json"  # refuses to save a temperature without do_sample)
         fields = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**fields, **sampling}, indent=2) + "\n")
@@ -164,8 +165,8 @@ def gguf_sampling(gguf_path: Path) -> dict[str, float | int]:
 @contextlib.contextmanager
 def _one_reader():
     """transformers parses the file once for the config, once for the weights and once for the
-    tokenizer, each a few seconds for a 49152-token vocabulary (gguf's reader slices its arrays
-    element by element): within this block each path is parsed once."""
+    tokenizer, and gguf_sampling once more, each a few seconds for a 49152-token vocabulary (gguf's reader
+    slices its arrays element by element): within this block each path is parsed once."""
     import gguf
 
     readers: dict[str, gguf.GGUFReader] = {}

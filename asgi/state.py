@@ -19,6 +19,7 @@ from rill.asgi.http.cors import CorsPolicy
 from rill.asgi.http.request_context import RequestContext
 from rill.asgi.output.detokenizer import Detokenizer
 from rill.asgi.output.token_text import TokenTexts
+from rill.asgi.prompt.fim import FimTokens, fim_tokens
 from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
 from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
@@ -121,6 +122,11 @@ class WorkerState:
     def token_texts(self) -> TokenTexts:
         """Token text and bytes for logprobs, cached over the worker's lifetime."""
         return TokenTexts(self.tokenizer)
+
+    @functools.cached_property
+    def fim_tokens(self) -> FimTokens | None:
+        """The served model's fill-in-the-middle tokens (asgi/prompt/fim.py), None where it has none."""
+        return fim_tokens(self.tokenizer, self.settings.limits.vocab_size)
 
     def detokenizer(self, *, stop: list[str], skip_special_tokens: bool, include_stop: bool):
         return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,

@@ -202,7 +202,6 @@ def reject_unsupported(req: SamplingFields) -> None:
     else:
         checks += [
             ("best_of", req.best_of not in (None, 1)),
-            ("suffix", bool(req.suffix)),
         ]
     for param, used in checks:
         if used:

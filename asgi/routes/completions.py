@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
+from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.completion_format import CompletionFormatter, Echo, PromptScores
 from rill.asgi.output.logprobs_format import CompletionLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.prompt.fim import fim_prompts
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.sampling import sampling_params
@@ -33,7 +35,13 @@ async def completions(http: HTTPRequest) -> None:
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
     check_choices(len(batch), req.n or 1)
-    prompts = await tokenize_prompts(state.tokenizer, batch, state.settings.limits.vocab_size, "prompt")
+    vocab_size = state.settings.limits.vocab_size
+    if req.suffix is not None and (req.suffix or state.fim_tokens is not None):  # fill in the middle
+        if req.echo:
+            raise APIError(400, "`suffix` cannot be combined with `echo`.", param="suffix")
+        prompts = await fim_prompts(state.tokenizer, state.fim_tokens, batch, req.suffix, vocab_size)
+    else:
+        prompts = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt")
     await load_checker(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
     max_model_len = state.settings.limits.max_model_len

@@ -19,6 +19,7 @@ from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.completions import completions
 from rill.asgi.routes.embeddings import create_embeddings
+from rill.asgi.routes.infill import infill
 from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from rill.asgi.routes.responses import count_input_tokens, create_response
 from rill.asgi.routes.tokenize import detokenize, get_version, tokenize
@@ -117,6 +118,7 @@ ROUTER = Router([
     ("DELETE", "/v1/conversations/{conversation_id:conv}/items/{item_id:item}", conversations.delete_item),
     ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
+    ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/infill.py)
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),

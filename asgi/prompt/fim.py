@@ -31,11 +31,18 @@ FAMILIES: list[tuple[str, str, str | None]] = [
 ]
 
 
+# Repository-level context (llama.cpp's /infill `input_extra`): the repository's name, and each file's.
+REPO_NAMES = ("<repo_name>", "<|repo_name|>")
+FILE_SEPARATORS = ("<file_sep>", "<|file_sep|>")
+
+
 @dataclass(frozen=True)
 class FimTokens:
     prefix: int
     suffix: int
     middle: int | None  # None: the suffix goes first, then the prefix, which the output continues
+    repo_name: int | None = None
+    file_sep: int | None = None
 
     def layout(self, prefix: list[int], suffix: list[int]) -> list[int]:
         if self.middle is None:
@@ -49,8 +56,13 @@ def fim_tokens(tokenizer: Tokenizer, vocab_size: int) -> FimTokens | None:
         ids = [None if name is None else tokenizer.token_to_id(name) for name in names]
         if all(i is not None and i < vocab_size for i in ids[:2]) and (names[2] is None or
                                                                       (ids[2] is not None and ids[2] < vocab_size)):
-            return FimTokens(*ids)
+            return FimTokens(*ids, repo_name=_first(tokenizer, REPO_NAMES, vocab_size),
+                             file_sep=_first(tokenizer, FILE_SEPARATORS, vocab_size))
     return None
+
+
+def _first(tokenizer: Tokenizer, names: tuple[str, ...], vocab_size: int) -> int | None:
+    return next((i for name in names if (i := tokenizer.token_to_id(name)) is not None and i < vocab_size), None)
 
 
 async def fim_prompts(tokenizer: Tokenizer, fim: FimTokens | None, prompts: list[str] | list[list[int]],

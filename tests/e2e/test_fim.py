@@ -37,7 +37,8 @@ def fim_dir(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fim_server(fim_dir, tmp_path_factory):
-    srv = start_server(tmp_path_factory, "--model", str(fim_dir), "--served-model-name", "fim", "--max-model-len", "512")
+    srv = start_server(tmp_path_factory, "--model", str(fim_dir), "--served-model-name", "fim",
+                       "--max-model-len", "512")
     yield srv
     stop_server(srv)
 
@@ -82,3 +83,32 @@ def test_what_fill_in_the_middle_refuses(fim_server, server):
     assert err.value.body["param"] == "suffix" and "fill-in-the-middle" in err.value.body["message"]
     # an empty suffix (editors send one at the end of a file) is a plain completion there
     assert plain.completions.create(model="smollm2-135m-instruct", prompt=PREFIX, suffix="", max_tokens=2).choices
+
+
+def test_infill_lays_out_the_context_and_answers_in_llama_cpps_shape(fim_server, server, tokenizer):
+    """llama.cpp's /infill: other files' chunks (this tokenizer has no file separator: each after a snippet line),
+    then PRE prefix SUF suffix MID, then `prompt`; greedy, the same text as a plain completion of those ids."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "    ", "n_predict": 6, "temperature": 0,
+            "ignore_eos": True,
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "cache_prompt": True, "samplers": ["top_k"]}  # llama.cpp's fields this server does not read: ignored
+    ids = [*encode("\n\n--- snippet ---\n\n"), *encode(body["input_extra"][0]["text"]),
+           *by_hand(tokenizer, PREFIX, SUFFIX), *encode("    ")]
+    plain = sdk_client(fim_server).completions.create(model="fim", prompt=ids, max_tokens=6, temperature=0,
+                                                       extra_body={"ignore_eos": True})
+    r = httpx.post(f"{fim_server.base_url}/infill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["content"] == plain.choices[0].text and answer["stop"] is True
+    assert answer["tokens_evaluated"] == len(ids) and answer["tokens_predicted"] == 6
+    assert answer["stop_type"] == "limit" and answer["timings"]["predicted_n"] == 6
+    with httpx.stream("POST", f"{fim_server.base_url}/infill", json={**body, "stream": True}, timeout=60) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == answer["content"]
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    for n_predict in (-2, 10**9):  # below -1; past the context
+        bad = httpx.post(f"{fim_server.base_url}/infill", json={**body, "n_predict": n_predict}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_predict", bad.text
+    none = httpx.post(f"{server.base_url}/infill", json=body, timeout=60)  # the bundled model: no FIM tokens
+    assert none.status_code == 400 and "fill-in-the-middle" in none.json()["error"]["message"]

@@ -42,3 +42,18 @@ def test_prompts_texts_and_ids_and_no_fim_tokens():
     with pytest.raises(APIError) as err:
         asyncio.run(fim_prompts(tok, None, ["a"], "b", 100))
     assert err.value.param == "suffix" and err.value.status == 400
+
+
+def test_infill_context_with_the_repository_and_file_separator_tokens():
+    """llama.cpp's layout: <repo_name>myproject, <file_sep>NAME TEXT per chunk, <file_sep>filename, then the FIM
+    layout and `prompt`."""
+    from rill.asgi.requests.infill_request import ExtraChunk, InfillRequest, infill_prompt
+
+    tok = tokenizer_with("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<repo_name>", "<file_sep>", "myproject",
+                         "filename", "u.py")
+    fim = fim_tokens(tok, vocab_size=100)
+    assert (fim.repo_name, fim.file_sep) == (13, 14)
+    req = InfillRequest(input_prefix="a", input_suffix="b", prompt="a a", input_extra=[ExtraChunk("b b", "u.py")])
+    assert asyncio.run(infill_prompt(tok, fim, req)) == [13, 15, 14, 17, 2, 2, 14, 16, 10, 1, 11, 2, 12, 1, 1]
+    plain = fim_tokens(tokenizer_with("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), vocab_size=100)
+    assert asyncio.run(infill_prompt(tok, plain, InfillRequest(input_prefix="a"))) == [10, 1, 11, 12]

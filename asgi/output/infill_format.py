@@ -1,0 +1,74 @@
+"""llama.cpp's `/infill` answer (the shape of its `/completion`): streamed as `data: {"content": ..., "stop": false}`
+events and a last one with `"stop": true` and the figures, no `[DONE]`; or that last object as one body."""
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed
+from rill.asgi.http.sse import KEEPALIVE as KEEPALIVE_COMMENT
+from rill.asgi.http.sse import frame
+
+_encode = msgspec.json.encode
+
+
+class InfillStream:
+    ends_with_done = False
+    opens_with_first_token = True
+    keepalive = KEEPALIVE_COMMENT
+
+    def __init__(self, model: str):
+        self.model = model
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.text: list[str] = []
+        self.finish_reason: str | None = None
+
+    def _take(self, deltas: list[ChoiceDelta]) -> list[str]:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        pieces = []
+        for delta in deltas:
+            self.finish_reason = delta.finish_reason or self.finish_reason
+            if delta.text:
+                pieces.append(delta.text)
+        self.text += pieces
+        return pieces
+
+    def opening(self, gen: Generation) -> list[bytes]:
+        return []
+
+    def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
+        return [frame(_encode({"index": 0, "content": text, "stop": False, "id_slot": 0}))
+                for text in self._take(deltas)]
+
+    def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
+        return [frame(_encode({"error": {"code": exc.status, "message": str(exc), "type": "server_error"}}))]
+
+    def closing(self, gen: Generation) -> list[bytes] | None:
+        return None if gen.disconnected else [frame(self._last(gen, ""))]
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        self._take(deltas)
+
+    def body(self, gen: Generation) -> bytes | None:
+        return None if gen.disconnected else self._last(gen, "".join(self.text))
+
+    def _last(self, gen: Generation, content: str) -> bytes:
+        """The closing object: the content (all of it, in a body), why it stopped and the figures."""
+        usage, now = gen.usage(), time.perf_counter()
+        stopping_word = gen.detokenizers[0].stop_matched or ""
+        stop_type = "limit" if self.finish_reason == "length" else "word" if stopping_word else "eos"
+        first = self.first_token_at or now
+        prompt_ms, predicted_ms = (first - self.started) * 1000, (now - first) * 1000
+        predicted = usage.completion_tokens
+        return _encode({
+            "index": 0, "content": content, "id_slot": 0, "stop": True, "model": self.model,
+            "tokens_predicted": predicted, "tokens_evaluated": usage.prompt_tokens,
+            "tokens_cached": usage.cached_tokens, "truncated": False, "has_new_line": "\n" in "".join(self.text),
+            "stop_type": stop_type, "stopping_word": stopping_word,
+            "timings": {"prompt_n": usage.prompt_tokens - usage.cached_tokens, "prompt_ms": prompt_ms,
+                        "predicted_n": predicted, "predicted_ms": predicted_ms,
+                        "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms > 0 else 0.0},
+        })

@@ -69,10 +69,11 @@ class WorkerState:
     # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
-    # engine (asgi/routes/lora_admin.py refreshes it when a request names one it does not know).
+    # engine (asgi/requests/model_choice.py refreshes it when a request names one it does not know).
     lora_names: dict[str, str] = field(default_factory=dict)
     # The model's sampling defaults for fields a request leaves out (asgi/requests/sampling_defaults.py).
     sampling_defaults: dict = field(default_factory=dict)
+    _marker_ids: dict[str, list[int]] = field(default_factory=dict)  # encode_markers' (a few fixed markers)
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -133,8 +134,11 @@ class WorkerState:
                                    include_stop_str_in_output=include_stop)
 
     def encode_markers(self, text: str) -> list[int]:
-        """A reasoning format's marker (`</think>`, `<|end|>`) as the served model's ids, special tokens read."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """A reasoning format's marker (`</think>`, `<|end|>`) as the served model's ids, special tokens read;
+        each tokenized once per worker (a copy each time: the engine's params own their lists)."""
+        if (ids := self._marker_ids.get(text)) is None:
+            ids = self._marker_ids[text] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return list(ids)
 
     def decode_prompt(self, ids: list[int]) -> str:
         """A prompt's ids as text, special tokens included (what the model sees)."""

@@ -43,6 +43,7 @@ class FimTokens:
     middle: int | None  # None: the suffix goes first, then the prefix, which the output continues
     repo_name: int | None = None
     file_sep: int | None = None
+    opening: tuple[int, ...] = ()  # what the tokenizer opens every text with (a BOS), a text prompt's start
 
     def layout(self, prefix: list[int], suffix: list[int]) -> list[int]:
         if self.middle is None:
@@ -57,7 +58,8 @@ def fim_tokens(tokenizer: Tokenizer, vocab_size: int) -> FimTokens | None:
         if all(i is not None and i < vocab_size for i in ids[:2]) and (names[2] is None or
                                                                       (ids[2] is not None and ids[2] < vocab_size)):
             return FimTokens(*ids, repo_name=_first(tokenizer, REPO_NAMES, vocab_size),
-                             file_sep=_first(tokenizer, FILE_SEPARATORS, vocab_size))
+                             file_sep=_first(tokenizer, FILE_SEPARATORS, vocab_size),
+                             opening=tuple(tokenizer.encode("", add_special_tokens=True).ids))
     return None
 
 
@@ -76,7 +78,6 @@ async def fim_prompts(tokenizer: Tokenizer, fim: FimTokens | None, prompts: list
     suffix_ids, *texts = await encode_texts(tokenizer, [suffix, *(p for p in prompts if isinstance(p, str))],
                                             add_special_tokens=False)
     if prompts and isinstance(prompts[0], str):
-        opening = tokenizer.encode("", add_special_tokens=True).ids
-        return [[*opening, *fim.layout(ids, suffix_ids)] for ids in texts]
+        return [[*fim.opening, *fim.layout(ids, suffix_ids)] for ids in texts]
     prompts = await tokenize_prompts(tokenizer, prompts, vocab_size, "prompt")  # the ids checked
     return [fim.layout(list(ids), suffix_ids) for ids in prompts]

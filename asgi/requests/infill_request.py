@@ -72,5 +72,4 @@ async def infill_prompt(tokenizer, fim: FimTokens, req: InfillRequest) -> list[i
         extra += [*([fim.file_sep] if fim.file_sep is not None else []), *head, *text]
     if fim.file_sep is not None:
         extra += [fim.file_sep, *current]
-    opening = tokenizer.encode("", add_special_tokens=True).ids
-    return [*opening, *extra, *fim.layout(prefix, suffix), *prompt]
+    return [*fim.opening, *extra, *fim.layout(prefix, suffix), *prompt]

@@ -5,7 +5,9 @@ blocks to (the engines' own chained block hash, engine_proc/sched/prefix_cache.p
 request goes to the engine that holds its longest prefix, unless that engine is overloaded.
 Otherwise it goes to the least-loaded engine, scored as vLLM scores its data-parallel engines:
 waiting * 4 + running. Each engine reports its queue with every step's outputs to this worker;
-requests this worker sent since count as waiting.
+requests this worker sent since count as waiting. Ties go round the engines in turn, so that
+requests which each finish before the next arrives (an idle server, or a worker whose reports
+are stale) still spread.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class EngineChooser:
         self.max_blocks = max_blocks
         self.queues = [(0, 0)] * num_engines  # (running, waiting) as each engine last reported
         self.sent = [0] * num_engines  # requests sent to each since its last report
+        self.turn = 0  # the engine first in line among equally loaded ones
         self._owner: OrderedDict[int, int] = OrderedDict()  # block hash -> engine, least recent first
 
     def score(self, rank: int) -> int:
@@ -55,8 +58,13 @@ class EngineChooser:
             if rank is None:
                 break
             holder = rank
-        least = min(range(self.num_engines), key=lambda r: (self.score(r), r))
-        rank = holder if holder is not None and not self.overloaded(holder, least) else least
+        n = self.num_engines
+        least = min(range(n), key=lambda r: (self.score(r), (r - self.turn) % n))
+        if holder is not None and not self.overloaded(holder, least):
+            rank = holder
+        else:
+            rank = least
+            self.turn = (least + 1) % n
         owner = self._owner
         for block_hash in hashes:
             owner[block_hash] = rank

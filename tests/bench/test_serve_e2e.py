@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 NUM_PROMPTS = 8
 INPUT_LEN = 32
-OUTPUT_LEN = 32  # enough tokens that some arrive in TCP reads of their own (ITL > 0) even on the tiny model
+OUTPUT_LEN = 32
 PERCENTILES = ["p90", "p99"]
 METRICS = ["ttft", "tpot", "itl", "e2el"]
 VLLM_FIELDS = ["date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness",
@@ -60,7 +60,12 @@ def test_cli_run_saves_a_complete_vllm_style_result(bench_server, tmp_path):
     assert 0 < result["mean_ttft_ms"] <= result["mean_e2el_ms"]
     assert 0 < result["p99_ttft_ms"] <= result["p99_e2el_ms"]
     assert result["median_ttft_ms"] <= result["p90_ttft_ms"] <= result["p99_ttft_ms"]
-    assert result["mean_tpot_ms"] > 0 and result["mean_itl_ms"] > 0
+    # A starved client (a loaded CI machine) may read a whole stream at once: every gap 0, so the figures
+    # are checked against the per-token gaps rather than for being positive.
+    gaps_ms = [gap * 1000 for itl in result["itls"] for gap in itl]
+    assert result["mean_itl_ms"] == pytest.approx(sum(gaps_ms) / len(gaps_ms)) and min(gaps_ms) >= 0
+    streamed_ms = sum(gaps_ms) / NUM_PROMPTS  # first token to last, on average; the end comes after
+    assert result["mean_tpot_ms"] * (OUTPUT_LEN - 1) >= streamed_ms - 1e-6
     assert result["duration"] * 1000 >= max(result["ttfts"]) * 1000 > 0
     assert all(0 < len(itl) <= OUTPUT_LEN - 1 for itl in result["itls"])
     expected_rate = NUM_PROMPTS / result["duration"]

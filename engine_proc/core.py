@@ -293,6 +293,8 @@ class EngineCore:
                 prompt_logprobs=prompt_logprobs,
                 embedding=None if req.embedding is None or d.finish is None else req.embedding.astype("<f4").tobytes(),
                 timings=None if d.finish is None else req.timings(now),
+                prediction_tokens=(None if d.finish is None or req.prediction is None
+                                   else [req.prediction.accepted, req.prediction.rejected]),
             )
             out.append((req.worker_id, delta, d.new_ids))
             self.num_generated_tokens += len(d.new_ids)

@@ -81,6 +81,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     embed: bool = False
     lora: str = ""  # the LoRA adapter the request runs with, by name ("": the base model)
     thinking: ThinkingBudget | None = None  # thinking_token_budget, Anthropic's budget_tokens
+    # OpenAI's predicted output (chat's `prediction`), tokenized: the engine drafts from it (engine_proc/spec/prediction.py).
+    prediction: list[int] = []
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc/ipc_bench.py measured them against ids in a
@@ -164,6 +166,8 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     prompt_logprobs: LogprobsPayload | None = None
     embedding: bytes | None = None  # an embedding request's vector, little-endian float32, on its last delta
     timings: RequestTimings | None = None  # on the final delta of a request that made a token
+    # On the final delta of a request with a prediction: [accepted, rejected] predicted tokens drafted.
+    prediction_tokens: list[int] | None = None
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False):

@@ -173,6 +173,8 @@ class EngineClient:
                     mailbox.choices[index].prompt_logprobs = decode_logprobs(delta.prompt_logprobs)
                 if delta.embedding is not None:
                     mailbox.choices[index].embedding = delta.embedding
+                if delta.prediction_tokens is not None:
+                    mailbox.choices[index].prediction_tokens = delta.prediction_tokens
                 if delta.finish is not None:
                     del self._routes[delta.req_id]
                     self._engine_of.pop(delta.req_id, None)

@@ -41,14 +41,21 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # With a predicted output (chat's `prediction`): [accepted, rejected] predicted tokens the model verified.
+    prediction_tokens: list[int] | None = None
 
     def as_dict(self) -> dict:
-        return {
+        usage = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        if self.prediction_tokens is not None:
+            accepted, rejected = self.prediction_tokens
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                                  "rejected_prediction_tokens": rejected}
+        return usage
 
 
 class GenerationFailed(APIError):
@@ -226,4 +233,7 @@ class Generation:
             usage.prompt_tokens += len(prompt)  # what the engine reports, known from the start
             usage.cached_tokens += next((c.num_cached_tokens for c in group if c.num_prompt_tokens), 0)
             usage.completion_tokens += 0 if self.score_only else sum(c.num_output_tokens for c in group)
+        if self.params.prediction:
+            counts = [c.prediction_tokens for c in choices if c.prediction_tokens is not None]
+            usage.prediction_tokens = [sum(c[0] for c in counts), sum(c[1] for c in counts)]
         return usage

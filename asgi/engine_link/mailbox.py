@@ -27,6 +27,7 @@ class ChoiceOutput:
     # Prompt tokens 1..n-1's logprobs (SamplingParams.prompt_logprobs), with the first token.
     prompt_logprobs: TokenLogprobs | None = None
     embedding: bytes | None = None  # an embedding request's vector: little-endian float32
+    prediction_tokens: list[int] | None = None  # [accepted, rejected] predicted tokens drafted, at the end
 
 
 class Mailbox:

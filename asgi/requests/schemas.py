@@ -31,6 +31,7 @@ from rill.asgi.requests.bounds import (
     StopString,
 )
 from rill.asgi.requests.nvext import NvExt
+from rill.asgi.requests.prediction import Prediction
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
@@ -154,7 +155,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     thinking_token_budget: Annotated[int, Meta(ge=0)] | None = None  # vLLM's name
     audio: Any = None
     modalities: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
-    prediction: Any = None
+    prediction: Prediction | None = None  # asgi/requests/prediction.py
     web_search_options: Any = None
 
 
@@ -196,7 +197,6 @@ def reject_unsupported(req: SamplingFields) -> None:
             ("function_call", req.function_call not in (None, "none")),
             ("audio", req.audio is not None),
             ("modalities", req.modalities not in (None, ["text"])),
-            ("prediction", req.prediction is not None),
             ("web_search_options", req.web_search_options is not None),
         ]
     else:

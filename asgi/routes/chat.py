@@ -10,6 +10,7 @@ from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
+from rill.asgi.requests.prediction import prediction_ids
 from rill.asgi.requests.schemas import chat_decoder, decode_request, stop_strings, stream_usage
 from rill.asgi.state import WorkerState
 
@@ -26,6 +27,7 @@ async def chat_completions(http: HTTPRequest) -> None:
                                  include_stop=req.include_stop_str_in_output, logprobs=num_top,
                                  prompt_logprobs=req.prompt_logprobs, lora=lora)
     prompt_ids, params = plan.prompt_ids, plan.params
+    params.prediction = await prediction_ids(state.tokenizer, req.prediction, state.settings.limits.max_model_len)
     request_id = new_request_id("chatcmpl")
     n = req.n or 1
     gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n)

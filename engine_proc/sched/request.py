@@ -46,6 +46,7 @@ class EngineRequest:
     num_prompt_scored: int = 0
     prompt_logprobs: list[Any] = field(default_factory=list)
     spec_state: Any = None  # the speculative proposer's own state (engine_proc/spec/ngram.py: NgramIndex)
+    prediction: Any = None  # with params.prediction: its engine_proc/spec/prediction.py PredictionCursor
     thinking: Any = None  # with params.thinking: its engine_proc/sample/thinking.py ThinkingState
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
     # Which load of its LoRA adapter it runs with (LoRAAdapter.load_id, set when the engine takes

@@ -280,7 +280,7 @@ class Scheduler:
             req.num_computed_tokens += seq.num_new_tokens - num_drafts
             if num_drafts:
                 req.num_computed_tokens += len(token_ids) - 1
-                self.speculator.record(seq.draft_ids, len(token_ids) - 1)
+                self.speculator.record(req, seq.draft_ids, len(token_ids) - 1)
             if not needs_sample or req.params.embed:
                 # Blocks this step filled become findable now, before the request may finish:
                 # another request can share them while this one still runs.

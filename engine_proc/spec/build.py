@@ -11,11 +11,12 @@ log = logging.getLogger("rill.engine")
 
 
 def build_speculator(text: str, runner) -> tuple[Speculator | None, str]:
-    """(the speculator, what /stats says of it); (None, "") when the config is empty. A draft model is
+    """(the speculator, what /stats says of it). With no config, the native runner's speculator drafts only
+    from predicted outputs (engine_proc/spec/prediction.py), and other runners have none. A draft model is
     the runner's own (engine_proc/model/runner.py builds it beside its model)."""
     config = parse_speculative_config(text)
     if config is None:
-        return None, ""
+        return (Speculator(None, 0) if runner.info.kind == "native" else None), ""
     if runner.info.kind != "native":
         raise ValueError("--speculative-config needs the native runner (a Llama-family model)")
     if config.method == "ngram":

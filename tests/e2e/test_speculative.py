@@ -106,3 +106,27 @@ def test_structured_output_and_n_still_work(client):
         assert choice.message.content.lstrip().startswith("{")
         if choice.finish_reason == "stop":
             assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_a_prediction_drafts_first_and_leaves_the_text_the_models_own(client):
+    """Predicted outputs beside ngram drafts: wherever the prediction is right, wrong or edited, greedy text is
+    the same, and only a right prediction is accepted."""
+    ask = [{"role": "user", "content": COPY}]
+
+    def chat(prediction: str | None):
+        extra = {} if prediction is None else {"prediction": {"type": "content", "content": prediction}}
+        return client.chat.completions.create(model=MODEL, messages=ask, max_tokens=MAX_TOKENS, temperature=0,
+                                              **extra)
+
+    plain = chat(None)
+    text = plain.choices[0].message.content
+    edited = text.replace("fox", "cat").replace("river", "lake")
+    assert edited != text
+    for prediction in (text, edited, "Nothing like the answer at all, " * 8):
+        resp = chat(prediction)
+        assert resp.choices[0].message.content == text
+        details = resp.usage.completion_tokens_details
+        if prediction == text:
+            assert details.accepted_prediction_tokens >= resp.usage.completion_tokens // 2
+        if prediction.startswith("Nothing"):
+            assert details.accepted_prediction_tokens == 0

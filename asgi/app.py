@@ -21,6 +21,7 @@ from rill.asgi.routes.completions import completions
 from rill.asgi.routes.embeddings import create_embeddings
 from rill.asgi.routes.infill import infill
 from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
+from rill.asgi.routes.rerank import rerank, score
 from rill.asgi.routes.responses import count_input_tokens, create_response
 from rill.asgi.routes.tokenize import detokenize, get_version, tokenize
 from rill.asgi.state import WorkerSettings, WorkerState, dumps
@@ -81,11 +82,13 @@ async def get_model(http: HTTPRequest) -> None:
 
 
 def generative(handler):
-    """A route that generates text: a 400 on a server of an embedding model."""
+    """A route that generates text: a 400 on a server of an embedding model or a cross-encoder."""
     async def guarded(http: HTTPRequest) -> None:
         if not http.state.settings.limits.generates:
-            raise APIError(400, "This server serves an embedding model, which does not generate text; "
-                                "use POST /v1/embeddings.", param="model", code="unsupported_model")
+            what, use = (("a cross-encoder", "POST /v1/rerank or /score") if http.state.settings.limits.scores
+                         else ("an embedding model", "POST /v1/embeddings"))
+            raise APIError(400, f"This server serves {what}, which does not generate text; use {use}.",
+                           param="model", code="unsupported_model")
         await handler(http)
     return guarded
 
@@ -100,6 +103,11 @@ ROUTER = Router([
     ("POST", "/v1/chat/completions", generative(chat_completions)),
     ("POST", "/v1/completions", generative(completions)),
     ("POST", "/v1/embeddings", create_embeddings),
+    ("POST", "/v1/rerank", rerank),  # Jina's and Cohere's shapes, as vLLM serves them (asgi/routes/rerank.py)
+    ("POST", "/v2/rerank", rerank),
+    ("POST", "/rerank", rerank),
+    ("POST", "/score", score),  # vLLM's
+    ("POST", "/v1/score", score),
     ("POST", "/v1/responses", generative(create_response)),
     ("POST", "/v1/responses/input_tokens", count_input_tokens),
     ("POST", "/v1/messages", generative(messages.create_message)),  # Anthropic's Messages API

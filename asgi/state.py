@@ -27,6 +27,7 @@ from rill.asgi.stores.base import Bounds, StateStore
 from rill.asgi.stores.open import open_store
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import HttpConfig
+from rill.ipc.pair_segments import pair_separator
 from rill.ipc.protocol import EngineLimits
 
 SETTINGS_ENV = "RILL_WORKER_SETTINGS"
@@ -128,6 +129,11 @@ class WorkerState:
     def fim_tokens(self) -> FimTokens | None:
         """The served model's fill-in-the-middle tokens (asgi/prompt/fim.py), None where it has none."""
         return fim_tokens(self.tokenizer, self.settings.limits.vocab_size)
+
+    @functools.cached_property
+    def pair_separator(self) -> int | None:
+        """The token that ends a scored pair's first segment (ipc/pair_segments.py): a cross-encoder's [SEP]."""
+        return pair_separator(self.tokenizer)
 
     def detokenizer(self, *, stop: list[str], skip_special_tokens: bool, include_stop: bool):
         return lambda: Detokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, stop=stop,

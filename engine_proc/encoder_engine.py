@@ -1,6 +1,7 @@
-"""The engine of an embedding model in the sentence-transformers layout (an encoder): the same
-loop, scheduler and admission control as a generating engine, with an EncoderRunner, whose
-blocks are an accounting of tokens in flight (an encoder keeps no KV cache)."""
+"""The engine of an encoder model: an embedding model in the sentence-transformers layout, or a
+cross-encoder that scores pairs (rerank, score). The same loop, scheduler and admission control as
+a generating engine, with an EncoderRunner or a CrossEncoderRunner, whose blocks are an accounting
+of tokens in flight (an encoder keeps no KV cache)."""
 from __future__ import annotations
 
 import logging
@@ -19,16 +20,20 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     import torch
 
     from rill.engine_proc.assembly import start_core
+    from rill.engine_proc.model.cross_encoder_layout import is_cross_encoder
+    from rill.engine_proc.model.cross_encoder_runner import CrossEncoderRunner
     from rill.engine_proc.model.encoder_runner import EncoderRunner
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.scheduler import Scheduler
 
     model, limits = config.model, config.scheduler
     model_dir = Path(model.model_dir)
+    scores = is_cross_encoder(model_dir)
     if model.dtype == "auto":  # a small model; bfloat16 would cost its vectors precision for little speed
-        dtype_name, dtype_reason = "float32", "--dtype auto for an embedding model"
+        dtype_name, dtype_reason = "float32", f"--dtype auto for {'a cross-encoder' if scores else 'an embedding model'}"
     started = time.perf_counter()
-    runner = EncoderRunner(model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
+    runner_class = CrossEncoderRunner if scores else EncoderRunner
+    runner = runner_class(model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # Enough blocks for every seat at the longest prompt: they bound nothing but the seats.
     num_blocks = model.max_num_seqs * -(-max_model_len // model.block_size) + 1
@@ -36,9 +41,13 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=False)
     scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max(limits.max_num_batched_tokens, max_model_len), eos_token_ids=[])
-    log.info("embedding model loaded in %.1f s: %s, %s, %d dimensions, %s pooling%s, max_model_len %d, on %s",
-             time.perf_counter() - started, config.model_id, dtype_name, runner.embedding_dim, runner.pooling.mode,
-             ", normalised" if runner.pooling.normalize else "", max_model_len, device)
+    if scores:
+        log.info("cross-encoder loaded in %.1f s: %s, %s, %s score, max_model_len %d, on %s", time.perf_counter() - started,
+                 config.model_id, dtype_name, runner.head.activation, max_model_len, device)
+    else:
+        log.info("embedding model loaded in %.1f s: %s, %s, %d dimensions, %s pooling%s, max_model_len %d, on %s",
+                 time.perf_counter() - started, config.model_id, dtype_name, runner.embedding_dim, runner.pooling.mode,
+                 ", normalised" if runner.pooling.normalize else "", max_model_len, device)
     core, threads = start_core(config, paths, scheduler, runner, rank=rank)
     limits = p.EngineLimits(
         model_id=config.model_id, model_dir=str(model_dir), max_model_len=max_model_len,
@@ -47,5 +56,6 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
         dtype=dtype_name, dtype_reason=dtype_reason, cpu=cpu_info().summary(),
         max_queued_requests=limits.max_queued_requests, max_queued_tokens=limits.max_queued_tokens,
         request_timeout_s=limits.request_timeout_s, generates=False, embedding_dim=runner.embedding_dim,
+        scores=scores,
     )
     return core, threads, limits

@@ -78,6 +78,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
+    from rill.engine_proc.model.cross_encoder_layout import is_cross_encoder
     from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
     from rill.engine_proc.model.hf_runner import TransformersRunner
     from rill.engine_proc.model.loader import load_config
@@ -96,7 +97,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     dtype = getattr(torch, dtype_name)
     log.info("dtype %s: %s; CPU %s", dtype_name, dtype_reason, cpu_info().summary())
     model_dir = Path(model.model_dir)
-    if is_sentence_transformers(model_dir):  # an encoder: embeddings only, no KV cache to page
+    # An encoder: embeddings only, or a cross-encoder's scores only; no KV cache to page.
+    if is_sentence_transformers(model_dir) or is_cross_encoder(model_dir):
         from rill.engine_proc.encoder_engine import build_encoder_engine
 
         return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device)

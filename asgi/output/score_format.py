@@ -1,0 +1,73 @@
+"""The bodies of a rerank answer (Jina's, Cohere's and vLLM's `results`) and of vLLM's score answer (`data`).
+
+Each pair's engine request ends with two float32s where an embedding's vector goes: the activated
+score and the raw logit (engine_proc/model/cross_encoder_runner.py).
+"""
+from __future__ import annotations
+
+import time
+
+import msgspec
+import numpy as np
+
+from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed
+
+
+class _Scores:
+    """The Shape (asgi/output/respond.py) of a scoring answer: one body, never a stream."""
+
+    ends_with_done = False
+    opens_with_first_token = False
+
+    def __init__(self, model: str, activated: bool) -> None:
+        self.model = model
+        self.activated = activated
+
+    def add(self, deltas: list[ChoiceDelta]) -> None:
+        pass  # the scores wait in the mailbox until the body is made
+
+    def scores(self, gen: Generation) -> list[float]:
+        scores = []
+        for choice in gen.mailbox.choices:
+            if choice.embedding is None:
+                raise GenerationFailed("The engine returned no score.")
+            score, logit = np.frombuffer(choice.embedding, dtype="<f4").tolist()
+            scores.append(score if self.activated else logit)
+        return scores
+
+
+class RerankList(_Scores):
+    """`results` sorted by relevance, highest first (ties keep the documents' order), the first `top_n`."""
+
+    def __init__(self, model: str, activated: bool, documents: list[str] | None, top_n: int) -> None:
+        super().__init__(model, activated)
+        self.documents = documents  # None: return_documents false
+        self.top_n = top_n  # 0: all
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        scores = self.scores(gen)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: self.top_n or None]
+        results = []
+        for i in order:
+            result = {"index": i, "relevance_score": scores[i]}
+            if self.documents is not None:
+                result["document"] = {"text": self.documents[i]}
+            results.append(result)
+        tokens = gen.usage().prompt_tokens
+        return msgspec.json.encode({"id": gen.request_id, "model": self.model, "results": results,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+class ScoreList(_Scores):
+    """vLLM's score answer: one `data` entry per pair, in the pairs' order."""
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(self.scores(gen))]
+        tokens = gen.usage().prompt_tokens
+        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
+                                    "model": self.model, "data": data,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})

@@ -1,0 +1,98 @@
+"""Scores whole (query, document) pairs with a cross-encoder: one relevance score per finished prompt."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForSequenceClassification
+
+from rill.engine_proc.model.cross_encoder_layout import ScoreHead, read_score_head
+from rill.engine_proc.model.encoder_runner import MAX_GROUP_TOKENS, PAD_BUDGET_TOKENS, length_groups
+from rill.engine_proc.model.hf_runner import KVBudget
+from rill.engine_proc.model.runner_api import RunnerInfo
+from rill.engine_proc.sample.sampler import SamplerOutput
+from rill.engine_proc.sched.batch import Batch
+from rill.ipc.config import ModelConfig
+from rill.ipc.pair_segments import pair_separator, second_segment_start
+
+log = logging.getLogger("rill.model")
+
+_ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda x: x, "tanh": torch.tanh}
+
+
+class CrossEncoderRunner:
+    """The `Runner` protocol for a cross-encoder: `execute(batch)` is one engine step.
+
+    Each prompt is a pair the API worker encoded with the tokenizer's pair template. As with the
+    EncoderRunner (an encoder attends both ways), a prompt runs whole at its last chunk, and no KV
+    cache exists. Its "embedding" is two float32s: [the activated score, the raw logit], so a
+    request's `use_activation: false` is the worker's choice and costs the engine nothing.
+    """
+
+    info = RunnerInfo("cross-encoder")
+    lora = None
+    sliding_window = None
+    layer_window = None
+    embedding_dim = 0  # serves no embeddings
+
+    def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
+        model_dir = Path(model.model_dir)
+        self.head: ScoreHead = read_score_head(model_dir)
+        self.device = torch.device(device)
+        self.model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+        self.model = self.model.to(self.device).eval().requires_grad_(False)
+        self.config = self.model.config
+        self.vocab_size: int = self.config.vocab_size
+        limits = [self.head.max_model_len, getattr(self.config, "max_position_embeddings", None)]
+        self.max_model_len: int = min([n for n in limits if n] or [num_kv_blocks * model.block_size])
+        self.kv_cache = KVBudget(num_blocks=num_kv_blocks, block_size=model.block_size, num_bytes=0)
+        self._pad_id = getattr(self.config, "pad_token_id", None) or 0
+        # Token types only where the model has them and the tokenizer's pairs use them (BERT's; not RoBERTa's).
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        separator = pair_separator(tokenizer)
+        self._separator = separator if getattr(self.config, "type_vocab_size", 1) > 1 else None
+        self._activate = _ACTIVATIONS[self.head.activation]
+        log.info("cross-encoder: %s score, token types %s, max_model_len %d", self.head.activation,
+                 "after separator id %d" % self._separator if self._separator is not None else "off", self.max_model_len)
+
+    def close(self) -> None:
+        """Nothing to stop (the `Runner` protocol, engine_proc/model/runner_api.py)."""
+
+    def execute(self, batch: Batch) -> SamplerOutput:
+        """A placeholder token id (-1) per seq of `batch.sampled_seqs`, and `out.embeddings`:
+        (seq, float32 [score, logit]) for each, in that order."""
+        seqs = batch.sampled_seqs
+        out = SamplerOutput([-1] * len(seqs))
+        out.embeddings = list(zip(seqs, self.score([seq.req.prompt_ids for seq in seqs])))
+        return out
+
+    def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """[score, logit] per pair prompt, in order; grouped by length for the forwards."""
+        scores: list[np.ndarray | None] = [None] * len(prompts)
+        for group in length_groups([len(p) for p in prompts], PAD_BUDGET_TOKENS, MAX_GROUP_TOKENS):
+            for i, row in zip(group, self._score_group([prompts[i] for i in group])):
+                scores[i] = row
+        return scores
+
+    @torch.inference_mode()
+    def _score_group(self, prompts: list[list[int]]) -> np.ndarray:
+        """[len(prompts), 2] float32: the pairs right-padded into one forward."""
+        max_len = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), max_len), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), max_len), dtype=torch.long)
+        types = torch.zeros((len(prompts), max_len), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[row, : len(ids)] = 1
+            if self._separator is not None:
+                types[row, second_segment_start(ids, self._separator) : len(ids)] = 1
+        inputs = {"input_ids": input_ids, "attention_mask": mask}
+        if self._separator is not None:
+            inputs["token_type_ids"] = types
+        logits = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0].float()
+        return torch.stack([self._activate(logits), logits], dim=1).cpu().numpy()

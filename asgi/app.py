@@ -5,6 +5,8 @@ import logging
 import os
 import time
 
+from rill.asgi.batch.records import BATCH_ID, FILE_ID
+from rill.asgi.batch.runner import BatchRunner
 from rill.asgi.engine_link.client import EngineDead
 from rill.asgi.engine_link.dp_router import total_stats
 from rill.asgi.errors import APIError, engine_unavailable, error_body, shutting_down
@@ -14,7 +16,7 @@ from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_r
 from rill.asgi.http.request_context import RequestContext, set_current
 from rill.asgi.http.router import HTTPRequest, Router
 from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
-from rill.asgi.routes import conversations, lora_admin, messages, router_probes
+from rill.asgi.routes import batches, conversations, files, lora_admin, messages, router_probes
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.completions import completions
@@ -124,6 +126,15 @@ ROUTER = Router([
     ("POST", "/v1/conversations/{conversation_id:conv}/items", conversations.add_items),
     ("GET", "/v1/conversations/{conversation_id:conv}/items/{item_id:item}", conversations.get_item),
     ("DELETE", "/v1/conversations/{conversation_id:conv}/items/{item_id:item}", conversations.delete_item),
+    ("POST", "/v1/files", files.upload),  # the Batch API (docs/batch.md): multipart, read by the route itself
+    ("GET", "/v1/files", files.list_files),
+    ("GET", "/v1/files/{file_id:file}", files.retrieve),
+    ("GET", "/v1/files/{file_id:file}/content", files.content),
+    ("DELETE", "/v1/files/{file_id:file}", files.delete),
+    ("POST", "/v1/batches", batches.create),
+    ("GET", "/v1/batches", batches.list_batches),
+    ("GET", "/v1/batches/{batch_id:batch}", batches.retrieve),
+    ("POST", "/v1/batches/{batch_id:batch}/cancel", batches.cancel),
     ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/infill.py)
@@ -136,7 +147,8 @@ ROUTER = Router([
     ("GET", "/get_server_info", router_probes.server_info),
     ("GET", "/model_info", router_probes.model_info),
     ("GET", "/get_model_info", router_probes.model_info),
-], shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID})  # the ids the store mints and keeps
+], shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID,  # the ids the store mints and keeps
+           "file": FILE_ID, "batch": BATCH_ID})
 NEEDS_BODY = {"POST"}
 
 
@@ -152,6 +164,7 @@ def leave_launcher_group() -> None:
 class App:
     def __init__(self):
         self.state: WorkerState | None = None
+        self.runner: BatchRunner | None = None
 
     async def __call__(self, scope, receive, send):
         kind = scope["type"]
@@ -170,12 +183,17 @@ class App:
                     self.state = WorkerState.load(WorkerSettings.from_env())
                     tag_records_with_request_id()
                     self.state.client.start()
+                    # Batch lines go through the routes' own handlers (asgi/batch/line_call.py).
+                    self.runner = BatchRunner(self.state, lambda url: ROUTER.match("POST", url)[0])
+                    self.runner.start()
                 except Exception as exc:
                     log.exception("worker failed to start")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.runner is not None:
+                    await self.runner.stop()  # lets go of its batch before the store closes
                 if self.state is not None:
                     self.state.client.close()
                     await self.state.store.close()
@@ -207,8 +225,9 @@ class App:
                     raise APIError(405, f"Method {loggable(method, 20)} is not allowed for {shown}; use "
                                         f"{', '.join(allowed)}.", code="method_not_allowed")
                 raise APIError(404, f"Unknown path: {shown}", code="not_found")
-            http = HTTPRequest(self.state, receive, send, query=scope.get("query_string", b""), params=params)
-            if method in NEEDS_BODY:
+            http = HTTPRequest(self.state, receive, send, query=scope.get("query_string", b""), params=params,
+                               headers=scope["headers"])
+            if method in NEEDS_BODY and not getattr(handler, "reads_body", False):
                 http.body = await read_json_body(scope["headers"], receive, self.state.settings.http.max_body_bytes)
             await handler(http)
         except APIError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 from tokenizers import Tokenizer
 
+from rill.asgi.batch.file_disk import FileDisk, files_folder
 from rill.asgi.engine_link.client import EngineClient
 from rill.asgi.http.access_log import log_access
 from rill.asgi.http.auth import ApiKeyGuard
@@ -24,6 +25,7 @@ from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
 from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
 from rill.asgi.stores.base import Bounds, StateStore
+from rill.asgi.stores.batch_store import BatchStore, batch_store_for
 from rill.asgi.stores.open import open_store
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import HttpConfig
@@ -67,6 +69,8 @@ class WorkerState:
     cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
     store: StateStore | None = None
+    batches: BatchStore | None = None  # the Batch API's records, in `store`
+    files: FileDisk | None = None  # the Batch API's files
     # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
@@ -99,6 +103,8 @@ class WorkerState:
         state.store = open_store(http.state_store_url, paths.run_dir,
                                  Bounds(http.responses_store_max_entries, http.responses_store_ttl_s),
                                  Bounds(http.conversations_store_max_entries, http.conversations_store_ttl_s))
+        state.batches = batch_store_for(state.store)
+        state.files = FileDisk(files_folder(http.files_dir, http.state_store_url, paths.run_dir))
         state.metrics = Metrics(http.metrics_prefix, http.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)
         if http.access_log:

@@ -130,6 +130,13 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     conversations_store_max_entries: int = 1000
     conversations_store_ttl_s: float = 3600.0
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    # The Batch API (docs/batch.md): where its files live (empty: beside the state store), their
+    # bounds, and how many lines of a batch run at once in this server (0: it runs none).
+    files_dir: str = ""
+    files_max_bytes: int = 100 << 20
+    files_max_count: int = 1000
+    batch_max_lines: int = 50_000
+    batch_concurrency: int = 4
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):

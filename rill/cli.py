@@ -51,6 +51,17 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                           "(0 disables the store)")
     net.add_argument("--conversations-store-ttl", type=float, default=3600.0,
                      help="seconds a conversation is kept, counted from its creation (0 disables the store)")
+    net.add_argument("--files-dir", default="", metavar="PATH",
+                     help="where the Batch API's files are kept (default: a `files` folder beside the SQLite state "
+                          "store; in the run directory for the default store or Redis: give a shared folder to "
+                          "servers that share a Redis store)")
+    net.add_argument("--files-max-bytes", type=byte_size, default="100MiB", help="the largest file POST /v1/files takes")
+    net.add_argument("--files-max-count", type=int, default=1000,
+                     help="files kept (uploads and batch results); uploads past it get 400. Also the batches kept")
+    net.add_argument("--batch-max-lines", type=int, default=50_000, help="requests in one batch input file")
+    net.add_argument("--batch-concurrency", type=int, default=4,
+                     help="batch requests this server runs at once while no interactive request runs (one while "
+                          "some do, none while any waits); 0: this server runs no batch")
     model = ap.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="a local Hugging Face model directory or a GGUF file (default: the bundled "

@@ -18,6 +18,7 @@ class HTTPRequest:
     body: bytes = b""  # read (within --max-request-body) before the handler runs, for POST
     query: bytes = b""
     params: dict[str, str] = field(default_factory=dict)  # the pattern's `{name}` segments
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # as ASGI gives them
 
 
 Handler = Callable[[HTTPRequest], Awaitable[None]]

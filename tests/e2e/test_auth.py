@@ -69,6 +69,12 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/tokenize", {"prompt": "Hi"}),  # vLLM leaves these open; they run the tokenizer
     ("POST", "/detokenize", {"tokens": [1, 2]}),
     ("POST", "/infill", {"input_prefix": "def f():", "n_predict": 2}),  # llama.cpp's; this model has no FIM: a 400
+    # A generating model serves no rerank or score: a 400 naming `model` once the key is good.
+    ("POST", "/v1/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),
+    ("POST", "/v2/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),
+    ("POST", "/rerank", {"query": "Hi", "documents": ["Hello"]}),
+    ("POST", "/score", {"text_1": "Hi", "text_2": "Hello"}),
+    ("POST", "/v1/score", {"text_1": "Hi", "text_2": "Hello"}),
 ])
 def test_v1_needs_a_valid_key(srv, method, path, body):
     url = f"{srv.base_url}{path}"
@@ -77,7 +83,10 @@ def test_v1_needs_a_valid_key(srv, method, path, body):
         err = check_401(httpx.request(method, url, json=body, headers=headers, timeout=30))
         assert "sk-" not in err["message"], "the presented key is echoed back"
     ok = httpx.request(method, url, json=body, headers=bearer(FILE_KEY), timeout=60)
-    assert ok.status_code == (404 if "no-such" in path else 400 if path == "/infill" else 200), ok.text
+    refused = path == "/infill" or path.endswith(("/rerank", "/score"))
+    assert ok.status_code == (404 if "no-such" in path else 400 if refused else 200), ok.text
+    if path.endswith(("/rerank", "/score")):
+        assert ok.json()["error"]["param"] == "model"
 
 
 def test_sdk_works_with_either_key(srv):

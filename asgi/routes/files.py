@@ -45,7 +45,10 @@ async def upload(http: HTTPRequest) -> None:
     settings = http.state.settings.http
     content_type = _header(http, b"content-type")
     multipart.boundary_of(content_type)  # a 415 before the body is read
-    body = await read_body(http.receive, settings.files_max_bytes + MULTIPART_OVERHEAD)
+    try:
+        body = await read_body(http.receive, settings.files_max_bytes + MULTIPART_OVERHEAD)
+    except APIError as exc:
+        raise _too_large(settings.files_max_bytes, "more") if exc.status == 413 else exc from None
     parts = multipart.parse(body, content_type)
     del body
     purpose = parts.get("purpose")
@@ -60,8 +63,7 @@ async def upload(http: HTTPRequest) -> None:
                        code="missing_required_parameter")
     data = upload_part.data
     if len(data) > settings.files_max_bytes:
-        raise APIError(413, f"A file may hold at most {settings.files_max_bytes} bytes; this one holds {len(data)}.",
-                       param="file", code="file_too_large")
+        raise _too_large(settings.files_max_bytes, str(len(data)))
     if data.count(b"\n") + (not data.endswith(b"\n")) > settings.batch_max_lines:
         raise APIError(400, f"A batch input file holds at most {settings.batch_max_lines} lines.", param="file",
                        code="too_many_lines")
@@ -78,6 +80,11 @@ async def upload(http: HTTPRequest) -> None:
 
 
 upload.reads_body = True  # multipart, under its own limit: App.route reads no JSON body first
+
+
+def _too_large(limit: int, size: str) -> APIError:
+    return APIError(413, f"A file may hold at most {limit} bytes (--files-max-bytes); this one holds {size}.",
+                    param="file", code="file_too_large")
 
 
 def _query(http: HTTPRequest) -> dict[str, str]:

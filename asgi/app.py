@@ -87,8 +87,8 @@ def generative(handler):
     """A route that generates text: a 400 on a server of an embedding model or a cross-encoder."""
     async def guarded(http: HTTPRequest) -> None:
         if not http.state.settings.limits.generates:
-            what, use = (("a cross-encoder", "POST /v1/rerank or /score") if http.state.settings.limits.scores
-                         else ("an embedding model", "POST /v1/embeddings"))
+            what, use = ((f"a reranker ({http.state.settings.limits.scorer})", "POST /v1/rerank or /score")
+                         if http.state.settings.limits.scorer else ("an embedding model", "POST /v1/embeddings"))
             raise APIError(400, f"This server serves {what}, which does not generate text; use {use}.",
                            param="model", code="unsupported_model")
         await handler(http)

@@ -1,7 +1,7 @@
-"""The engine of an encoder model: an embedding model in the sentence-transformers layout, or a
-cross-encoder that scores pairs (rerank, score). The same loop, scheduler and admission control as
-a generating engine, with an EncoderRunner or a CrossEncoderRunner, whose blocks are an accounting
-of tokens in flight (an encoder keeps no KV cache)."""
+"""The engine of a model that reads each prompt once, whole, and keeps nothing: an embedding model in the
+sentence-transformers layout, a cross-encoder, or a decoder served as a yes/no reranker (rerank, score).
+The same loop, scheduler and admission control as a generating engine, with an EncoderRunner,
+CrossEncoderRunner or YesNoRunner, whose blocks are an accounting of tokens in flight (no KV cache)."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rill.engine_proc.cpu_features import cpu_info
+from rill.engine_proc.model.task import Served
 from rill.ipc import protocol as p
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import EngineConfig
@@ -16,24 +17,24 @@ from rill.ipc.config import EngineConfig
 log = logging.getLogger("rill.engine")
 
 
-def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype_name: str, dtype_reason: str, device):
+def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype_name: str, dtype_reason: str, device,
+                         served: Served):
     import torch
 
     from rill.engine_proc.assembly import start_core
-    from rill.engine_proc.model.cross_encoder_layout import is_cross_encoder
     from rill.engine_proc.model.cross_encoder_runner import CrossEncoderRunner
     from rill.engine_proc.model.encoder_runner import EncoderRunner
+    from rill.engine_proc.model.yes_no_runner import YesNoRunner
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.scheduler import Scheduler
 
     model, limits = config.model, config.scheduler
     model_dir = Path(model.model_dir)
-    scores = is_cross_encoder(model_dir)
-    if model.dtype == "auto":  # a small model; bfloat16 would cost its vectors precision for little speed
-        dtype_name, dtype_reason = "float32", f"--dtype auto for {'a cross-encoder' if scores else 'an embedding model'}"
+    if model.dtype == "auto" and served is not Served.YES_NO:  # a small encoder: bfloat16 would cost precision for little
+        dtype_name, dtype_reason = "float32", f"--dtype auto for an encoder ({served.value})"
     started = time.perf_counter()
-    runner_class = CrossEncoderRunner if scores else EncoderRunner
-    runner = runner_class(model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
+    runner_class = {Served.EMBED: EncoderRunner, Served.CROSS_ENCODER: CrossEncoderRunner, Served.YES_NO: YesNoRunner}
+    runner = runner_class[served](model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # Enough blocks for every seat at the longest prompt: they bound nothing but the seats.
     num_blocks = model.max_num_seqs * -(-max_model_len // model.block_size) + 1
@@ -41,9 +42,9 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=False)
     scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max(limits.max_num_batched_tokens, max_model_len), eos_token_ids=[])
-    if scores:
-        log.info("cross-encoder loaded in %.1f s: %s, %s, %s score, max_model_len %d, on %s", time.perf_counter() - started,
-                 config.model_id, dtype_name, runner.head.activation, max_model_len, device)
+    if served is not Served.EMBED:
+        log.info("%s loaded in %.1f s: %s, %s, max_model_len %d, on %s", served.value, time.perf_counter() - started,
+                 config.model_id, dtype_name, max_model_len, device)
     else:
         log.info("embedding model loaded in %.1f s: %s, %s, %d dimensions, %s pooling%s, max_model_len %d, on %s",
                  time.perf_counter() - started, config.model_id, dtype_name, runner.embedding_dim, runner.pooling.mode,
@@ -56,6 +57,6 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
         dtype=dtype_name, dtype_reason=dtype_reason, cpu=cpu_info().summary(),
         max_queued_requests=limits.max_queued_requests, max_queued_tokens=limits.max_queued_tokens,
         request_timeout_s=limits.request_timeout_s, generates=False, embedding_dim=runner.embedding_dim,
-        scores=scores,
+        scorer="" if served is Served.EMBED else served.value,
     )
     return core, threads, limits

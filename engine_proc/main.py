@@ -78,12 +78,11 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
-    from rill.engine_proc.model.cross_encoder_layout import is_cross_encoder
     from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
     from rill.engine_proc.model.hf_runner import TransformersRunner
     from rill.engine_proc.model.loader import load_config
     from rill.engine_proc.model.runner import ModelRunner
-    from rill.engine_proc.model.sentence_layout import is_sentence_transformers
+    from rill.engine_proc.model.task import Served, choose_served
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.scheduler import Scheduler
     from rill.engine_proc.sched.window_tables import window_tables_of
@@ -97,11 +96,14 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     dtype = getattr(torch, dtype_name)
     log.info("dtype %s: %s; CPU %s", dtype_name, dtype_reason, cpu_info().summary())
     model_dir = Path(model.model_dir)
-    # An encoder: embeddings only, or a cross-encoder's scores only; no KV cache to page.
-    if is_sentence_transformers(model_dir) or is_cross_encoder(model_dir):
+    served = choose_served(model.task, model_dir)  # a ValueError stops the start, saying why
+    if served is not Served.GENERATE:  # embeddings only, or scores only: each prompt read once, no KV cache to page
+        if served is Served.YES_NO and (model.enable_embeddings or model.max_loras or model.speculative_config):
+            raise ValueError("--task score serves rerank and score only: it takes no --enable-embeddings, "
+                             "--enable-lora or --speculative-config")
         from rill.engine_proc.encoder_engine import build_encoder_engine
 
-        return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device)
+        return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device, served)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(model.model_impl, hf_config)
     if runner_class is not ModelRunner and (model.enable_embeddings or model.max_loras):

@@ -42,6 +42,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     block_size: int = 16
     max_num_seqs: int = 64  # the decode graphs are built up to this batch
     enable_embeddings: bool = False  # a decoder serves /v1/embeddings too (last-token pooling)
+    task: str = "auto"  # auto | generate | embed | score: what to serve (engine_proc/model/task.py)
     max_loras: int = 0  # --enable-lora: slots for LoRA adapters (engine_proc/lora/); 0 off
     max_lora_rank: int = 16
     speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off

@@ -273,7 +273,9 @@ class EngineLimits(msgspec.Struct):
     attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
     generates: bool = True  # False: an embedding model (an encoder), which serves /v1/embeddings only
     embedding_dim: int = 0  # the vectors' size; 0: no embeddings (a decoder without --enable-embeddings)
-    scores: bool = False  # a cross-encoder, which serves /rerank and /score only (asgi/routes/rerank.py)
+    # What scores pairs for /rerank and /score (asgi/routes/rerank.py), which are then the only routes served:
+    # "" none | cross-encoder | yes-no (a decoder reranker, --task score).
+    scorer: str = ""
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded at start, name -> path
     speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"
 

@@ -108,6 +108,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV blocks of prompt prefixes that earlier requests computed")
+    engine.add_argument("--task", choices=["auto", "generate", "embed", "score"], default="auto",
+                        help="what to serve: auto follows the model directory (a cross-encoder scores, a "
+                             "sentence-transformers model embeds, a decoder generates); score on a decoder serves "
+                             "it as a yes/no reranker (Qwen3-Reranker's recipe) on /rerank and /score only")
     engine.add_argument("--enable-embeddings", action="store_true",
                         help="serve POST /v1/embeddings with the generating model too: its last token's final "
                              "hidden state, L2-normalised (an embedding model in the sentence-transformers layout "

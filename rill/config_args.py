@@ -15,7 +15,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         model_dir=str(model_dir), dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         load_format=args.load_format, quantization=args.quantization, model_impl=args.model_impl,
         batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings,
+        max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings, task=args.task,
         max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
         speculative_config=args.speculative_config, num_threads=args.num_threads,
     )

@@ -1,5 +1,6 @@
-"""Encoding (query, document) pairs for a cross-encoder with the tokenizer's own pair template
-(`[CLS] q [SEP] d [SEP]`), each pair one prompt, checked before the engine sees it."""
+"""Encoding (query, document) pairs as prompts, each pair one, checked before the engine sees it: for a
+cross-encoder with the tokenizer's own pair template (`[CLS] q [SEP] d [SEP]`), for a yes/no decoder
+reranker with Qwen3-Reranker's prompt."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +8,16 @@ import asyncio
 from tokenizers import Encoding, Tokenizer
 
 from rill.asgi.errors import APIError
-from rill.asgi.prompt.encoding import OFF_LOOP_CHARS
+from rill.asgi.prompt.encoding import OFF_LOOP_CHARS, encode_texts
 from rill.ipc.pair_segments import follows_the_rule
+
+# Qwen3-Reranker's prompt (its model card's, and vLLM's score template qwen3_reranker.jinja): the model
+# answers "yes" or "no" after it, and the score is how much it prefers "yes".
+JUDGE_PROMPT = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the '
+                'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+                "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
 async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list[str], seconds: list[str], *,
@@ -26,6 +35,21 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
         _check(enc, i, separator, max_model_len, first_param if one_first else f"{first_param}[{i}]",
                f"{second_param}[{i}]")
     return [enc.ids for enc in encodings]
+
+
+async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: list[str], instruction: str | None,
+                              *, max_model_len: int, second_param: str) -> list[list[int]]:
+    """One JUDGE_PROMPT per pair (a decoder reranker's). A 400 names `second_param[i]` for a prompt longer than
+    `max_model_len` (never cut short)."""
+    texts = [JUDGE_PROMPT.format(instruction=instruction or DEFAULT_INSTRUCTION, query=a, document=b)
+             for a, b in zip(firsts, seconds)]
+    prompts = await encode_texts(tokenizer, texts, add_special_tokens=False)
+    for i, ids in enumerate(prompts):
+        if len(ids) > max_model_len:
+            raise APIError(400, f"Pair {i}'s prompt (with `{second_param}[{i}]`) has {len(ids)} tokens; this model "
+                                f"takes at most {max_model_len}.", param=f"{second_param}[{i}]",
+                           code="context_length_exceeded")
+    return prompts
 
 
 def _check(enc: Encoding, i: int, separator: int | None, max_model_len: int, first: str, second: str) -> None:

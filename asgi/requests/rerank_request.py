@@ -11,6 +11,8 @@ from rill.asgi.errors import APIError, unsupported
 from rill.asgi.requests.bounds import MAX_PROMPTS, MAX_SMALL_LIST, Name
 
 MAX_DOCUMENTS = MAX_PROMPTS  # documents of one rerank, or pairs of one score request (Jina's and Cohere's are 1,000-2,048)
+MAX_INSTRUCTION_LEN = 4096  # characters of a decoder reranker's instruction (Qwen3-Reranker's `<Instruct>`)
+Instruction = Annotated[str, Meta(max_length=MAX_INSTRUCTION_LEN)]
 
 
 class Document(msgspec.Struct, kw_only=True):
@@ -28,6 +30,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     use_activation: bool | None = None  # vLLM's: false gives the classifier's raw logit
     activation: bool | None = None  # vLLM's older name for use_activation
     rank_fields: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None  # Cohere's v1
+    instruction: Instruction | None = None  # a decoder reranker's task description (Rill's; vLLM's template variable)
     user: Name | None = None
 
 
@@ -40,6 +43,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     text_2: TextOrTexts
     use_activation: bool | None = None
     activation: bool | None = None
+    instruction: Instruction | None = None
     user: Name | None = None
 
 

@@ -58,9 +58,9 @@ async def create_embeddings(http: HTTPRequest) -> None:
     req: EmbeddingsRequest = decode_json(embeddings_decoder, http.body)
     await resolve_model(state, req.model, adapters=False)  # the served model's embeddings only
     limits = state.settings.limits
-    if limits.scores:
-        raise APIError(400, "This server serves a cross-encoder, which makes no embeddings; use POST /v1/rerank or "
-                            "/score.", param="model", code="unsupported_model")
+    if limits.scorer:
+        raise APIError(400, f"This server serves a reranker ({limits.scorer}), which makes no embeddings; use "
+                            "POST /v1/rerank or /score.", param="model", code="unsupported_model")
     if not limits.embedding_dim:
         raise APIError(400, "This server does not serve embeddings: start it with --enable-embeddings, or serve "
                             "an embedding model.", param="model", code="unsupported_model")

@@ -1,17 +1,19 @@
 """POST /v1/rerank, /rerank, /v2/rerank (Jina's and Cohere's shapes, as vLLM serves them) and
 POST /score, /v1/score (vLLM's): each (query, document) pair is one engine request that a
-cross-encoder scores instead of sampling, batched by the engine like embeddings."""
+cross-encoder or a yes/no decoder reranker scores instead of sampling, batched by the engine like embeddings."""
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
-from rill.asgi.errors import APIError
+from rill.asgi.errors import APIError, unsupported
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import Shape, respond
 from rill.asgi.output.score_format import RerankList, ScoreList
-from rill.asgi.prompt.pairs import encode_pairs
+from rill.asgi.prompt.pairs import encode_judged_pairs, encode_pairs
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.rerank_request import (
+    RerankRequest,
+    ScoreRequest,
     rerank_decoder,
     rerank_pairs,
     score_decoder,
@@ -29,9 +31,7 @@ async def rerank(http: HTTPRequest) -> None:
     req = decode_json(rerank_decoder, http.body)
     await _check_serves_scores(state, req.model)
     queries, texts = rerank_pairs(req)
-    prompts = await encode_pairs(state.tokenizer, state.pair_separator, queries, texts,
-                                 max_model_len=state.settings.limits.max_model_len,
-                                 first_param="query", second_param="documents")
+    prompts = await _prompts(state, req, queries, texts, "query", "documents")
     shape = RerankList(state.model_id, use_activation(req), texts if req.return_documents else None, req.top_n or 0)
     await _run(http, "rerank", prompts, shape)
 
@@ -41,18 +41,28 @@ async def score(http: HTTPRequest) -> None:
     req = decode_json(score_decoder, http.body)
     await _check_serves_scores(state, req.model)
     firsts, seconds = score_pairs(req)
-    prompts = await encode_pairs(state.tokenizer, state.pair_separator, firsts, seconds,
-                                 max_model_len=state.settings.limits.max_model_len,
-                                 first_param="text_1", second_param="text_2")
+    prompts = await _prompts(state, req, firsts, seconds, "text_1", "text_2")
     await _run(http, "score", prompts, ScoreList(state.model_id, use_activation(req)))
 
 
 async def _check_serves_scores(state: WorkerState, model: str | None) -> None:
     await resolve_model(state, model, adapters=False)
-    if not state.settings.limits.scores:
+    if not state.settings.limits.scorer:
         raise APIError(400, "This server does not serve rerank or score: serve a cross-encoder (a sentence-transformers "
-                            "CrossEncoder, or a *ForSequenceClassification model with one label).",
-                       param="model", code="unsupported_model")
+                            "CrossEncoder, or a *ForSequenceClassification model with one label), or a decoder "
+                            "reranker with --task score.", param="model", code="unsupported_model")
+
+
+async def _prompts(state: WorkerState, req: RerankRequest | ScoreRequest, firsts: list[str], seconds: list[str],
+                   first_param: str, second_param: str) -> list[list[int]]:
+    max_model_len = state.settings.limits.max_model_len
+    if state.settings.limits.scorer == "yes-no":
+        return await encode_judged_pairs(state.tokenizer, firsts, seconds, req.instruction,
+                                         max_model_len=max_model_len, second_param=second_param)
+    if req.instruction is not None:  # a cross-encoder reads the pair alone
+        raise unsupported("instruction")
+    return await encode_pairs(state.tokenizer, state.pair_separator, firsts, seconds, max_model_len=max_model_len,
+                              first_param=first_param, second_param=second_param)
 
 
 async def _run(http: HTTPRequest, prefix: str, prompts: list[list[int]], shape: Shape) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.server import start_server, stop_server
-from tests.helpers.tiny_cross_encoder import MAX_POSITIONS, reference_logits, save_tiny_cross_encoder
+from tests.helpers.tiny_rerankers import MAX_POSITIONS, reference_logits, save_tiny_cross_encoder
 
 RERANKER = "tiny-reranker"
 QUERY = "What animals live near Peru?"

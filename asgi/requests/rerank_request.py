@@ -22,7 +22,7 @@ class Document(msgspec.Struct, kw_only=True):
 
 
 class RerankRequest(msgspec.Struct, kw_only=True):
-    model: Name | None = None  # optional, as vLLM and Cohere's v1 have it
+    model: str | None = None  # optional, as vLLM and Cohere's v1 have it; compared only (a long name is a 404)
     query: str
     documents: Annotated[list[str | Document], Meta(max_length=MAX_DOCUMENTS)]
     top_n: Annotated[int, Meta(ge=0)] | None = None  # None or 0: every document (vLLM's 0)
@@ -38,7 +38,7 @@ TextOrTexts = str | Annotated[list[str], Meta(max_length=MAX_DOCUMENTS)]
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True):
-    model: Name | None = None
+    model: str | None = None
     text_1: TextOrTexts
     text_2: TextOrTexts
     use_activation: bool | None = None

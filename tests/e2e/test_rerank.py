@@ -120,7 +120,6 @@ def test_a_cross_encoder_server_refuses_generation_and_embeddings(srv):
     ("/v1/rerank", {"query": "q", "documents": ["a"], "rank_fields": ["title"]}, "rank_fields"),
     ("/v1/rerank", {"query": "a [SEP] b", "documents": ["a"]}, "query"),  # the separator would split it wrongly
     ("/v1/rerank", {"query": "q", "documents": ["a", "word " * MAX_POSITIONS]}, "documents[1]"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "model": "x" * 300}, "model"),
     ("/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_2"),
     ("/score", {"text_1": [], "text_2": ["a"]}, "text_1"),
     ("/score", {"text_1": "a", "text_2": []}, "text_2"),
@@ -135,5 +134,6 @@ def test_bad_requests_are_400s_naming_the_field(srv, path, body, param):
 
 
 def test_an_unknown_model_is_a_404(srv):
-    err = error_of(post(srv, "/v1/rerank", {"model": "other", "query": "q", "documents": ["a"]}), 404)
-    assert err["param"] == "model"
+    for name in ("other", "x" * 300):  # `model` is compared only, as on every route
+        err = error_of(post(srv, "/v1/rerank", {"model": name, "query": "q", "documents": ["a"]}), 404)
+        assert err["param"] == "model"

@@ -64,7 +64,7 @@ def parse(body: bytes, content_type: str) -> dict[str, Part]:
         head_end = body.find(b"\r\n\r\n", pos + 2, pos + 2 + MAX_HEADER_BYTES + 4)
         if head_end < 0:
             raise _bad(f"A multipart part's headers must end within {MAX_HEADER_BYTES} bytes.")
-        end = body.find(b"\r\n" + delimiter, head_end + 4)
+        end = _delimiter_at(body, b"\r\n" + delimiter, head_end + 4)
         if end < 0:
             raise _bad("The multipart body ends before its closing delimiter.")
         if len(parts) >= MAX_PARTS:
@@ -73,6 +73,16 @@ def parse(body: bytes, content_type: str) -> dict[str, Part]:
         parts.setdefault(part.name, part)
         pos = end + 2 + len(delimiter)
     raise _bad(f"A multipart body may hold at most {MAX_PARTS} parts.")
+
+
+def _delimiter_at(body: bytes, delimiter: bytes, start: int) -> int:
+    """The next delimiter line: the boundary followed by CRLF or `--` (the same bytes followed by
+    anything else are content)."""
+    while (at := body.find(delimiter, start)) >= 0:
+        if body[at + len(delimiter) : at + len(delimiter) + 2] in (b"\r\n", b"--"):
+            return at
+        start = at + 1
+    return -1
 
 
 def _part(head: bytes, data: bytes) -> Part:

@@ -22,7 +22,7 @@ from rill.asgi.stores.base import StoreUnavailable
 log = logging.getLogger("rill.batch")
 
 LEASE_S = 30.0  # a dead worker's batch waits this long for another worker
-CLAIM_EVERY_S = 1.0  # how often an idle runner looks for a batch to run
+CLAIM_EVERY_S = 0.5  # how often an idle runner looks for a batch to run (a read, unless one is free)
 RETRY_AFTER_S = 5.0  # after a failure of the store or of a job
 
 

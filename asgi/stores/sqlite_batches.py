@@ -76,9 +76,11 @@ class SQLiteBatches(BatchStore):
     def _claim(self, conn: sqlite3.Connection, owner: str, lease_s: float) -> str | None:
         now = self.store.clock()
         marks = ", ".join("?" * len(ACTIVE_VALUES))
+        free = f"SELECT id FROM batches WHERE status IN ({marks}) AND lease_until <= ? ORDER BY seq LIMIT 1"
+        if not conn.execute(free, (*ACTIVE_VALUES, now)).fetchall():
+            return None  # the common case, read without the write lock (every idle worker polls)
         with _transaction(conn):
-            rows = conn.execute(f"SELECT id FROM batches WHERE status IN ({marks}) AND lease_until <= ? "
-                                "ORDER BY seq LIMIT 1", (*ACTIVE_VALUES, now)).fetchall()
+            rows = conn.execute(free, (*ACTIVE_VALUES, now)).fetchall()
             if not rows:
                 return None
             conn.execute("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?",

@@ -261,7 +261,7 @@ def test_restart_resumes_and_deadline_expires(tiny, tmp_path_factory):
     flags = (*tiny_flags(tiny, store), "--batch-concurrency", "1")
     srv = start_server(tmp_path_factory, *flags)
     client = sdk_client(srv)
-    running = client.batches.create(input_file_id=upload(client, [line(f"r{i}", chat(i % 8, 200)) for i in range(10)]).id,
+    running = client.batches.create(input_file_id=upload(client, [line(f"r{i}", chat(i % 8, 120)) for i in range(8)]).id,
                                     endpoint="/v1/chat/completions", completion_window="24h")
     late = client.batches.create(input_file_id=upload(client, [line(f"l{i}", chat(i)) for i in range(3)]).id,
                                  endpoint="/v1/chat/completions", completion_window="24h")
@@ -274,14 +274,14 @@ def test_restart_resumes_and_deadline_expires(tiny, tmp_path_factory):
         conn.execute("UPDATE batches SET body = ? WHERE id = ?",
                      (json.dumps({**json.loads(body), "expires_at": int(time.time()) - 1}), late.id))
     done_before = len((store.parent / "files" / f"{running.id}.output.jsonl").read_bytes().splitlines())
-    assert 2 <= done_before < 10
+    assert 2 <= done_before < 8
     srv = start_server(tmp_path_factory, *flags)
     try:
         client = sdk_client(srv)
         batch = wait(client, running.id)
-        assert batch.status == "completed" and batch.request_counts.completed == 10, batch
+        assert batch.status == "completed" and batch.request_counts.completed == 8, batch
         output = records(client, batch.output_file_id)
-        assert sorted(r["custom_id"] for r in output) == sorted(f"r{i}" for i in range(10))  # none twice
+        assert sorted(r["custom_id"] for r in output) == sorted(f"r{i}" for i in range(8))  # none twice
         expired = wait(client, late.id)
         assert expired.status == "expired" and expired.expired_at, expired
         assert expired.request_counts.completed == 0 and expired.request_counts.failed == 3

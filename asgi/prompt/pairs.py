@@ -25,6 +25,7 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
     """One prompt per pair. A 400 names `second_param[i]` for a pair longer than `max_model_len` (never
     cut short), and `first_param` (with `[i]` where several) for a first text the engine would split
     wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
+    await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
     pairs = list(zip(firsts, seconds))
     if sum(len(a) + len(b) for a, b in pairs) < OFF_LOOP_CHARS:
         encodings = tokenizer.encode_batch(pairs, add_special_tokens=True)
@@ -38,9 +39,10 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
 
 
 async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: list[str], instruction: str | None,
-                              *, max_model_len: int, second_param: str) -> list[list[int]]:
+                              *, max_model_len: int, first_param: str, second_param: str) -> list[list[int]]:
     """One JUDGE_PROMPT per pair (a decoder reranker's). A 400 names `second_param[i]` for a prompt longer than
     `max_model_len` (never cut short)."""
+    await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
     texts = [JUDGE_PROMPT.format(instruction=instruction or DEFAULT_INSTRUCTION, query=a, document=b)
              for a, b in zip(firsts, seconds)]
     prompts = await encode_texts(tokenizer, texts, add_special_tokens=False)
@@ -50,6 +52,17 @@ async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: 
                                 f"takes at most {max_model_len}.", param=f"{second_param}[{i}]",
                            code="context_length_exceeded")
     return prompts
+
+
+async def _check_shared_first(tokenizer: Tokenizer, firsts: list[str], max_model_len: int, param: str) -> None:
+    """A query in every pair is tokenized with each: one the model could not take even alone is refused
+    before that (a body-sized query would otherwise be tokenized once per document)."""
+    if len(firsts) < 2 or len(set(firsts)) != 1:
+        return
+    (ids,) = await encode_texts(tokenizer, firsts[:1], add_special_tokens=False)
+    if len(ids) > max_model_len:
+        raise APIError(400, f"`{param}` has {len(ids)} tokens; this model takes at most {max_model_len} with each "
+                            "document.", param=param, code="context_length_exceeded")
 
 
 def _check(enc: Encoding, i: int, separator: int | None, max_model_len: int, first: str, second: str) -> None:

@@ -57,8 +57,8 @@ async def _prompts(state: WorkerState, req: RerankRequest | ScoreRequest, firsts
                    first_param: str, second_param: str) -> list[list[int]]:
     max_model_len = state.settings.limits.max_model_len
     if state.settings.limits.scorer == "yes-no":
-        return await encode_judged_pairs(state.tokenizer, firsts, seconds, req.instruction,
-                                         max_model_len=max_model_len, second_param=second_param)
+        return await encode_judged_pairs(state.tokenizer, firsts, seconds, req.instruction, max_model_len=max_model_len,
+                                         first_param=first_param, second_param=second_param)
     if req.instruction is not None:  # a cross-encoder reads the pair alone
         raise unsupported("instruction")
     return await encode_pairs(state.tokenizer, state.pair_separator, firsts, seconds, max_model_len=max_model_len,

@@ -120,6 +120,7 @@ def test_a_cross_encoder_server_refuses_generation_and_embeddings(srv):
     ("/v1/rerank", {"query": "q", "documents": ["a"], "rank_fields": ["title"]}, "rank_fields"),
     ("/v1/rerank", {"query": "a [SEP] b", "documents": ["a"]}, "query"),  # the separator would split it wrongly
     ("/v1/rerank", {"query": "q", "documents": ["a", "word " * MAX_POSITIONS]}, "documents[1]"),
+    ("/v1/rerank", {"query": "word " * (MAX_POSITIONS + 1), "documents": ["a", "b"]}, "query"),  # before the pairs
     ("/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_2"),
     ("/score", {"text_1": [], "text_2": ["a"]}, "text_1"),
     ("/score", {"text_1": "a", "text_2": []}, "text_2"),

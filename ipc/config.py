@@ -98,6 +98,11 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str = ""  # --uds: a Unix-domain socket instead of host and port (rill/listening.py)
+    ssl_certfile: str = ""  # TLS (--ssl-certfile, --ssl-keyfile; --ssl-ca-certs and --ssl-cert-reqs for clients')
+    ssl_keyfile: str = ""
+    ssl_ca_certs: str = ""
+    ssl_cert_reqs: int = 0
     workers: int = 1
     served_model_name: str = ""
     sse_keepalive_s: float = 15.0

@@ -6,6 +6,7 @@ import re
 import sys
 
 from rill.chat_flags import add_chat_flags, check_chat_flags
+from rill.listening import add_listen_flags, check_listen_flags
 from rill.lora_flags import add_lora_flags, check_lora_flags
 from rill.parallel_flags import add_parallel_flags, check_parallel_flags
 from rill.systemd_unit import add_systemd_unit_parser, print_unit
@@ -139,6 +140,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     add_auth_proxy_log_flags(ap)
     add_metrics_flags(ap)
     add_chat_flags(ap)
+    add_listen_flags(ap)
     return ap
 
 
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         check_chat_flags(args, serve)
         check_parallel_flags(args, serve)
         check_lora_flags(args, serve)
+        check_listen_flags(args, serve)
         if args.headless:
             from rill.headless import serve_headless
 

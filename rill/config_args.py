@@ -36,7 +36,9 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         kv_events_topic=args.kv_events_topic,
     )
     http = HttpConfig(
-        host=args.host, port=args.port, workers=args.workers, served_model_name=model_id,
+        host=args.host, port=args.port, workers=args.workers, served_model_name=model_id, uds=args.uds or "",
+        ssl_certfile=args.ssl_certfile or "", ssl_keyfile=args.ssl_keyfile or "", ssl_ca_certs=args.ssl_ca_certs or "",
+        ssl_cert_reqs=args.ssl_cert_reqs,
         sse_keepalive_s=args.sse_keepalive, shutdown_timeout_s=args.shutdown_timeout,
         timeout_keep_alive_s=args.timeout_keep_alive, max_body_bytes=args.max_request_body,
         chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,

@@ -7,12 +7,15 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import threading
+from pathlib import Path
 
 from rill.engine_monitor import EngineMonitor
 from rill.ipc.channels import RunPaths
-from rill.ipc.config import Config
+from rill.ipc.config import Config, HttpConfig
 from rill.ipc.lifetime import PR_SET_PDEATHSIG
+from rill.listening import Listener
 from rill.sdnotify import ServiceReporter
 
 log = logging.getLogger("rill")
@@ -37,6 +40,7 @@ def make_draining_granian():
             self.reporter = reporter
             self.drain_timeout_s = timeout_s
             self.drain_thread: threading.Thread | None = None
+            self.listen_fd = -1
 
         def signal_handler_interrupt(self, *args, **kwargs):
             if self.drain_thread is not None:  # a second signal: stop now
@@ -69,6 +73,18 @@ def make_draining_granian():
             super()._respawn_workers(workers, *args, **kwargs)
             for proc in alive:  # replaced alive: Granian stopped it, and its streams with it
                 self.monitor.abort_all(worker_id=str(proc.pid))
+
+        def _init_shared_socket(self):
+            """systemd's socket (socket activation), where it passed one; else Granian's own."""
+            if self.listen_fd < 0:
+                return super()._init_shared_socket()
+            from granian._granian import SocketHolder
+
+            sock = socket.socket(fileno=os.dup(self.listen_fd))
+            self._shd = SocketHolder(self.listen_fd, sock.family == socket.AF_UNIX, self.backlog)
+            self._sfd, self._ssp = self.listen_fd, None
+            sock.set_inheritable(True)
+            self._sso = sock  # as Granian's own shared socket: inherited by the workers, closed at the end
 
         def _drain_then_stop(self) -> None:
             self.paths.draining_flag.touch()
@@ -113,8 +129,23 @@ def die_with_launcher_when_forked() -> None:
     os.register_at_fork(after_in_child=in_child)
 
 
+def listen_settings(http: HttpConfig, listener: Listener) -> dict:
+    """Granian's arguments for where (rill/listening.py) and with which TLS it serves."""
+    from granian.constants import SSLProtocols
+
+    where = {"address": http.host, "port": http.port}
+    if listener.uds and listener.fd < 0:
+        where["uds"] = Path(listener.uds)
+    if not http.ssl_certfile:
+        return where
+    return {**where, "ssl_cert": Path(http.ssl_certfile), "ssl_key": Path(http.ssl_keyfile),
+            "ssl_ca": Path(http.ssl_ca_certs) if http.ssl_ca_certs else None,
+            "ssl_client_verify": http.ssl_cert_reqs > 0,
+            "ssl_protocol_min": SSLProtocols.tls12}  # as uvicorn (vLLM): TLS 1.2 clients are still common
+
+
 def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
-                log_config: dict | None = None) -> bool:
+                listener: Listener, log_config: dict | None = None) -> bool:
     """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
     from granian.constants import Interfaces, Loops
 
@@ -125,8 +156,7 @@ def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporte
         monitor,
         reporter,
         "rill.asgi.app:app",
-        address=http.host,
-        port=http.port,
+        **listen_settings(http, listener),
         interface=Interfaces.ASGI,
         workers=http.workers,
         loop=Loops.uvloop,
@@ -139,6 +169,7 @@ def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporte
         respawn_failed_workers=True,
         backlog=2048,
     )
+    server.listen_fd = listener.fd
     die_with_launcher_when_forked()
     try:
         server.serve()

@@ -32,6 +32,7 @@ from rill.ipc import protocol as p
 from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
 from rill.ipc.logs import configure_logging
+from rill.listening import Listener, systemd_socket
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
 
@@ -133,6 +134,7 @@ def serve(args) -> int:
         log.error("%s", exc)
         return 2
     notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
+    listener = Listener.of(args.host, args.port, args.uds, systemd_socket(), tls=bool(args.ssl_certfile))
     notifier.send("STATUS=loading the model")
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
@@ -171,9 +173,10 @@ def serve(args) -> int:
         monitor = EngineMonitor(paths, lambda: all(proc.is_alive() for proc in procs),
                                 poll_s=min(0.5, notifier.watchdog_s / 8 or 0.5), num_engines=len(procs))
         monitor.start()
-        reporter = ServiceReporter(notifier, monitor, model_id, config.http.host, config.http.port)
+        reporter = ServiceReporter(notifier, monitor, model_id, listener)
         reporter.start()
-        http_failed = run_granian(config, paths, monitor, reporter, log_config)
+        log.info("serving on %s", listener.url())
+        http_failed = run_granian(config, paths, monitor, reporter, listener, log_config)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1

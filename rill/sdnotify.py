@@ -16,7 +16,6 @@ What is said when (ServiceReporter):
 """
 from __future__ import annotations
 
-import http.client
 import logging
 import os
 import socket
@@ -25,6 +24,7 @@ import time
 from collections import deque
 
 from rill.engine_monitor import EngineMonitor
+from rill.listening import Listener
 
 log = logging.getLogger("rill")
 NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -74,29 +74,15 @@ class Notifier:
             self._sock = None
 
 
-def http_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
-    """Does a worker answer HTTP on (host, port)? Any response counts: a worker served it."""
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        conn.request("GET", "/health")
-        conn.getresponse().read()
-        return True
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 class ServiceReporter(threading.Thread):
     """Tells systemd how the service is doing, from the launcher (see the module docstring)."""
 
-    def __init__(self, notifier: Notifier, monitor: EngineMonitor, model_id: str, host: str, port: int):
+    def __init__(self, notifier: Notifier, monitor: EngineMonitor, model_id: str, listener: Listener):
         super().__init__(name="sd-notify", daemon=True)
         self.notifier = notifier
         self.monitor = monitor
         self.model_id = model_id
-        self.host, self.port = host, port
+        self.listener = listener
         self.ping_interval_s = notifier.watchdog_s / 2
         self.tick_s = min(1.0, self.ping_interval_s / 2) if self.ping_interval_s else 1.0
         self.draining = False
@@ -130,7 +116,7 @@ class ServiceReporter(threading.Thread):
 
     def _wait_until_serving(self) -> bool:
         while not self._stopped.is_set() and not self.draining:
-            if self.monitor.latest is not None and http_answers(self.host, self.port):
+            if self.monitor.latest is not None and self.listener.answers():
                 return True
             self._stopped.wait(0.1)
         return False

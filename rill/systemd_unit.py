@@ -112,6 +112,29 @@ WantedBy=multi-user.target
 """
 
 
+def render_socket_unit(listen: str) -> str:
+    """The socket unit for socket activation: systemd binds `listen` (host:port, or a Unix socket path) and
+    passes it to rill.service (rill/listening.py)."""
+    mode = "# Who may connect to the Unix socket.\nSocketMode=0660\n" if listen.startswith("/") else ""
+    return f"""\
+# Rill's listening socket, held by systemd. Made by `rill systemd-unit --socket {listen}`.
+# Install beside rill.service as /etc/systemd/system/rill.socket, then: systemctl enable --now rill.socket
+# systemd binds it and passes it to rill.service (socket activation), which serves it whatever --host,
+# --port or --uds say: connections made while Rill starts or restarts wait in its backlog instead of
+# being refused. The first connection starts rill.service if it is not running.
+[Unit]
+Description=Rill OpenAI-compatible LLM inference server (listening socket)
+
+[Socket]
+ListenStream={listen}
+Backlog=2048
+NoDelay=true
+{mode}
+[Install]
+WantedBy=sockets.target
+"""
+
+
 def add_systemd_unit_parser(sub) -> None:
     ap = sub.add_parser("systemd-unit", help="print a systemd service unit for `rill serve`",
                         description="Print a systemd unit (Type=notify, watchdog, hardening) that runs "
@@ -125,11 +148,20 @@ def add_systemd_unit_parser(sub) -> None:
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="the writable cache folder (absolute)")
     ap.add_argument("--watchdog-sec", type=int, default=60, help="WatchdogSec= (0: off)")
     ap.add_argument("--env-file", default=DEFAULT_ENV_FILE, help="EnvironmentFile= (optional at start)")
+    ap.add_argument("--socket", metavar="LISTEN", default=None,
+                    help="print the socket unit (rill.socket) for socket activation instead: systemd listens on "
+                         "LISTEN (127.0.0.1:8000, [::]:8000, or a Unix socket path) and passes it to rill.service")
     ap.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then flags for `rill serve`")
 
 
 def print_unit(args, serve_parser) -> int:
     """Validates the serve flags with serve's own parser (exit 2 on a bad one), prints the unit."""
+    if args.socket is not None:
+        if not _PLAIN.match(args.socket.replace("[", "").replace("]", "")):
+            print(f"rill systemd-unit: --socket {args.socket!r}: host:port or a path, without spaces", file=sys.stderr)
+            return 2
+        print(render_socket_unit(args.socket), end="")
+        return 0
     flags = args.serve_flags[1:] if args.serve_flags[:1] == ["--"] else args.serve_flags
     for name, path in (("--exec", args.rill), ("--cache-dir", args.cache_dir), ("--env-file", args.env_file)):
         if not path.startswith("/") or not _PLAIN.match(path):

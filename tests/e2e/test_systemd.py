@@ -135,6 +135,26 @@ def test_deploy_unit_is_what_the_command_prints():
     assert (ROOT / "deploy" / "rill.service").read_text() == printed
 
 
+def test_deploy_socket_is_what_the_command_prints(tmp_path):
+    """deploy/rill.socket is `rill systemd-unit --socket 127.0.0.1:8000`; systemd-analyze accepts it beside the service."""
+    printed = subprocess.run([str(RILL), "systemd-unit", "--socket", "127.0.0.1:8000"], capture_output=True,
+                             text=True, check=True).stdout
+    assert (ROOT / "deploy" / "rill.socket").read_text() == printed
+    assert unit_settings(printed)["ListenStream"] == ["127.0.0.1:8000"]
+    unix = unit_settings(subprocess.run([str(RILL), "systemd-unit", "--socket", "/run/rill/rill.sock"],
+                                        capture_output=True, text=True, check=True).stdout)
+    assert unix["ListenStream"] == ["/run/rill/rill.sock"] and unix["SocketMode"] == ["0660"]
+    bad = subprocess.run([str(RILL), "systemd-unit", "--socket", "a b"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--socket" in bad.stderr
+    if shutil.which("systemd-analyze"):
+        (tmp_path / "rill.socket").write_text(printed)
+        (tmp_path / "rill.service").write_text((ROOT / "deploy" / "rill.service").read_text())
+        result = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "rill.socket")], capture_output=True,
+                                text=True)
+        complaints = [line for line in (result.stdout + result.stderr).splitlines() if "rill.socket" in line]
+        assert result.returncode == 0 and complaints == [], result.stdout + result.stderr
+
+
 def test_command_checks_the_serve_flags():
     ok = subprocess.run([str(RILL), "systemd-unit", "--shutdown-timeout", "10", "--", "--workers", "4"],
                         capture_output=True, text=True)

@@ -23,6 +23,7 @@ FILE_KEY = "sk-file-41d2e8"
 ORIGIN = "https://app.example"
 MSGS = [{"role": "user", "content": "Say hi"}]
 KEEP_ALIVE_S = 2
+NO_FILE, NO_BATCH = "file-" + "0" * 32, "batch_" + "0" * 32  # well-shaped ids of nothing
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,16 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/rerank", {"query": "Hi", "documents": ["Hello"]}),
     ("POST", "/score", {"text_1": "Hi", "text_2": "Hello"}),
     ("POST", "/v1/score", {"text_1": "Hi", "text_2": "Hello"}),
+    # The Batch API (docs/batch.md): with the key, what each answers to these bodies.
+    ("GET", "/v1/files", None),
+    ("POST", "/v1/files", None),  # not multipart: 415
+    ("GET", f"/v1/files/{NO_FILE}", None),
+    ("GET", f"/v1/files/{NO_FILE}/content", None),
+    ("DELETE", f"/v1/files/{NO_FILE}", None),
+    ("GET", "/v1/batches", None),
+    ("POST", "/v1/batches", {"input_file_id": NO_FILE, "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
+    ("GET", f"/v1/batches/{NO_BATCH}", None),
+    ("POST", f"/v1/batches/{NO_BATCH}/cancel", None),
 ])
 def test_v1_needs_a_valid_key(srv, method, path, body):
     url = f"{srv.base_url}{path}"
@@ -84,7 +95,9 @@ def test_v1_needs_a_valid_key(srv, method, path, body):
         assert "sk-" not in err["message"], "the presented key is echoed back"
     ok = httpx.request(method, url, json=body, headers=bearer(FILE_KEY), timeout=60)
     refused = path == "/infill" or path.endswith(("/rerank", "/score"))
-    assert ok.status_code == (404 if "no-such" in path else 400 if refused else 200), ok.text
+    expected = 404 if "no-such" in path or NO_FILE in path or NO_BATCH in path or (body or {}).get("input_file_id") \
+        else 415 if path == "/v1/files" and method == "POST" else 400 if refused else 200
+    assert ok.status_code == expected, ok.text
     if path.endswith(("/rerank", "/score")):
         assert ok.json()["error"]["param"] == "model"
 

@@ -34,6 +34,8 @@ from rill.asgi.batch.records import (
 log = logging.getLogger("rill.batch")
 
 POLL_S = 0.1  # how often the pacing is asked again while lines run or wait
+RETRY_AFTER_S = 1.0  # after a line the server could not take now (429, 503): it is run again later
+TRANSIENT = (429, 503)  # a full queue, the engine or the store down, the server stopping
 SYNC_S = 1.0  # how often request_counts are written and a cancel or a lost lease is noticed
 _custom_id = msgspec.json.Decoder(dict[str, Any])
 _encode = msgspec.json.Encoder().encode
@@ -144,6 +146,8 @@ class BatchJob:
         if lines is None:
             return
         done = await asyncio.to_thread(self._done_ids)
+        self.retry: list[Line] = []  # lines the server could not take now, run again before the rest
+        self.hold_until = 0.0
         pending = iter([line for line in lines if line.custom_id not in done])
         abort = asyncio.Event()
         in_flight: dict[asyncio.Task, Line] = {}
@@ -152,19 +156,22 @@ class BatchJob:
         outcome: Status | None = None
         unanswered: list[Line] = []
         try:
-            while upcoming is not None or in_flight:
+            while upcoming is not None or in_flight or self.retry:
                 if upcoming is not None and time.time() >= self.batch.expires_at:
                     outcome = Status.EXPIRED
                     break
-                allowed = await self.pacer.allowed(len(in_flight)) if upcoming is not None else 0
+                if upcoming is None and self.retry:
+                    upcoming = self.retry.pop(0)
+                waiting = upcoming is not None and time.monotonic() >= self.hold_until
+                allowed = await self.pacer.allowed(len(in_flight)) if waiting else 0
                 while upcoming is not None and len(in_flight) < allowed:
                     task = asyncio.create_task(self.caller.call(self.batch.endpoint, upcoming.body, abort))
                     in_flight[task] = upcoming
-                    upcoming = next(pending, None)
+                    upcoming = self.retry.pop(0) if self.retry else next(pending, None)
                 if in_flight:
                     finished, _ = await asyncio.wait(in_flight, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
                     for task in finished:
-                        self._record(in_flight.pop(task), task.result())
+                        self._settle(in_flight.pop(task), task.result())
                 else:
                     await asyncio.sleep(POLL_S)
                 if time.monotonic() >= next_sync:
@@ -177,14 +184,14 @@ class BatchJob:
             if in_flight:
                 answers = await asyncio.gather(*in_flight, return_exceptions=True)
                 for line, answer in zip(in_flight.values(), answers):
-                    if isinstance(answer, Answer) and outcome is not None:
+                    if isinstance(answer, Answer) and outcome is not None and answer.status_code not in TRANSIENT:
                         self._record(line, answer)  # finished before the abort reached it
                     else:
                         unanswered.append(line)
             self.output.close()
             self.errors.close()
         if outcome is Status.EXPIRED:
-            self._expire([*unanswered, *([upcoming] if upcoming is not None else []), *pending])
+            self._expire([*unanswered, *([upcoming] if upcoming is not None else []), *self.retry, *pending])
             await self._finish(Status.EXPIRED)
         elif outcome is None:
             await self._move(Status.FINALIZING, request_counts=self._counts(), usage=self._usage())
@@ -195,6 +202,14 @@ class BatchJob:
             raise Stop
         await self._move(Status.IN_PROGRESS, request_counts=self._counts(), usage=self._usage())
         return self.batch.status == Status.IN_PROGRESS.value
+
+    def _settle(self, line: Line, answer: Answer | None) -> None:
+        """A line's answer is written; one the server could not give now is run again after a pause."""
+        if answer is None or answer.status_code in TRANSIENT:
+            self.retry.append(line)
+            self.hold_until = time.monotonic() + RETRY_AFTER_S
+        else:
+            self._record(line, answer)
 
     def _record(self, line: Line, answer: Answer | None) -> None:
         if answer is None:

@@ -43,6 +43,10 @@ class LineCaller:
         request_id = f"req_{uuid.uuid4().hex}"
         if handler is None:  # the runner checked the endpoint: a bug, answered as the router would
             return Answer(404, request_id, error_body(f"Unknown path: {url}", "invalid_request_error"))
+        limit = self.state.settings.http.max_body_bytes
+        if len(body) > limit:  # what App.route answers a client's body past --max-request-body
+            return Answer(413, request_id, error_body(f"Request body is larger than the limit of {limit} bytes.",
+                                                      "invalid_request_error", code="request_too_large"))
         status, chunks = 0, []
 
         async def send(message: dict) -> None:

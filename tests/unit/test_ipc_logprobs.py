@@ -55,7 +55,7 @@ def test_raw_bytes_are_compact_and_absent_when_not_asked():
     payload = msgspec.msgpack.encode(encode_logprobs(random_logprobs(1, 20)))
     assert len(payload) <= 43 * 4 + 16
     plain = msgspec.msgpack.decode(p.output_encoder.encode(p.RequestDelta("a", 1)))
-    assert plain == ["a", 1, None, 0, 0, None, None, None, None]  # absent: one msgpack nil (array_like keeps defaults)
+    assert plain == ["a", 1, None, 0, 0, None, None, None, None, None]  # absent: one msgpack nil (array_like keeps defaults)
 
 
 def test_mailbox_merges_logprobs_of_steps_not_yet_taken():

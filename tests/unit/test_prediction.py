@@ -88,5 +88,5 @@ def test_the_configured_proposer_drafts_where_the_output_has_left_the_prediction
 
     req, output, _ = serve(Speculator(Counting(4, 2, 3), 4), prediction)
     assert output == reference
-    assert req.prediction.accepted == 8  # 1..8 drafted after the prefill's token 0, then 9 sampled: 10 on are wrong
+    assert req.prediction.accepted == 9  # 1..16 drafted after the prefill's token 0: 1..9 kept, 10 on are wrong
     assert Counting.calls > 0

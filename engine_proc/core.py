@@ -267,6 +267,7 @@ class EngineCore:
             if (lora := self.runner.lora) is not None else {},
             **spec_figures(self.scheduler.speculator),
             num_window_blocks=blocks.window.num_held(self.scheduler.live_requests()) if blocks.window else 0,
+            by_priority={} if self.scheduler.priority is None else self.scheduler.priority_figures(),
         )
 
     def publish_deltas(self, deltas: list[TokenDelta]) -> None:

@@ -26,6 +26,7 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     from rill.engine_proc.model.encoder_runner import EncoderRunner
     from rill.engine_proc.model.yes_no_runner import YesNoRunner
     from rill.engine_proc.sched.block_manager import BlockManager
+    from rill.engine_proc.sched.priority import priority_order
     from rill.engine_proc.sched.scheduler import Scheduler
 
     model, limits = config.model, config.scheduler
@@ -41,7 +42,8 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     # A prefix "hit" would skip nothing (an encoder reads the whole prompt) and report cached tokens.
     blocks = BlockManager(num_blocks, model.block_size, enable_prefix_caching=False)
     scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_model_len=max_model_len,
-                          max_num_batched_tokens=max(limits.max_num_batched_tokens, max_model_len), eos_token_ids=[])
+                          max_num_batched_tokens=max(limits.max_num_batched_tokens, max_model_len), eos_token_ids=[],
+                          priority=priority_order(limits.scheduling_policy, limits.priority_aging_s))
     if served is not Served.EMBED:
         log.info("%s loaded in %.1f s: %s, %s, max_model_len %d, on %s", served.value, time.perf_counter() - started,
                  config.model_id, dtype_name, max_model_len, device)
@@ -56,7 +58,7 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
         num_kv_blocks=num_blocks, block_size=model.block_size, eos_token_ids=[], vocab_size=runner.vocab_size,
         dtype=dtype_name, dtype_reason=dtype_reason, cpu=cpu_info().summary(),
         max_queued_requests=limits.max_queued_requests, max_queued_tokens=limits.max_queued_tokens,
-        request_timeout_s=limits.request_timeout_s, generates=False, embedding_dim=runner.embedding_dim,
+        request_timeout_s=limits.request_timeout_s, scheduling_policy=limits.scheduling_policy, generates=False, embedding_dim=runner.embedding_dim,
         scorer="" if served is Served.EMBED else served.value,
     )
     return core, threads, limits

@@ -84,6 +84,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.model.runner import ModelRunner
     from rill.engine_proc.model.task import Served, choose_served
     from rill.engine_proc.sched.block_manager import BlockManager
+    from rill.engine_proc.sched.priority import priority_order
     from rill.engine_proc.sched.scheduler import Scheduler
     from rill.engine_proc.sched.window_tables import window_tables_of
     from rill.engine_proc.spec.build import build_speculator
@@ -156,7 +157,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     )
     speculator, speculative = build_speculator(model.speculative_config, runner)
     scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                          max_model_len=max_model_len, eos_token_ids=eos_ids, speculator=speculator)
+                          max_model_len=max_model_len, eos_token_ids=eos_ids, speculator=speculator,
+                          priority=priority_order(limits.scheduling_policy, limits.priority_aging_s))
     kv_events = None
     if config.kv_events_endpoint:
         from rill.engine_proc.kv_events import publisher_for
@@ -185,6 +187,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         max_queued_requests=limits.max_queued_requests,
         max_queued_tokens=limits.max_queued_tokens,
         request_timeout_s=limits.request_timeout_s,
+        scheduling_policy=limits.scheduling_policy,
         embedding_dim=hf_config.hidden_size if model.enable_embeddings else 0,
         speculative=speculative,
         lora_modules=config.lora_modules,

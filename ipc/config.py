@@ -70,6 +70,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_queued_requests: int = 0
     max_queued_tokens: int = 0
     request_timeout_s: float = 0.0
+    scheduling_policy: str = "fcfs"  # fcfs | priority (engine_proc/sched/priority.py)
+    priority_aging_s: float = 60.0  # under priority: a request's priority improves by one per this long waiting
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True):

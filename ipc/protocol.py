@@ -83,6 +83,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     thinking: ThinkingBudget | None = None  # thinking_token_budget, Anthropic's budget_tokens
     # OpenAI's predicted output (chat's `prediction`), tokenized: the engine drafts from it (engine_proc/spec/prediction.py).
     prediction: list[int] = []
+    # --scheduling-policy priority: lower runs first (engine_proc/sched/priority.py); 0 under fcfs.
+    priority: int = 0
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc/ipc_bench.py measured them against ids in a
@@ -214,6 +216,9 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_window_blocks: int = 0
     rss_bytes: int = 0  # the engine process's resident memory now
     weight_bytes: int = 0  # the model's tensors as loaded (prepacked or quantized), each storage once
+    # --scheduling-policy priority: requests running and waiting by the priority they asked for, as
+    # {"0": [running, waiting], ...}, at most MAX_PRIORITY_LABELS keys (the rest under "other"); {} under fcfs.
+    by_priority: dict[str, list[int]] = {}
 
 
 class Verdict(enum.IntEnum):
@@ -276,6 +281,7 @@ class EngineLimits(msgspec.Struct):
     # What scores pairs for /rerank and /score (asgi/routes/rerank.py), which are then the only routes served:
     # "" none | cross-encoder | yes-no (a decoder reranker, --task score).
     scorer: str = ""
+    scheduling_policy: str = "fcfs"  # --scheduling-policy: "priority" honours a request's `priority`
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded at start, name -> path
     speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"
 

@@ -175,6 +175,12 @@ def add_admission_flags(ap: argparse.ArgumentParser) -> None:
     admission.add_argument("--request-timeout", type=_non_negative(float), default=0.0, metavar="SECONDS",
                            help="end a request this long after it reached the engine: an error event "
                                 "`request_timeout` ends a stream, else 504; 0: no timeout")
+    admission.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                           help="fcfs: first come, first served; priority: a request's `priority` field orders the "
+                                "queue (lower first, vLLM's), preempting worse running work (docs/priority.md)")
+    admission.add_argument("--priority-aging", type=_non_negative(float), default=60.0, metavar="SECONDS",
+                           help="under --scheduling-policy priority: a waiting request's priority improves by one "
+                                "per this long, so none starves; 0: no aging")
 
 
 def _metrics_prefix(text: str) -> str:

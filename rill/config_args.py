@@ -23,7 +23,8 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         kv_cache_memory_bytes=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-        request_timeout_s=args.request_timeout,
+        request_timeout_s=args.request_timeout, scheduling_policy=args.scheduling_policy,
+        priority_aging_s=args.priority_aging,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes, node_rank=args.node_rank,

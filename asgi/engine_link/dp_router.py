@@ -85,8 +85,15 @@ def total_stats(per_engine: list[EngineStats]) -> EngineStats:
     if len(per_engine) == 1:
         return per_engine[0]
     fields = {name: sum(getattr(s, name) for s in per_engine) for name in EngineStats.__struct_fields__
-              if name not in ("spec_accepted_per_pos", "lora_modules")}
+              if name not in ("spec_accepted_per_pos", "lora_modules", "by_priority")}
     fields["lora_modules"] = per_engine[0].lora_modules
     fields["spec_accepted_per_pos"] = [sum(c) for c in zip(*(s.spec_accepted_per_pos for s in per_engine))]
     fields["data_parallel_rank"] = 0
+    by_priority: dict[str, list[int]] = {}
+    for s in per_engine:
+        for key, (running, waiting) in s.by_priority.items():
+            pair = by_priority.setdefault(key, [0, 0])
+            pair[0] += running
+            pair[1] += waiting
+    fields["by_priority"] = by_priority
     return EngineStats(**fields)

@@ -7,6 +7,7 @@ import msgspec
 from msgspec import Meta
 
 from rill.asgi.requests.bounds import MAX_PROMPTS, Name
+from rill.asgi.requests.priority import Priority
 
 MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the inputs of one request
 
@@ -17,6 +18,7 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1)] | None = None
     user: Name | None = None
+    priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
 
 
 embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)

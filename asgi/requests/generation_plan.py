@@ -17,6 +17,7 @@ from rill.asgi.parsers.chat_output import OutputParser
 from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
 from rill.asgi.parsers.thinking_markers import HARMONY_PARSER, thinking_markers
 from rill.asgi.prompt.chat_messages import render_messages, template_source, tool_parser_name
+from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import ChatCompletionRequest
 from rill.asgi.requests.strict_calls import strict_calls
@@ -63,6 +64,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                              max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
                              defaults=state.sampling_defaults)
     params.lora = lora
+    params.priority = request_priority(chat.priority, state.settings.limits)
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.

@@ -125,7 +125,7 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
     body: dict[str, Any] = {"model": req.model, "messages": messages, "temperature": req.temperature,
                             "top_p": req.top_p, "max_completion_tokens": req.max_output_tokens,
                             "parallel_tool_calls": req.parallel_tool_calls,
-                            "user": req.safety_identifier or req.user}
+                            "user": req.safety_identifier or req.user, "priority": req.priority}
     if wants_logprobs(req) or req.top_logprobs:
         body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0
     if req.tools:

@@ -8,6 +8,7 @@ from msgspec import Meta
 
 from rill.asgi.errors import APIError, unsupported
 from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
+from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import PositiveInt, Temperature, TopP
 
 MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN = MAX_METADATA, 64, 512
@@ -56,6 +57,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     max_tool_calls: Any = None
     service_tier: Name | None = None
     stream_options: Any = None
+    priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
 
 
 responses_decoder = msgspec.json.Decoder(ResponsesRequest)

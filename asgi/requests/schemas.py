@@ -32,6 +32,7 @@ from rill.asgi.requests.bounds import (
 )
 from rill.asgi.requests.nvext import NvExt
 from rill.asgi.requests.prediction import Prediction
+from rill.asgi.requests.priority import Priority
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
@@ -135,6 +136,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     nvext: NvExt | None = None  # NVIDIA Dynamo's extension (asgi/requests/nvext.py)
     # vLLM's extension: each prompt token's logprob and the top k (not streamed, as vLLM).
     prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -12,6 +12,7 @@ from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
+from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import (
     check_choices,
@@ -54,6 +55,7 @@ async def completions(http: HTTPRequest) -> None:
                              logprobs=num_top, prompt_logprobs=max(wanted, default=None),
                              defaults=state.sampling_defaults)
     params.lora = lora
+    params.priority = request_priority(req.priority, state.settings.limits)
     request_id = new_request_id("cmpl")
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)

@@ -18,6 +18,7 @@ from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
 from rill.asgi.requests.model_choice import resolve_model
+from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.schemas import prompt_batch
 from rill.asgi.state import WorkerState
 from rill.ipc.protocol import SamplingParams
@@ -78,6 +79,8 @@ async def create_embeddings(http: HTTPRequest) -> None:
             raise APIError(400, f"`input[{i}]` has {len(ids)} tokens; this model takes at most "
                                 f"{limits.max_model_len}.", param=f"input[{i}]", code="context_length_exceeded")
     make_detok = state.detokenizer(stop=[], skip_special_tokens=True, include_stop=False)
-    gen = Generation(state.client, new_request_id("embd"), prompts, EMBED, make_detok)
+    priority = request_priority(req.priority, limits)
+    params = msgspec.structs.replace(EMBED, priority=priority) if priority else EMBED
+    gen = Generation(state.client, new_request_id("embd"), prompts, params, make_detok)
     await respond(gen, EmbeddingList(state.model_id, req.encoding_format == "base64"), stream=False,
                   receive=http.receive, send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)

@@ -183,6 +183,8 @@ class EngineFigures:
                     families[metric] = family(f"{self.prefix}:{metric}", doc, labels=["model_name", "engine"])
                 families[metric].add_metric([self.model_name, str(s.data_parallel_rank)], value)
         yield from families.values()
+        if any(s.by_priority for s in self.per_engine):  # --scheduling-policy priority
+            yield from self._by_priority()
         if any(s.spec_accepted_per_pos for s in self.per_engine):  # speculative decoding is on
             per_pos = CounterMetricFamily(f"{self.prefix}:spec_decode_num_accepted_tokens_per_pos",
                                           "Accepted draft tokens by their position in the draft.",
@@ -191,6 +193,17 @@ class EngineFigures:
                 for pos, count in enumerate(s.spec_accepted_per_pos):
                     per_pos.add_metric([self.model_name, str(s.data_parallel_rank), str(pos)], count)
             yield per_pos
+
+    def _by_priority(self):
+        """Running and waiting requests by the priority they asked for (a bounded set of label values)."""
+        families = [GaugeMetricFamily(f"{self.prefix}:num_requests_{state}_by_priority",
+                                      f"Number of requests {state} by requested priority (lower runs first).",
+                                      labels=["model_name", "engine", "priority"]) for state in ("running", "waiting")]
+        for s in self.per_engine:
+            for priority, counts in s.by_priority.items():
+                for family, count in zip(families, counts):
+                    family.add_metric([self.model_name, str(s.data_parallel_rank), priority], count)
+        return families
 
     @staticmethod
     def _figures(s: EngineStats):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq, TokenDelta
 from rill.engine_proc.sched.block_manager import BlockManager
 from rill.engine_proc.sched.finish import append_outputs
+from rill.engine_proc.sched.priority import PriorityOrder, priority_figures
 from rill.engine_proc.sched.request import EngineRequest, RequestState
 from rill.ipc.protocol import FinishReason
 
@@ -42,6 +43,7 @@ class Scheduler:
         eos_token_ids: Sequence[int],
         watermark_blocks: int | None = None,
         speculator=None,
+        priority: PriorityOrder | None = None,
     ) -> None:
         assert max_num_seqs >= 1 and max_num_batched_tokens >= 1 and max_model_len >= 1
         self.block_manager = block_manager
@@ -50,6 +52,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.speculator = speculator  # speculative decoding's drafts (engine_proc/spec/speculator.py), or None
+        # --scheduling-policy priority (engine_proc/sched/priority.py); None: first come, first served.
+        self.priority = priority
         # Blocks a newcomer must leave free while others run, so that admitting it does not
         # at once preempt a running request that crosses into a new block next step (1%, as
         # vLLM's watermark, and at least one block).
@@ -97,6 +101,9 @@ class Scheduler:
 
     def live_requests(self) -> list[EngineRequest]:
         return [*self._running.values(), *self._waiting.values()]
+
+    def priority_figures(self) -> dict[str, list[int]]:
+        return priority_figures(self._running.values(), self._waiting.values())
 
     def holds(self, req: EngineRequest) -> bool:
         """True if this very request (not merely its id) is running or waiting here."""
@@ -161,7 +168,13 @@ class Scheduler:
         # Running requests in admission order. Decodes are not stalled by a long prompt:
         # a request can only be mid-prefill when its chunk used up the budget, so nothing
         # was admitted after it, and it is the last running request.
-        running = list(self._running.values())
+        order = self.priority
+        if order is None:
+            running = list(self._running.values())
+        else:  # the worst last: the first to give way when blocks run out
+            order.start_step()
+            order.make_room(self._waiting.values(), self._running.values(), self._would_admit, self._preempt)
+            running = order.best_first(self._running.values())
         num_live = len(running)  # running[num_live:] were preempted during this loop
         did_preempt = False
         i = 0
@@ -240,8 +253,22 @@ class Scheduler:
             seqs.append(ScheduledSeq(req, num_cached_tokens, num_new_tokens))
             budget -= num_new_tokens
 
+    def _would_admit(self, req: EngineRequest) -> bool:
+        """Would `req` get a seat and its first chunk's blocks now (the priority policy's question)?"""
+        block_manager = self.block_manager
+        block_size = block_manager.block_size
+        cached_ids = block_manager.find_cached_blocks(req, req.max_cached_blocks(block_size))
+        start = len(cached_ids) * block_size
+        end_pos = start + min(req.num_tokens - start, self.max_num_batched_tokens)
+        reserved = self.watermark_blocks if self._running else 0
+        return len(self._running) < self.max_num_seqs and block_manager.can_allocate(
+            block_manager.num_blocks_to_admit(req, cached_ids, end_pos) + reserved)
+
     def _next_waiting(self) -> EngineRequest | None:
-        """The first waiting request that can be admitted: FCFS, passing over grammars still compiling."""
+        """The first waiting request that can be admitted: FCFS (or by priority), passing over grammars still
+        compiling."""
+        if self.priority is not None:
+            return self.priority.first(self._waiting.values())
         if not self._num_waiting_for_grammar:
             return next(iter(self._waiting.values()), None)
         return next((r for r in self._waiting.values() if r.state is not _WAITING_FOR_GRAMMAR), None)

@@ -1,0 +1,85 @@
+"""End to end: `rill serve --scheduling-policy priority` with one seat (--max-num-seqs 1), so that the order is the
+scheduler's alone: an urgent request preempts the running bulk one and goes before the queued bulk ones, every
+request still gets all its tokens, and /metrics counts the queue by priority. Under fcfs (the tiny hardening
+server) a non-zero `priority` is a 400 naming it on every route that takes one."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers.openapi import validate
+from tests.helpers.server import TINY_MODEL, start_server, stop_server
+
+BULK_TOKENS = 600
+
+
+@pytest.fixture(scope="module")
+def prio(tmp_path_factory):
+    from rill.bench.serving.tiny_model import write_tiny_model
+
+    tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",
+                       TINY_MODEL, "--max-model-len", "1024", "--max-num-seqs", "1", "--scheduling-policy", "priority")
+    yield srv
+    stop_server(srv)
+
+
+def complete(url: str, priority: int, max_tokens: int, done: dict, name: str) -> None:
+    r = httpx.post(f"{url}/v1/completions", timeout=300, json={
+        "model": TINY_MODEL, "prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0, "priority": priority})
+    assert r.status_code == 200, r.text
+    done[name] = (time.monotonic(), r.json()["usage"]["completion_tokens"])
+
+
+def waiting_by_priority(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {s.labels["priority"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "rill:num_requests_waiting_by_priority"}
+
+
+def test_urgent_work_preempts_and_overtakes_bulk_work(prio):
+    url = prio.base_url
+    done: dict = {}
+    preemptions = httpx.get(f"{url}/stats", timeout=30).json()["num_preemptions"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        bulk = [pool.submit(complete, url, 5, BULK_TOKENS, done, f"bulk{i}") for i in range(3)]
+        deadline = time.monotonic() + 60
+        while waiting_by_priority(url).get("5", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # one bulk request runs, two wait
+        assert waiting_by_priority(url)["5"] == 2
+        urgent = pool.submit(complete, url, -1, 8, done, "urgent")
+        for future in [urgent, *bulk]:
+            future.result()
+    assert all(tokens == BULK_TOKENS for name, (_, tokens) in done.items() if name != "urgent")
+    finished_at = {name: at for name, (at, _) in done.items()}
+    assert sorted(finished_at, key=finished_at.get)[0] == "urgent"  # before the running one, which gave way
+    assert httpx.get(f"{url}/stats", timeout=30).json()["num_preemptions"] > preemptions
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 2, "store": False}),
+])
+def test_fcfs_refuses_a_priority_naming_it(tiny_server, path, body):
+    url = f"{tiny_server.base_url}{path}"
+    r = httpx.post(url, json={"model": TINY_MODEL, **body, "priority": 3}, timeout=60)
+    assert r.status_code == 400, r.text
+    validate("ErrorResponse", r.json())
+    assert r.json()["error"]["param"] == "priority"
+    assert httpx.post(url, json={"model": TINY_MODEL, **body, "priority": 0}, timeout=60).status_code == 200
+    too_big = httpx.post(url, json={"model": TINY_MODEL, **body, "priority": 1 << 40}, timeout=60)
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "priority"
+
+
+def test_priority_on_embeddings_under_fcfs_is_a_400(server):
+    r = httpx.post(f"{server.base_url}/v1/embeddings", timeout=60,
+                   json={"model": "smollm2-135m-instruct", "input": "Hi", "priority": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
+
+

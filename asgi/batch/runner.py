@@ -23,7 +23,8 @@ log = logging.getLogger("rill.batch")
 
 LEASE_S = 30.0  # a dead worker's batch waits this long for another worker
 CLAIM_EVERY_S = 0.5  # how often an idle runner looks for a batch to run (a read, unless one is free)
-RETRY_AFTER_S = 5.0  # after a failure of the store or of a job
+RETRY_AFTER_S = 5.0  # after a failure of the store or of a job, doubled while they go on
+MAX_RETRY_AFTER_S = 300.0  # a store that stays down is logged by every worker this often at most
 
 
 class BatchRunner:
@@ -49,12 +50,15 @@ class BatchRunner:
 
     async def _loop(self) -> None:
         batches = self.state.batches
+        failures = 0
         while not self.state.draining():
             try:
                 batch_id = await batches.claim_batch(self.owner, LEASE_S)
             except StoreUnavailable:
-                await asyncio.sleep(RETRY_AFTER_S)
+                failures += 1
+                await asyncio.sleep(min(RETRY_AFTER_S * 2 ** (failures - 1), MAX_RETRY_AFTER_S))
                 continue
+            failures = 0
             if batch_id is None:
                 await asyncio.sleep(CLAIM_EVERY_S)
                 continue

@@ -41,7 +41,10 @@ else
   else ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. score, '-inf', 'LIMIT', 0, limit + 1) end
 end
 local page = {#ids > limit and 1 or 0}
-for i = 1, math.min(#ids, limit) do page[i + 1] = redis.call('GET', ARGV[1] .. ids[i]) or '{}' end
+for i = 1, math.min(#ids, limit) do
+  local body = redis.call('GET', ARGV[1] .. ids[i])
+  if body then page[#page + 1] = body end
+end
 return page
 """
 # KEYS: batches, batch-status, batches-seq; ARGV: record prefix, id, status, body, max batches, final statuses...

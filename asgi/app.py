@@ -13,7 +13,7 @@ from rill.asgi.errors import APIError, engine_unavailable, error_body, shutting_
 from rill.asgi.http.access_log import loggable, tag_records_with_request_id
 from rill.asgi.http.paths import normalize
 from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_response
-from rill.asgi.http.request_context import RequestContext, set_current
+from rill.asgi.http.request_context import RequestContext, current, set_current
 from rill.asgi.http.router import HTTPRequest, Router
 from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
 from rill.asgi.routes import batches, conversations, files, lora_admin, messages, router_probes
@@ -195,6 +195,8 @@ class App:
                 if self.runner is not None:
                     await self.runner.stop()  # lets go of its batch before the store closes
                 if self.state is not None:
+                    if self.state.traces is not None:
+                        await self.state.traces.close()  # the spans still queued, bounded in time
                     self.state.client.close()
                     await self.state.store.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -231,6 +233,8 @@ class App:
                 http.body = await read_json_body(scope["headers"], receive, self.state.settings.http.max_body_bytes)
             await handler(http)
         except APIError as exc:
+            if (ctx := current()) is not None:  # the trace's error code
+                ctx.error_code = exc.code or exc.type
             body = messages.anthropic_error(exc.status, exc.message) if _is_messages(path) else exc.body()
             await send_response(send, exc.status, body, headers=exc.headers)
         except ClientDisconnected:

@@ -68,6 +68,7 @@ class WorkerState:
     auth: ApiKeyGuard = field(default_factory=ApiKeyGuard)
     cors: CorsPolicy = field(default_factory=CorsPolicy)
     metrics: Metrics | None = None
+    traces: object | None = None  # --otlp-traces-endpoint: asgi/http/trace_export.py TraceExport
     store: StateStore | None = None
     batches: BatchStore | None = None  # the Batch API's records, in `store`
     files: FileDisk | None = None  # the Batch API's files
@@ -109,6 +110,11 @@ class WorkerState:
         state.observers.append(state.metrics.observe)
         if http.access_log:
             state.observers.append(log_access)
+        if http.otlp_traces_endpoint:  # imported only then: no OpenTelemetry in a worker without the flag
+            from rill.asgi.http.trace_export import TraceExport
+
+            state.traces = TraceExport(http.otlp_traces_endpoint)
+            state.observers.append(state.traces.tracer.observe)
         return state
 
     def observe(self, ctx: RequestContext) -> None:

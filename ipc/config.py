@@ -130,6 +130,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     access_log: bool = True
     log_requests: bool = False  # prompts on rill.requests at debug level
     metrics_prefix: str = "rill"  # GET /metrics' names' prefix, `vllm` for vLLM's dashboards
+    otlp_traces_endpoint: str = ""  # a span per request to this OTLP/HTTP collector URL (asgi/http/trace_export.py)
     # The Responses API's and Conversations' store (asgi/stores/), shared by every worker: its URL
     # (empty: SQLite in the run directory) and bounds, enforced by the store; 0 disables a kind.
     state_store_url: str = ""

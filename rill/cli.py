@@ -189,12 +189,22 @@ def _metrics_prefix(text: str) -> str:
     return text
 
 
+def _otlp_endpoint(text: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
+        raise argparse.ArgumentTypeError(f"not an OTLP/HTTP URL: {text!r} (http://HOST:4318/v1/traces)")
+    return text
+
+
 def add_metrics_flags(ap: argparse.ArgumentParser) -> None:
-    """GET /metrics (README: "Metrics")."""
-    metrics = ap.add_argument_group("metrics")
+    """GET /metrics and traces (README: "Metrics")."""
+    metrics = ap.add_argument_group("metrics and traces")
     metrics.add_argument("--metrics-prefix", type=_metrics_prefix, default="rill",
                          help="prefix of every /metrics name (rill:time_to_first_token_seconds); "
                               "vllm: existing vLLM dashboards work unchanged")
+    metrics.add_argument("--otlp-traces-endpoint", type=_otlp_endpoint, default=None, metavar="URL",
+                         help="send an OpenTelemetry span per request (vLLM's attributes, joined to the caller's "
+                              "traceparent) to this OTLP/HTTP collector URL, e.g. http://HOST:4318/v1/traces "
+                              "(docs/tracing.md); none: no tracing")
 
 
 def _str_list(text: str) -> list[str]:

@@ -216,6 +216,7 @@ class Generation:
         ctx.prompt_tokens, ctx.output_tokens = usage.prompt_tokens, usage.completion_tokens
         ctx.cached_tokens = usage.cached_tokens
         ctx.engine_timings = [c.timings for c in self.mailbox.choices if c.timings is not None]
+        ctx.params, ctx.n = self.params, self.n  # for the trace's sampling attributes
         ctx.disconnected = self.disconnected
         if failed:
             ctx.finish_reason = self.failure_reason

@@ -1,9 +1,9 @@
-"""What one HTTP request did, filled in as it goes: read by the access log and the metrics.
+"""What one HTTP request did, filled in as it goes: read by the access log, the metrics and the traces.
 
 `App.http` opens a RequestContext per request and sets it as `current()`; handlers and the
 Generation fill in what they learn (model, token counts, first-token time, finish reason)
 without threading it through every signature; when the response is done `App.http` hands the
-finished context to the observers (access log, metrics).
+finished context to the observers (access log, metrics, traces).
 """
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ class RequestContext:
     # The engine's queue, prefill and decode times (ipc.protocol.RequestTimings), one per
     # choice that finished in the engine (none for a choice aborted before its end).
     engine_timings: list = field(default_factory=list)
+    # For the trace (asgi/http/tracing.py): the request's headers (traceparent), the engine requests' sampling
+    # settings and `n`, and a failed request's error code (the `code` of its error body or error event).
+    headers: list = field(default=(), repr=False)
+    params: object = None
+    n: int = 1
+    error_code: str | None = None
     # Per choice index: [first token time, last token time, number of tokens].
     _spans: dict[int, list] = field(default_factory=dict, repr=False)
 
@@ -56,7 +62,7 @@ class RequestContext:
                 if _SANE_REQUEST_ID.fullmatch(text):
                     request_id = text
                 break
-        return cls(request_id or uuid.uuid4().hex, scope["method"], scope["path"])
+        return cls(request_id or uuid.uuid4().hex, scope["method"], scope["path"], headers=scope.get("headers", ()))
 
     def token(self, num_ids: int = 1, index: int = 0) -> None:
         """`num_ids` output tokens of choice `index` reached the client now."""

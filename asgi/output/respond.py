@@ -93,6 +93,8 @@ async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float, last:
                 held = []
     except GenerationFailed as exc:
         log.error("request %s failed mid-stream: %s", gen.request_id, exc)
+        if gen.ctx is not None:  # the trace's error code: the status stays the 200 already sent
+            gen.ctx.error_code = exc.code
         frames = [*held, *shape.failure(exc, gen)]
         await last(True)
         for raw in frames:

@@ -25,8 +25,9 @@ from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
 from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
 from rill.asgi.stores.base import Bounds, StateStore
-from rill.asgi.stores.batch_store import BatchStore, batch_store_for
+from rill.asgi.stores.batch_store import BatchStore
 from rill.asgi.stores.open import open_store
+from rill.asgi.stores.open_batches import batch_store_for
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import HttpConfig
 from rill.ipc.pair_segments import pair_separator

@@ -25,7 +25,6 @@ from rill.asgi.batch.records import (
     is_batch_id,
     is_file_id,
 )
-from rill.asgi.stores.base import StateStore
 
 Order = Literal["asc", "desc"]
 FINAL = tuple(s.value for s in Status if s not in ACTIVE)
@@ -125,16 +124,3 @@ class BatchStore(abc.ABC):
     @abc.abstractmethod
     async def _renew_lease(self, batch_id: str, owner: str, lease_s: float) -> bool:
         """A lease of 0 s releases it."""
-
-
-def batch_store_for(store: StateStore) -> BatchStore:
-    """The batch records of `store`, on its own connection (SQLite) or client (Redis)."""
-    from rill.asgi.stores.sqlite_store import SQLiteStore
-
-    if isinstance(store, SQLiteStore):
-        from rill.asgi.stores.sqlite_batches import SQLiteBatches
-
-        return SQLiteBatches(store)
-    from rill.asgi.stores.redis_batches import RedisBatches
-
-    return RedisBatches(store)

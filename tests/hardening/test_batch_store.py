@@ -10,7 +10,7 @@ import pytest
 
 from rill.asgi.batch.records import Batch, FileObject, Status, new_batch_id, new_file_id
 from rill.asgi.stores.base import Bounds
-from rill.asgi.stores.batch_store import batch_store_for
+from rill.asgi.stores.open_batches import batch_store_for
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -13,7 +13,7 @@ from rill.asgi.batch.job import BatchJob
 from rill.asgi.batch.line_call import Answer
 from rill.asgi.batch.records import Batch, FileObject, RequestCounts, Status, new_batch_id, new_file_id
 from rill.asgi.stores.base import Bounds
-from rill.asgi.stores.batch_store import batch_store_for
+from rill.asgi.stores.open_batches import batch_store_for
 from rill.asgi.stores.sqlite_store import SQLiteStore
 
 URL = "/v1/chat/completions"

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from rill.asgi.errors import APIError, error_body
 from rill.asgi.http.primitives import ClientDisconnected
 from rill.asgi.http.request_context import RequestContext, set_current
@@ -21,6 +23,22 @@ from rill.asgi.http.router import Handler, HTTPRequest
 from rill.asgi.stores.base import StoreUnavailable
 
 log = logging.getLogger("rill.batch")
+
+
+# Under --scheduling-policy priority every line runs at this priority (lower runs first): behind interactive
+# requests at the usual 0, and, aging a level a --priority-aging period, never starved (docs/priority.md).
+BATCH_PRIORITY = 100
+
+
+def at_batch_priority(body: bytes) -> bytes:
+    """The line's body with BATCH_PRIORITY as its `priority` (a body that is no JSON object is left to the route)."""
+    try:
+        fields = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body
+    if not isinstance(fields, dict):
+        return body
+    return msgspec.json.encode({**fields, "priority": BATCH_PRIORITY})
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,8 @@ class LineCaller:
         if len(body) > limit:  # what App.route answers a client's body past --max-request-body
             return Answer(413, request_id, error_body(f"Request body is larger than the limit of {limit} bytes.",
                                                       "invalid_request_error", code="request_too_large"))
+        if self.state.settings.limits.scheduling_policy == "priority":
+            body = at_batch_priority(body)
         status, chunks = 0, []
 
         async def send(message: dict) -> None:

@@ -5,6 +5,7 @@ server) a non-zero `priority` is a 400 naming it on every route that takes one."
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 
 import httpx
@@ -12,9 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.openapi import validate
-from tests.helpers.server import TINY_MODEL, start_server, stop_server
+from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server
 
 BULK_TOKENS = 600
+FINAL = ("completed", "failed", "expired", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +85,21 @@ def test_priority_on_embeddings_under_fcfs_is_a_400(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
 
 
+
+
+def test_batch_lines_run_behind_interactive_work(prio):
+    """Under the priority policy the Batch API's lines run at BATCH_PRIORITY (asgi/batch/line_call.py)."""
+    from rill.asgi.batch.line_call import BATCH_PRIORITY
+
+    client = sdk_client(prio)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": TINY_MODEL, "prompt": [5, 6], "max_tokens": BULK_TOKENS, "ignore_eos": True}}
+    upload = client.files.create(file=("lines.jsonl", json.dumps(line).encode() + b"\n"), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (batch := client.batches.retrieve(batch.id)).status not in FINAL:
+        seen |= set(httpx.get(f"{prio.base_url}/stats", timeout=30).json()["by_priority"])
+        time.sleep(0.05)
+    assert batch.status == "completed" and batch.request_counts.completed == 1
+    assert str(BATCH_PRIORITY) in seen

@@ -218,7 +218,9 @@ class App:
         try:
             if self.state.cors.is_preflight(method, scope["headers"]):  # before auth: preflights carry no key
                 return await self.state.cors.answer_preflight(scope["headers"], send)
-            self.state.auth.check(path, scope["headers"])  # the same path the router matched
+            key_digest = self.state.auth.check(path, scope["headers"])  # the same path the router matched
+            if key_digest and self.state.settings.http.prefix_cache_isolation == "key":
+                current().cache_namespace = key_digest  # each key's prompts cached apart (docs/prefix-caching.md)
             if method in NEEDS_BODY and self.state.draining():
                 raise shutting_down()
             if handler is None:

@@ -124,6 +124,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_parser: str | None = None
     # API keys themselves stay in the launcher: the workers get their digests (asgi/state.py).
     protect_metrics: bool = False
+    # --prefix-cache-isolation (asgi/requests/cache_salt.py): "key" salts each request's cached blocks with its API
+    # key's digest; "none" shares them. Without keys the two are the same.
+    prefix_cache_isolation: str = "key"
     allowed_origins: list[str] = []
     allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST"])
     allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])

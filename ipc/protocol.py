@@ -83,6 +83,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     thinking: ThinkingBudget | None = None  # thinking_token_budget, Anthropic's budget_tokens
     # OpenAI's predicted output (chat's `prediction`), tokenized: the engine drafts from it (engine_proc/spec/prediction.py).
     prediction: list[int] = []
+    # The prefix-cache salt (ipc/cache_salt.py): 16 bytes from the API key and the request's `cache_salt`, entering
+    # the root of its chain of blocks, so no tenant hits another's; b"": none.
+    cache_salt: bytes = b""
     # --scheduling-policy priority: lower runs first (engine_proc/sched/priority.py); 0 under fcfs.
     priority: int = 0
 

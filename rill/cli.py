@@ -226,6 +226,10 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
                       help="a file of keys, one a line, # comments and blank lines skipped (repeatable)")
     auth.add_argument("--protect-metrics", action="store_true",
                       help="/metrics, /stats, /version and /loads need a key too (/health and /ready stay open)")
+    auth.add_argument("--prefix-cache-isolation", choices=["none", "key"], default=None,
+                      help="key: a request never hits prefix-cache blocks that a request with another API key "
+                           "cached (its cached_tokens and TTFT tell it nothing of other keys' prompts); none: one "
+                           "cache for all. Default: key with API keys, else none (docs/prefix-caching.md)")
     proxies = ap.add_argument_group("browsers and proxies")
     proxies.add_argument("--allowed-origins", type=_str_list, default=[], metavar="ORIGINS",
                          help="CORS origins, comma-separated or a JSON list ('*' for any); none: CORS off")

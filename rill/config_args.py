@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rill.asgi.http.auth import has_api_keys
+from rill.asgi.requests.cache_salt import default_isolation
 from rill.chat_flags import default_template_kwargs
 from rill.ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from rill.lora_flags import lora_modules
@@ -47,6 +49,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,
+        prefix_cache_isolation=default_isolation(args.prefix_cache_isolation, has_api_keys(args)),
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
         allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests,
         metrics_prefix=args.metrics_prefix, otlp_traces_endpoint=args.otlp_traces_endpoint or "",

@@ -140,6 +140,7 @@ def serve(args) -> int:
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.create(str(os.getpid()))
     config = config_from_args(args, model_dir, model_id)
+    log_cache_isolation(config, bool(key_digests))
     log_tool_parser(args, model_dir)
     num_engines = config.engine.parallel.data_parallel_size
     procs = []
@@ -193,6 +194,18 @@ def serve(args) -> int:
         notifier.close()
         paths.remove_run_dir()
     return 1 if http_failed or any(watch.engine_died for watch in watches) else 0
+
+
+def log_cache_isolation(config, has_keys: bool) -> None:
+    """Which prefix-cache isolation runs (docs/prefix-caching.md), and a warning where `key` can do nothing."""
+    if not config.engine.scheduler.enable_prefix_caching:
+        return
+    isolation = config.http.prefix_cache_isolation
+    if isolation == "key" and not has_keys:
+        log.warning("--prefix-cache-isolation key without API keys: every request shares one prefix cache")
+    else:
+        log.info("prefix cache isolation: %s%s", isolation,
+                 " (each API key's prompts are cached apart)" if isolation == "key" else "")
 
 
 def api_key_digests(args) -> list[str]:

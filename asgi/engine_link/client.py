@@ -74,7 +74,7 @@ class EngineClient:
         """
         if not self.alive:
             raise EngineDead
-        rank = self.chooser.choose(prompts[0])
+        rank = self.chooser.choose(prompts[0], params.cache_salt)
         for i, req_id in enumerate(req_ids):
             self._routes[req_id] = (mailbox, first_index + i)
             if rank:

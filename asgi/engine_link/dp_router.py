@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from rill.ipc.cache_salt import salted_root
 from rill.ipc.protocol import EngineStats
 
 ROOT_HASH = 0
 MAX_BLOCKS_REMEMBERED = 200_000  # about 12 MiB of hashes per worker
 
 
-def block_hashes(prompt: list[int], block_size: int) -> list[int]:
-    """The chained hashes of a prompt's full blocks, as the engine's prefix cache computes them."""
+def block_hashes(prompt: list[int], block_size: int, cache_salt: bytes = b"") -> list[int]:
+    """The chained hashes of a prompt's full blocks, as the engine's prefix cache computes them: from the
+    salted root when the request has a cache salt, so one tenant's prompt never follows another's."""
     hashes = []
-    parent = ROOT_HASH
+    parent = salted_root(ROOT_HASH, cache_salt) if cache_salt else ROOT_HASH
     for start in range(0, len(prompt) - block_size + 1, block_size):
         parent = hash((parent, tuple(prompt[start : start + block_size])))
         hashes.append(parent)
@@ -48,10 +50,10 @@ class EngineChooser:
         waiting requests' worth."""
         return self.score(rank) > 2 * self.score(least) + 8
 
-    def choose(self, prompt: list[int]) -> int:
+    def choose(self, prompt: list[int], cache_salt: bytes = b"") -> int:
         if self.num_engines == 1:
             return 0
-        hashes = block_hashes(prompt, self.block_size)
+        hashes = block_hashes(prompt, self.block_size, cache_salt)
         holder = None
         for block_hash in hashes:
             rank = self._owner.get(block_hash)

@@ -10,11 +10,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from rill.asgi.engine_link.client import ENGINE_DEAD, EngineClient, EngineDead
 from rill.asgi.engine_link.mailbox import Mailbox
 from rill.asgi.errors import APIError, engine_unavailable, queue_full
 from rill.asgi.http.request_context import current
 from rill.asgi.output.detokenizer import Detokenizer
+from rill.asgi.requests.cache_salt import engine_salt
 from rill.ipc.logprobs import TokenLogprobs
 from rill.ipc.protocol import FinishReason, SamplingParams, Verdict
 
@@ -82,11 +85,17 @@ class Generation:
     """`n` choices per prompt, each its own engine request: choice index = prompt index * n + j."""
 
     def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
-                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer], n: int = 1):
+                 params: SamplingParams, make_detokenizer: Callable[[], Detokenizer], n: int = 1,
+                 cache_salt: str | None = None):
+        """`cache_salt`: the request's own (vLLM's field); every request is salted with its API key's besides,
+        here where every prompt passes on its way to the engine, so that no route can forget it."""
+        self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self.client = client
         self.request_id = request_id
         self.prompts = prompts
-        self.params = params
+        salt = engine_salt(self.ctx.cache_namespace if self.ctx is not None else "", cache_salt)
+        # a copy: params may be a route's shared constant, or serve another Generation
+        self.params = msgspec.structs.replace(params, cache_salt=salt) if salt else params
         self.n = n
         self.num_choices = num_choices = len(prompts) * n
         self.mailbox = Mailbox(num_choices)
@@ -97,7 +106,6 @@ class Generation:
         # What a CANCELLED delta (a cancel from another API worker) does; by default, stop waiting.
         self.on_cancel: Callable[[], None] = self.on_disconnect
         self.finish_reasons: list[str | None] = [None] * num_choices
-        self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self._stopped_early: list[str] = []  # engine ids whose stop string the worker matched
         self.rejected = False  # refused by admission control (a 429): never ran, nothing to record
         self.failure_reason = "error"  # how a failed request is counted: error, or timeout

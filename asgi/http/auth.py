@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 from pathlib import Path
 
 from rill.asgi.errors import APIError
@@ -51,6 +52,11 @@ def collect_api_keys(flag_keys: list[str] | None, key_files: list[str] | None, e
     return list(dict.fromkeys(keys))
 
 
+def has_api_keys(args, environ=os.environ) -> bool:
+    """Whether `rill serve` runs with keys (what --prefix-cache-isolation's default follows); read, not checked."""
+    return bool(args.api_key or args.api_key_file or environ.get(API_KEY_ENV, "").strip())
+
+
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -72,20 +78,22 @@ class ApiKeyGuard:
             return False
         return self.protect_metrics or path not in METRICS_PATHS
 
-    def check(self, path: str | None, headers) -> None:
-        """Raises the 401 when `path` is guarded and the request has no valid key."""
+    def check(self, path: str | None, headers) -> str:
+        """Raises the 401 when `path` is guarded and the request has no valid key; else the digest of the key
+        it presented (what --prefix-cache-isolation key salts its cache with), "" on a path that needs none."""
         if not self.guards(path):
-            return
+            return ""
         token = bearer_token(headers)
         if token is None:
             raise unauthorized("Missing API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`, "
                                "as Anthropic's clients do).")
         presented = digest(token).encode()
-        matched = False
+        matched = b""
         for known in self.digests:  # every digest, always: no early exit
-            matched |= hmac.compare_digest(presented, known)
+            matched = known if hmac.compare_digest(presented, known) else matched
         if not matched:
             raise unauthorized("Incorrect API key provided.")
+        return matched.decode()
 
 
 def bearer_token(headers) -> str | None:

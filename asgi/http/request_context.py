@@ -31,6 +31,9 @@ class RequestContext:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    # Under --prefix-cache-isolation key: the digest of the API key it came with, which salts its engine requests'
+    # prefix-cache blocks (asgi/requests/cache_salt.py); "": the shared cache. Never logged.
+    cache_namespace: str = field(default="", repr=False)
     first_token_s: float | None = None  # perf_counter time of the first output token
     last_token_s: float | None = None
     finish_reason: str | None = None  # stop, length, abort, error, or None (no generation)

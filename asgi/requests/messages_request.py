@@ -14,6 +14,7 @@ from msgspec import Meta
 
 from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
+from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.messages_content import chat_messages
 from rill.asgi.requests.messages_tools import (
     AnthropicTool,
@@ -50,6 +51,7 @@ class MessagesRequest(PromptFields, kw_only=True):
     service_tier: Any = None
     container: Any = None
     mcp_servers: Any = None
+    cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
 
 
 class CountTokensRequest(PromptFields, kw_only=True):

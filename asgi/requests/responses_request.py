@@ -8,6 +8,7 @@ from msgspec import Meta
 
 from rill.asgi.errors import APIError, unsupported
 from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
+from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import PositiveInt, Temperature, TopP
 
@@ -57,6 +58,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     max_tool_calls: Any = None
     service_tier: Name | None = None
     stream_options: Any = None
+    cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
 
 

@@ -30,6 +30,7 @@ from rill.asgi.requests.bounds import (
     Name,
     StopString,
 )
+from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.nvext import NvExt
 from rill.asgi.requests.prediction import Prediction
 from rill.asgi.requests.priority import Priority
@@ -136,6 +137,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     nvext: NvExt | None = None  # NVIDIA Dynamo's extension (asgi/requests/nvext.py)
     # vLLM's extension: each prompt token's logprob and the top k (not streamed, as vLLM).
     prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
 
 

@@ -30,7 +30,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     params.prediction = await prediction_ids(state.tokenizer, req.prediction, state.settings.limits.max_model_len)
     request_id = new_request_id("chatcmpl")
     n = req.n or 1
-    gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n)
+    gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt)
     include_usage, continuous_usage = stream_usage(req)
     fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=plan.make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top),

@@ -60,7 +60,7 @@ async def completions(http: HTTPRequest) -> None:
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)
     n = req.n or 1
-    gen = Generation(state.client, request_id, prompts, params, make_detok, n=n)
+    gen = Generation(state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt)
     include_usage, continuous_usage = stream_usage(req)
     echo = None
     if req.echo:  # a text prompt as sent; token ids decoded as the output is

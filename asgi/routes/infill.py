@@ -35,6 +35,7 @@ async def infill(http: HTTPRequest) -> None:
     params.lora = lora
     stop = completion.stop or []
     gen = Generation(state.client, new_request_id("infill"), [prompt_ids], params,
-                     state.detokenizer(stop=stop, skip_special_tokens=True, include_stop=False))
+                     state.detokenizer(stop=stop, skip_special_tokens=True, include_stop=False),
+                     cache_salt=req.cache_salt)
     await respond(gen, InfillStream(req.model or state.model_id), stream=req.stream, receive=http.receive,
                   send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)

@@ -51,7 +51,8 @@ async def create_message(http: HTTPRequest) -> None:
     plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking_tokens=budget,
                                  stop=req.stop_sequences, lora=lora)
     message_id = f"msg_{uuid.uuid4().hex}"
-    gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok)
+    gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok,
+                     cache_salt=req.cache_salt)
     shape = MessageStream(message_id, req.model, MessageBlocks(plan.make_parser()))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
                   keepalive_s=settings.http.sse_keepalive_s)

@@ -92,7 +92,7 @@ async def create_response(http: HTTPRequest) -> None:
                                  lora=lora)
     params = plan.params
     response_id = new_request_id("resp").replace("-", "_")
-    gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok)
+    gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok, cache_salt=req.cache_salt)
     logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
     builder = ResponseBuilder(echoed_fields(req, response_id, state, plan.effort), plan.make_parser(), logprobs)
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress

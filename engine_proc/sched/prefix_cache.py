@@ -5,11 +5,10 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
+from rill.engine_proc.sched.chain_roots import ROOT_HASH, ROOT_SERIAL, ChainRoots
 from rill.engine_proc.sched.request import EngineRequest
 
-# The parent of a request's first block. Serials of real entries count from 1.
-ROOT_HASH = 0
-ROOT_SERIAL = 0
+__all__ = ["ROOT_HASH", "ROOT_SERIAL", "PrefixCache"]
 
 
 class _Entry:
@@ -56,10 +55,10 @@ class PrefixCache:
         self._hash_fn = hash_fn
         self._block_id_by_hash: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # by block id
-        self._live_serials: set[int] = {ROOT_SERIAL}
-        # (adapter name, its load id) -> its chains' root: one per load, so that weights loaded again
-        # under the same name never find blocks computed with the old ones.
-        self._lora_roots: dict[tuple[str, int], tuple[int, int]] = {}
+        self._live_serials: set[int] = set()  # of entries; roots' are the roots' own (ChainRoots.is_live)
+        # One root per (adapter load, cache salt): weights loaded again under the same name never find blocks
+        # computed with the old ones, and one tenant's salt never finds another's (docs/prefix-caching.md).
+        self.roots = ChainRoots(hash_fn)
         # Free blocks that were cached when freed, least recently used first: O(1) to append,
         # to take out of the middle when a hit revives one, and to pop the oldest.
         self._free_lru: OrderedDict[int, None] = OrderedDict()
@@ -100,7 +99,10 @@ class PrefixCache:
         """Ids of the cached blocks holding req's longest prefix of full blocks (at most max_num_blocks)."""
         block_size = self.block_size
         hits: list[int] = []
-        parent_hash, parent_serial = self._root(req)
+        root = self.roots.find(req)
+        if root is None:  # nothing is cached under its adapter load and salt
+            return hits
+        parent_hash, parent_serial = root
         for i in range(max_num_blocks):
             token_ids = tuple(req.token_ids(i * block_size, (i + 1) * block_size))
             block_hash = self._hash_fn((parent_hash, token_ids))
@@ -113,18 +115,6 @@ class PrefixCache:
             hits.append(block_id)
             parent_hash, parent_serial = block_hash, entry.serial
         return hits
-
-    def _root(self, req: EngineRequest) -> tuple[int, int]:
-        """(hash, serial) a request's first block chains to: the base model's, or its LoRA
-        adapter load's own (the same tokens under other weights are other K/V)."""
-        if not req.lora:
-            return ROOT_HASH, ROOT_SERIAL
-        key = (req.lora, req.lora_load_id)
-        root = self._lora_roots.get(key)
-        if root is None:  # a serial of its own, never evicted, below every block's
-            root = self._lora_roots[key] = (self._hash_fn(("lora", *key)), -1 - len(self._lora_roots))
-            self._live_serials.add(root[1])
-        return root
 
     # ---- one request's chain --------------------------------------------------------------------
 
@@ -152,10 +142,10 @@ class PrefixCache:
         if chain is None:
             if num_full_blocks == 0:
                 return
-            chain = self._chains[req.req_id] = _Chain(0, *self._root(req))
+            chain = self._chains[req.req_id] = _Chain(0, *self.roots.root(req))
         if chain.num_blocks >= num_full_blocks:
             return
-        if chain.last_serial not in self._live_serials:
+        if chain.last_serial not in self._live_serials and not self.roots.is_live(chain.last_serial):
             # Broken, or its last entry was evicted since: new entries under it could never
             # be found, and would only push out live ones.
             chain.num_blocks, chain.last_serial = num_full_blocks, None
@@ -183,6 +173,7 @@ class PrefixCache:
                                     req.lora_load_id))
             self._entries[block_id] = entry
             self._live_serials.add(entry.serial)
+            self.roots.add_child(entry.parent_serial)
             self._block_id_by_hash[block_hash] = block_id
             chain.last_hash, chain.last_serial = block_hash, entry.serial
         chain.num_blocks = num_full_blocks
@@ -209,6 +200,7 @@ class PrefixCache:
         if entry is None:
             return
         self._live_serials.discard(entry.serial)
+        self.roots.remove_child(entry.parent_serial)
         del self._block_id_by_hash[entry.block_hash]
         if self.events is not None:
             self.events.append(("removed", entry.block_hash))  # every entry is indexed: see register()

@@ -14,10 +14,10 @@ from rill.ipc.config import EngineConfig
 
 
 def start_core(config: EngineConfig, paths: RunPaths, scheduler, runner, *, rank: int = 0, make_grammar_gate=None,
-               kv_events=None):
+               kv_events=None, kv_disk=None):
     """The busy loop's core with its input and output threads (started). `rank`: this engine's among
     --data-parallel-size; `make_grammar_gate(notify)`: structured outputs, None for a model that does
-    not generate; `kv_events`: --kv-events-endpoint's publisher."""
+    not generate; `kv_events`: --kv-events-endpoint's publisher; `kv_disk`: --kv-cache-disk's DiskTier."""
     limits = config.scheduler
     ctx = zmq.Context()
     inputs: queue.SimpleQueue = queue.SimpleQueue()
@@ -30,5 +30,5 @@ def start_core(config: EngineConfig, paths: RunPaths, scheduler, runner, *, rank
     grammar_gate = make_grammar_gate(inputs.put) if make_grammar_gate is not None else None
     core = EngineCore(scheduler, runner, inputs, output_thread.publish, admission=admission,
                       deadlines=Deadlines(limits.request_timeout_s), grammar_gate=grammar_gate, kv_events=kv_events,
-                      rank=rank)
+                      rank=rank, kv_disk=kv_disk)
     return core, (input_thread, output_thread)

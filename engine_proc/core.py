@@ -25,7 +25,7 @@ _NOT_FINISHED = (p.FinishReason.ABORT, p.FinishReason.TIMEOUT, p.FinishReason.CA
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: Runner, inputs: queue.SimpleQueue, publish, clock=time.monotonic,
                  admission: AdmissionControl | None = None, deadlines: Deadlines | None = None,
-                 grammar_gate: GrammarGate | None = None, kv_events=None, rank: int = 0):
+                 grammar_gate: GrammarGate | None = None, kv_events=None, rank: int = 0, kv_disk=None):
         self.scheduler = scheduler
         self.runner = runner
         self.inputs = inputs
@@ -43,6 +43,7 @@ class EngineCore:
         self.running = True
         self.kv_events = kv_events  # --kv-events-endpoint: a KVEventPublisher (engine_proc/kv_events.py)
         self.rank = rank  # --data-parallel-size: this engine's rank
+        self.kv_disk = kv_disk  # --kv-cache-disk: a DiskTier (engine_proc/kv_disk/tier.py)
         self.weight_bytes = weight_bytes(getattr(runner, "model", None))  # as loaded (prepacked, quantized)
         if released := release_free_heap():  # what loading freed, back to the system before serving
             log.info("returned %.0f MiB of freed heap to the system after loading", released / 2**20)
@@ -54,6 +55,8 @@ class EngineCore:
                 return
             self.publish_deltas(self.end_overdue())
             batch = self.scheduler.schedule()
+            if self.kv_disk is not None:  # what schedule() evicted, copied out before the step overwrites it
+                self.kv_disk.spill_evicted()
             self.report_queue()
             deltas = self.step(batch) if batch else []
             self.publish_deltas(deltas + self.scheduler.take_errored())

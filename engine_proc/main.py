@@ -68,6 +68,8 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
         input_thread.close()
         if core.kv_events is not None:
             core.kv_events.close()
+        if core.kv_disk is not None:
+            core.kv_disk.close()  # the hottest blocks still cached, to disk for the next start
         log.info("engine stopped")
 
 
@@ -164,8 +166,15 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         from rill.engine_proc.kv_events import publisher_for
 
         kv_events = publisher_for(config, rank, blocks, device)
+    kv_disk = None
+    if config.kv_cache_disk:  # the hottest blocks on disk back into the prefix cache, before READY
+        from rill.engine_proc.kv_disk.tier import open_disk_tier
+
+        kv_disk = open_disk_tier(config, rank, runner, blocks, dtype_name)
+        if kv_events is not None:  # BlockStored for each block reloaded
+            kv_events.publish(blocks.prefix_cache.take_events())
     # Structured outputs: bitmasks as wide as the model's logits, compiled off the busy loop.
-    core, threads = start_core(config, paths, scheduler, runner, rank=rank, kv_events=kv_events,
+    core, threads = start_core(config, paths, scheduler, runner, rank=rank, kv_events=kv_events, kv_disk=kv_disk,
                                make_grammar_gate=lambda notify: GrammarGate(GrammarCompiler(
                                    model_dir, vocab_size=runner.vocab_size, stop_token_ids=eos_ids, notify=notify)))
     engine_limits = p.EngineLimits(

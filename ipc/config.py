@@ -93,6 +93,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     lora_modules: dict[str, str] = {}  # --lora-modules: name -> PEFT adapter directory, loaded at start
     kv_events_endpoint: str = ""  # a ZeroMQ endpoint to publish KV-cache events on (engine_proc/kv_events.py)
     kv_events_topic: str = ""
+    kv_cache_disk: str = ""  # --kv-cache-disk: the prefix cache's disk tier's folder (engine_proc/kv_disk/); "" none
+    kv_cache_disk_bytes: int = 4 << 30
 
 
 class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,6 +6,7 @@ import re
 import sys
 
 from rill.chat_flags import add_chat_flags, check_chat_flags
+from rill.kv_disk_flags import add_kv_disk_flags, check_kv_disk_flags
 from rill.listening import add_listen_flags, check_listen_flags
 from rill.lora_flags import add_lora_flags, check_lora_flags
 from rill.parallel_flags import add_parallel_flags, check_parallel_flags
@@ -122,6 +123,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                              "a request goes to the engine holding its prompt's prefix unless it is overloaded, "
                              "else to the least-loaded one (on a CPU each gets cores / N threads)")
     add_parallel_flags(engine)
+    add_kv_disk_flags(engine, byte_size)
     add_lora_flags(ap)
     engine.add_argument("--kv-events-endpoint", default="", metavar="ENDPOINT",
                         help="publish KV-cache events (vLLM's kv_events schema: blocks stored and removed) on this "
@@ -290,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         check_parallel_flags(args, serve)
         check_lora_flags(args, serve)
         check_listen_flags(args, serve)
+        check_kv_disk_flags(args, serve, byte_size)
         if args.headless:
             from rill.headless import serve_headless
 

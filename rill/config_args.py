@@ -36,7 +36,8 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
     engine = EngineConfig(
         model_id=model_id, model=model, scheduler=scheduler, parallel=parallel, log=log,
         lora_modules=lora_modules(args), kv_events_endpoint=args.kv_events_endpoint,
-        kv_events_topic=args.kv_events_topic,
+        kv_events_topic=args.kv_events_topic, kv_cache_disk=args.kv_cache_disk,
+        kv_cache_disk_bytes=args.kv_cache_disk_size or (4 << 30),
     )
     http = HttpConfig(
         host=args.host, port=args.port, workers=args.workers, served_model_name=model_id, uds=args.uds or "",

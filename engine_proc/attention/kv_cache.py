@@ -74,6 +74,15 @@ class KVCache:
     def num_bytes(self) -> int:
         return self._storage.numel() * self._storage.element_size()
 
+    def read_blocks(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """A copy of these blocks, whole in every tensor ([num_tensors, 2, len(block_ids), ...]): the disk tier's
+        spill (engine_proc/kv_disk/)."""
+        return self._storage.index_select(2, block_ids)
+
+    def write_blocks(self, block_ids: torch.Tensor, blocks: torch.Tensor) -> None:
+        """Puts back blocks as read_blocks() copied them: the disk tier's reload."""
+        self._storage.index_copy_(2, block_ids, blocks)
+
 
 def write_kv(
     k_cache: torch.Tensor,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from rill.engine_proc.sched.prefix_cache import PrefixCache
+from rill.engine_proc.sched.prefix_cache import CachedBlock, PrefixCache
 from rill.engine_proc.sched.request import EngineRequest
 
 # Block 0 (NULL_BLOCK_ID) is never handed to a request: the model runner can pad block tables and
@@ -147,6 +147,20 @@ class BlockManager:
         if self.window is not None and hits:  # as far as the sliding layers' blocks are cached too
             hits = hits[: self.window.usable_hits(self._serials(hits))]
         return hits
+
+    def adopt_cached(self, blocks: list[CachedBlock]) -> list[int | None]:
+        """Blocks read back from disk (engine_proc/kv_disk/), parents before children, made cached and free, each
+        in a never-cached free block: their ids, None for one not adopted (PrefixCache.adopt says when). The
+        deepest go on the LRU first, so a prompt's head outlives its tail, as free() orders them."""
+        cache, free_ids = self.prefix_cache, self._free_block_ids
+        block_ids: list[int | None] = []
+        for block in blocks:
+            adopted = bool(free_ids) and cache.adopt(free_ids[-1], block)
+            block_ids.append(free_ids.pop() if adopted else None)
+        for block_id in reversed(block_ids):
+            if block_id is not None:
+                cache.add_evictable(block_id)
+        return block_ids
 
     def _serials(self, block_ids: list[int]) -> list[int]:
         return [self.prefix_cache.serial_of(block_id) for block_id in block_ids]

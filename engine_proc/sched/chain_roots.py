@@ -61,18 +61,25 @@ class ChainRoots:
 
     def root(self, req: EngineRequest) -> tuple[int, int]:
         """req's root, made if it does not exist; the caller is about to chain a block to it."""
-        key = self.key_of(req)
+        return self.root_of_key(self.key_of(req))
+
+    def root_of_key(self, key: RootKey) -> tuple[int, int]:
+        """(hash, serial) of the root under `key`, made if it does not exist."""
         if key == _BASE_KEY:
             return ROOT_HASH, ROOT_SERIAL
         root = self._by_key.get(key)
         if root is None:
-            lora, load_id, salt = key
-            block_hash = self._hash_fn(("lora", lora, load_id)) if lora else ROOT_HASH
-            if salt:
-                block_hash = salted_root(block_hash, salt, self._hash_fn)
-            root = _Root(key, block_hash, next(self._serials))
+            root = _Root(key, self.hash_of_key(key), next(self._serials))
             self._by_key[key] = self._by_serial[root.serial] = root
         return root.block_hash, root.serial
+
+    def hash_of_key(self, key: RootKey) -> int:
+        """The root hash under `key`. An adapter's hashes a str, so it differs from process to process (the
+        disk tier, engine_proc/kv_disk/, keeps none of an adapter's blocks); the base model's and a salt's are
+        ints only, the same in every process."""
+        lora, load_id, salt = key
+        block_hash = self._hash_fn(("lora", lora, load_id)) if lora else ROOT_HASH
+        return salted_root(block_hash, salt, self._hash_fn) if salt else block_hash
 
     def is_live(self, serial: int) -> bool:
         return serial == ROOT_SERIAL or serial in self._by_serial

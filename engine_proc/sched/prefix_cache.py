@@ -3,24 +3,40 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from typing import NamedTuple
 
-from rill.engine_proc.sched.chain_roots import ROOT_HASH, ROOT_SERIAL, ChainRoots
+from rill.engine_proc.sched.chain_roots import ROOT_HASH, ROOT_SERIAL, ChainRoots, RootKey
 from rill.engine_proc.sched.request import EngineRequest
 
-__all__ = ["ROOT_HASH", "ROOT_SERIAL", "PrefixCache"]
+__all__ = ["ROOT_HASH", "ROOT_SERIAL", "CachedBlock", "PrefixCache"]
 
 
 class _Entry:
     """What the cache knows about one block: its key, its content, and which entry precedes it."""
 
-    __slots__ = ("block_hash", "token_ids", "serial", "parent_serial")
+    __slots__ = ("block_hash", "token_ids", "serial", "parent_serial", "parent_hash", "depth", "root_key")
 
-    def __init__(self, block_hash: int, token_ids: tuple[int, ...], serial: int, parent_serial: int) -> None:
+    def __init__(self, block_hash: int, token_ids: tuple[int, ...], serial: int, parent_serial: int,
+                 parent_hash: int = ROOT_HASH, depth: int = 0, root_key: RootKey = ("", 0, b"")) -> None:
         self.block_hash = block_hash
         self.token_ids = token_ids
         self.serial = serial  # never reused, unlike block ids: names this exact prefix
         self.parent_serial = parent_serial
+        # What the disk tier (engine_proc/kv_disk/) writes beside the block's KV to find it again after a restart
+        self.parent_hash = parent_hash  # the root's hash for a first block
+        self.depth = depth  # the block's index in its prompt
+        self.root_key = root_key  # (adapter name, its load id, cache salt) of the root the chain starts from
+
+
+class CachedBlock(NamedTuple):
+    """A cached block as the disk tier spills and reloads it (engine_proc/kv_disk/)."""
+
+    block_hash: int
+    parent_hash: int  # the root's hash for a first block (depth 0)
+    depth: int
+    token_ids: tuple[int, ...]
+    root_key: RootKey
 
 
 class _Chain:
@@ -68,6 +84,9 @@ class PrefixCache:
         # ("stored", hash, parent hash or None, token ids, adapter name or "", the adapter's load id or
         # 0) and ("removed", hash), in order.
         self.events: list[tuple] | None = [] if record_events else None
+        # --kv-cache-disk (engine_proc/kv_disk/): (block id, CachedBlock) of each evicted block, taken before
+        # the next model step overwrites it; set to a list by the disk tier.
+        self.evicted: list[tuple[int, CachedBlock]] | None = None
 
     def take_events(self) -> list[tuple]:
         """The events since the last take (none unless built to `record_events`)."""
@@ -151,6 +170,7 @@ class PrefixCache:
             chain.num_blocks, chain.last_serial = num_full_blocks, None
             return
         block_size = self.block_size
+        root_key = self.roots.key_of(req)
         for i in range(chain.num_blocks, num_full_blocks):
             token_ids = tuple(req.token_ids(i * block_size, (i + 1) * block_size))
             block_hash = self._hash_fn((chain.last_hash, token_ids))
@@ -167,7 +187,8 @@ class PrefixCache:
                 self._forget(known_id)
             block_id = req.block_ids[i]
             assert block_id not in self._entries, "a request's own new block is already cached"
-            entry = _Entry(block_hash, token_ids, next(self._serials), chain.last_serial)
+            entry = _Entry(block_hash, token_ids, next(self._serials), chain.last_serial, chain.last_hash, i,
+                           root_key)
             if self.events is not None:
                 self.events.append(("stored", block_hash, chain.last_hash if i else None, token_ids, req.lora,
                                     req.lora_load_id))
@@ -191,8 +212,60 @@ class PrefixCache:
     def evict_oldest(self) -> int:
         """The least recently freed evictable block, its entry forgotten, for new tokens."""
         block_id, _ = self._free_lru.popitem(last=False)
+        if self.evicted is not None and (entry := self._entries.get(block_id)) is not None:
+            self.evicted.append((block_id, _cached_block(entry)))
         self._forget(block_id)
         return block_id
+
+    # ---- the disk tier's view (engine_proc/kv_disk/) ----------------------------------------------
+
+    def take_evicted(self) -> list[tuple[int, CachedBlock]]:
+        """(block id, block) evicted since the last take: their KV is intact until the next model step."""
+        evicted = self.evicted
+        if not evicted:
+            return []
+        self.evicted = []
+        return evicted
+
+    def hottest(self, ref_counts: list[int]) -> Iterator[tuple[int, CachedBlock]]:
+        """Every cached block, held ones first, then the free ones most recently used first."""
+        for block_id, entry in self._entries.items():
+            if ref_counts[block_id]:
+                yield block_id, _cached_block(entry)
+        for block_id in reversed(self._free_lru):
+            if (entry := self._entries.get(block_id)) is not None:
+                yield block_id, _cached_block(entry)
+
+    def adopt(self, block_id: int, block: CachedBlock) -> bool:
+        """Indexes a free block whose KV was read back from disk, as register() would have, evictable (the caller puts
+        it on the LRU). False, and nothing changed, when it is known already, its parent is not cached, or its
+        hash is not what this process computes for its parent and tokens (another hash function, a damaged file)."""
+        if block.block_hash in self._block_id_by_hash or len(block.token_ids) != self.block_size:
+            return False
+        if block.depth == 0:
+            if block.parent_hash != self.roots.hash_of_key(block.root_key):
+                return False
+            parent_serial = None
+        else:
+            parent_id = self._block_id_by_hash.get(block.parent_hash)
+            if parent_id is None:
+                return False
+            parent_serial = self._entries[parent_id].serial
+        if self._hash_fn((block.parent_hash, block.token_ids)) != block.block_hash:
+            return False
+        if parent_serial is None:
+            parent_serial = self.roots.root_of_key(block.root_key)[1]
+        entry = _Entry(block.block_hash, block.token_ids, next(self._serials), parent_serial, block.parent_hash,
+                       block.depth, block.root_key)
+        if self.events is not None:
+            lora, load_id, _ = block.root_key
+            self.events.append(("stored", block.block_hash, block.parent_hash if block.depth else None,
+                                block.token_ids, lora, load_id))
+        self._entries[block_id] = entry
+        self._live_serials.add(entry.serial)
+        self.roots.add_child(parent_serial)
+        self._block_id_by_hash[block.block_hash] = block_id
+        return True
 
     def _forget(self, block_id: int) -> None:
         # A block forgotten while free stays on the LRU: still reusable, just not findable.
@@ -204,3 +277,7 @@ class PrefixCache:
         del self._block_id_by_hash[entry.block_hash]
         if self.events is not None:
             self.events.append(("removed", entry.block_hash))  # every entry is indexed: see register()
+
+
+def _cached_block(entry: _Entry) -> CachedBlock:
+    return CachedBlock(entry.block_hash, entry.parent_hash, entry.depth, entry.token_ids, entry.root_key)

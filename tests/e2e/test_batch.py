@@ -30,7 +30,7 @@ def tiny(tmp_path_factory):
 
 
 def tiny_flags(tiny, store) -> tuple[str, ...]:
-    return ("--model", str(tiny), "--load-format", "dummy", "--served-model-name", MODEL, "--max-model-len", "256",
+    return ("--model", str(tiny), "--load-format", "dummy", "--served-model-name", MODEL, "--max-model-len", "1024",
             "--kv-cache-memory", "64MiB", "--state-store", f"sqlite://{store}")
 
 
@@ -46,6 +46,9 @@ def srv(tiny, tmp_path_factory):
 
 def line(custom_id: str, body: dict, url: str = "/v1/chat/completions", **extra) -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": MODEL, **body}, **extra}
+
+
+LONG = 700  # tokens of a long line: about a second each on the tiny model, more on a loaded machine
 
 
 def chat(i: int, max_tokens: int = 8) -> dict:
@@ -162,8 +165,11 @@ def test_bad_file_fails_validation_with_errors(srv):
 
 def test_cancel_keeps_what_was_written(srv):
     client = sdk_client(srv)
-    batch = client.batches.create(input_file_id=upload(client, [line(f"long-{i}", chat(i % 8, 200)) for i in range(12)]).id,
-                                  endpoint="/v1/chat/completions", completion_window="24h")
+    # The first line is short and the rest long: one is written at once, and the cancel comes long before the
+    # others could all finish, however slow the machine (all of them took 1 s at 200 tokens: a loaded CI lost that race).
+    lines = [line(f"long-{i}", chat(i % 8, 8 if i == 0 else LONG)) for i in range(12)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
     wait(client, batch.id, lambda b: b.status == "in_progress" and b.request_counts.completed >= 1)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
@@ -261,8 +267,10 @@ def test_restart_resumes_and_deadline_expires(tiny, tmp_path_factory):
     flags = (*tiny_flags(tiny, store), "--batch-concurrency", "1")
     srv = start_server(tmp_path_factory, *flags)
     client = sdk_client(srv)
-    running = client.batches.create(input_file_id=upload(client, [line(f"r{i}", chat(i % 8, 120)) for i in range(8)]).id,
-                                    endpoint="/v1/chat/completions", completion_window="24h")
+    # Two short lines, then long ones: the stop comes after the two, while the long ones still have seconds to run.
+    lines = [line(f"r{i}", chat(i % 8, 8 if i < 2 else LONG)) for i in range(8)]
+    running = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                    completion_window="24h")
     late = client.batches.create(input_file_id=upload(client, [line(f"l{i}", chat(i)) for i in range(3)]).id,
                                  endpoint="/v1/chat/completions", completion_window="24h")
     wait(client, running.id, lambda b: b.request_counts.completed >= 2)

@@ -10,11 +10,9 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForSequenceClassification
 
 from rill.engine_proc.model.cross_encoder_layout import ScoreHead, read_score_head
-from rill.engine_proc.model.encoder_runner import MAX_GROUP_TOKENS, PAD_BUDGET_TOKENS, length_groups
 from rill.engine_proc.model.hf_runner import KVBudget
 from rill.engine_proc.model.runner_api import RunnerInfo
-from rill.engine_proc.sample.sampler import SamplerOutput
-from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.model.scoring_runner import ScoringRunner
 from rill.ipc.config import ModelConfig
 from rill.ipc.pair_segments import pair_separator, second_segment_start
 
@@ -23,7 +21,7 @@ log = logging.getLogger("rill.model")
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda x: x, "tanh": torch.tanh}
 
 
-class CrossEncoderRunner:
+class CrossEncoderRunner(ScoringRunner):
     """The `Runner` protocol for a cross-encoder: `execute(batch)` is one engine step.
 
     Each prompt is a pair the API worker encoded with the tokenizer's pair template. As with the
@@ -33,10 +31,6 @@ class CrossEncoderRunner:
     """
 
     info = RunnerInfo("cross-encoder")
-    lora = None
-    sliding_window = None
-    layer_window = None
-    embedding_dim = 0  # serves no embeddings
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
         model_dir = Path(model.model_dir)
@@ -59,25 +53,6 @@ class CrossEncoderRunner:
         self._activate = _ACTIVATIONS[self.head.activation]
         log.info("cross-encoder: %s score, token types %s, max_model_len %d", self.head.activation,
                  "after separator id %d" % self._separator if self._separator is not None else "off", self.max_model_len)
-
-    def close(self) -> None:
-        """Nothing to stop (the `Runner` protocol, engine_proc/model/runner_api.py)."""
-
-    def execute(self, batch: Batch) -> SamplerOutput:
-        """A placeholder token id (-1) per seq of `batch.sampled_seqs`, and `out.embeddings`:
-        (seq, float32 [score, logit]) for each, in that order."""
-        seqs = batch.sampled_seqs
-        out = SamplerOutput([-1] * len(seqs))
-        out.embeddings = list(zip(seqs, self.score([seq.req.prompt_ids for seq in seqs])))
-        return out
-
-    def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
-        """[score, logit] per pair prompt, in order; grouped by length for the forwards."""
-        scores: list[np.ndarray | None] = [None] * len(prompts)
-        for group in length_groups([len(p) for p in prompts], PAD_BUDGET_TOKENS, MAX_GROUP_TOKENS):
-            for i, row in zip(group, self._score_group([prompts[i] for i in group])):
-                scores[i] = row
-        return scores
 
     @torch.inference_mode()
     def _score_group(self, prompts: list[list[int]]) -> np.ndarray:

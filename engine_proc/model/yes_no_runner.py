@@ -10,11 +10,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from rill.engine_proc.model.encoder_runner import MAX_GROUP_TOKENS, PAD_BUDGET_TOKENS, length_groups
 from rill.engine_proc.model.hf_runner import KVBudget
 from rill.engine_proc.model.runner_api import RunnerInfo
-from rill.engine_proc.sample.sampler import SamplerOutput
-from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.model.scoring_runner import ScoringRunner
 from rill.ipc.config import ModelConfig
 
 log = logging.getLogger("rill.model")
@@ -30,7 +28,7 @@ def answer_id(tokenizer: Tokenizer, word: str) -> int:
     return ids[0]
 
 
-class YesNoRunner:
+class YesNoRunner(ScoringRunner):
     """The `Runner` protocol for a decoder served as a reranker: `execute(batch)` is one engine step.
 
     A reranker reads each prompt once and keeps nothing, so, as the encoder runners do, it runs each
@@ -41,10 +39,6 @@ class YesNoRunner:
     """
 
     info = RunnerInfo("yes-no reranker")
-    lora = None
-    sliding_window = None
-    layer_window = None
-    embedding_dim = 0
 
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
         model_dir = Path(model.model_dir)
@@ -59,25 +53,6 @@ class YesNoRunner:
         self.kv_cache = KVBudget(num_blocks=num_kv_blocks, block_size=model.block_size, num_bytes=0)
         log.info("yes/no reranker: ids %d (yes) and %d (no), max_model_len %d", self.yes_id, self.no_id,
                  self.max_model_len)
-
-    def close(self) -> None:
-        """Nothing to stop (the `Runner` protocol, engine_proc/model/runner_api.py)."""
-
-    def execute(self, batch: Batch) -> SamplerOutput:
-        """A placeholder token id (-1) per seq of `batch.sampled_seqs`, and `out.embeddings`:
-        (seq, float32 [score, logit]) for each, in that order."""
-        seqs = batch.sampled_seqs
-        out = SamplerOutput([-1] * len(seqs))
-        out.embeddings = list(zip(seqs, self.score([seq.req.prompt_ids for seq in seqs])))
-        return out
-
-    def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
-        """[score, logit] per prompt, in order; grouped by length for the forwards."""
-        scores: list[np.ndarray | None] = [None] * len(prompts)
-        for group in length_groups([len(p) for p in prompts], PAD_BUDGET_TOKENS, MAX_GROUP_TOKENS):
-            for i, row in zip(group, self._score_group([prompts[i] for i in group])):
-                scores[i] = row
-        return scores
 
     @torch.inference_mode()
     def _score_group(self, prompts: list[list[int]]) -> np.ndarray:

@@ -50,9 +50,13 @@ class EngineCore:
 
     def run_busy_loop(self) -> None:
         while True:
-            self.drain_inputs(block=not self.scheduler.has_work)
+            idle = not self.scheduler.has_work
+            idle_spill = idle and self.kv_disk is not None and self.kv_disk.has_idle_work()
+            self.drain_inputs(block=idle and not idle_spill)
             if not self.running:
                 return
+            if idle_spill and not self.scheduler.has_work:  # nothing came: the cached blocks to disk meanwhile
+                self.kv_disk.spill_idle()
             self.publish_deltas(self.end_overdue())
             batch = self.scheduler.schedule()
             if self.kv_disk is not None:  # what schedule() evicted, copied out before the step overwrites it

@@ -18,6 +18,7 @@ log = logging.getLogger("rill.engine")
 RELOAD_BUDGET_S = 30.0  # at most this long reading blocks back before READY; the rest stays on disk
 CLOSE_BUDGET_S = 4.0  # at a clean stop: the launcher kills an engine that has not stopped in 10 s
 _BATCH = 64  # blocks per copy out of (or into) the KV cache
+IDLE_BATCH = 32  # blocks an idle busy loop hands the spill thread at a time
 
 
 def block_layout(kv_cache, device) -> tuple[torch.dtype, list[int]]:
@@ -34,8 +35,9 @@ def spillable(block: CachedBlock) -> bool:
 
 class DiskTier:
     """Evicted blocks go to disk (`spill_evicted`, on the busy loop, between schedule() and the step that
-    overwrites them: one copy out of the KV cache, the writing on the spill thread); at a clean stop the
-    hottest blocks still in memory follow (`close`); at start the hottest on disk come back (`reload`)."""
+    overwrites them: one copy out of the KV cache, the writing on the spill thread); while the engine is idle the
+    cached blocks follow, hottest first (`spill_idle`); at a clean stop the hottest still missing follow
+    (`close`); at start the hottest on disk come back (`reload`)."""
 
     def __init__(self, store: BlockStore, kv_cache, blocks: BlockManager, device: torch.device | str = "cpu",
                  lock_fd: int | None = None) -> None:
@@ -48,6 +50,8 @@ class DiskTier:
         self.lock_fd = lock_fd  # lock_folder()'s: held while this engine lives
         self.writer: SpillWriter | None = None
         self.num_reloaded = 0
+        self._idle_seen = 0  # the prefix cache's num_registered when an idle spill last found nothing left
+        self._idle_queued: set[int] = set()  # hashes an idle spill queued, until the spill thread is idle again
 
     def start(self) -> None:
         """From now on evictions are recorded and spilled (after reload: its blocks are on disk already)."""
@@ -71,6 +75,31 @@ class DiskTier:
                 return
             data = self.kv_cache.read_blocks(self._ids([block_id for block_id, _ in part]))
             self.writer.spill([block for _, block in part], data)
+
+    def has_idle_work(self) -> bool:
+        """Has the prefix cache entered blocks since the last idle spill found nothing left to write?"""
+        return self.writer is not None and self.cache.num_registered != self._idle_seen
+
+    def spill_idle(self) -> None:
+        """While the engine has nothing else to do: the next IDLE_BATCH hottest cached blocks the disk lacks, to the
+        spill thread. So a stop has little left to write in its 4 s, and a crash loses little."""
+        if not self.writer.has_room(IDLE_BATCH * self._block_bytes()):
+            time.sleep(0.005)  # the spill thread is behind: let it write (an input wakes the loop within 5 ms)
+            return
+        if self.writer.idle():
+            self._idle_queued.clear()  # all written: in the store now
+        seen = self.cache.num_registered
+        part = []
+        for block_id, block in self.cache.hottest(self.blocks.ref_counts):
+            if spillable(block) and block.block_hash not in self.store and block.block_hash not in self._idle_queued:
+                part.append((block_id, block))
+                if len(part) == IDLE_BATCH:
+                    break
+        if len(part) < IDLE_BATCH:
+            self._idle_seen = seen  # every cached block is on disk or on its way
+        if part:
+            self.writer.spill([block for _, block in part], self.kv_cache.read_blocks(self._ids([i for i, _ in part])))
+            self._idle_queued.update(block.block_hash for _, block in part)
 
     def close(self, budget_s: float = CLOSE_BUDGET_S) -> None:
         """A clean stop: the queued spills, then the hottest blocks still cached that the disk lacks, within budget_s."""

@@ -54,6 +54,10 @@ class SpillWriter(threading.Thread):
     def has_room(self, num_bytes: int) -> bool:
         return self._queued_bytes + num_bytes <= self.max_queued_bytes
 
+    def idle(self) -> bool:
+        """Everything handed to it is written (or failed)."""
+        return self._queued_bytes == 0 and self._queue.empty()
+
     def spill(self, blocks: list[CachedBlock], data: torch.Tensor) -> bool:
         """Queues a read_blocks() copy of `blocks`; False (dropped) when the queue is full."""
         num_bytes = data.numel() * data.element_size()

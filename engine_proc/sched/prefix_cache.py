@@ -80,6 +80,7 @@ class PrefixCache:
         self._free_lru: OrderedDict[int, None] = OrderedDict()
         self._chains: dict[str, _Chain] = {}  # by req_id, while the request holds blocks
         self._serials = itertools.count(ROOT_SERIAL + 1)
+        self.num_registered = 0  # blocks register() has entered since start (the disk tier's idle spill watches it)
         # KV-cache events (--kv-events-endpoint, engine_proc/kv_events.py), when someone listens:
         # ("stored", hash, parent hash or None, token ids, adapter name or "", the adapter's load id or
         # 0) and ("removed", hash), in order.
@@ -189,6 +190,7 @@ class PrefixCache:
             assert block_id not in self._entries, "a request's own new block is already cached"
             entry = _Entry(block_hash, token_ids, next(self._serials), chain.last_serial, chain.last_hash, i,
                            root_key)
+            self.num_registered += 1
             if self.events is not None:
                 self.events.append(("stored", block_hash, chain.last_hash if i else None, token_ids, req.lora,
                                     req.lora_load_id))

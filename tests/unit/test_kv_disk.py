@@ -202,3 +202,26 @@ def test_a_full_queue_drops_spills_instead_of_waiting(tmp_path) -> None:
     assert time.perf_counter() - started < 1.0
     assert tier.writer.num_dropped == 2 and len(tier.store) == 0
     tier.writer.close(5)
+
+
+def test_an_idle_engine_spills_its_cached_blocks_so_a_stop_has_nothing_left(tmp_path) -> None:
+    kv, bm, tier = engine(tmp_path)
+    tier.start()
+    assert not tier.has_idle_work()
+    a = computed(bm, kv, req("a", ids(100, 4 * BS + 1)))  # 4 full blocks cached, still held
+    before = kv_of(kv, a.block_ids[:4])
+    assert tier.has_idle_work()
+    for _ in range(10):
+        if not tier.has_idle_work():
+            break
+        tier.spill_idle()
+    assert not tier.has_idle_work()
+    tier.writer.close(10)
+    assert tier.writer.num_written == 4 and len(tier.store) == 4  # nothing evicted: all written while idle
+    tier.writer = None
+    tier.close(budget_s=0.0)  # the stop: nothing left to write
+
+    kv2, bm2, tier2 = engine(tmp_path)
+    assert tier2.reload() == 4
+    hits = bm2.find_cached_blocks(req("a2", ids(100, 4 * BS + 1)), 4)
+    assert torch.equal(kv_of(kv2, hits), before)

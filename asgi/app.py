@@ -63,6 +63,7 @@ async def engine_stats(http: HTTPRequest) -> None:
     chosen = {"dtype": limits.dtype, "dtype_reason": limits.dtype_reason, "quantization": limits.quantization,
               "cpu": limits.cpu, "compiled_decode": limits.compiled_decode,
               "attention_backend": limits.attention_backend, "speculative": limits.speculative,
+              "kv_cache_dtype": limits.kv_cache_dtype,
               "sampling_defaults": state.sampling_defaults}
     if limits.speculative:  # the share of drafted tokens the target model accepted
         drafted = stats.num_spec_draft_tokens

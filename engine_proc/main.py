@@ -122,7 +122,10 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     # shared with the sliding layers' window tables (engine_proc/sched/window_tables.py)
     layer_window = route_layer_window(hf_config, limits) if runner_class is PagedTransformersRunner else None
     num_tensors = hf_config.get_text_config().num_hidden_layers - len(layer_window[1]) if layer_window else None
-    num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes, num_tensors)
+    if model.kv_cache_dtype != "auto" and runner_class is not ModelRunner:
+        raise ValueError(f"--kv-cache-dtype {model.kv_cache_dtype} needs the native runner (a Llama-family model)")
+    num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes, num_tensors,
+                                       model.kv_cache_dtype)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-memory {limits.kv_cache_memory_bytes} bytes holds no KV block of "
                          f"{model.block_size} tokens for this model; give it more memory")
@@ -147,10 +150,12 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
                           record_events=bool(config.kv_events_endpoint))
     # Block 0 is reserved as padding: what a lone request can use is the rest of the cache.
     max_model_len = min(max_model_len, blocks.num_tokens_alone(limits.max_num_batched_tokens))
+    kv_dtype = dtype_name if model.kv_cache_dtype == "auto" else model.kv_cache_dtype
     log.info(
-        "model loaded in %.1f s: %s, %s, quantization %s, KV cache %d blocks x %d tokens%s (%.0f MiB), "
+        "model loaded in %.1f s: %s, %s, quantization %s, KV cache %s %d blocks x %d tokens%s (%.0f MiB), "
         "max_model_len %d, prefix caching %s, %s runner on %s%s%s%s",
-        time.perf_counter() - started, config.model_id, dtype_name, model.quantization, num_blocks, model.block_size,
+        time.perf_counter() - started, config.model_id, dtype_name, model.quantization, kv_dtype, num_blocks,
+        model.block_size,
         f" (the sliding layers in {blocks.window.num_groups} window table(s) a request)" if blocks.window else "",
         limits.kv_cache_memory_bytes / 2**20, max_model_len, "on" if enable_prefix_caching else "off",
         runner.info.kind, device, ", batch-invariant" if model.batch_invariant else "",
@@ -200,6 +205,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         embedding_dim=hf_config.hidden_size if model.enable_embeddings else 0,
         speculative=speculative,
         lora_modules=config.lora_modules,
+        kv_cache_dtype=kv_dtype,
     )
     return core, threads, engine_limits
 

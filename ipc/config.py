@@ -47,6 +47,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_lora_rank: int = 16
     speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off
     num_threads: int | None = None  # torch threads; None: torch's
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; int8: rows and their scales (attention/kv_int8.py)
 
 
 class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -287,6 +287,7 @@ class EngineLimits(msgspec.Struct):
     scheduling_policy: str = "fcfs"  # --scheduling-policy: "priority" honours a request's `priority`
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded at start, name -> path
     speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"
+    kv_cache_dtype: str = ""  # what the KV cache holds: int8 (--kv-cache-dtype int8) or the model's dtype
 
 
 input_encoder = msgspec.msgpack.Encoder()

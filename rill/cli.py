@@ -7,6 +7,7 @@ import sys
 
 from rill.chat_flags import add_chat_flags, check_chat_flags
 from rill.kv_disk_flags import add_kv_disk_flags, check_kv_disk_flags
+from rill.kv_dtype_flags import add_kv_cache_dtype_flag, check_kv_cache_dtype_flag
 from rill.listening import add_listen_flags, check_listen_flags
 from rill.lora_flags import add_lora_flags, check_lora_flags
 from rill.parallel_flags import add_parallel_flags, check_parallel_flags
@@ -105,6 +106,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine = ap.add_argument_group("engine")
     engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     engine.add_argument("--kv-cache-memory", type=byte_size, default="1GiB", help="KV cache size on CPU")
+    add_kv_cache_dtype_flag(engine)
     engine.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
@@ -291,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         check_chat_flags(args, serve)
         check_parallel_flags(args, serve)
         check_lora_flags(args, serve)
+        check_kv_cache_dtype_flag(args, serve)
         check_listen_flags(args, serve)
         check_kv_disk_flags(args, serve, byte_size)
         if args.headless:

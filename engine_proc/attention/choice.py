@@ -28,12 +28,16 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
 
 
 def create_attention_backend(name: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                             batch_invariant: bool = False) -> AttentionBackend:
+                             batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> AttentionBackend:
     """The backend of a resolved name (resolve_attention_backend), chosen once per runner.
 
     --batch-invariant: on the "cpu" backend every token, decode or prompt, goes through the C++
     kernel as a row of its own (its arithmetic depends on nothing else in the step); on "torch"
-    the padded torch path; Triton has no batch-invariant form."""
+    the padded torch path; Triton has no batch-invariant form. --kv-cache-dtype int8: the "cpu"
+    backend's kernels alone read and write an int8 cache (kv_int8.py), batch-invariant or not."""
+    if kv_cache_dtype == "int8" and (name != "cpu" or dtype not in cpu.DTYPES):
+        raise ValueError(f"--kv-cache-dtype int8 needs the cpu attention backend (Rill's C++ kernels) in float32 or "
+                         f"bfloat16, not the {name} backend in {str(dtype).removeprefix('torch.')}")
     if name == "triton":
         if batch_invariant:
             raise ValueError("--batch-invariant is implemented for the torch attention path only")
@@ -43,5 +47,5 @@ def create_attention_backend(name: str, device: torch.device, dtype: torch.dtype
     if batch_invariant:
         return InvariantBackend(device, block_size)
     if name == "cpu":
-        return cpu.CpuBackend(device, block_size, dtype)
+        return cpu.CpuBackend(device, block_size, dtype, kv_cache_dtype)
     return TorchBackend(device, block_size)

@@ -88,11 +88,16 @@ class CpuBackend(AttentionBackend):
     name = "cpu"
     write = staticmethod(write_kv)
 
-    def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, device: torch.device, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> None:
         super().__init__(device, block_size)
         self.decode_kernel = dtype in DTYPES  # else (float16) torch's decode path
-        self.fused_prompt_layers = dtype == torch.bfloat16 and prefill_supported()
-        self.prefill = _prefill if self.fused_prompt_layers else None
+        prompt_kernel = dtype == torch.bfloat16 and prefill_supported()
+        self.prefill = _prefill if prompt_kernel else None
+        # --kv-cache-dtype int8 (kv_int8.py): the kernels quantize as they write (write_kv, the fused prompt
+        # layers' too) and dequantize as they read; a chunk's cached context is read dequantized
+        # (kv_int8_gather). A fresh prompt attends to its own K/V as computed, before quantization.
+        self.gather = _gather_int8 if kv_cache_dtype == "int8" else None
+        self.fused_prompt_layers = prompt_kernel
         self.decode = _decode if self.decode_kernel else torch_decode
         self.graph_decode_op = (torch.ops.rill_cpu.paged_decode_layer if self.decode_kernel
                                 else torch.ops.rill.paged_decode_attention)
@@ -102,7 +107,7 @@ class CpuBackend(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         self.write(k_cache, v_cache, k, v, meta.slot_mapping)
-        return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, self.decode, self.prefill, self.gather)
 
     def masked_decode(self, q, k_cache, v_cache, meta, window, softcap, sinks):
         if not self.decode_kernel or not meta.num_decode_tokens:
@@ -145,6 +150,10 @@ class InvariantCpuBackend(AttentionBackend):
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
     return torch.ops.rill_cpu.paged_decode(q, k_cache, v_cache, meta.decode_block_table, meta.decode_lens)
+
+
+def _gather_int8(cache, block_table, length, dtype) -> torch.Tensor:
+    return torch.ops.rill_cpu.kv_int8_gather(cache, block_table, length, torch.empty(0, dtype=dtype))
 
 
 def _prefill(q, k, v) -> torch.Tensor | None:

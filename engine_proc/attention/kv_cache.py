@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
+from rill.engine_proc.attention import kv_int8
 from rill.engine_proc.sched.window_tables import layer_groups
 
 
@@ -18,19 +19,22 @@ def num_kv_heads_of(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
-def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int, num_layers: int | None = None) -> int:
-    """K and V of `block_size` tokens across all layers (or `num_layers` of them)."""
+def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int, num_layers: int | None = None,
+                    kv_cache_dtype: str = "auto") -> int:
+    """K and V of `block_size` tokens across all layers (or `num_layers` of them); with
+    --kv-cache-dtype int8 a row is head_dim bytes and its scale (kv_int8.py), not head_dim of `dtype`."""
     num_kv_heads, head_dim = num_kv_heads_of(config), head_dim_of(config)
-    num_elements = 2 * (num_layers or config.num_hidden_layers) * block_size * num_kv_heads * head_dim
-    return num_elements * dtype.itemsize
+    num_rows = 2 * (num_layers or config.num_hidden_layers) * block_size * num_kv_heads
+    return num_rows * (kv_int8.row_bytes(head_dim) if kv_cache_dtype == "int8" else head_dim * dtype.itemsize)
 
 
 def num_blocks_for_memory(
-    config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int, num_layers: int | None = None
+    config: PretrainedConfig, dtype: torch.dtype, block_size: int, memory_bytes: int, num_layers: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> int:
     """Blocks that fit: of every layer, or of `num_layers` block tensors (a model with window tables,
     engine_proc/sched/window_tables.py, has as many as global layers)."""
-    return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size, num_layers))
+    return max(0, int(memory_bytes) // bytes_per_block(config, dtype, block_size, num_layers, kv_cache_dtype))
 
 
 class KVCache:
@@ -42,6 +46,11 @@ class KVCache:
     `window_layers`: a model's sliding layers, when it has global ones too: the cache is then as
     many tensors as global layers, each shared by one global layer and a layer of each sliding group,
     which address it through their group's block table (engine_proc/sched/window_tables.py).
+
+    `kv_cache_dtype` "int8": each tensor int8 [num_blocks, block_size, num_kv_heads, head_dim + 4], a
+    row's scale in its last 4 bytes (kv_int8.py), so `_storage[:, :, block]` is still a whole block,
+    scales included, for whatever reads or writes blocks whole (a block saved from one kind of cache is
+    not another's: keep `kv_cache_dtype` with it); "auto": `dtype`.
     """
 
     def __init__(
@@ -53,6 +62,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         window_layers: tuple[int, ...] = (),
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -63,7 +73,10 @@ class KVCache:
         self.num_window_groups, self.layer_places = (layer_groups(window_layers, num_layers) if window_layers
                                                      else (0, [(0, layer) for layer in range(num_layers)]))
         num_tensors = 1 + max(slot for _, slot in self.layer_places)
-        shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.kv_cache_dtype = kv_cache_dtype
+        row = kv_int8.row_bytes(self.head_dim) if kv_cache_dtype == "int8" else self.head_dim
+        dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
+        shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, row)
         # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
         # a masked NaN left in uninitialised memory would still poison the weighted sum.
         self._storage = torch.zeros(shape, dtype=dtype, device=device)
@@ -179,12 +192,15 @@ def paged_attention(
     meta: AttentionMetadata,
     decode=None,
     prefill=None,
+    gather=None,
 ) -> torch.Tensor:
     """Attention of the step's queries [T, H, D] over cached and new K/V (already written).
 
     `decode(q, k_cache, v_cache, meta)` attends the decode rows (torch_decode when None);
     `prefill(q, k, v)` a chunk whose tokens are its last keys, or returns None for SDPA (the
-    CPU backend passes its kernels, engine_proc/attention/cpu.py)."""
+    CPU backend passes its kernels, engine_proc/attention/cpu.py); `gather(cache, block_table,
+    length, dtype)` reads a chunk's cached context as [length, H_kv, D] (an int8 cache's dequantizing
+    read; the blocks as they are when None)."""
     num_tokens = q.shape[0]
     num_decodes = meta.num_decode_tokens
     decode = decode or torch_decode
@@ -199,8 +215,12 @@ def paged_attention(
             v_ctx = v[chunk.token_start : chunk.token_end]
         else:
             table = chunk.block_table.unsqueeze(0)
-            k_ctx = gather_blocks(k_cache, table)[0, : chunk.context_len]
-            v_ctx = gather_blocks(v_cache, table)[0, : chunk.context_len]
+            if gather is not None:
+                k_ctx = gather(k_cache, chunk.block_table, chunk.context_len, q.dtype)
+                v_ctx = gather(v_cache, chunk.block_table, chunk.context_len, q.dtype)
+            else:
+                k_ctx = gather_blocks(k_cache, table)[0, : chunk.context_len]
+                v_ctx = gather_blocks(v_cache, table)[0, : chunk.context_len]
         # The kernel applies the offset-causal mask itself: the chunk's tokens are the last keys
         # (not so when the context was padded past them).
         chunk_len = chunk.token_end - chunk.token_start

@@ -180,6 +180,10 @@ def _register_fakes() -> None:
     def _(q, k, v, slot_mapping, block_table, context_lens, layer, window=0, softcap=0.0, sinks=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
+    @lib.register_fake("rill_cpu::kv_int8_gather")
+    def _(cache, block_table, length, like):
+        return like.new_empty(length, cache.shape[2], cache.shape[3] - 4)
+
     @lib.register_fake("rill_cpu::int8_gemv")
     def _(x, weight_int8, scale, in_features):
         return x.new_empty(x.shape[0], weight_int8.shape[0])

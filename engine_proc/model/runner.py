@@ -58,7 +58,8 @@ class ModelRunner(SamplingRunner):
         # C++ kernels ("cpu"), or torch alone; --batch-invariant's form of either. The model's layers
         # hold it; `attention_backend` is its flag's name, which the start log shows.
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
-        self.attention = create_attention_backend(self.attention_backend, self.device, dtype, block_size, batch_invariant)
+        self.attention = create_attention_backend(self.attention_backend, self.device, dtype, block_size, batch_invariant,
+                                                  model.kv_cache_dtype)
         self.vocab_size: int = self.config.vocab_size
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
@@ -79,7 +80,8 @@ class ModelRunner(SamplingRunner):
 
             self.lora = LoRAManager(self.model, self.model.config, model.max_loras, model.max_lora_rank, self.device)
         self.kv_cache = KVCache(
-            self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device
+            self.model.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype, device=self.device,
+            kv_cache_dtype=model.kv_cache_dtype,
         )
         # The engine compiles decode steps unless --enforce-eager; tests and benches build eager runners.
         self.decode_graphs = self.compiled_prefill = self.prompt_graphs = None
@@ -93,7 +95,8 @@ class ModelRunner(SamplingRunner):
         self.sampler = Sampler(eos_token_ids, device=self.device,
                                use_triton=self.attention_backend == "triton")
         cache_mib = self.kv_cache.num_bytes / 2**20
-        log.info("KV cache: %d blocks of %d tokens, %.0f MiB", num_kv_blocks, block_size, cache_mib)
+        log.info("KV cache: %d blocks of %d tokens, %.0f MiB, %s", num_kv_blocks, block_size, cache_mib,
+                 "int8" if model.kv_cache_dtype == "int8" else str(dtype).removeprefix("torch."))
         # --speculative-config's draft model (engine_proc/spec/draft_model.py): it shares this
         # runner's device, dtype, blocks and attention, so it is built from it, here.
         self.drafter = None
@@ -146,10 +149,11 @@ class ModelRunner(SamplingRunner):
 
     @staticmethod
     def num_kv_blocks_for_memory(
-        model_dir: str | Path, *, dtype: torch.dtype, block_size: int, memory_bytes: int
+        model_dir: str | Path, *, dtype: torch.dtype, block_size: int, memory_bytes: int, kv_cache_dtype: str = "auto"
     ) -> int:
         """How many KV blocks fit in `memory_bytes` for this model (reads only its config)."""
-        return num_blocks_for_memory(load_config(model_dir), dtype, block_size, memory_bytes)
+        return num_blocks_for_memory(load_config(model_dir), dtype, block_size, memory_bytes,
+                                     kv_cache_dtype=kv_cache_dtype)
 
     @torch.inference_mode()
     def compute_logits(self, batch: Batch, eager: bool = False, hidden_only: bool = False) -> torch.Tensor:

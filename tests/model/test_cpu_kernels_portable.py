@@ -19,7 +19,7 @@ from rill.engine_proc.kernels import extension
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/unit/test_fused_ops.py", "tests/model/test_cpu_attention.py", "tests/model/test_quantization.py",
-         "tests/model/test_int4.py", "tests/model/test_moe_experts.py"]
+         "tests/model/test_int4.py", "tests/model/test_moe_experts.py", "tests/model/test_kv_int8.py"]
 # The kernels' own tests; the model runners and benchmarks do not depend on the build target. Of the
 # experts' tests, the int8 operator's (the bfloat16 one needs AVX-512 BF16 or AMX, which these lack; so do the
 # quantized layers' panels, csrc/quant_panels.cpp).

@@ -12,6 +12,7 @@
 #include "elementwise.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
+#include "kv_int8.h"
 #include "moe_experts.h"
 #include "paged_decode.h"
 #include "prefill_attention.h"
@@ -24,6 +25,7 @@ TORCH_LIBRARY(rill_cpu, m) {
           "Tensor? sinks=None) -> Tensor");
     m.def("set_kv_caches(Tensor[] k, Tensor[] v) -> ()");
     m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
+    m.def("kv_int8_gather(Tensor cache, Tensor block_table, int length, Tensor like) -> Tensor");
     m.def("paged_decode_layer(Tensor q, Tensor k, Tensor v, Tensor slot_mapping, Tensor block_table, "
           "Tensor context_lens, int layer, int window=0, float softcap=0.0, Tensor? sinks=None) -> Tensor");
     m.def("int8_gemv(Tensor x, Tensor weight_int8, Tensor scale, int in_features) -> Tensor");
@@ -63,6 +65,7 @@ TORCH_LIBRARY_IMPL(rill_cpu, CPU, m) {
     m.impl("paged_decode", &rill_cpu::paged_decode);
     m.impl("paged_decode_layer", &rill_cpu::paged_decode_layer);
     m.impl("write_kv", &rill_cpu::write_kv);
+    m.impl("kv_int8_gather", &rill_cpu::kv_int8_gather);
     m.impl("int8_gemv", &rill_cpu::int8_gemv);
     m.impl("int8_linear", &rill_cpu::int8_linear);
     m.impl("int4_gemv", &rill_cpu::int4_gemv);

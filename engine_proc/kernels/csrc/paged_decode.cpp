@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kv_int8.h"
 #include "paged_decode_kernels.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -162,6 +163,9 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
                         const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
                         const std::optional<at::Tensor>& slot_mapping, int64_t window, double softcap,
                         const std::optional<at::Tensor>& sinks) {
+    if (k_cache.scalar_type() == at::kChar)  // --kv-cache-dtype int8 (kv_int8.cpp)
+        return paged_decode_int8(q, k_cache, v_cache, block_table, context_lens, k_new, v_new, slot_mapping, window,
+                                 softcap, sinks);
     const bool bf16 = q.scalar_type() == at::kBFloat16;
     TORCH_CHECK((bf16 || q.scalar_type() == at::kFloat) && k_cache.scalar_type() == q.scalar_type() &&
                     v_cache.scalar_type() == q.scalar_type(),
@@ -211,6 +215,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
 // aten's index_copy_ took about 40 us a layer for a 512-token prompt.
 void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& slot_mapping) {
+    if (k_cache.scalar_type() == at::kChar) return write_kv_int8(k_cache, v_cache, k, v, slot_mapping);
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 && k.dim() == 3 &&
                     k.sizes() == v.sizes() && k.size(1) == k_cache.size(2) && k.size(2) == k_cache.size(3) &&
                     k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&

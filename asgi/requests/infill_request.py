@@ -17,6 +17,7 @@ from rill.asgi.prompt.encoding import encode_texts
 from rill.asgi.prompt.fim import FimTokens
 from rill.asgi.requests.bounds import MAX_SMALL_LIST, MAX_STOP, Name, StopString
 from rill.asgi.requests.cache_salt import CacheSalt
+from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import INT64_MAX, INT64_MIN, CompletionRequest
 
 MAX_EXTRA_CHUNKS = 4 * MAX_SMALL_LIST  # other files' chunks (llama.vim keeps up to 16 by default)
@@ -44,6 +45,7 @@ class InfillRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     stream: bool = False
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
+    priority: Priority = 0  # vLLM's, under --scheduling-policy priority (asgi/requests/priority.py)
 
 
 infill_decoder = msgspec.json.Decoder(InfillRequest)

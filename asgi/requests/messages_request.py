@@ -24,6 +24,7 @@ from rill.asgi.requests.messages_tools import (
     chat_tools,
     thinking_enabled,
 )
+from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
 
 UNSUPPORTED = ("service_tier", "container", "mcp_servers")
@@ -52,6 +53,7 @@ class MessagesRequest(PromptFields, kw_only=True):
     container: Any = None
     mcp_servers: Any = None
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
+    priority: Priority = 0  # vLLM's, under --scheduling-policy priority (asgi/requests/priority.py)
 
 
 class CountTokensRequest(PromptFields, kw_only=True):
@@ -91,7 +93,7 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
         raise APIError(400, "`stop_sequences` must not hold an empty string.", param="stop_sequences")
     body = {**prompt_body(req, req.max_tokens), "max_completion_tokens": req.max_tokens,
             "temperature": 1.0 if req.temperature is None else req.temperature, "top_p": req.top_p,
-            "top_k": req.top_k, "stop": req.stop_sequences}
+            "top_k": req.top_k, "stop": req.stop_sequences, "priority": req.priority}
     return chat_from(body, "messages")
 
 

@@ -11,6 +11,7 @@ from rill.asgi.output.respond import respond
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.infill_request import as_completion, infill_decoder, infill_prompt
 from rill.asgi.requests.model_choice import resolve_model
+from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.state import WorkerState
 
@@ -33,6 +34,7 @@ async def infill(http: HTTPRequest) -> None:
                              max_tokens_param="n_predict", vocab_size=limits.vocab_size,
                              defaults=state.sampling_defaults)
     params.lora = lora
+    params.priority = request_priority(req.priority, limits)
     stop = completion.stop or []
     gen = Generation(state.client, new_request_id("infill"), [prompt_ids], params,
                      state.detokenizer(stop=stop, skip_special_tokens=True, include_stop=False),

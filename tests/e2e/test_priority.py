@@ -79,6 +79,15 @@ def test_fcfs_refuses_a_priority_naming_it(tiny_server, path, body):
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "priority"
 
 
+def test_messages_takes_priority_too(tiny_server):
+    """Anthropic's API has no such field: it is vLLM's extension here too, answered in Anthropic's error shape."""
+    url = f"{tiny_server.base_url}/v1/messages"
+    body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = httpx.post(url, json={**body, "priority": 3}, timeout=60)
+    assert r.status_code == 400 and r.json()["type"] == "error" and "`priority`" in r.json()["error"]["message"], r.text
+    assert httpx.post(url, json={**body, "priority": 0}, timeout=60).status_code == 200
+
+
 def test_priority_on_embeddings_under_fcfs_is_a_400(server):
     r = httpx.post(f"{server.base_url}/v1/embeddings", timeout=60,
                    json={"model": "smollm2-135m-instruct", "input": "Hi", "priority": -1})

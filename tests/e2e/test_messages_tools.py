@@ -40,6 +40,19 @@ def flagged(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_thinker(tmp_path_factory):
+    """deepseek_r1 on bench's tiny random-weight model (its bundled tokenizer, seeded weights): a thousand
+    tokens cost it a second or two, where the bundled model took half a minute of CI."""
+    from rill.bench.serving.tiny_model import write_tiny_model
+
+    tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name", MODEL,
+                       "--max-model-len", "2048", "--reasoning-parser", "deepseek_r1")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
 def claude(flagged):
     return anthropic.Anthropic(base_url=flagged.base_url, api_key="x", _strict_response_validation=True,
                                max_retries=0, timeout=120)
@@ -149,12 +162,20 @@ def test_a_thinking_budget_ends_the_thinking_and_the_grammar_holds_the_answer(fl
     assert json.loads(none.message.content)["city"] in ("Paris", "Rome")
 
 
-def test_budget_tokens_end_the_thinking_and_the_answer_follows(flagged, tokenizer):
-    """Anthropic's budget_tokens, enforced: this model never ends its thinking itself (deepseek_r1); once 1024
+def test_budget_tokens_end_the_thinking_and_the_answer_follows(tiny_thinker, tokenizer):
+    """Anthropic's budget_tokens, enforced: the tiny model never ends its thinking itself (deepseek_r1); once 1024
     tokens are spent (Anthropic's least budget) the server writes `</think>`, and a text block follows. Streamed,
-    the events checked; the engine's forcing is the same for a body (tests/unit/test_thinking_budget.py)."""
-    message = streamed(flagged, {"max_tokens": 1040, "messages": ASK, "temperature": 0,
-                                 "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    the events checked; the engine's forcing is the same for a body (tests/unit/test_thinking_budget.py). Where the
+    thinking ended is read from chat's logprobs for the same greedy request (its text re-tokenized would merge:
+    this model thinks in newlines), the closing tag written one token a step from the 1025th on."""
+    message = streamed(tiny_thinker, {"max_tokens": 1040, "messages": ASK, "temperature": 0,
+                                      "thinking": {"type": "enabled", "budget_tokens": 1024}})
     [thinking, text] = message["content"]
     assert thinking["type"] == "thinking" and text["type"] == "text" and text["text"].strip()
-    assert 1015 <= len(tokenizer.encode(thinking["thinking"], add_special_tokens=False).ids) <= 1030
+    chat = httpx.post(f"{tiny_thinker.base_url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": ASK, "max_tokens": 1040, "temperature": 0, "logprobs": True,
+        "thinking_token_budget": 1024}).json()["choices"][0]
+    tokens = [t["token"] for t in chat["logprobs"]["content"]]
+    closing = [tokenizer.decode([i]) for i in tokenizer.encode("</think>", add_special_tokens=False).ids]
+    assert tokens[1024:1024 + len(closing)] == closing and "".join(tokens[:1024]).count("</") == 0, tokens[1020:1030]
+    assert chat["message"]["reasoning_content"] == thinking["thinking"] and chat["message"]["content"] == text["text"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,21 @@ def start_quantized(stack: contextlib.ExitStack, flags: list[str], log_path: Pat
         return next((line.strip() for line in str(exc).splitlines() if "error:" in line), "unknown argument")
 
 
+def died_of_a_signal(exc: RuntimeError) -> str | None:
+    """Why a server that a signal killed at start could not run (servers.ServerProcess's message: 'server exited
+    with -N'), or None for any other failure, which stops the run. llama.cpp's default AMX kernels died of SIGILL
+    on an Intel Xeon VM (`tilezero` on a thread with no tile configuration); `--no-repack` avoids them, but is not
+    its default, and takes its repacked AVX-512 kernels away too."""
+    found = re.search(r"server exited with -(\d+)", str(exc))
+    if not found:
+        return None
+    try:
+        name = signal.Signals(int(found.group(1))).name
+    except ValueError:
+        name = f"signal {found.group(1)}"
+    return f"died of {name} at start (its log: the run's scratch folder)"
+
+
 def start_sides(stack: contextlib.ExitStack, peers: list[str], scratch: Path, *, flags: list[str], model_dir: Path,
                 gguf: Path, vllm_flags: list[str], llama_flags: list[str], num_threads: int | None) -> Started:
     """Every served side asked for, one after another (each timed from launch to ready)."""
@@ -66,11 +83,7 @@ def start_sides(stack: contextlib.ExitStack, peers: list[str], scratch: Path, *,
     if "transformers_serve" in peers:
         out.servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
     if "llamacpp" in peers:
-        llama = out.servers["llamacpp"] = stack.enter_context(llama_cpp.llama_server(gguf, scratch, llama_flags))
-        out.startup_s["llamacpp"] = llama.startup_s
-        out.llamacpp = {"package": f"{llama_cpp.PACKAGE}=={llama_cpp.VERSION}", "flags": llama_flags,
-                        "gguf": gguf.name, "startup_s": llama.startup_s}
-        print(f"llama.cpp ready after {llama.startup_s:.0f} s", flush=True)
+        start_llamacpp(stack, out, gguf, scratch, llama_flags)
     if "vllm" in peers:
         env = {"OMP_NUM_THREADS": str(num_threads)} if num_threads else {}
         vllm = out.servers["vllm"] = stack.enter_context(vllm_cpu.vllm_server(model_dir, scratch, vllm_flags, env=env))
@@ -80,3 +93,22 @@ def start_sides(stack: contextlib.ExitStack, peers: list[str], scratch: Path, *,
                     "dtype": vllm_cpu.logged_dtype(vllm.log_path), "venv": str(vllm_cpu.venv_dir())}
         print(f"vLLM CPU ready after {vllm.startup_s:.0f} s (dtype {out.vllm['dtype']})", flush=True)
     return out
+
+
+def start_llamacpp(stack: contextlib.ExitStack, out: Started, gguf: Path, scratch: Path, flags: list[str]) -> None:
+    """llama-server into `out`, or why it is unavailable where it died of a signal at start (died_of_a_signal)."""
+    server = llama_cpp.llama_server(gguf, scratch, flags)
+    try:
+        llama = stack.enter_context(server)
+    except RuntimeError as exc:
+        server.stop()
+        if (why := died_of_a_signal(exc)) is None:
+            raise
+        out.unavailable["llamacpp"] = f"llama-server {why}"
+        print(f"llamacpp unavailable: {out.unavailable['llamacpp']}", flush=True)
+        return
+    out.servers["llamacpp"] = llama
+    out.startup_s["llamacpp"] = llama.startup_s
+    out.llamacpp = {"package": f"{llama_cpp.PACKAGE}=={llama_cpp.VERSION}", "flags": flags, "gguf": gguf.name,
+                    "startup_s": llama.startup_s}
+    print(f"llama.cpp ready after {llama.startup_s:.0f} s", flush=True)

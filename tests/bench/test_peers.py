@@ -152,3 +152,27 @@ def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
     assert not llama_cpp.is_built(tmp_path)  # llama-quantize is missing
     (tmp_path / "bin" / "llama-quantize").write_text("")
     assert llama_cpp.is_built(tmp_path)
+
+
+def test_a_llama_server_that_dies_of_a_signal_at_start_is_unavailable_and_the_run_goes_on(tmp_path, monkeypatch):
+    """llama.cpp's default AMX kernels died of SIGILL on an Intel VM: a real process killed by SIGILL stands
+    for llama-server (the binary is the edge replaced); any other failure to start still stops the run."""
+    import contextlib
+    import signal
+
+    from rill.bench.peers import llama_cpp, sides
+    from rill.bench.serving.servers import ServerProcess, free_port
+
+    def dying(code: str):
+        return lambda gguf, scratch, flags: ServerProcess([sys.executable, "-c", code], free_port(),
+                                                          tmp_path / "llama-server.log", ready_path="/health")
+
+    monkeypatch.setattr(llama_cpp, "llama_server", dying(f"import os; os.kill(os.getpid(), {int(signal.SIGILL)})"))
+    out = sides.Started()
+    with contextlib.ExitStack() as stack:
+        sides.start_llamacpp(stack, out, tmp_path / "m.gguf", tmp_path, [])
+    assert out.unavailable["llamacpp"].startswith("llama-server died of SIGILL at start")
+    assert "llamacpp" not in out.servers and out.llamacpp is None
+    monkeypatch.setattr(llama_cpp, "llama_server", dying("raise SystemExit(3)"))
+    with pytest.raises(RuntimeError, match="exited with 3"), contextlib.ExitStack() as stack:
+        sides.start_llamacpp(stack, sides.Started(), tmp_path / "m.gguf", tmp_path, [])

@@ -7,6 +7,7 @@ import pytest
 
 from rill.bench.kernels import gguf_quality
 from rill.bench.peers import llama_cpp
+from rill.bench.peers.sides import died_of_a_signal
 from rill.engine_proc.model import gguf_dir
 from rill.engine_proc.model.bundled import bundled_gguf_path, ensure_bundled_model
 
@@ -44,7 +45,12 @@ def test_the_from_floats_view_hides_the_source_file(tmp_path):
                     "about 20 minutes on 2 cores; CI never builds it)")
 def test_quick_run_against_llama_perplexity(tmp_path):
     out = tmp_path / "q.json"
-    report = gguf_quality.main(["--chunks", "1", "--ctx", "128", "--out", str(out)])
+    try:
+        report = gguf_quality.main(["--chunks", "1", "--ctx", "128", "--out", str(out)])
+    except RuntimeError as exc:  # llama.cpp's own AMX kernels die of SIGILL on some Intel VMs (docs/measured.md)
+        if (why := died_of_a_signal(exc)) is None:
+            raise
+        pytest.skip(f"llama-server {why}: llama.cpp's build does not run on this CPU")
     results = report["results"]
     assert results["same_tokens"] and results["llama_cpp"]["ppl"] > 1
     for row in results["rows"]:  # the same file on both sides: within a few percent of llama.cpp's

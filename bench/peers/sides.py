@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from rill.bench.peers import llama_cpp, vllm_cpu
 from rill.bench.peers.tf_serve import transformers_serve
-from rill.bench.serving.servers import ServerProcess, rill_server
+from rill.bench.serving.servers import ServerExited, ServerProcess, rill_server
 
 SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp", "transformers", "transformers_serve")
 SERVED_SIDES = ("rill", "rill_int8", "rill_int4", "vllm", "llamacpp")  # measured three ways through our harness
@@ -48,18 +47,15 @@ def start_quantized(stack: contextlib.ExitStack, flags: list[str], log_path: Pat
         return next((line.strip() for line in str(exc).splitlines() if "error:" in line), "unknown argument")
 
 
-def died_of_a_signal(exc: RuntimeError) -> str | None:
-    """Why a server that a signal killed at start could not run (servers.ServerProcess's message: 'server exited
-    with -N'), or None for any other failure, which stops the run. llama.cpp's default AMX kernels died of SIGILL
-    on an Intel Xeon VM (`tilezero` on a thread with no tile configuration); `--no-repack` avoids them, but is not
-    its default, and takes its repacked AVX-512 kernels away too."""
-    found = re.search(r"server exited with -(\d+)", str(exc))
-    if not found:
+def died_of_a_signal(exc: Exception) -> str | None:
+    """Why a server that a signal killed at start could not run, or None for any other failure, which stops the
+    run (llama.cpp's default AMX kernels died of SIGILL on an Intel Xeon VM: docs/measured.md)."""
+    if not isinstance(exc, ServerExited) or exc.returncode >= 0:
         return None
     try:
-        name = signal.Signals(int(found.group(1))).name
+        name = signal.Signals(-exc.returncode).name
     except ValueError:
-        name = f"signal {found.group(1)}"
+        name = f"signal {-exc.returncode}"
     return f"died of {name} at start (its log: the run's scratch folder)"
 
 
@@ -100,7 +96,7 @@ def start_llamacpp(stack: contextlib.ExitStack, out: Started, gguf: Path, scratc
     server = llama_cpp.llama_server(gguf, scratch, flags)
     try:
         llama = stack.enter_context(server)
-    except RuntimeError as exc:
+    except ServerExited as exc:
         server.stop()
         if (why := died_of_a_signal(exc)) is None:
             raise

@@ -21,6 +21,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerExited(RuntimeError):
+    """A server that exited before it was ready; `returncode` is negative where a signal killed it."""
+
+    def __init__(self, returncode: int, log: str):
+        super().__init__(f"server exited with {returncode}:\n{log}")
+        self.returncode = returncode
+
+
 class ServerProcess:
     """`argv` must make the server listen on `port`; `ready_path` answering 200 means ready."""
 
@@ -39,7 +47,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                raise ServerExited(self.proc.returncode, self.log())
             try:
                 if httpx.get(f"{self.base_url}{self.ready_path}", timeout=1).status_code == 200:
                     return self

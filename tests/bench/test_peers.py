@@ -1,19 +1,21 @@
 """`python -m rill.bench.peers --quick` end to end (CI's sides; vLLM's only where its venv is installed), and its parts."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from importlib import metadata
 
 import pytest
 
-from rill.bench.peers import vllm_cpu
+from rill.bench.peers import llama_cpp, sides, vllm_cpu
 from rill.bench.peers.report import TARGETS, summarize
 from rill.bench.peers.sides import SIDES, parse_sides
-from rill.bench.serving.servers import ROOT
+from rill.bench.serving.servers import ROOT, ServerProcess, free_port
 
 # vLLM's venv is several GB and minutes to install: CI never asks for it.
 CI_SIDES = "rill,rill_int8,transformers,transformers_serve"
@@ -130,8 +132,6 @@ def test_summary_names_what_was_not_measured():
 
 
 def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
-    from rill.bench.peers import llama_cpp
-
     int4 = {"output_throughput": 300.0, "output_throughput_c8": 150.0, "itls_ms": [6.0], "ttfts_ms": [40.0]}
     llama = {"output_throughput": 100.0, "output_throughput_c8": 100.0, "itls_ms": [10.0], "ttfts_ms": [100.0]}
     results, _ = summarize([{"round": 0, "first": "rill_int4", "rill_int4": int4, "llamacpp": llama}], {})
@@ -157,12 +157,6 @@ def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
 def test_a_llama_server_that_dies_of_a_signal_at_start_is_unavailable_and_the_run_goes_on(tmp_path, monkeypatch):
     """llama.cpp's default AMX kernels died of SIGILL on an Intel VM: a real process killed by SIGILL stands
     for llama-server (the binary is the edge replaced); any other failure to start still stops the run."""
-    import contextlib
-    import signal
-
-    from rill.bench.peers import llama_cpp, sides
-    from rill.bench.serving.servers import ServerProcess, free_port
-
     def dying(code: str):
         return lambda gguf, scratch, flags: ServerProcess([sys.executable, "-c", code], free_port(),
                                                           tmp_path / "llama-server.log", ready_path="/health")

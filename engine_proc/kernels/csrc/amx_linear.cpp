@@ -27,9 +27,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "aligned.h"
+#include "amx_tiles.h"
 #include "bf16_simd.h"
 #include "float_bits.h"
 #include "simd16.h"
@@ -43,6 +46,9 @@ namespace {
 // Rows per brgemm call. Measured per layer at 512 rows: 16 rows 20-50% slower than 32 or 64,
 // which were within a few percent of each other; 32 pads a fixed_tiles decode step less.
 constexpr int64_t kTile = 32;
+// With amx_tiles.h's kernel, a decode step's calls prefetch the weights this many bytes ahead of the panel
+// they read (within the thread's own panels): 128 KB and 196 KB (a 1,536-input panel) came out alike.
+constexpr int64_t kPrefetchAhead = 128 * 1024;
 // Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
 // step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
 // all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
@@ -187,36 +193,77 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         std::memcpy(tail.get(), x + (num_tiles - 1) * tile * K, tail_rows * K * sizeof(uint16_t));
         std::memset(tail.get() + tail_rows * K, 0, (tile - tail_rows) * K * sizeof(uint16_t));
     }
+#ifdef RILL_AMX_TILES
+    const bool tiles = K % 32 == 0 && rill_amx_tiles::available();  // amx_tiles.h's kernel, else brgemm
+#else
+    constexpr bool tiles = false;
+#endif
+    const int64_t panel_bytes = panel_elems * 2;
 #pragma omp parallel
     {
         const auto c = rill_mem::buffer<float>(kTile * kPanel), c2 = rill_mem::buffer<float>(silu_mul ? kTile * kPanel : 0);
-        auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc) {
+#ifdef RILL_AMX_TILES
+        std::optional<rill_amx_tiles::Tiles> amx;
+        if (tiles) amx.emplace();
+#endif
+        const char* weights = reinterpret_cast<const char*>(packed);
+        // The thread's (unit, row tile) tasks when it splits units with the other threads (a decode step),
+        // so the prefetch ahead of a panel stops at the end of the thread's own panels.
+        const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+        const bool by_rows = (M + kTile - 1) / kTile >= 2 * nt;
+        const int64_t task_begin = units * num_tiles * me / nt, task_end = units * num_tiles * (me + 1) / nt;
+        const int64_t last_unit = task_end > task_begin ? (task_end - 1) / num_tiles : 0;
+        // acc = rows of a times panel `panel`; with the tiles, the bytes [pf, pf + pf_bytes) of weights
+        // are prefetched over the call.
+        auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc, const char* pf, int64_t pf_bytes) {
+#ifdef RILL_AMX_TILES
+            if (tiles) {
+                amx->panel(a, fixed_tiles ? tile : rows, K, packed + panel * panel_elems, acc, pf, pf_bytes);
+                return;
+            }
+#endif
             at::native::cpublas::brgemm(fixed_tiles ? tile : rows, kPanel, K, K, kPanel, kPanel, false,
                                         reinterpret_cast<const BFloat16*>(a),
                                         reinterpret_cast<const BFloat16*>(packed + panel * panel_elems), acc);
         };
+        // What a call on `panel` prefetches: the i-th of n shares of the next panel where the thread runs
+        // n tiles on each (a prompt), else (a decode step) the panel's bytes kPrefetchAhead on, within the
+        // thread's panels (from `panel` to stream_end, the panel after its last).
+        auto ahead = [&](int64_t panel, int64_t i_th, int64_t n, int64_t stream_end) -> std::pair<const char*, int64_t> {
+            if (n > 1) {
+                if (panel + 1 >= stream_end) return {nullptr, 0};
+                const int64_t share = (panel_bytes + n - 1) / n, begin = std::min(panel_bytes, i_th * share);
+                return {weights + (panel + 1) * panel_bytes + begin, std::min(share, panel_bytes - begin)};
+            }
+            const char* pf = weights + panel * panel_bytes + std::min(panel_bytes, kPrefetchAhead);
+            return {pf, std::min<int64_t>(panel_bytes, weights + stream_end * panel_bytes - pf)};
+        };
         auto prefetch = [&](int64_t panel, int64_t i_th, int64_t n) {  // the i-th of n shares, towards L2
-            const char* p = reinterpret_cast<const char*>(packed + panel * panel_elems);
-            const int64_t bytes = panel_elems * 2, share = (bytes + n - 1) / n;
-            for (int64_t off = i_th * share; off < std::min(bytes, (i_th + 1) * share); off += 64)
+            const char* p = weights + panel * panel_bytes;
+            const int64_t share = (panel_bytes + n - 1) / n;
+            for (int64_t off = i_th * share; off < std::min(panel_bytes, (i_th + 1) * share); off += 64)
                 __builtin_prefetch(p + off, 0, 2);
         };
         // Tile t of unit u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
             const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
             const uint16_t* a = fixed_tiles && rows < tile ? tail.get() : x + t * tile * K;
-            if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
+            if (tiles) {  // the kernel prefetches itself (ahead)
+            } else if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
             } else if (n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
                 rill_simd::prefetch_block(packed + u * panel_elems, panel_elems * 2);
                 if (silu_mul) rill_simd::prefetch_block(packed + (u + units) * panel_elems, panel_elems * 2);
             }
-            gemm(a, rows, u, c.get());
+            const int64_t end = by_rows ? units : last_unit + 1;
+            const auto [pf, pf_bytes] = tiles ? ahead(u, i_th, n, end) : std::pair<const char*, int64_t>{nullptr, 0};
+            gemm(a, rows, u, c.get(), pf, pf_bytes);
             const int64_t n0 = u * kPanel;
             uint16_t* dst = out + t * tile * out_cols + n0;
             if (silu_mul) {
-                gemm(a, rows, u + units, c2.get());
+                const auto [pf2, pf2_bytes] = tiles ? ahead(u + units, i_th, n, end + units) : std::pair<const char*, int64_t>{nullptr, 0};
+                gemm(a, rows, u + units, c2.get(), pf2, pf2_bytes);
                 store_silu_tile(dst, out_cols, c.get(), c2.get(), bias ? bias + n0 : nullptr,
                                 bias ? bias + out_cols + n0 : nullptr, rows);
             } else if (rope && n0 < rope->cols) {
@@ -231,17 +278,15 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // from L3). A decode step: each thread its own units, so the weights are read once.
         // Decided on 32-row tiles whatever the tile: with --batch-invariant's small ones a decode step
         // of 32 rows is 8 tiles, and split by rows each thread read every weight (the LM head's too).
-        const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-        if ((M + kTile - 1) / kTile >= 2 * nt) {
+        if (by_rows) {
             const int64_t t_begin = num_tiles * me / nt, t_end = num_tiles * (me + 1) / nt;
             for (int64_t u = 0; u < units; ++u)
                 for (int64_t t = t_begin; t < t_end; ++t) run(u, t, t - t_begin, t_end - t_begin);
         } else {
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < units * num_tiles; ++task)
+            for (int64_t task = task_begin; task < task_end; ++task)
                 run(task / num_tiles, task % num_tiles, task % num_tiles, num_tiles);
         }
-        at::native::cpublas::brgemm_release();
+        if (!tiles) at::native::cpublas::brgemm_release();
     }
 }
 

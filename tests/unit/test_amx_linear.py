@@ -3,11 +3,16 @@
 It runs only where the CPU has AMX-BF16 (elsewhere these tests skip and oneDNN's layers serve)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from rill.engine_proc.cpu_features import cpu_info
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.linear import (
     HEAD,
@@ -157,3 +162,57 @@ def test_a_tied_model_keeps_one_copy_of_its_embedding():
     assert torch.equal(model.embed_tokens(ids), embedding)
     x = torch.randn(3, config.hidden_size).to(torch.bfloat16)
     torch.testing.assert_close(model.lm_logits(x).float(), F.linear(x, embedding).float(), rtol=2e-2, atol=2e-2)
+
+
+# Where the build has AMX, amx_tiles.h's kernel serves every K that is a multiple of 32, and takes K in
+# chunks where a thread's prompt rows outgrow its L2 (8,960 inputs at 512 rows); 48 inputs take brgemm.
+@pytest.mark.parametrize(("out_features", "in_features", "rows"),
+                         [(1536, 8960, 512), (256, 4096, 300), (130, 48, 200), (64, 8960, 33)])
+def test_long_rows_in_chunks_keep_each_rows_bits_and_the_exact_sum(out_features, in_features, rows):
+    weight, b = layer(out_features, in_features, bias=True)
+    amx = AmxLinear(weight, b)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    got = amx(x)
+    exact = F.linear(x.double(), weight.double(), b.double())
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
+    for start, count in [(0, 1), (rows - 1, 1), (5, 32), (1, rows - 2)]:
+        assert torch.equal(amx(x[start:start + count]), got[start:start + count]), (start, count)
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_a_chunked_gate_up_with_silu_gives_the_bits_of_the_layer_then_silu_mul(rows):
+    weight, b = layer(2 * 192, 8960, bias=True)
+    amx = AmxLinear(weight, b)
+    x = torch.randn(rows, 8960, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    assert torch.equal(amx.silu_mul(x), torch.ops.rill_cpu.silu_mul(amx(x)))
+
+
+_BITS_SCRIPT = """
+import sys, torch
+from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.linear import AmxLinear
+assert extension.available()
+gen = torch.Generator().manual_seed(0)
+out = []
+for n, k, rows in [(2048, 1536, 1), (2048, 1536, 32), (1536, 8960, 512), (384, 1536, 77)]:
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    layer = AmxLinear(w, torch.randn(n, generator=gen).to(torch.bfloat16))
+    out += [layer(x), layer.silu_mul(x), AmxLinear(w, None, fixed_tiles=True)(x)]
+torch.save(out, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(not cpu_info().has("amx_bf16"), reason="amx_tiles.h's kernel is built only for a CPU with AMX")
+def test_the_tiles_kernel_gives_brgemms_bits(tmp_path):
+    """RILL_AMX_TILES=0 keeps ATen's brgemm: the two paths give the same bits, decode rows, prompt rows
+    (K in chunks too), the SiLU epilogue and --batch-invariant's fixed tiles."""
+    results = []
+    for flag in ("1", "0"):
+        path = tmp_path / f"tiles{flag}.pt"
+        subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(path)], check=True, timeout=300,
+                       env={**os.environ, "RILL_AMX_TILES": flag})
+        results.append(torch.load(path))
+    assert len(results[0]) == 12
+    for with_tiles, with_brgemm in zip(*results):
+        assert torch.equal(with_tiles, with_brgemm)

@@ -49,6 +49,10 @@ constexpr int64_t kTile = 32;
 // With amx_tiles.h's kernel, a decode step's calls prefetch the weights this many bytes ahead of the panel
 // they read (within the thread's own panels): 128 KB and 196 KB (a 1,536-input panel) came out alike.
 constexpr int64_t kPrefetchAhead = 128 * 1024;
+// A prompt's rows a thread keeps in L2 across panels, at most; past it amx_tiles.h's kernel takes K in
+// chunks, over groups of this many units at a time (their sums kept between chunks: 512 KB at 256 rows).
+constexpr int64_t kChunkedRowBytes = 1 << 20;
+constexpr int64_t kChunkGroup = 8;
 // Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
 // step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
 // all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
@@ -218,7 +222,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc, const char* pf, int64_t pf_bytes) {
 #ifdef RILL_AMX_TILES
             if (tiles) {
-                amx->panel(a, fixed_tiles ? tile : rows, K, packed + panel * panel_elems, acc, pf, pf_bytes);
+                amx->panel(a, fixed_tiles ? tile : rows, K, K, packed + panel * panel_elems, acc, false, pf, pf_bytes);
                 return;
             }
 #endif
@@ -244,6 +248,19 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
             for (int64_t off = i_th * share; off < std::min(panel_bytes, (i_th + 1) * share); off += 64)
                 __builtin_prefetch(p + off, 0, 2);
         };
+        // The epilogue of tile t of unit u from its float32 sums (cu: the up panel's with silu_mul).
+        auto finish = [&](int64_t u, int64_t t, int64_t rows, const float* cg, const float* cu) {
+            const int64_t n0 = u * kPanel;
+            uint16_t* dst = out + t * tile * out_cols + n0;
+            if (silu_mul) {
+                store_silu_tile(dst, out_cols, cg, cu, bias ? bias + n0 : nullptr, bias ? bias + out_cols + n0 : nullptr, rows);
+            } else if (rope && n0 < rope->cols) {
+                store_rope_tile(dst, out_cols, cg, bias ? bias + n0 : nullptr, rows,
+                                rope->cos + t * tile * rope->stride, rope->sin + t * tile * rope->stride, rope->stride);
+            } else {
+                store_tile(dst, out_cols, cg, bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
+            }
+        };
         // Tile t of unit u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
             const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
@@ -259,19 +276,11 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
             const int64_t end = by_rows ? units : last_unit + 1;
             const auto [pf, pf_bytes] = tiles ? ahead(u, i_th, n, end) : std::pair<const char*, int64_t>{nullptr, 0};
             gemm(a, rows, u, c.get(), pf, pf_bytes);
-            const int64_t n0 = u * kPanel;
-            uint16_t* dst = out + t * tile * out_cols + n0;
             if (silu_mul) {
                 const auto [pf2, pf2_bytes] = tiles ? ahead(u + units, i_th, n, end + units) : std::pair<const char*, int64_t>{nullptr, 0};
                 gemm(a, rows, u + units, c2.get(), pf2, pf2_bytes);
-                store_silu_tile(dst, out_cols, c.get(), c2.get(), bias ? bias + n0 : nullptr,
-                                bias ? bias + out_cols + n0 : nullptr, rows);
-            } else if (rope && n0 < rope->cols) {
-                store_rope_tile(dst, out_cols, c.get(), bias ? bias + n0 : nullptr, rows,
-                                rope->cos + t * tile * rope->stride, rope->sin + t * tile * rope->stride, rope->stride);
-            } else {
-                store_tile(dst, out_cols, c.get(), bias ? bias + n0 : nullptr, rows, std::min(kPanel, N - n0));
             }
+            finish(u, t, rows, c.get(), c2.get());
         };
         // A prompt: each thread its own rows, all units (the rows it reads and the outputs it
         // writes stay in its L2; both threads read each panel at about the same time, the second
@@ -280,6 +289,49 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // of 32 rows is 8 tiles, and split by rows each thread read every weight (the LM head's too).
         if (by_rows) {
             const int64_t t_begin = num_tiles * me / nt, t_end = num_tiles * (me + 1) / nt;
+#ifdef RILL_AMX_TILES
+            // The thread's rows outgrow what its L2 keeps across panels (down_proj's 8,960 inputs at 512 rows:
+            // 4.6 MB a thread, read again for every panel): K in chunks whose rows fit, over groups of units
+            // whose float32 sums wait in acc between the chunks (the same multiplies in the same order, so the
+            // same bits). Qwen2.5-1.5B's down_proj at 512 rows: 7.5 against 10.2 ms unchunked.
+            const int64_t row_bytes = (t_end - t_begin) * tile * K * 2;
+            if (tiles && !fixed_tiles && row_bytes > kChunkedRowBytes) {
+                const int64_t k_chunk = std::max<int64_t>(256, kChunkedRowBytes / ((t_end - t_begin) * tile * 2) / 32 * 32);
+                const int64_t per_unit = silu_mul ? 2 : 1, n = t_end - t_begin, slot_elems = kTile * kPanel;
+                const auto acc = rill_mem::buffer<float>(n * kChunkGroup * per_unit * slot_elems);
+                auto slot = [&](int64_t t, int64_t g, int64_t which) {
+                    return acc.get() + ((t - t_begin) * kChunkGroup * per_unit + g * per_unit + which) * slot_elems;
+                };
+                auto slice = [&](int64_t panel, int64_t k0) { return weights + panel * panel_bytes + k0 * kPanel * 2; };
+                for (int64_t g0 = 0; g0 < units; g0 += kChunkGroup) {
+                    const int64_t g1 = std::min(units, g0 + kChunkGroup);
+                    for (int64_t k0 = 0; k0 < K; k0 += k_chunk) {
+                        const int64_t k_len = std::min(k_chunk, K - k0);
+                        for (int64_t u = g0; u < g1; ++u)
+                            for (int64_t which = 0; which < per_unit; ++which) {
+                                // the slice after this one, which this panel's tiles prefetch a share each of
+                                const char* next = nullptr;
+                                int64_t next_bytes = 0;
+                                if (which + 1 < per_unit) next = slice(u + units, k0), next_bytes = k_len * kPanel * 2;
+                                else if (u + 1 < g1) next = slice(u + 1, k0), next_bytes = k_len * kPanel * 2;
+                                else if (k0 + k_chunk < K) next = slice(g0, k0 + k_chunk), next_bytes = std::min(k_chunk, K - k0 - k_chunk) * kPanel * 2;
+                                else if (g1 < units) next = slice(g1, 0), next_bytes = std::min(k_chunk, K) * kPanel * 2;
+                                const int64_t share = (next_bytes + n - 1) / n;
+                                for (int64_t t = t_begin; t < t_end; ++t) {
+                                    const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
+                                    const int64_t begin = std::min(next_bytes, (t - t_begin) * share);
+                                    amx->panel(x + t * tile * K + k0, rows, K, k_len,
+                                               packed + (u + which * units) * panel_elems + k0 * kPanel, slot(t, u - g0, which),
+                                               k0 > 0, next ? next + begin : nullptr, std::min(share, next_bytes - begin));
+                                }
+                            }
+                    }
+                    for (int64_t u = g0; u < g1; ++u)
+                        for (int64_t t = t_begin; t < t_end; ++t)
+                            finish(u, t, t == num_tiles - 1 ? tail_rows : tile, slot(t, u - g0, 0), slot(t, u - g0, per_unit - 1));
+                }
+            } else
+#endif
             for (int64_t u = 0; u < units; ++u)
                 for (int64_t t = t_begin; t < t_end; ++t) run(u, t, t - t_begin, t_end - t_begin);
         } else {

@@ -61,24 +61,35 @@ inline void configure(int m0, int m1) {
     asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
-// c [rows][64] floats = x [rows, K] (rows K apart) times panel (K * 64 packed pairs: element (k, j) at
-// (k / 2) * 128 + j * 2 + k % 2). rows <= 32, K a multiple of 32. The `pf_bytes` from pf are prefetched
-// (to L2) evenly over the k loop; pf may be null.
+// c [rows][64] floats = x [rows, k_len] (rows lda apart) times panel (k_len / 2 rows of 128 packed
+// elements: element (k, j) at (k / 2) * 128 + j * 2 + k % 2), plus c itself with `accumulate`. rows <= 32,
+// k_len a multiple of 32. The `pf_bytes` from pf are prefetched (to L2) evenly over the k loop; pf may be null.
 template <bool kTwoRowTiles>
-inline void panel_rows(const uint16_t* x, int64_t K, const uint16_t* panel, float* c, const char* pf, int64_t pf_bytes) {
-    const int64_t steps = K / 32, lines = pf ? pf_bytes / 64 : 0, per_step = (lines + 2 * steps - 1) / (2 * steps);
+inline void panel_rows(const uint16_t* x, int64_t lda, int64_t k_len, const uint16_t* panel, float* c, bool accumulate,
+                       const char* pf, int64_t pf_bytes) {
+    const int64_t steps = k_len / 32, lines = pf ? pf_bytes / 64 : 0, per_step = (lines + 2 * steps - 1) / (2 * steps);
     int64_t next_line = 0;
     for (int half = 0; half < 2; ++half) {
-        _tile_zero(0);
-        _tile_zero(1);
-        if constexpr (kTwoRowTiles) {
-            _tile_zero(2);
-            _tile_zero(3);
+        float* ch = c + half * 32;
+        if (accumulate) {
+            _tile_loadd(0, ch, 256);
+            _tile_loadd(1, ch + 16, 256);
+            if constexpr (kTwoRowTiles) {
+                _tile_loadd(2, ch + 16 * 64, 256);
+                _tile_loadd(3, ch + 16 * 64 + 16, 256);
+            }
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            if constexpr (kTwoRowTiles) {
+                _tile_zero(2);
+                _tile_zero(3);
+            }
         }
         const uint16_t* b = panel + half * 64;  // columns half * 32 .. of each 128-element pair row
         for (int64_t s = 0; s < steps; ++s) {
-            _tile_loadd(4, x + s * 32, K * 2);
-            if constexpr (kTwoRowTiles) _tile_loadd(5, x + 16 * K + s * 32, K * 2);
+            _tile_loadd(4, x + s * 32, lda * 2);
+            if constexpr (kTwoRowTiles) _tile_loadd(5, x + 16 * lda + s * 32, lda * 2);
             _tile_loadd(6, b + s * 16 * 128, 256);
             _tile_loadd(7, b + s * 16 * 128 + 32, 256);
             _tile_dpbf16ps(0, 4, 6);
@@ -90,11 +101,11 @@ inline void panel_rows(const uint16_t* x, int64_t K, const uint16_t* panel, floa
             for (int64_t i = 0; i < per_step && next_line < lines; ++i, ++next_line)
                 _mm_prefetch(pf + next_line * 64, _MM_HINT_T1);
         }
-        _tile_stored(0, c + half * 32, 256);
-        _tile_stored(1, c + half * 32 + 16, 256);
+        _tile_stored(0, ch, 256);
+        _tile_stored(1, ch + 16, 256);
         if constexpr (kTwoRowTiles) {
-            _tile_stored(2, c + 16 * 64 + half * 32, 256);
-            _tile_stored(3, c + 16 * 64 + half * 32 + 16, 256);
+            _tile_stored(2, ch + 16 * 64, 256);
+            _tile_stored(3, ch + 16 * 64 + 16, 256);
         }
     }
 }
@@ -106,14 +117,16 @@ class Tiles {
 public:
     ~Tiles() { _tile_release(); }
 
-    void panel(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, float* c, const char* pf, int64_t pf_bytes) {
+    // c [rows][64] = x [rows, k_len] (rows lda apart) times the packed panel rows w (+ c with accumulate).
+    void panel(const uint16_t* x, int64_t rows, int64_t lda, int64_t k_len, const uint16_t* w, float* c, bool accumulate,
+               const char* pf, int64_t pf_bytes) {
         const int m0 = rows < 16 ? int(rows) : 16, m1 = rows > 16 ? int(rows - 16) : 0, key = m0 * 64 + m1;
         if (key != configured_) {
             configure(m0, m1);
             configured_ = key;
         }
-        if (m1) panel_rows<true>(x, K, w, c, pf, pf_bytes);
-        else panel_rows<false>(x, K, w, c, pf, pf_bytes);
+        if (m1) panel_rows<true>(x, lda, k_len, w, c, accumulate, pf, pf_bytes);
+        else panel_rows<false>(x, lda, k_len, w, c, accumulate, pf, pf_bytes);
     }
 
 private:

@@ -24,13 +24,14 @@ log = logging.getLogger("rill")
 def serve_headless(args) -> int:
     configure_logging(args.log_level, args.log_format, args.log_requests)
     from rill.config_args import config_from_args
-    from rill.launcher import resolve_model
+    from rill.launcher import resolve_model, set_engine_env_defaults
 
     config = config_from_args(args, *resolve_model(args)).engine
     parallel = config.parallel
     per_node = parallel.tensor_parallel_size // parallel.nnodes
     ranks = range(parallel.node_rank * per_node, (parallel.node_rank + 1) * per_node)
     threads = config.model.num_threads or max(1, (os.cpu_count() or 1) // per_node)
+    set_engine_env_defaults()
     ctx = mp.get_context("spawn")
     procs = []
     for rank in ranks:

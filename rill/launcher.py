@@ -37,6 +37,11 @@ from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
 
 log = logging.getLogger("rill")
+# The engine's environment, unless the operator set these. THP_MEM_ALLOC_ENABLE: torch's CPU allocator
+# asks for transparent huge pages (madvise) for its large tensors. A prompt step's big activations are
+# fresh allocations every time (glibc maps anything past 32 MB anew), and their 4 KB page faults cost:
+# allocating and filling a 2,048-token step's 37 MB MLP output took 12.4 ms, 3.7 with it (2-core Xeon).
+ENGINE_ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
 ENGINE_DEATH_GRACE_S = 1.0  # after an engine died: for the workers to fail their streams first
 BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
@@ -60,6 +65,12 @@ def resolve_model(args) -> tuple[Path, str]:
         raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
                          "(no config.json) or GGUF file; Rill never downloads models")
     return model_dir.resolve(), args.served_model_name or model_dir.name
+
+
+def set_engine_env_defaults() -> None:
+    """ENGINE_ENV_DEFAULTS into this process's environment, which the engine processes inherit."""
+    for name, value in ENGINE_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def start_engine(config: EngineConfig, paths: RunPaths, rank: int = 0, timeout_s: float = 600.0):
@@ -136,6 +147,7 @@ def serve(args) -> int:
     notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
     listener = Listener.of(args.host, args.port, args.uds, systemd_socket(), tls=bool(args.ssl_certfile))
     notifier.send("STATUS=loading the model")
+    set_engine_env_defaults()
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
     paths = RunPaths.create(str(os.getpid()))

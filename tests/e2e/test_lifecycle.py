@@ -91,6 +91,13 @@ def test_two_workers_route_outputs_to_their_owner(busy_server):
         assert len({texts[j] for j in range(i, 12, 3)}) == 1
 
 
+def test_the_engine_runs_with_torchs_huge_page_allocations(busy_server):
+    """The launcher's ENGINE_ENV_DEFAULTS reach the engine process (its large tensors on transparent
+    huge pages), where the operator did not set them."""
+    environ = Path(f"/proc/{stats(busy_server)['engine_pid']}/environ").read_bytes().split(b"\0")
+    assert b"THP_MEM_ALLOC_ENABLE=1" in environ
+
+
 def test_engine_death_fails_streams_then_exits_nonzero(busy_server):
     """Last in this module: kills the engine under a live stream, with two more requests queued
     behind it (one seat): every waiting client gets an error, none hangs."""

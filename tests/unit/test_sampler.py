@@ -21,6 +21,20 @@ def test_greedy_is_argmax(logits):
     assert sampler.sample(logits, seqs) == logits.argmax(dim=-1).tolist()
 
 
+def test_greedy_on_bfloat16_logits_is_their_first_argmax_and_biases_apply_in_float32():
+    """A plain greedy batch takes argmax of the model's bfloat16 logits as they are (ties: the first),
+    and a row that changes its logits (logit_bias here) gets them in float32 first: a bias of 2**-10
+    would round away in bfloat16 at 4.0."""
+    logits = torch.zeros(8, 300, dtype=torch.bfloat16)
+    logits[:, 7] = logits[:, 11] = 4.0
+    sampler = Sampler([EOS_ID], seed=0)
+    assert sampler.sample(logits, [make_seq(temperature=0.0) for _ in range(8)]) == [7] * 8
+    assert logits.dtype == torch.bfloat16 and (logits[:, 11] == 4.0).all()  # the caller's, untouched
+    biased = [make_seq(temperature=0.0, logit_bias={11: 2**-10})] + [make_seq(temperature=0.0) for _ in range(7)]
+    assert sampler.sample(logits, biased) == [11] + [7] * 7
+    assert (logits[:, 11] == 4.0).all()
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
 def test_top_k_1_is_greedy(logits, temperature):
     sampler = Sampler([EOS_ID], seed=0)

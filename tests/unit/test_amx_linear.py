@@ -216,3 +216,20 @@ def test_the_tiles_kernel_gives_brgemms_bits(tmp_path):
     assert len(results[0]) == 12
     for with_tiles, with_brgemm in zip(*results):
         assert torch.equal(with_tiles, with_brgemm)
+
+
+@pytest.mark.parametrize("fused", ["none", "silu_mul", "rope"])
+def test_a_step_past_512_rows_runs_in_blocks_with_the_same_bits(fused):
+    """More than 512 rows (a 2,048-token prompt step) run as blocks of 512: every row's bits as alone, the
+    SiLU and RoPE epilogues included (RoPE's cos and sin follow the block's rows)."""
+    weight, b = layer(4 * 64, 576, bias=True)
+    amx = AmxLinear(weight, b)
+    rows = 1100
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    angles = (torch.arange(rows, dtype=torch.float32)[:, None] + 1) * torch.rand(32, generator=torch.Generator().manual_seed(9))
+    cos, sin = angles.cos().to(torch.bfloat16)[:, None], angles.sin().to(torch.bfloat16)[:, None]
+    run = {"none": lambda s: amx(x[s]), "silu_mul": lambda s: amx.silu_mul(x[s]),
+           "rope": lambda s: amx.rope(x[s], cos[s], sin[s], 2)}[fused]
+    full = run(slice(0, rows))
+    for start, count in [(0, 1), (511, 2), (700, 1), (rows - 1, 1), (520, 580)]:
+        assert torch.equal(run(slice(start, start + count)), full[start:start + count]), (start, count)

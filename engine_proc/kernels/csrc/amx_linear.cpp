@@ -53,6 +53,7 @@ constexpr int64_t kPrefetchAhead = 128 * 1024;
 // chunks, over groups of this many units at a time (their sums kept between chunks: 512 KB at 256 rows).
 constexpr int64_t kChunkedRowBytes = 1 << 20;
 constexpr int64_t kChunkGroup = 8;
+constexpr int64_t kRowBlock = 512;
 // Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
 // step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
 // all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
@@ -187,6 +188,20 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
             int64_t K, bool fixed_tiles, bool silu_mul = false, const Rope* rope = nullptr) {
     using at::BFloat16;
+#ifdef RILL_AMX_TILES
+    // A step of more than kRowBlock rows (a 2,048-token prompt step) in blocks of kRowBlock: each thread's share
+    // of a block is the 256 rows the chunked path's sums are sized for, and each block reads the weights once.
+    if (M > kRowBlock && !fixed_tiles && K % 32 == 0 && rill_amx_tiles::available()) {
+        const int64_t out_cols = silu_mul ? N / 2 : N;
+        for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+            Rope block_rope{};
+            if (rope) block_rope = {rope->cos + r0 * rope->stride, rope->sin + r0 * rope->stride, rope->stride, rope->cols};
+            linear(out + r0 * out_cols, x + r0 * K, packed, bias, std::min(kRowBlock, M - r0), N, K, false, silu_mul,
+                   rope ? &block_rope : nullptr);
+        }
+        return;
+    }
+#endif
     const int64_t tile = fixed_tiles ? fixed_tile() : kTile;
     const int64_t P = num_panels(N), num_tiles = (M + tile - 1) / tile, tail_rows = M - (num_tiles - 1) * tile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;

@@ -263,6 +263,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
             for (int64_t off = i_th * share; off < std::min(panel_bytes, (i_th + 1) * share); off += 64)
                 __builtin_prefetch(p + off, 0, 2);
         };
+        auto rows_of = [&](int64_t t) { return t == num_tiles - 1 ? tail_rows : tile; };
         // The epilogue of tile t of unit u from its float32 sums (cu: the up panel's with silu_mul).
         auto finish = [&](int64_t u, int64_t t, int64_t rows, const float* cg, const float* cu) {
             const int64_t n0 = u * kPanel;
@@ -278,13 +279,12 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         };
         // Tile t of unit u; it is the i-th of the n tiles this thread runs on u (for the prefetch).
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
-            const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
+            const int64_t rows = rows_of(t);
             const uint16_t* a = fixed_tiles && rows < tile ? tail.get() : x + t * tile * K;
-            if (tiles) {  // the kernel prefetches itself (ahead)
-            } else if (n > 1 && u + 1 < units) {  // this tile's share of the next unit
+            if (!tiles && n > 1 && u + 1 < units) {  // this tile's share of the next unit (the tiles prefetch: ahead)
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
-            } else if (n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
+            } else if (!tiles && n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
                 rill_simd::prefetch_block(packed + u * panel_elems, panel_elems * 2);
                 if (silu_mul) rill_simd::prefetch_block(packed + (u + units) * panel_elems, panel_elems * 2);
             }
@@ -333,9 +333,8 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
                                 else if (g1 < units) next = slice(g1, 0), next_bytes = std::min(k_chunk, K) * kPanel * 2;
                                 const int64_t share = (next_bytes + n - 1) / n;
                                 for (int64_t t = t_begin; t < t_end; ++t) {
-                                    const int64_t rows = t == num_tiles - 1 ? tail_rows : tile;
                                     const int64_t begin = std::min(next_bytes, (t - t_begin) * share);
-                                    amx->panel(x + t * tile * K + k0, rows, K, k_len,
+                                    amx->panel(x + t * tile * K + k0, rows_of(t), K, k_len,
                                                packed + (u + which * units) * panel_elems + k0 * kPanel, slot(t, u - g0, which),
                                                k0 > 0, next ? next + begin : nullptr, std::min(share, next_bytes - begin));
                                 }
@@ -343,7 +342,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
                     }
                     for (int64_t u = g0; u < g1; ++u)
                         for (int64_t t = t_begin; t < t_end; ++t)
-                            finish(u, t, t == num_tiles - 1 ? tail_rows : tile, slot(t, u - g0, 0), slot(t, u - g0, per_unit - 1));
+                            finish(u, t, rows_of(t), slot(t, u - g0, 0), slot(t, u - g0, per_unit - 1));
                 }
             } else
 #endif

@@ -80,8 +80,6 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
-    from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
-    from rill.engine_proc.model.hf_runner import TransformersRunner
     from rill.engine_proc.model.loader import load_config
     from rill.engine_proc.model.runner import ModelRunner
     from rill.engine_proc.model.task import Served, choose_served
@@ -109,10 +107,17 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         return build_encoder_engine(config, paths, rank, dtype_name, dtype_reason, device, served)
     hf_config = load_config(model_dir)
     runner_class = choose_runner(model.model_impl, hf_config)
-    if runner_class is not ModelRunner and (model.enable_embeddings or model.max_loras):
+    native = runner_class is ModelRunner
+    if not native and (model.enable_embeddings or model.max_loras):
         raise ValueError("--enable-embeddings and --enable-lora need the native runner (a Llama-family model)")
+    paged_transformers = one_at_a_time = False
+    if not native:  # transformers' model: imported here, as the native runner needs none of its 2 s of imports
+        from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
+
+        paged_transformers = runner_class is PagedTransformersRunner
+        one_at_a_time = not paged_transformers
     enable_prefix_caching = limits.enable_prefix_caching
-    if runner_class is TransformersRunner and enable_prefix_caching:
+    if one_at_a_time and enable_prefix_caching:
         # Its per-request caches share nothing: a prefix "hit" would still be recomputed,
         # reported as cached_tokens, and held twice in memory beyond the blocks counted.
         log.info("prefix caching off: the transformers runner recomputes every prompt")
@@ -120,9 +125,9 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     eos_ids = eos_token_ids(model_dir, hf_config)
     # A model with sliding and global layers: as many block tensors as global layers, their blocks
     # shared with the sliding layers' window tables (engine_proc/sched/window_tables.py)
-    layer_window = route_layer_window(hf_config, limits) if runner_class is PagedTransformersRunner else None
+    layer_window = route_layer_window(hf_config, limits) if paged_transformers else None
     num_tensors = hf_config.get_text_config().num_hidden_layers - len(layer_window[1]) if layer_window else None
-    if model.kv_cache_dtype != "auto" and runner_class is not ModelRunner:
+    if model.kv_cache_dtype != "auto" and not native:
         raise ValueError(f"--kv-cache-dtype {model.kv_cache_dtype} needs the native runner (a Llama-family model)")
     num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes, num_tensors,
                                        model.kv_cache_dtype)
@@ -131,10 +136,10 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
                          f"{model.block_size} tokens for this model; give it more memory")
     started = time.perf_counter()
     computed = dict(dtype=dtype, device=device, num_kv_blocks=num_blocks, eos_token_ids=eos_ids)
-    if runner_class is not ModelRunner:
+    if not native:
         if config.parallel.tensor_parallel_size > 1:
             raise ValueError("--tensor-parallel-size needs the native runner (a Llama-family model)")
-        if runner_class is not TransformersRunner:  # the paged route picks LongRoPE's factors by it (hf_rope.py)
+        if paged_transformers:  # the paged route picks LongRoPE's factors by it (hf_rope.py)
             computed["max_model_len"] = limits.max_model_len
         runner = runner_class(model, **computed)
     else:

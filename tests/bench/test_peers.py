@@ -16,6 +16,7 @@ from rill.bench.peers import llama_cpp, sides, vllm_cpu
 from rill.bench.peers.report import TARGETS, summarize
 from rill.bench.peers.sides import SIDES, parse_sides
 from rill.bench.serving.servers import ROOT, ServerProcess, free_port
+from rill.engine_proc.cpu_features import CpuInfo
 
 # vLLM's venv is several GB and minutes to install: CI never asks for it.
 CI_SIDES = "rill,rill_int8,transformers,transformers_serve"
@@ -146,12 +147,33 @@ def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "llama-server").write_text("")
     assert not llama_cpp.is_built(tmp_path)
-    (tmp_path / ".rill-built").write_text(llama_cpp.STAMP)
+    (tmp_path / ".rill-built").write_text(llama_cpp.stamp())
     assert not llama_cpp.is_built(tmp_path)  # llama-perplexity is missing
     (tmp_path / "bin" / "llama-perplexity").write_text("")
     assert not llama_cpp.is_built(tmp_path)  # llama-quantize is missing
     (tmp_path / "bin" / "llama-quantize").write_text("")
     assert llama_cpp.is_built(tmp_path)
+
+
+@pytest.mark.parametrize("version, has_amx, dropped", [
+    ("c++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", True, True),
+    ("c++ (GCC) 13.2.0\nCopyright (C) 2023 Free Software Foundation, Inc.", True, False),
+    ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", True, False),
+    ("c++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", False, False)])
+def test_llama_cpp_is_built_without_amx_by_gcc_12_on_an_amx_cpu(tmp_path, monkeypatch, version, has_amx, dropped):
+    """GCC 12 drops the stores of ggml's AMX tile configuration (SIGILL): only that compiler on such a CPU builds
+    llama.cpp with -mno-amx-*, and the stamp and the results' note say so. The compiler is a script that answers as
+    the real one does (`--version`, `-dumpversion`)."""
+    number = version.split("\n")[0].split()[-1]
+    compiler = tmp_path / "c++"
+    compiler.write_text(f'#!/bin/sh\nif [ "$1" = -dumpversion ]; then echo {number}; else printf "%s\\n" "{version}"; fi\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    flags = {"avx512f", "amx_tile", "amx_int8"} if has_amx else {"avx512f"}
+    monkeypatch.setattr(llama_cpp, "cpu_info", lambda: CpuInfo("a CPU", "GenuineIntel", frozenset(flags)))
+    assert llama_cpp.extra_flags() == (llama_cpp.NO_AMX if dropped else ())
+    assert ("-mno-amx-int8" in llama_cpp.stamp()) is dropped and llama_cpp.stamp().startswith(f"{llama_cpp.PACKAGE}==")
+    assert (llama_cpp.build_note() is not None) is dropped
 
 
 def test_a_llama_server_that_dies_of_a_signal_at_start_is_unavailable_and_the_run_goes_on(tmp_path, monkeypatch):

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import httpx
 import torch
-from gguf import GGUFReader
 from tokenizers import Tokenizer
 
 from rill.bench.kernels.quant_quality import (
@@ -47,6 +46,7 @@ from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
 from rill.engine_proc.model.bundled import bundled_gguf_path, default_cache_dir
 from rill.engine_proc.model.gguf_dir import SOURCE_FILE_NAME, ensure_gguf_model
+from rill.engine_proc.model.gguf_reader import read_gguf
 from rill.engine_proc.model.runner import ModelRunner
 from rill.ipc.config import ModelConfig
 
@@ -109,7 +109,7 @@ def rill_perplexity(model_dir: Path, dtype: str, quantization: str, chunks: list
 
 def bos_id(gguf: Path) -> int | None:
     """The BOS id where the file's vocabulary adds one (llama-perplexity then puts it first in each chunk)."""
-    fields = GGUFReader(str(gguf)).fields
+    fields = read_gguf(gguf).fields
 
     def value(key: str):
         field = fields.get(key)
@@ -149,7 +149,7 @@ def without_source(model_dir: Path, scratch: Path) -> Path:
 
 def file_types(gguf: Path) -> str:
     """The types of the file's 2-D tensors, counted ("Q4_K x 120, Q6_K x 30; embedding Q8_0")."""
-    tensors = GGUFReader(str(gguf)).tensors
+    tensors = read_gguf(gguf).tensors
     counts = Counter(t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2)
     embedding = next(t.tensor_type.name for t in tensors if t.name == "token_embd.weight")
     return ", ".join(f"{name} x {n}" for name, n in counts.most_common()) + f"; embedding {embedding}"

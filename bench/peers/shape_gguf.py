@@ -20,6 +20,7 @@ import gguf
 import numpy as np
 
 from rill.engine_proc.model.bundled import bundled_gguf_path
+from rill.engine_proc.model.gguf_reader import read_gguf
 
 Q = gguf.GGMLQuantizationType
 TOKENIZER_FIELDS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges",
@@ -61,7 +62,7 @@ def tensors(config: dict, rng: np.random.Generator):
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
-    reader = gguf.GGUFReader(bundled_gguf_path())
+    reader = read_gguf(bundled_gguf_path())
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     types = reader.fields["tokenizer.ggml.token_type"].contents()
     pads = range(len(tokens), vocab_size)

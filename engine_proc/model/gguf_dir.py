@@ -151,7 +151,7 @@ GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p
 def gguf_sampling(gguf_path: Path) -> dict[str, float | int]:
     """The GGUF's sampling defaults, under generation_config.json's names (the API applies them where a
     request leaves a field out: asgi/requests/sampling_defaults.py)."""
-    import gguf
+    import gguf  # its GGUFReader: within convert(), _one_reader's (the file parsed once)
 
     reader = gguf.GGUFReader(str(gguf_path))
     found = {}
@@ -165,9 +165,11 @@ def gguf_sampling(gguf_path: Path) -> dict[str, float | int]:
 @contextlib.contextmanager
 def _one_reader():
     """transformers parses the file once for the config, once for the weights and once for the
-    tokenizer, and gguf_sampling once more, each a few seconds for a 49152-token vocabulary (gguf's reader
-    slices its arrays element by element): within this block each path is parsed once."""
+    tokenizer, and gguf_sampling once more: within this block each path is parsed once, by Rill's faster
+    reader (gguf_reader.py: 0.25 s for a 49152-token vocabulary, 3.7 s with gguf's own)."""
     import gguf
+
+    from rill.engine_proc.model.gguf_reader import FastGGUFReader
 
     readers: dict[str, gguf.GGUFReader] = {}
     original = gguf.GGUFReader
@@ -175,7 +177,7 @@ def _one_reader():
     def shared(path, *args, **kwargs):
         key = str(Path(path).resolve())
         if key not in readers:
-            readers[key] = original(path, *args, **kwargs)
+            readers[key] = FastGGUFReader(path, *args, **kwargs)
         return readers[key]
 
     gguf.GGUFReader = shared

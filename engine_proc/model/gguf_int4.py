@@ -25,6 +25,7 @@ from torch import nn
 
 from rill.engine_proc.attention.kv_cache import num_kv_heads_of
 from rill.engine_proc.kernels.int4_linear import dequantize_int4
+from rill.engine_proc.model.gguf_reader import read_gguf
 from rill.engine_proc.model.llama_weights import RENAMES, fused_shards
 
 log = logging.getLogger("rill.model")
@@ -100,7 +101,7 @@ def repacked_linears(model: nn.Module, gguf_path: Path) -> tuple[dict[str, Packe
     wider than 4 bits, for int8)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = read_gguf(gguf_path)
     arch_name = reader.get_field("general.architecture").contents()
     arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name), None)
     if arch is None:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rill.engine_proc.model.bundled import bundled_gguf_path
+from rill.engine_proc.model.gguf_reader import read_gguf
 
 # The bundled GGUF's tokenizer fields, copied as they are (the model needs its 49152-token vocabulary).
 TOKENIZER_FIELDS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
@@ -22,9 +23,8 @@ TOKENIZER_FIELDS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggm
 
 @functools.cache
 def bundled_tokenizer_fields() -> list[tuple]:
-    """(key, value, type, element type) of each of TOKENIZER_FIELDS in the bundled GGUF (read once:
-    gguf's reader takes seconds over a 49152-token vocabulary)."""
-    reader = gguf.GGUFReader(bundled_gguf_path())
+    """(key, value, type, element type) of each of TOKENIZER_FIELDS in the bundled GGUF (read once)."""
+    reader = read_gguf(bundled_gguf_path())
     fields = [reader.fields[key] for key in TOKENIZER_FIELDS]
     return [(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None) for f in fields]
 

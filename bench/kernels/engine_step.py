@@ -20,6 +20,7 @@ a CUDA graph per padded batch size), without the --batch-invariant runner, which
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.config import ModelConfig
 from rill.ipc.protocol import SamplingParams
+from rill.launcher import ENGINE_ENV_DEFAULTS, set_engine_env_defaults
 
 BLOCK_SIZE = 16
 MIN_CONTEXT_LEN, MAX_CONTEXT_LEN = 128, 256
@@ -265,13 +267,14 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
     if "invariant" in runners:
         pairs[case]["invariant"] = NativePrefill(runners["invariant"], prompt_ids.tolist(), counters["invariant"])
     tokens_per_step[case] = prefill_len
-    params = {"model": str(model_dir), "device": device, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
+    params = {"model": str(model_dir), "device": device, "engine_env": {k: os.environ.get(k) for k in ENGINE_ENV_DEFAULTS}, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
               "context_lens": {b: context_lens(b) for b in batch_sizes},
               "hf_attn_implementation": hf.config._attn_implementation}
     return summarize(measure(pairs, rounds, num_steps), tokens_per_step), params
 
 
 def main(argv: list[str] | None = None) -> dict:
+    set_engine_env_defaults()  # the engine's environment (huge pages for large tensors), as `rill serve` gives it
     ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.engine_step", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 steps, 1 round, a 64-token prefill: checks that it runs")
     ap.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes, comma-separated")

@@ -77,10 +77,16 @@ def test_every_variant_delivers_the_same_ids(payload_name):
         ctx.destroy(linger=0)
 
 
-def test_engine_step_quick_batch_1(tiny_dir, tmp_path):
+def test_engine_step_quick_batch_1(tiny_dir, tmp_path, monkeypatch):
     # The tiny config keeps this fast; the bundled model takes the same path with its weights.
     out = tmp_path / "engine_step.json"
-    report = engine_step.main(["--quick", "--batch-sizes", "1", "--model", str(tiny_dir), "--out", str(out)])
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    try:
+        report = engine_step.main(["--quick", "--batch-sizes", "1", "--model", str(tiny_dir), "--out", str(out)])
+    finally:
+        os.environ.pop("THP_MEM_ALLOC_ENABLE", None)  # set by main(); monkeypatch puts back what was there
+    # It measures in the engine's environment: huge pages for large tensors, as `rill serve` sets them.
+    assert report["params"]["engine_env"] == {"THP_MEM_ALLOC_ENABLE": "1"}
     assert json.loads(out.read_text())["results"] == report["results"]
     assert set(report["results"]) == {"decode batch 1", "prefill 64 tokens"}
     for row in report["results"].values():

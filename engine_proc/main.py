@@ -110,14 +110,13 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     native = runner_class is ModelRunner
     if not native and (model.enable_embeddings or model.max_loras):
         raise ValueError("--enable-embeddings and --enable-lora need the native runner (a Llama-family model)")
-    paged_transformers = one_at_a_time = False
+    paged_transformers = False
     if not native:  # transformers' model: imported here, as the native runner needs none of its 2 s of imports
         from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
 
         paged_transformers = runner_class is PagedTransformersRunner
-        one_at_a_time = not paged_transformers
     enable_prefix_caching = limits.enable_prefix_caching
-    if one_at_a_time and enable_prefix_caching:
+    if not (native or paged_transformers) and enable_prefix_caching:  # transformers' model one sequence at a time
         # Its per-request caches share nothing: a prefix "hit" would still be recomputed,
         # reported as cached_tokens, and held twice in memory beyond the blocks counted.
         log.info("prefix caching off: the transformers runner recomputes every prompt")

@@ -267,7 +267,8 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
     if "invariant" in runners:
         pairs[case]["invariant"] = NativePrefill(runners["invariant"], prompt_ids.tolist(), counters["invariant"])
     tokens_per_step[case] = prefill_len
-    params = {"model": str(model_dir), "device": device, "engine_env": {k: os.environ.get(k) for k in ENGINE_ENV_DEFAULTS}, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
+    params = {"model": str(model_dir), "device": device, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
+              "engine_env": {name: os.environ.get(name) for name in ENGINE_ENV_DEFAULTS},
               "context_lens": {b: context_lens(b) for b in batch_sizes},
               "hf_attn_implementation": hf.config._attn_implementation}
     return summarize(measure(pairs, rounds, num_steps), tokens_per_step), params

@@ -43,11 +43,12 @@ def extra_flags() -> tuple[str, ...]:
     compiler = os.environ.get("CXX") or "c++"  # what CMake picks
     try:
         about = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        major = subprocess.run([compiler, "-dumpversion"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([compiler, "-dumpversion"], capture_output=True, text=True, timeout=30).stdout
     except OSError:
         return ()
     gcc = "Free Software Foundation" in about and "clang" not in about.lower()
-    return NO_AMX if gcc and major.split(".")[0].strip().isdigit() and int(major.split(".")[0]) <= 12 else ()
+    major = version.strip().split(".")[0]
+    return NO_AMX if gcc and major.isdigit() and int(major) <= 12 else ()
 
 
 def build_note() -> str | None:

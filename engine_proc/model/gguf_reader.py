@@ -8,6 +8,7 @@ the package's reader returns (a test compares every field and tensor), as plain 
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import gguf
@@ -16,17 +17,15 @@ from gguf import GGUFValueType
 
 
 class FastGGUFReader(gguf.GGUFReader):
+    @functools.cached_property
     def _plain(self) -> np.ndarray:
         """The map as a plain ndarray (what self.data is, without memmap's cost per slice)."""
-        if self.__dict__.get("_plain_of") is not self.data:
-            self.__dict__["_plain_view"] = self.data.view(np.ndarray)
-            self.__dict__["_plain_of"] = self.data
-        return self.__dict__["_plain_view"]
+        return self.data.view(np.ndarray)
 
     def _get(self, offset, dtype, count=1, override_order=None):
         dtype = np.dtype(dtype)
         count = int(count)
-        arr = self._plain()[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+        arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
     def _get_field_parts(self, orig_offs, raw_type):
@@ -37,7 +36,7 @@ class FastGGUFReader(gguf.GGUFReader):
         raw_itype = self._get(orig_offs, np.uint32)
         itype = GGUFValueType(int(raw_itype[0]))
         alen = self._get(orig_offs + 4, np.uint64)
-        count, offs, plain = int(alen[0]), orig_offs + 12, self._plain()
+        count, offs, plain = int(alen[0]), orig_offs + 12, self._plain
         parts: list[np.ndarray] = [raw_itype, alen]
         if itype == GGUFValueType.STRING:
             length = np.dtype(np.uint64).newbyteorder(self.byte_order)

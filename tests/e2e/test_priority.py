@@ -16,6 +16,10 @@ from tests.helpers.openapi import validate
 from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server
 
 BULK_TOKENS = 600
+# The running bulk request's length: the urgent request must reach the engine while it still runs. On a loaded
+# 2-core CI machine the three bulk requests' arrival and the queue's polling once took longer than 600 tokens.
+RUNNING_TOKENS = 2000
+POLL_S = 0.05
 FINAL = ("completed", "failed", "expired", "cancelled")
 
 
@@ -25,7 +29,8 @@ def prio(tmp_path_factory):
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",
-                       TINY_MODEL, "--max-model-len", "1024", "--max-num-seqs", "1", "--scheduling-policy", "priority")
+                       TINY_MODEL, "--max-model-len", "2048", "--max-num-seqs", "1", "--scheduling-policy", "priority",
+                       "--num-threads", "1")  # one engine thread: this test's polling then slows it little
     # The first steps build the kernels on a cold cache (a minute on CI), with the engine's figures still
     # unpublished: warm it before a test reads the queue.
     complete(srv.base_url, 0, 4, {}, "warm-up")
@@ -47,20 +52,29 @@ def waiting_by_priority(url: str) -> dict[str, float]:
             if s.name == "rill:num_requests_waiting_by_priority"}
 
 
+def by_priority(url: str) -> dict[str, list[int]]:
+    return httpx.get(f"{url}/stats", timeout=30).json()["by_priority"]  # {priority: [running, waiting]}
+
+
 def test_urgent_work_preempts_and_overtakes_bulk_work(prio):
     url = prio.base_url
     done: dict = {}
     preemptions = httpx.get(f"{url}/stats", timeout=30).json()["num_preemptions"]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        bulk = [pool.submit(complete, url, 5, BULK_TOKENS, done, f"bulk{i}") for i in range(3)]
         deadline = time.monotonic() + 60
+        running = pool.submit(complete, url, 5, RUNNING_TOKENS, done, "bulk0")
+        while by_priority(url).get("5", [0, 0])[0] < 1 and time.monotonic() < deadline:
+            time.sleep(POLL_S)  # bulk0 holds the one seat
+        queued = [pool.submit(complete, url, 5, BULK_TOKENS, done, f"bulk{i}") for i in (1, 2)]
         while waiting_by_priority(url).get("5", 0) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)  # one bulk request runs, two wait
+            time.sleep(POLL_S)  # and two wait behind it
         assert waiting_by_priority(url)["5"] == 2
+        assert "bulk0" not in done, "the running request ended before urgent work could be sent"
         urgent = pool.submit(complete, url, -1, 8, done, "urgent")
-        for future in [urgent, *bulk]:
+        for future in [urgent, running, *queued]:
             future.result()
-    assert all(tokens == BULK_TOKENS for name, (_, tokens) in done.items() if name != "urgent")
+    assert done["bulk0"][1] == RUNNING_TOKENS
+    assert all(done[name][1] == BULK_TOKENS for name in ("bulk1", "bulk2"))
     finished_at = {name: at for name, (at, _) in done.items()}
     assert sorted(finished_at, key=finished_at.get)[0] == "urgent"  # before the running one, which gave way
     assert httpx.get(f"{url}/stats", timeout=30).json()["num_preemptions"] > preemptions

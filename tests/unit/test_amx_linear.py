@@ -205,17 +205,41 @@ torch.save(out, sys.argv[1])
 
 @pytest.mark.skipif(not cpu_info().has("amx_bf16"), reason="amx_tiles.h's kernel is built only for a CPU with AMX")
 def test_the_tiles_kernel_gives_brgemms_bits(tmp_path):
-    """RILL_AMX_TILES=0 keeps ATen's brgemm: the two paths give the same bits, decode rows, prompt rows
+    """RILL_AMX_TILES=0 with RILL_BF16_DOT=0 keeps ATen's brgemm: the two paths give the same bits, decode rows, prompt rows
     (K in chunks too), the SiLU epilogue and --batch-invariant's fixed tiles."""
     results = []
     for flag in ("1", "0"):
         path = tmp_path / f"tiles{flag}.pt"
         subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(path)], check=True, timeout=300,
-                       env={**os.environ, "RILL_AMX_TILES": flag})
+                       env={**os.environ, "RILL_AMX_TILES": flag, "RILL_BF16_DOT": "0"})
         results.append(torch.load(path))
     assert len(results[0]) == 12
     for with_tiles, with_brgemm in zip(*results):
         assert torch.equal(with_tiles, with_brgemm)
+
+
+@pytest.mark.skipif(not cpu_info().has("avx512_bf16"), reason="bf16_dot_panel.h's kernel is built only for a CPU with "
+                    "AVX-512 BF16")
+def test_the_avx512_kernel_gives_brgemms_bits(tmp_path):
+    """Where the tiles are not (RILL_AMX_TILES=0 here; a Zen 4), Rill's AVX-512 BF16 kernel serves, and
+    RILL_BF16_DOT=0 keeps ATen's brgemm: the same bits, decode and prompt rows (K in chunks too), the SiLU
+    epilogue and fixed tiles. oneDNN is held to AVX-512 BF16 as well, which on an AMX CPU it would not be."""
+    results = []
+    for flag in ("1", "0"):
+        path = tmp_path / f"dot{flag}.pt"
+        subprocess.run([sys.executable, "-c", _BITS_SCRIPT, str(path)], check=True, timeout=300,
+                       env={**os.environ, "RILL_AMX_TILES": "0", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+                            "RILL_BF16_DOT": flag})
+        results.append(torch.load(path))
+    assert len(results[0]) == 12
+    for with_dot, with_brgemm in zip(*results):
+        assert torch.equal(with_dot, with_brgemm)
+
+
+def test_the_kernel_in_use_is_named():
+    expected = ("amx_tiles" if cpu_info().has("amx_bf16") and os.environ.get("RILL_AMX_TILES") != "0"
+                else "avx512_bf16" if cpu_info().has("avx512_bf16") else "brgemm")
+    assert torch.ops.rill_cpu.amx_linear_kernel() == expected
 
 
 @pytest.mark.parametrize("fused", ["none", "silu_mul", "rope"])

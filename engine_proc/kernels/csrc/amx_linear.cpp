@@ -28,11 +28,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "aligned.h"
 #include "amx_tiles.h"
+#include "bf16_dot_panel.h"
 #include "bf16_simd.h"
 #include "float_bits.h"
 #include "simd16.h"
@@ -188,10 +190,21 @@ inline void store_silu_tile(uint16_t* dst, int64_t ld, const float* cg, const fl
 void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const float* bias, int64_t M, int64_t N,
             int64_t K, bool fixed_tiles, bool silu_mul = false, const Rope* rope = nullptr) {
     using at::BFloat16;
+    // The micro-kernel: amx_tiles.h's, else bf16_dot_panel.h's (AVX-512 BF16), else ATen's brgemm.
 #ifdef RILL_AMX_TILES
+    const bool tiles = K % 32 == 0 && rill_amx_tiles::available();
+#else
+    constexpr bool tiles = false;
+#endif
+#ifdef RILL_BF16_DOT
+    const bool dot = !tiles && rill_bf16_dot::available();
+#else
+    constexpr bool dot = false;
+#endif
+    const bool own = tiles || dot;  // one of Rill's micro-kernels, which prefetch as they go (ahead)
     // A step of more than kRowBlock rows (a 2,048-token prompt step) in blocks of kRowBlock: each thread's share
     // of a block is the 256 rows the chunked path's sums are sized for, and each block reads the weights once.
-    if (M > kRowBlock && !fixed_tiles && K % 32 == 0 && rill_amx_tiles::available()) {
+    if (M > kRowBlock && !fixed_tiles && own) {
         const int64_t out_cols = silu_mul ? N / 2 : N;
         for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
             Rope block_rope{};
@@ -201,7 +214,6 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         }
         return;
     }
-#endif
     const int64_t tile = fixed_tiles ? fixed_tile() : kTile;
     const int64_t P = num_panels(N), num_tiles = (M + tile - 1) / tile, tail_rows = M - (num_tiles - 1) * tile;
     const int64_t panel_elems = K * kPanel, units = silu_mul ? P / 2 : P, out_cols = silu_mul ? N / 2 : N;
@@ -212,11 +224,6 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         std::memcpy(tail.get(), x + (num_tiles - 1) * tile * K, tail_rows * K * sizeof(uint16_t));
         std::memset(tail.get() + tail_rows * K, 0, (tile - tail_rows) * K * sizeof(uint16_t));
     }
-#ifdef RILL_AMX_TILES
-    const bool tiles = K % 32 == 0 && rill_amx_tiles::available();  // amx_tiles.h's kernel, else brgemm
-#else
-    constexpr bool tiles = false;
-#endif
     const int64_t panel_bytes = panel_elems * 2;
 #pragma omp parallel
     {
@@ -232,15 +239,20 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         const bool by_rows = (M + kTile - 1) / kTile >= 2 * nt;
         const int64_t task_begin = units * num_tiles * me / nt, task_end = units * num_tiles * (me + 1) / nt;
         const int64_t last_unit = task_end > task_begin ? (task_end - 1) / num_tiles : 0;
-        // acc = rows of a times panel `panel`; with the tiles, the bytes [pf, pf + pf_bytes) of weights
-        // are prefetched over the call.
-        auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc, const char* pf, int64_t pf_bytes) {
+        // acc (+)= rows of a (K apart) times k_len rows of panel w, by one of Rill's micro-kernels, which
+        // prefetch the bytes [pf, pf + pf_bytes) of weights over the call.
+        auto own_panel = [&](const uint16_t* a, int64_t rows, int64_t k_len, const uint16_t* w, float* acc,
+                             bool accumulate, const char* pf, int64_t pf_bytes) {
 #ifdef RILL_AMX_TILES
-            if (tiles) {
-                amx->panel(a, fixed_tiles ? tile : rows, K, K, packed + panel * panel_elems, acc, false, pf, pf_bytes);
-                return;
-            }
+            if (tiles) return amx->panel(a, rows, K, k_len, w, acc, accumulate, pf, pf_bytes);
 #endif
+#ifdef RILL_BF16_DOT
+            rill_bf16_dot::panel(a, rows, K, k_len, w, acc, accumulate, pf, pf_bytes);
+#endif
+        };
+        // acc = rows of a times panel `panel`.
+        auto gemm = [&](const uint16_t* a, int64_t rows, int64_t panel, float* acc, const char* pf, int64_t pf_bytes) {
+            if (own) return own_panel(a, fixed_tiles ? tile : rows, K, packed + panel * panel_elems, acc, false, pf, pf_bytes);
             at::native::cpublas::brgemm(fixed_tiles ? tile : rows, kPanel, K, K, kPanel, kPanel, false,
                                         reinterpret_cast<const BFloat16*>(a),
                                         reinterpret_cast<const BFloat16*>(packed + panel * panel_elems), acc);
@@ -281,18 +293,18 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         auto run = [&](int64_t u, int64_t t, int64_t i_th, int64_t n) {
             const int64_t rows = rows_of(t);
             const uint16_t* a = fixed_tiles && rows < tile ? tail.get() : x + t * tile * K;
-            if (!tiles && n > 1 && u + 1 < units) {  // this tile's share of the next unit (the tiles prefetch: ahead)
+            if (!own && n > 1 && u + 1 < units) {  // this tile's share of the next unit (own kernels prefetch: ahead)
                 prefetch(u + 1, i_th, n);
                 if (silu_mul) prefetch(u + 1 + units, i_th, n);
-            } else if (!tiles && n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
+            } else if (!own && n == 1 && M <= kPrefetchRows) {  // a decode step's panel, as a whole
                 rill_simd::prefetch_block(packed + u * panel_elems, panel_elems * 2);
                 if (silu_mul) rill_simd::prefetch_block(packed + (u + units) * panel_elems, panel_elems * 2);
             }
             const int64_t end = by_rows ? units : last_unit + 1;
-            const auto [pf, pf_bytes] = tiles ? ahead(u, i_th, n, end) : std::pair<const char*, int64_t>{nullptr, 0};
+            const auto [pf, pf_bytes] = own ? ahead(u, i_th, n, end) : std::pair<const char*, int64_t>{nullptr, 0};
             gemm(a, rows, u, c.get(), pf, pf_bytes);
             if (silu_mul) {
-                const auto [pf2, pf2_bytes] = tiles ? ahead(u + units, i_th, n, end + units) : std::pair<const char*, int64_t>{nullptr, 0};
+                const auto [pf2, pf2_bytes] = own ? ahead(u + units, i_th, n, end + units) : std::pair<const char*, int64_t>{nullptr, 0};
                 gemm(a, rows, u + units, c2.get(), pf2, pf2_bytes);
             }
             finish(u, t, rows, c.get(), c2.get());
@@ -304,13 +316,13 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
         // of 32 rows is 8 tiles, and split by rows each thread read every weight (the LM head's too).
         if (by_rows) {
             const int64_t t_begin = num_tiles * me / nt, t_end = num_tiles * (me + 1) / nt;
-#ifdef RILL_AMX_TILES
+#if defined(RILL_AMX_TILES) || defined(RILL_BF16_DOT)
             // The thread's rows outgrow what its L2 keeps across panels (down_proj's 8,960 inputs at 512 rows:
             // 4.6 MB a thread, read again for every panel): K in chunks whose rows fit, over groups of units
             // whose float32 sums wait in acc between the chunks (the same multiplies in the same order, so the
             // same bits). Qwen2.5-1.5B's down_proj at 512 rows: 7.5 against 10.2 ms unchunked.
             const int64_t row_bytes = (t_end - t_begin) * tile * K * 2;
-            if (tiles && !fixed_tiles && row_bytes > kChunkedRowBytes) {
+            if (own && !fixed_tiles && row_bytes > kChunkedRowBytes) {
                 const int64_t k_chunk = std::max<int64_t>(256, kChunkedRowBytes / ((t_end - t_begin) * tile * 2) / 32 * 32);
                 const int64_t per_unit = silu_mul ? 2 : 1, n = t_end - t_begin, slot_elems = kTile * kPanel;
                 const auto acc = rill_mem::buffer<float>(n * kChunkGroup * per_unit * slot_elems);
@@ -334,7 +346,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
                                 const int64_t share = (next_bytes + n - 1) / n;
                                 for (int64_t t = t_begin; t < t_end; ++t) {
                                     const int64_t begin = std::min(next_bytes, (t - t_begin) * share);
-                                    amx->panel(x + t * tile * K + k0, rows_of(t), K, k_len,
+                                    own_panel(x + t * tile * K + k0, rows_of(t), k_len,
                                                packed + (u + which * units) * panel_elems + k0 * kPanel, slot(t, u - g0, which),
                                                k0 > 0, next ? next + begin : nullptr, std::min(share, next_bytes - begin));
                                 }
@@ -352,7 +364,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
             for (int64_t task = task_begin; task < task_end; ++task)
                 run(task / num_tiles, task % num_tiles, task % num_tiles, num_tiles);
         }
-        if (!tiles) at::native::cpublas::brgemm_release();
+        if (!own) at::native::cpublas::brgemm_release();
     }
 }
 
@@ -369,6 +381,16 @@ bool amx_linear_supported() {
 #else
     return at::native::cpublas::could_pack(at::kBFloat16);
 #endif
+}
+
+std::string amx_linear_kernel() {
+#ifdef RILL_AMX_TILES
+    if (rill_amx_tiles::available()) return "amx_tiles";
+#endif
+#ifdef RILL_BF16_DOT
+    if (rill_bf16_dot::available()) return "avx512_bf16";
+#endif
+    return "brgemm";
 }
 
 namespace {

@@ -51,6 +51,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("prefill_attention_supported() -> bool");
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
     m.def("amx_linear_supported() -> bool");
+    m.def("amx_linear_kernel() -> str");
     m.def("amx_linear_pack(Tensor weight) -> Tensor");
     m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
     m.def("amx_linear_silu_mul(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
@@ -91,5 +92,6 @@ TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("set_kv_caches", &rill_cpu::set_kv_caches);
     m.impl("prefill_attention_supported", &rill_cpu::prefill_attention_supported);
     m.impl("amx_linear_supported", &rill_cpu::amx_linear_supported);
+    m.impl("amx_linear_kernel", &rill_cpu::amx_linear_kernel);
     m.impl("quant_panels_supported", &rill_cpu::quant_panels_supported);
 }

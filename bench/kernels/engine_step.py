@@ -29,6 +29,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
+from rill.bench.kernels.linear_kernels import kernel_choice
 from rill.bench.serving.markdown import number, table
 from rill.bench.serving.provenance import provenance, save_results
 from rill.engine_proc.model.bundled import ensure_bundled_model
@@ -221,6 +222,8 @@ def markdown(report: dict) -> str:
            f"torch {m['torch']} ({p['torch_threads']} threads), "
            f"transformers {m['transformers']}, load {m['load_avg_1m_start']:.2f} at start",
            f"- model: {p['model']} ({p['dtype']}, on {p.get('device', 'cpu')}), {p['rounds']} interleaved rounds x {p['num_steps']} steps, medians",
+           *([f"- bfloat16 linears' micro-kernel: {k['kernel']}; environment: {k['env'] or 'none set'}"]
+             if (k := p.get("linear_kernel")) else []),
            "", "Ratios native/transformers: below 1 in time, above 1 in tokens/s means ours is faster.", "",
            table(["case", "native ms/step", "transformers ms/step", "native tok/s", "transformers tok/s",
                   "time native/transformers", "tok/s native/transformers", "--batch-invariant ms/step",
@@ -269,6 +272,7 @@ def run(model_dir: Path, batch_sizes: list[int], dtype: torch.dtype, rounds: int
     tokens_per_step[case] = prefill_len
     params = {"model": str(model_dir), "device": device, "num_kv_blocks": num_blocks, "block_size": BLOCK_SIZE,
               "engine_env": {name: os.environ.get(name) for name in ENGINE_ENV_DEFAULTS},
+              "linear_kernel": kernel_choice() if device == "cpu" else None,
               "context_lens": {b: context_lens(b) for b in batch_sizes},
               "hf_attn_implementation": hf.config._attn_implementation}
     return summarize(measure(pairs, rounds, num_steps), tokens_per_step), params

@@ -1,6 +1,6 @@
 """`python -m rill.bench.kernels.linear_kernels`: Rill's AMX linear against oneDNN's, per layer and row count.
 
-For every linear shape of the bundled model in bfloat16 and M rows of activations, the time of one
+For every linear shape of the bundled model (or of --shape's config) in bfloat16 and M rows of activations, the time of one
 call of `amx` (loader.AmxLinear: csrc/amx_linear.cpp over 64-column panels) and `onednn`
 (loader.PackedLinear: oneDNN's inner product over its own prepacked weight). Weights are cold as
 in a real step, where a layer's weights have left the caches since it last ran: each timed call
@@ -37,6 +37,12 @@ from rill.engine_proc.kernels.linear import AmxLinear, PackedLinear
 ROWS = [1, 8, 32, 128, 512]
 ENV = ("RILL_AMX_TILES", "RILL_BF16_DOT", "ONEDNN_MAX_CPU_ISA", "THP_MEM_ALLOC_ENABLE")  # recorded where set
 COPIES = 24  # the bundled model's gate_up x 24 is 85 MB
+
+
+def kernel_choice() -> dict:
+    """Which micro-kernel AmxLinear runs on here, and the environment variables that chose it (where set)."""
+    kernel = torch.ops.rill_cpu.amx_linear_kernel() if extension.available() else None
+    return {"kernel": kernel, "env": {name: os.environ[name] for name in ENV if name in os.environ}}
 
 
 def layers_for_shape(n: int, k: int, gen: torch.Generator, brgemm: bool) -> dict[str, list]:
@@ -135,12 +141,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
     rounds = 1 if args.quick else args.rounds
-    kernel = torch.ops.rill_cpu.amx_linear_kernel()
-    env = {name: os.environ[name] for name in ENV if name in os.environ}
+    choice = kernel_choice()
     report = {"benchmark": "linear_kernels", **provenance("rill.bench.kernels.linear_kernels", argv, None),
-              "params": {"rows": rows_list, "rounds": rounds, "torch_threads": torch.get_num_threads(),
-                         "kernel": kernel, "env": env, "shape": args.shape and str(args.shape)},
-              "results": run(rows_list, rounds, kernel == "avx512_bf16", shapes_of(args.shape) if args.shape else SHAPES)}
+              "params": {"rows": rows_list, "rounds": rounds, "torch_threads": torch.get_num_threads(), **choice,
+                         "shape": args.shape and str(args.shape)},
+              "results": run(rows_list, rounds, choice["kernel"] == "avx512_bf16",
+                             shapes_of(args.shape) if args.shape else SHAPES)}
     text = markdown(report)
     save_results(args.out, report, text)
     print(text)

@@ -185,3 +185,19 @@ def test_tiny_model_dir_has_config_and_tokenizer(tiny_dir):
     assert not list(tiny_dir.glob("*.safetensors"))
     assert Tokenizer.from_file(str(tiny_dir / "tokenizer.json")).encode("Hello").ids
     assert json.loads((tiny_dir / "tokenizer_config.json").read_text()).get("chat_template")
+
+
+def test_linear_kernels_reads_a_shapes_layers_and_times_each_kernel(tmp_path, monkeypatch):
+    from rill.bench.kernels import linear_kernels
+
+    assert linear_kernels.shapes_of(ROOT / "bench/models/qwen2.5-1.5b") == [
+        ("qkv_proj", 2048, 1536), ("o_proj", 1536, 1536), ("gate_up_proj", 17920, 1536), ("down_proj", 1536, 8960),
+        ("lm_head", 151936, 1536)]
+    monkeypatch.setattr(linear_kernels, "SHAPES", [("o_proj", 576, 576)])
+    monkeypatch.setattr(linear_kernels, "COPIES", 2)
+    report = linear_kernels.main(["--quick", "--out", str(tmp_path / "linear_kernels.json")])
+    if report is None:
+        pytest.skip("neither AMX-BF16 nor AVX-512 BF16 here")
+    kinds = {"amx", "onednn"} | ({"brgemm"} if report["params"]["kernel"] == "avx512_bf16" else set())
+    assert [(r["shape"], r["rows"]) for r in report["results"]] == [("o_proj", 1), ("o_proj", 32)]
+    assert all(set(r["ms"]) == kinds and min(r["ms"].values()) > 0 for r in report["results"])

@@ -6,10 +6,12 @@ on a long generation it holds its window of KV blocks, as /stats shows; so do Ge
 in a pool of their own, while its global layers hold every block."""
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -93,27 +95,37 @@ def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
     assert second.usage.prompt_tokens_details.cached_tokens == len(ids) // 16 * 16
 
 
-def blocks_used_in_a_long_generation(srv, max_tokens: int) -> tuple[list[tuple[int, int]], int]:
-    """(blocks held, of those the sliding layers' window tables hold) from /stats every 20 ms during one greedy
-    generation of max_tokens; the number of its tokens."""
-    used, done = [], threading.Event()
+def blocks_used_in_a_long_generation(srv, max_tokens: int) -> tuple[list[tuple[int, int, int, int]], int, int]:
+    """(tokens streamed before the query, requests running, blocks held, of those the sliding layers' window tables
+    hold) from /stats every few ms during one streamed greedy generation of max_tokens; its prompt and total token
+    counts. The engine runs ahead of the stream: while it runs, the sequence is at least prompt + that many tokens."""
+    used, done, streamed = [], threading.Event(), [0]
 
     def poll():
         while not done.is_set():
+            seen = streamed[0]
             s = stats(srv)
-            used.append((s["num_total_blocks"] - s["num_free_blocks"], s["num_window_blocks"]))
-            time.sleep(0.02)
+            used.append((seen, s["num_running"], s["num_total_blocks"] - s["num_free_blocks"], s["num_window_blocks"]))
+            time.sleep(0.005)
 
     poller = threading.Thread(target=poll)
+    usage = None
+    body = {"model": MODEL, "prompt": TEXT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     try:
         poller.start()
-        resp = sdk_client(srv).completions.create(model=MODEL, prompt=TEXT, max_tokens=max_tokens, temperature=0,
-                                                  extra_body={"ignore_eos": True})
+        with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[len("data: "):])
+                    streamed[0] += bool(chunk["choices"] and chunk["choices"][0]["text"])  # a token or more a chunk
+                    usage = chunk.get("usage") or usage
     finally:
         done.set()
         poller.join()
-    assert resp.usage.completion_tokens == max_tokens
-    return used, resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert usage["completion_tokens"] == max_tokens
+    return used, usage["prompt_tokens"], usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def test_gemma3s_sliding_layers_hold_their_window_and_its_global_layers_every_block(gemma):
@@ -122,12 +134,16 @@ def test_gemma3s_sliding_layers_hold_their_window_and_its_global_layers_every_bl
     every block of the sequence, all from the one pool."""
     srv = gemma[1]
     assert "(the sliding layers in 1 window table(s) a request)" in srv.log()
-    used, num_tokens = blocks_used_in_a_long_generation(srv, 200)
+    used, num_prompt, num_tokens = blocks_used_in_a_long_generation(srv, 200)
     assert num_tokens > 14 * 16
-    # the global layers' blocks grow with the sequence (a shared prefix cached earlier may be among them); the
-    # poll every 20 ms can miss the last blocks on a fast machine, so the bound leaves it four
-    assert max(total - window for total, window in used) >= num_tokens // 16 - 4, used
-    assert 0 < max(window for _, window in used) <= 2, used
+    during = [(seen, total, window) for seen, running, total, window in used if seen and running]
+    assert during, used
+    # the global layers hold a block for every 16 tokens of the sequence so far (a shared prefix cached earlier
+    # may be among them), more than the window tables' two
+    for seen, total, window in during:
+        assert total - window >= (num_prompt + seen) // 16, used
+    assert max(total - window for _, total, window in during) > 2, used
+    assert 0 < max(window for _, _, window in during) <= 2, used
 
 
 def test_a_request_longer_than_one_table_could_hold_is_served_with_transformers_tokens(gemma, model_dir, tokenizer,
@@ -160,9 +176,11 @@ def test_a_model_whose_every_layer_slides_holds_its_window_of_kv_blocks(model_di
                            max_position_embeddings=1024)
     srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--block-size", "16")
     try:
-        used, num_tokens = blocks_used_in_a_long_generation(srv, 240)
+        # long enough to be seen running: the tiny model's 240 tokens once took two polls of /stats
+        used, _, num_tokens = blocks_used_in_a_long_generation(srv, 900)
     finally:
         stop_server(srv)
-    assert num_tokens > 16 * 16
-    # the window's two blocks and the one being written, never the 17 its tokens span; no pool of its own
-    assert 0 < max(u[0] for u in used) <= 3 and max(u[1] for u in used) == 0, used
+    assert num_tokens > 56 * 16
+    during = [u for u in used if u[1]]
+    # the window's two blocks and the one being written, never the 57 its tokens span; no pool of its own
+    assert during and 0 < max(u[2] for u in during) <= 3 and max(u[3] for u in during) == 0, used

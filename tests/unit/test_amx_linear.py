@@ -30,6 +30,9 @@ def supported() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no AMX-BF16 on this CPU (or no built kernels)")
+# The kernels are built for this CPU, not for an older target (tests/model/test_cpu_kernels_portable.py's builds
+# for AVX2 and SSE2 CPUs run these tests too, on whatever CPU this is): only then are Rill's micro-kernels there.
+NATIVE = (os.environ.get("RILL_CPU_ARCH") or "native") == "native"
 
 
 def layer(out_features: int, in_features: int, bias: bool, seed: int = 0):
@@ -218,8 +221,8 @@ def test_the_tiles_kernel_gives_brgemms_bits(tmp_path):
         assert torch.equal(with_tiles, with_brgemm)
 
 
-@pytest.mark.skipif(not cpu_info().has("avx512_bf16"), reason="bf16_dot_panel.h's kernel is built only for a CPU with "
-                    "AVX-512 BF16")
+@pytest.mark.skipif(not (NATIVE and cpu_info().has("avx512_bf16")),
+                    reason="bf16_dot_panel.h's kernel is built only for a CPU with AVX-512 BF16")
 def test_the_avx512_kernel_gives_brgemms_bits(tmp_path):
     """Where the tiles are not (RILL_AMX_TILES=0 here; a Zen 4), Rill's AVX-512 BF16 kernel serves, and
     RILL_BF16_DOT=0 keeps ATen's brgemm: the same bits, decode and prompt rows (K in chunks too), the SiLU
@@ -237,8 +240,10 @@ def test_the_avx512_kernel_gives_brgemms_bits(tmp_path):
 
 
 def test_the_kernel_in_use_is_named():
-    expected = ("amx_tiles" if cpu_info().has("amx_bf16") and os.environ.get("RILL_AMX_TILES") != "0"
-                else "avx512_bf16" if cpu_info().has("avx512_bf16") else "brgemm")
+    expected = ("brgemm" if not NATIVE
+                else "amx_tiles" if cpu_info().has("amx_bf16") and os.environ.get("RILL_AMX_TILES") != "0"
+                else "avx512_bf16" if cpu_info().has("avx512_bf16") and os.environ.get("RILL_BF16_DOT") != "0"
+                else "brgemm")
     assert torch.ops.rill_cpu.amx_linear_kernel() == expected
 
 

@@ -11,8 +11,8 @@ runs as the MLP uses it, followed by SiLU(gate) * up (`gate_up_proj + silu_mul`)
 kernel's epilogue against oneDNN's layer and the separate silu_mul.
 
 Where Rill's AVX-512 BF16 micro-kernel serves `amx` (csrc/bf16_dot_panel.h: a CPU without AMX, or
-RILL_AMX_TILES=0), a `brgemm` column times the same layers on ATen's brgemm (RILL_BF16_DOT=0) in the
-same rounds. On an AMX CPU, `RILL_AMX_TILES=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` gives all three
+RILL_AMX_TILES=0), a `brgemm` column times the same layers on ATen's brgemm (amx_linear_kernel("brgemm"),
+as RILL_BF16_DOT=0 would) in the same rounds. On an AMX CPU, `RILL_AMX_TILES=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` gives all three
 columns AVX-512 BF16 alone, as on a Zen 4.
 
 Needs a CPU with AMX-BF16 or AVX-512 BF16 (else it says so and exits).
@@ -62,19 +62,19 @@ def time_kernel(layers: list, x: torch.Tensor, call) -> float:
     return (time.perf_counter() - start) / len(layers) * 1000
 
 
-LAYER_CALLS = {"amx": lambda layer, x: layer(x), "brgemm": lambda layer, x: layer(x), "onednn": lambda layer, x: layer(x)}
+LAYER_CALLS = {"amx": lambda layer, x: layer(x), "onednn": lambda layer, x: layer(x)}
 # What the MLP runs: gate_up_proj then SiLU(gate) * up, which the AMX kernel does in its epilogue
 # (AmxLinear.silu_mul) and oneDNN's layer leaves to the separate rill_cpu::silu_mul.
-SILU_CALLS = {"amx": lambda layer, x: layer.silu_mul(x), "brgemm": lambda layer, x: layer.silu_mul(x), "onednn": lambda layer, x: torch.ops.rill_cpu.silu_mul(layer(x))}
+SILU_CALLS = {"amx": lambda layer, x: layer.silu_mul(x), "onednn": lambda layer, x: torch.ops.rill_cpu.silu_mul(layer(x))}
 
 
 def measure(layers: dict, x: torch.Tensor, rounds: int, calls: dict) -> dict:
     samples = {kind: [] for kind in layers}
     for r in range(rounds):
         for kind in (list(layers) if r % 2 else list(layers)[::-1]):
-            if "brgemm" in layers:  # the same AmxLinear layers, on ATen's brgemm for this column (read per call)
-                os.environ["RILL_BF16_DOT"] = "0" if kind == "brgemm" else "1"
-            samples[kind].append(time_kernel(layers[kind], x, calls[kind]))
+            if "brgemm" in layers:  # the same AmxLinear layers, on ATen's brgemm for this column
+                torch.ops.rill_cpu.amx_linear_kernel("brgemm" if kind == "brgemm" else "avx512_bf16")
+            samples[kind].append(time_kernel(layers[kind], x, calls["amx" if kind == "brgemm" else kind]))
     return {kind: statistics.median(v) for kind, v in samples.items()}
 
 

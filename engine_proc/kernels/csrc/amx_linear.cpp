@@ -383,7 +383,13 @@ bool amx_linear_supported() {
 #endif
 }
 
-std::string amx_linear_kernel() {
+std::string amx_linear_kernel(const std::optional<std::string>& use) {
+    if (use) {
+        TORCH_CHECK(*use == "avx512_bf16" || *use == "brgemm", "amx_linear_kernel: use avx512_bf16 or brgemm");
+#ifdef RILL_BF16_DOT
+        rill_bf16_dot::enabled().store(*use == "avx512_bf16");
+#endif
+    }
 #ifdef RILL_AMX_TILES
     if (rill_amx_tiles::available()) return "amx_tiles";
 #endif

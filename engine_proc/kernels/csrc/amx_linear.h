@@ -32,8 +32,9 @@ namespace rill_cpu {
 // AMX-BF16, or a build for a CPU with AVX-512 BF16: where ATen's brgemm takes the packed pairs.
 bool amx_linear_supported();
 // The micro-kernel amx_linear's calls take now (inputs a multiple of 32): "amx_tiles" (amx_tiles.h),
-// "avx512_bf16" (bf16_dot_panel.h) or "brgemm" (ATen's, oneDNN's micro-kernels).
-std::string amx_linear_kernel();
+// "avx512_bf16" (bf16_dot_panel.h) or "brgemm" (ATen's, oneDNN's micro-kernels). With `use` ("avx512_bf16" or
+// "brgemm"), where the tiles are not, that one from now on: a benchmark's switch (RILL_BF16_DOT sets it at start).
+std::string amx_linear_kernel(const std::optional<std::string>& use);
 // A bfloat16 weight [out, in] packed into [ceil(out / 64), in * 64] panels.
 at::Tensor amx_linear_pack(const at::Tensor& weight);
 // x [rows, in] times a packed weight, plus bias: [rows, out_features].

@@ -15,6 +15,7 @@
 // (vdpbf16ps, as oneDNN's AVX-512 kernels accumulate): batch invariant by construction.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -25,12 +26,17 @@
 
 namespace rill_bf16_dot {
 
-// Read at every layer call (not once, as the tiles' permission is), so that a benchmark compares the two
-// kernels in one process (bench.kernels.linear_kernels' brgemm column).
-inline bool available() {
-    const char* env = std::getenv("RILL_BF16_DOT");
-    return !(env && env[0] == '0');
+// Whether the kernel serves: RILL_BF16_DOT, read once; amx_linear_kernel(use) switches it in a running process,
+// so that a benchmark compares the two kernels in one (bench.kernels.linear_kernels' brgemm column).
+inline std::atomic<bool>& enabled() {
+    static std::atomic<bool> on{[] {
+        const char* env = std::getenv("RILL_BF16_DOT");
+        return !(env && env[0] == '0');
+    }()};
+    return on;
 }
+
+inline bool available() { return enabled().load(std::memory_order_relaxed); }
 
 constexpr int64_t kChunk = 128;  // k per chunk: 16 KB of a 64-column panel
 constexpr int kBlockRows = 6;    // rows per block: 6 x 4 accumulators, 4 weight vectors, 1 broadcast

@@ -51,7 +51,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("prefill_attention_supported() -> bool");
     m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
     m.def("amx_linear_supported() -> bool");
-    m.def("amx_linear_kernel() -> str");
+    m.def("amx_linear_kernel(str? use=None) -> str");
     m.def("amx_linear_pack(Tensor weight) -> Tensor");
     m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");
     m.def("amx_linear_silu_mul(Tensor x, Tensor packed, Tensor? bias, int out_features, bool fixed_tiles=False) -> Tensor");

@@ -7,7 +7,9 @@ follows. GGUF's Q4_1 blocks are exactly this; Q4_0's are the symmetric case (off
 repack without loss. The layout is csrc/int4_gemv.h's; the kernels are csrc/int4_gemv.cpp:
   - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
   - above, on a CPU with AVX-512 BF16 (or AMX) and bfloat16 activations, csrc/quant_panels.cpp: each 64-column
-    panel unpacked to bfloat16 in a thread's cache and multiplied by brgemm, from PANELS_GEMV_MAX_ROWS rows up;
+    panel unpacked to bfloat16 in a thread's cache and multiplied by brgemm, from PANELS_GEMV_MAX_ROWS rows up; with
+    AMX, csrc/quant_tiles.h instead (each 32 rows unpacked straight into the tiles, no transpose), from
+    TILES_GEMV_MAX_ROWS rows up;
   - else (prompts), the weight converted to the activations' dtype a slice at a time, and oneDNN's GEMM.
 Without the built kernels, the torch twin (dequantize, F.linear): the same within rounding, slow. The LM
 head stays int8 (kernels/quantization.py says why).
@@ -27,6 +29,10 @@ GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEM
 # against 17.4 at 12, 33.9 against 19.4 at 16; Qwen2.5-1.5B's 143 against 211 at 8, 191 against 210 at 12,
 # 245 against 257 at 16, 354 against 304 at 24 (unpacking a panel costs about 0.1 ns a weight).
 PANELS_GEMV_MAX_ROWS = 12
+# The same against the AMX tiles (csrc/quant_tiles.h), on a 2-core Xeon with AMX over Qwen2.5-1.5B's linears (28
+# layers, the head apart): GEMV against tiles 67 against 72 ms at 6 rows, 85 against 73-77 at 8, 131 against 79
+# at 12.
+TILES_GEMV_MAX_ROWS = 6
 DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in reused heap memory
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -77,7 +83,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("offsets", offsets.contiguous())
         self.bias = None if bias is None else bias.detach().clone()
         self.uses_kernels = weight.device.type == "cpu" and extension.available()
-        self.panels = self.uses_kernels and torch.ops.rill_cpu.quant_panels_supported()
+        kernel = torch.ops.rill_cpu.quant_panels_kernel() if self.uses_kernels else "none"
+        # The GEMV's rows for bfloat16 activations (the panels take them above), for others.
+        self.gemv_rows = ({"amx_tiles": TILES_GEMV_MAX_ROWS, "brgemm": PANELS_GEMV_MAX_ROWS}.get(kernel, GEMV_MAX_ROWS),
+                          GEMV_MAX_ROWS)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -86,9 +95,8 @@ class Int4Linear(nn.Module):
         lead_shape = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         if self.uses_kernels and x.dtype in _DTYPES:  # one operator, eager or in a compiled decode graph
-            panels = self.panels and x.dtype == torch.bfloat16
             y = torch.ops.rill_cpu.int4_linear(x2d, self.nibbles, self.scales, self.offsets, self.in_features,
-                                              PANELS_GEMV_MAX_ROWS if panels else GEMV_MAX_ROWS, DEQUANT_CHUNK_ELEMS)
+                                              self.gemv_rows[x.dtype != torch.bfloat16], DEQUANT_CHUNK_ELEMS)
         else:
             y = F.linear(x2d, self.dequantized_weight(x.dtype))
         if self.bias is not None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rill.engine_proc.kernels import extension
 from rill.engine_proc.model.bundled import ensure_bundled_model
 from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
@@ -57,3 +58,17 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-qwen2")
     save_tiny_model("qwen2", path)
     return path
+
+
+@pytest.fixture(params=["amx_tiles", "brgemm"])
+def panels_kernel(request) -> str:
+    """Each kernel of the quantized layers' products above their GEMV's rows (csrc/quant_panels.cpp) that this CPU
+    and build run, switched on for the test: AMX's tiles (quant_tiles.h), else brgemm over the panels."""
+    default = torch.ops.rill_cpu.quant_panels_kernel() if extension.available() else "none"
+    if default == "none":
+        pytest.skip("the panels need a build with AVX-512 BF16")
+    if request.param == "amx_tiles" and default != "amx_tiles":
+        pytest.skip("AMX's tiles: not on this CPU or build")
+    torch.ops.rill_cpu.quant_panels_kernel(request.param)
+    yield request.param
+    torch.ops.rill_cpu.quant_panels_kernel(default)

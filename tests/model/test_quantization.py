@@ -103,10 +103,8 @@ def test_the_gemv_and_torchs_kernel_agree(dtype):
         assert torch.equal(layer.gemv_forward(x[-1:])[0], got[-1]), num_rows
 
 
-@pytest.mark.skipif(not extension.available() or not torch.ops.rill_cpu.quant_panels_supported(),
-                    reason="the panels need a build with AVX-512 BF16")
-@pytest.mark.parametrize("num_rows", [1, 33, 70])
-def test_int8_panels_are_the_dequantized_linear(num_rows):
+@pytest.mark.parametrize("num_rows", [1, 17, 33, 70])
+def test_int8_panels_are_the_dequantized_linear(num_rows, panels_kernel):
     """Outputs of two whole 64-column panels and a part, K = 96; each column's scale applied to its output."""
     gen = torch.Generator().manual_seed(num_rows)
     weight = torch.randn(150, 96, generator=gen) * torch.logspace(-2, 0, 150).unsqueeze(1)  # scales that differ
@@ -118,6 +116,9 @@ def test_int8_panels_are_the_dequantized_linear(num_rows):
     assert got.dtype == torch.bfloat16 and got.shape == (num_rows, 150)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=2**-8)
     assert torch.equal(layer(x), got) or num_rows <= GEMV_MAX_ROWS  # the layer takes them above the GEMV's rows
+    if panels_kernel == "amx_tiles":  # the same tile products in the same order as brgemm's over the panels
+        torch.ops.rill_cpu.quant_panels_kernel("brgemm")
+        assert torch.equal(torch.ops.rill_cpu.int8_linear(x, layer.weight_int8, layer.scale, 96, 0, 1 << 21), got)
 
 
 def test_without_the_gemv_int8_takes_torchs_kernel(monkeypatch):

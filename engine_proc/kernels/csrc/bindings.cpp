@@ -35,6 +35,7 @@ TORCH_LIBRARY(rill_cpu, m) {
     m.def("int4_dequant(Tensor packed, Tensor scales, Tensor offsets, int in_features, int start, int count, "
           "Tensor like) -> Tensor");
     m.def("quant_panels_supported() -> bool");
+    m.def("quant_panels_kernel(str? use=None) -> str");
     m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor offsets, int in_features, int gemv_max_rows, "
           "int chunk_elems) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -94,4 +95,5 @@ TORCH_LIBRARY_IMPL(rill_cpu, CompositeExplicitAutograd, m) {
     m.impl("amx_linear_supported", &rill_cpu::amx_linear_supported);
     m.impl("amx_linear_kernel", &rill_cpu::amx_linear_kernel);
     m.impl("quant_panels_supported", &rill_cpu::quant_panels_supported);
+    m.impl("quant_panels_kernel", &rill_cpu::quant_panels_kernel);
 }

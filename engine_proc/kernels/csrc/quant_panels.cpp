@@ -10,12 +10,16 @@
 // q * scale + offset in float32, then rounded, the GEMV's and the dequantization's own values; int8: q itself,
 // exact, its row's scale applied to the output); the 16 x 16 pairs are transposed in registers and stored as 16
 // panel rows of 64 bytes (a panel row holds one pair of K for its 64 columns). The products are brgemm's, 32
-// activation rows a call, accumulated in float32.
+// activation rows a call, accumulated in float32. Where AMX's tiles serve, quant_tiles.h runs instead (the same
+// bits, in about half the time: it says why).
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "aligned.h"
 #include "amx_linear.h"
@@ -23,79 +27,29 @@
 #include "float_bits.h"
 #include "int4_gemv.h"
 #include "quant_panels.h"
+#include "quant_rows.h"
+#include "quant_tiles.h"
 
 namespace rill_quant_panels {
 
 using rill_amx_linear::kPanel;
 constexpr int64_t kTile = 32;  // activation rows per brgemm call (amx_linear.cpp's kTile)
 
-#ifdef RILL_BF16_SIMD
-// 32 floats (lo: k = 0..15, hi: 16..31) as 16 bfloat16 pairs, k in order.
-inline __m512i pairs(__m512 lo, __m512 hi) { return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)); }
-
-// r[i] (row i of a 16 x 16 matrix of 32-bit lanes) becomes column i.
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // r[4i + c], lane L: column 4L + c of rows 4i..4i+3
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {
-        const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-        const __m512i w0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88),
-                      w1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-        t[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);       // column c
-        t[4 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);   // column 4 + c
-        t[8 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);   // column 8 + c
-        t[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);  // column 12 + c
-    }
-    for (int i = 0; i < 16; ++i) r[i] = t[i];
+// Whether quant_tiles.h's kernel serves (AMX's tiles; quant_panels_kernel(use) switches it, for benchmarks).
+std::atomic<bool>& tiles_on() {
+    static std::atomic<bool> on{true};
+    return on;
 }
 
-// A 4-bit weight's rows: for a block of 16, their scales and offsets as floats (16 x groups, reused).
-struct Int4Rows {
-    rill_int4::Weight w;
-    int64_t N, groups;
-    float* params;  // 2 * 16 * groups floats
-    void begin(int64_t n0, int64_t live) {
-        float *scale = params, *offset = params + 16 * groups;
-        for (int64_t j = 0; j < 16; ++j)
-            for (int64_t g = 0; g < groups; ++g) {
-                const int64_t i = (n0 + j) * (w.Kp / 32) + g;
-                scale[j * groups + g] = j < live ? rill_int4::half_to_float(w.scales[i]) : 0.0f;
-                offset[j * groups + g] = j < live ? rill_int4::half_to_float(w.offsets[i]) : 0.0f;
-            }
-    }
-    __m512i pairs_of(int64_t n0, int64_t j, int64_t g) const {  // row n0 + j, group g
-        const uint8_t* p = w.packed + (n0 + j) * (w.Kp / 2) + 16 * g;
-        if (g % 4 == 0) __builtin_prefetch(p + 256, 0, 0);
-        const __m512 s = _mm512_set1_ps(params[j * groups + g]), m = _mm512_set1_ps(params[(16 + j) * groups + g]);
-        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        return pairs(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(0x0f))), s, m),
-                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4)), s, m));
-    }
-};
+bool tiles() {
+#ifdef RILL_QUANT_TILES
+    return tiles_on().load(std::memory_order_relaxed) && rill_amx_tiles::available();
+#else
+    return false;
+#endif
+}
 
-// An int8 weight's rows [N, Kp]: q itself (the scales go to the output).
-struct Int8Rows {
-    const int8_t* w;
-    int64_t Kp;
-    void begin(int64_t, int64_t) {}
-    __m512i pairs_of(int64_t n0, int64_t j, int64_t g) const {
-        const int8_t* p = w + (n0 + j) * Kp + 32 * g;
-        if (g % 2 == 0) __builtin_prefetch(p + 512, 0, 0);
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return pairs(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
-                     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
-    }
-};
-
+#ifdef RILL_BF16_SIMD
 // Weight rows [n0, n0 + 64) (rows past N zero) into panel [K / 2, 64 pairs]: pair (k, k + 1) of column j at
 // (k / 2) * 128 + 2 j. K a multiple of 32.
 template <typename Rows>
@@ -105,8 +59,11 @@ void unpack_panel(uint16_t* panel, Rows& rows, int64_t N, int64_t n0, int64_t K)
         rows.begin(n0 + j0, live);
         for (int64_t g = 0; g < K / 32; ++g) {
             __m512i r[16];
-            for (int64_t j = 0; j < 16; ++j) r[j] = j < live ? rows.pairs_of(n0 + j0, j, g) : _mm512_setzero_si512();
-            transpose16(r);  // r[i]: pair 16 g + i of the 16 rows
+            for (int64_t j = 0; j < 16; ++j) {
+                if (j < live) rows.prefetch_ahead(n0 + j0 + j, g);
+                r[j] = j < live ? rows.pairs_of(n0 + j0, j, g) : _mm512_setzero_si512();
+            }
+            rill_quant_rows::transpose16(r);  // r[i]: pair 16 g + i of the 16 rows
             for (int64_t i = 0; i < 16; ++i)
                 _mm512_store_si512(reinterpret_cast<__m512i*>(panel + (16 * g + i) * 2 * kPanel + 2 * j0), r[i]);
         }
@@ -119,6 +76,7 @@ template <typename MakeRows>
 void linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, MakeRows&& make_rows,
             const uint16_t* col_scale) {
     using at::BFloat16;
+    if (tiles()) return rill_quant_tiles::linear(y, x, M, N, K, make_rows, col_scale);
     const int64_t P = rill_amx_linear::num_panels(N);
 #pragma omp parallel
     {
@@ -164,6 +122,15 @@ bool quant_panels_supported() {
 #endif
 }
 
+std::string quant_panels_kernel(const std::optional<std::string>& use) {
+    if (use) {
+        TORCH_CHECK(*use == "amx_tiles" || *use == "brgemm", "quant_panels_kernel: use amx_tiles or brgemm");
+        rill_quant_panels::tiles_on().store(*use == "amx_tiles");
+    }
+    if (!quant_panels_supported()) return "none";
+    return rill_quant_panels::tiles() ? "amx_tiles" : "brgemm";
+}
+
 bool quant_panels_take(const at::Tensor& x, int64_t in_features) {
     return quant_panels_supported() && x.scalar_type() == at::kBFloat16 && in_features % 32 == 0 && x.dim() == 2;
 }
@@ -180,7 +147,7 @@ at::Tensor int4_linear_panels(const at::Tensor& x, const at::Tensor& packed, con
     if (M > 0)
         rill_quant_panels::linear(
             reinterpret_cast<uint16_t*>(y.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, N,
-            in_features, [&](float* params) { return rill_quant_panels::Int4Rows{w, N, in_features / 32, params}; },
+            in_features, [&](float* params) { return rill_quant_rows::Int4Rows{w, N, in_features / 32, params}; },
             nullptr);
 #endif
     return y;
@@ -202,7 +169,7 @@ at::Tensor int8_linear_panels(const at::Tensor& x, const at::Tensor& weight_int8
     if (M > 0)
         rill_quant_panels::linear(reinterpret_cast<uint16_t*>(y.data_ptr()),
                                   reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, N, in_features,
-                                  [&](float*) { return rill_quant_panels::Int8Rows{w, Kp}; },
+                                  [&](float*) { return rill_quant_rows::Int8Rows{w, Kp}; },
                                   reinterpret_cast<const uint16_t*>(scale.data_ptr()));
 #endif
     return y;

@@ -79,6 +79,12 @@ inline void prefetch_block(const void* p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
 }
 
+// The same to L2 (prefetcht1): what a kernel reads a while later, after the block it works on now.
+inline void prefetch_lines(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
 // f(std::integral_constant<int, m>{}) with m = rows, 1 to 8 (more: 8): a kernel's row count, a template argument
 // (its accumulators stay in registers), chosen at run time. The GEMVs take up to eight rows a pass.
 template <typename F>

@@ -5,7 +5,10 @@ For each linear shape of a model (fused q/k/v, o, fused gate/up, down, the LM he
 the time of one call of each of Rill's linears on M rows of bfloat16 activations:
 - `bf16`: the unquantized one (oneDNN's prepacked weight, PackedLinear);
 - `int8`: Int8Linear (csrc/int8_gemv.cpp, and its converted GEMM above GEMV_MAX_ROWS rows);
-- `int4`: Int4Linear (csrc/int4_gemv.cpp; above its GEMV rows csrc/quant_panels.cpp where the CPU has AVX-512 BF16);
+- `int4`: Int4Linear (csrc/int4_gemv.cpp; above its GEMV rows csrc/quant_panels.cpp where the CPU has AVX-512 BF16,
+  on AMX's tiles where they serve: csrc/quant_tiles.h);
+- where the tiles serve, `int8 brgemm` and `int4 brgemm`: the same layers with brgemm over the panels instead
+  (quant_panels_kernel("brgemm"), the GEMV's rows left as they are), in the same rounds;
 A decode row reads every weight once, so at one row each has a floor: its weight bytes over the memory
 bandwidth, which a large copy measures in the same run (bytes read plus written per second). The
 ratio `int4 / floor` says how close the kernel gets. Each layer has its own copy of the weights, so a step streams
@@ -25,6 +28,7 @@ import torch
 from rill.bench.kernels.quant_linears import float_linear, time_call
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
+from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int4_linear import Int4Linear
 from rill.engine_proc.kernels.int8_linear import Int8Linear
 
@@ -55,6 +59,12 @@ def weight_bytes(layer) -> int:
     return sum(b.numel() * b.element_size() for b in (*layer.buffers(), *layer.parameters()))
 
 
+def variants() -> list[str]:
+    """VARIANTS, and the quantized ones on brgemm's panels where AMX's tiles serve them by default."""
+    tiles = extension.available() and torch.ops.rill_cpu.quant_panels_kernel() == "amx_tiles"
+    return VARIANTS + (["int8 brgemm", "int4 brgemm"] if tiles else [])
+
+
 def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
     """A decode step's linears, as the model reads them: every layer's own copy of each shape (so the weights
     stream from memory, as in a real step, not from a cache one layer's weights fit in), then the head."""
@@ -67,6 +77,9 @@ def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
         steps["bf16"] += [(float_linear(weight), k) for _ in range(copies)]  # oneDNN's packed weight: no deepcopy
         for variant, layer in (("int8", Int8Linear(weight)), ("int4", Int4Linear(weight))):
             steps[variant] += [(layer, k), *((copy.deepcopy(layer), k) for _ in range(copies - 1))]
+    names = variants()
+    for variant in names[len(VARIANTS):]:
+        steps[variant] = steps[variant.split()[0]]
     samples: dict[tuple, list[float]] = {}
     with torch.inference_mode():
         inputs = {(rows, k): torch.randn(rows, k, generator=gen).to(torch.bfloat16)
@@ -77,12 +90,16 @@ def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
                 layer(inputs[rows, k])
 
         for _ in range(rounds):
-            for variant in VARIANTS:
+            for variant in names:
+                if variant.endswith(" brgemm"):
+                    torch.ops.rill_cpu.quant_panels_kernel("brgemm")
                 for rows in rows_list:
                     step(variant, rows)
                     samples.setdefault((variant, rows), []).append(time_call(lambda: step(variant, rows), budget_s))
+                if variant.endswith(" brgemm"):
+                    torch.ops.rill_cpu.quant_panels_kernel("amx_tiles")
     step_bytes = {variant: sum(n * k * 2 for _, n, k in shapes) * num_layers + head[1] * head[2] * 2
-                  if variant == "bf16" else sum(weight_bytes(layer) for layer, _ in steps[variant]) for variant in VARIANTS}
+                  if variant == "bf16" else sum(weight_bytes(layer) for layer, _ in steps[variant]) for variant in names}
     return {"model": model, "num_layers": num_layers,
             "step_ms": {f"{variant} {rows}": round(statistics.median(v), 4) for (variant, rows), v in samples.items()},
             "weight_bytes": step_bytes}
@@ -97,16 +114,20 @@ def markdown(report: dict) -> str:
              "Each figure: every linear of the model's layers on M rows of bfloat16 activations, times the layers, "
              "plus the head once. floor: the weight bytes read once at the copy's bandwidth.", ""]
     for result in report["results"]:
-        rows_list = report["params"]["rows"]
-        floors = {v: result["weight_bytes"][v] / (bandwidth * 1e9) * 1e3 for v in VARIANTS}
+        rows_list, names = report["params"]["rows"], list(result["weight_bytes"])
+        floors = {v: result["weight_bytes"][v] / (bandwidth * 1e9) * 1e3 for v in names}
+        brgemm = "int4 brgemm" in names
         lines += [f"## {result['model']} ({result['num_layers']} layers)", "",
                   table(["variant", "weights (MB)", "floor (ms)", *[f"M={r}" for r in rows_list]],
                         [[v, f"{result['weight_bytes'][v] / 1e6:.0f}", f"{floors[v]:.2f}",
-                          *[f"{result['step_ms'][f'{v} {r}']:.2f}" for r in rows_list]] for v in VARIANTS]), "",
-                  table(["rows", "int4 / bf16", "int4 / int8", "int4 / its floor"],
+                          *[f"{result['step_ms'][f'{v} {r}']:.2f}" for r in rows_list]] for v in names]), "",
+                  table(["rows", "int4 / bf16", "int4 / int8", "int4 / its floor",
+                         *(["int4 / int4 brgemm", "int8 / int8 brgemm"] if brgemm else [])],
                         [[r, f"{result['step_ms'][f'int4 {r}'] / result['step_ms'][f'bf16 {r}']:.2f}x",
                           f"{result['step_ms'][f'int4 {r}'] / result['step_ms'][f'int8 {r}']:.2f}x",
-                          f"{result['step_ms'][f'int4 {r}'] / floors['int4']:.2f}x" if r == 1 else "–"]
+                          f"{result['step_ms'][f'int4 {r}'] / floors['int4']:.2f}x" if r == 1 else "–",
+                          *([f"{result['step_ms'][f'{q} {r}'] / result['step_ms'][f'{q} brgemm {r}']:.2f}x"
+                             for q in ("int4", "int8")] if brgemm else [])]
                          for r in rows_list]), ""]
     return "\n".join(lines)
 

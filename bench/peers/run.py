@@ -4,7 +4,7 @@
                                [--shape bench/models/qwen2.5-1.5b]
 
 With --shape, every served side runs a model of that config's shape with random weights (bench/peers/shape.py),
-and the run records the bandwidth floor of Rill int4's decode, each side's memory and its start time.
+and the run records the bandwidth floors of Rill int4's decode and of bfloat16 weights, each side's memory and its start time.
 
 Each server runs with its defaults: `rill serve --model DIR --max-model-len 1024` (its `--dtype auto`
 picks the dtype for this CPU), more `rill serve`s adding only `--quantization int8` or `int4`, and
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
     md = markdown(report, __doc__.splitlines()[4:])
     if at_shape:
         itl = side_value(rounds, "rill_int4", "itl") if "rill_int4" in sides else None
-        md += "\n" + "\n".join(shape.markdown(report["shape"], itl)) + "\n"
+        itls = {side: side_value(rounds, side, "itl") for side in ("rill", "vllm") if side in sides}
+        md += "\n" + "\n".join(shape.markdown(report["shape"], itl, itls)) + "\n"
     save_results(args.out, report, md)
     print(md)
     return report

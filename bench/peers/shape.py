@@ -5,6 +5,8 @@ The served sides load a model directory made for the config (bench/kernels/dummy
 are made once under the bench cache. Besides the ratios, a run at a shape records:
 - the bandwidth floor of Rill int4's decode: the bytes one decode token reads (every layer's 4-bit linears,
   the int8 head) over the bandwidth a large copy measures in the same run;
+- the same for bfloat16 weights (what Rill and vLLM read at their defaults), over the bandwidth a large read
+  measures: where the two ITLs sit against the floor, and so whether the ITL goal against vLLM is reachable;
 - each side's resident memory once the rounds are done (its process tree), and Rill's engine against
   the weights as stored (the checkpoint's parameters in bfloat16) plus its KV cache;
 - each side's start time, launch to ready.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,11 +93,31 @@ def int4_decode_bytes(config: dict) -> int:
     return config["num_hidden_layers"] * layer + head
 
 
+def bf16_decode_bytes(config: dict) -> int:
+    """Bytes a bfloat16 decode token reads: every weight once but the embedding's (one row), whose matrix a tied
+    head reads in its place."""
+    untied = 0 if config.get("tie_word_embeddings") else config["vocab_size"] * config["hidden_size"]
+    return 2 * (num_parameters(config) - untied)
+
+
+def read_bandwidth(num_bytes: int = 1 << 30) -> float:
+    """Bytes read per second by torch's sum of a large buffer's 64-bit words (the best of 5): above the copy's
+    figure, which counts what a copy reads and writes while the two compete."""
+    src = torch.ones(num_bytes // 8, dtype=torch.int64)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        src.sum()
+        best = min(best, time.perf_counter() - start)
+    return num_bytes / best
+
+
 def bandwidth_figures(config: dict) -> dict:
-    bandwidth = copy_bandwidth(1 << 30)
-    step_bytes = int4_decode_bytes(config)
+    bandwidth, read = copy_bandwidth(1 << 30), read_bandwidth(1 << 30)
+    step_bytes, bf16_bytes = int4_decode_bytes(config), bf16_decode_bytes(config)
     return {"copy_bandwidth_gb_s": bandwidth / 1e9, "int4_decode_bytes": step_bytes,
-            "int4_floor_ms": step_bytes / bandwidth * 1e3}
+            "int4_floor_ms": step_bytes / bandwidth * 1e3, "read_bandwidth_gb_s": read / 1e9,
+            "bf16_decode_bytes": bf16_bytes, "bf16_floor_ms": bf16_bytes / read * 1e3}
 
 
 def tree_rss(pid: int) -> int:
@@ -127,8 +150,9 @@ def memory_figures(servers: dict, num_params: int) -> dict:
     return out
 
 
-def markdown(shape_report: dict, rounds_itl_ms: float | None) -> list[str]:
-    """The shape's own section: the floor, memory and start times."""
+def markdown(shape_report: dict, rounds_itl_ms: float | None, itls_ms: dict[str, float] | None = None) -> list[str]:
+    """The shape's own section: the floors, memory and start times. rounds_itl_ms: Rill int4's median ITL at
+    concurrency 1; itls_ms: Rill's and vLLM's, where measured."""
     s = shape_report
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     gguf = (f"; llama.cpp: `{Path(s['gguf']).name}`, every 2-D weight Q4_0, the embedding and tied head Q8_0"
@@ -141,6 +165,16 @@ def markdown(shape_report: dict, rounds_itl_ms: float | None) -> list[str]:
         ratio = rounds_itl_ms / s["int4_floor_ms"]
         lines.append(f"- Rill int4's median ITL at concurrency 1: {rounds_itl_ms:.1f} ms, {ratio:.2f}x the floor "
                      f"(target <= {FLOOR_TARGET}x): {'PASS' if ratio <= FLOOR_TARGET else 'FAIL'}")
+    if "bf16_floor_ms" in s:
+        lines.append(f"- a 1 GiB read (torch's sum) ran at {s['read_bandwidth_gb_s']:.1f} GB/s; bfloat16 weights read "
+                     f"{s['bf16_decode_bytes'] / 1e6:.0f} MB a decode token: a floor of {s['bf16_floor_ms']:.1f} ms")
+        itls = itls_ms or {}
+        if "rill" in itls and "vllm" in itls:
+            floor = s["bf16_floor_ms"]
+            lines.append(f"- against that floor Rill's ITL at concurrency 1 is {itls['rill'] / floor:.2f}x and vLLM's "
+                         f"{itls['vllm'] / floor:.2f}x: the goal of 0.7x vLLM's asks Rill for "
+                         f"{0.7 * itls['vllm'] / floor:.2f}x" + (" (below the floor: out of reach in this run)"
+                                                                 if 0.7 * itls["vllm"] < floor else ""))
     rows = []
     for side, m in s["memory"].items():
         engine = [gib(m["rss_bytes"]), gib(m["peak_rss_bytes"]), gib(m["weight_bytes"]), gib(m["kv_cache_bytes"]),

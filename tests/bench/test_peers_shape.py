@@ -57,6 +57,22 @@ def test_int4_decode_bytes_are_the_4bit_layers_and_the_int8_head():
     assert 0.5 * layer_params + head_params < got < 0.75 * layer_params + 1.1 * head_params
 
 
+def test_bf16_decode_bytes_read_a_tied_head_once_and_an_untied_one_in_the_embeddings_place():
+    tied = shape.bf16_decode_bytes(TINY)
+    assert tied == 2 * shape.num_parameters(TINY)
+    assert shape.bf16_decode_bytes({**TINY, "tie_word_embeddings": False}) == tied
+
+
+def test_the_itl_goal_against_vllm_is_said_out_of_reach_below_the_bf16_floor():
+    report = {"name": "x", "num_parameters": 1e9, "gguf": None, "copy_bandwidth_gb_s": 28.0, "int4_decode_bytes": 1e9,
+              "int4_floor_ms": 35.7, "read_bandwidth_gb_s": 33.0, "bf16_decode_bytes": 3.1e9, "bf16_floor_ms": 94.0,
+              "memory": {}, "startup_s": {}}
+    fast_vllm = "\n".join(shape.markdown(report, None, {"rill": 102.0, "vllm": 120.0}))
+    assert "Rill's ITL at concurrency 1 is 1.09x and vLLM's 1.28x" in fast_vllm and "0.89x (below the floor" in fast_vllm
+    slow_vllm = "\n".join(shape.markdown(report, None, {"rill": 102.0, "vllm": 170.0}))
+    assert "asks Rill for 1.27x" in slow_vllm and "below the floor" not in slow_vllm
+
+
 def test_tree_rss_counts_the_children():
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(300 << 20); "
                               "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"],
@@ -82,6 +98,8 @@ def test_quick_run_at_a_tiny_shape(tiny_dir, model_dir, tmp_path):
     assert at["num_parameters"] == TINY["vocab_size"] * 64 + 2 * (64 * 8 * 16 + 8 * 16 + 64 * 64 + 3 * 64 * 128
                                                                   + 2 * 64) + 64
     assert at["int4_floor_ms"] == pytest.approx(at["int4_decode_bytes"] / (at["copy_bandwidth_gb_s"] * 1e9) * 1e3)
+    assert at["bf16_floor_ms"] == pytest.approx(at["bf16_decode_bytes"] / (at["read_bandwidth_gb_s"] * 1e9) * 1e3)
+    assert at["bf16_decode_bytes"] == 2 * at["num_parameters"]  # tied: the head is the embedding
     for side in ("rill", "rill_int4"):
         memory = at["memory"][side]
         assert memory["tree_rss_bytes"] >= memory["rss_bytes"] > memory["weight_bytes"] > 0, side
@@ -91,4 +109,4 @@ def test_quick_run_at_a_tiny_shape(tiny_dir, model_dir, tmp_path):
     embedding_bytes = TINY["vocab_size"] * 64 * 2
     assert at["memory"]["rill_int4"]["weight_bytes"] - embedding_bytes < at["memory"]["rill"]["weight_bytes"]
     md = out.with_suffix(".md").read_text()
-    assert "## At tiny-qwen2-shape's shape" in md and "x the floor" in md
+    assert "## At tiny-qwen2-shape's shape" in md and "x the floor" in md and "a 1 GiB read (torch's sum)" in md

@@ -78,8 +78,9 @@ def test_int4_gemv_rounding_follows_the_weights_not_their_offsets(dtype):
     torch.testing.assert_close(got, want, rtol=2**-8, atol=0.05)
 
 
-# Rows: a part of a tile of 32 (one and two of AMX's 16-row tiles), a tile and one row more, several tiles.
-@pytest.mark.parametrize("num_rows", [1, 17, 33, 70])
+# Rows: a part of a tile of 32 (one and two of AMX's 16-row tiles), a tile and one row more, several tiles, and
+# more than the tiles' 512 rows a call (csrc/quant_tiles.h's kPromptRows).
+@pytest.mark.parametrize("num_rows", [1, 17, 33, 70, 515])
 def test_int4_panels_are_the_dequantized_linear(num_rows, panels_kernel):
     """150 outputs: two whole 64-column panels and a part (22: one block of 16 rows, and 6 of the next), or four
     blocks of 32 rows and a part for the tiles; K = 96: three groups, the packed rows padded to four."""

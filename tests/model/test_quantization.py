@@ -103,7 +103,7 @@ def test_the_gemv_and_torchs_kernel_agree(dtype):
         assert torch.equal(layer.gemv_forward(x[-1:])[0], got[-1]), num_rows
 
 
-@pytest.mark.parametrize("num_rows", [1, 17, 33, 70])
+@pytest.mark.parametrize("num_rows", [1, 17, 33, 70, 515])
 def test_int8_panels_are_the_dequantized_linear(num_rows, panels_kernel):
     """Outputs of two whole 64-column panels and a part, K = 96; each column's scale applied to its output."""
     gen = torch.Generator().manual_seed(num_rows)

@@ -9,9 +9,11 @@
 // the tile multiplies do not overlap. A software prefetch to L1 alone (prefetchnta) ahead of each row's reads made
 // the unpacking 2-2.7x slower on that Xeon: the next block's rows are prefetched to L2 instead.
 //
-// Per thread, a block of 32 weight rows at a time: unpacked to bfloat16 into [K / 32][32 rows][32 k] (each k
-// step's two A tiles one 2 KB run), then for every 32 activation rows C [32 n][32 m] float32 = the block times x's
-// pairs [K / 2][32 m][2], four tiles accumulated over K, stored, and written to y [m][n] transposed.
+// Per thread, a block of 32 weight rows at a time: C [32 n][32 m] float32 = the block times x's pairs
+// [K / 2][32 m][2] for every 32 activation rows, four tiles accumulated over K, stored, and written to y [m][n]
+// transposed. A decode step (up to 32 rows) unpacks each k step's 32 x 32 weights into a ring of A tiles in L1 just
+// before their multiplies (with the whole block unpacked first, then multiplied, a 32-row step of gate_up took 1.3x
+// as long); a prompt unpacks the whole block first, [K / 32][32 rows][32 k] in L2, for all its activation rows.
 //
 // Bits: each output is one dot product over k pairs in ascending order into one float32 accumulator, the tile
 // multiplies' own, as brgemm's over the panels: batch invariant by construction.
@@ -33,6 +35,10 @@ namespace rill_quant_tiles {
 constexpr int64_t kRows = 32;  // weight rows a block: two A tiles
 constexpr int64_t kCols = 32;  // activation rows a pass: two B tiles
 constexpr int64_t kRing = 4;   // A tiles' buffers a decode step's k steps take in turn
+// A prompt's rows a call takes at most: each block's unpacked weight is multiplied into all of them, whose pairs
+// (re-read for each block) must stay near. Qwen2.5-1.5B's layers on a 2-core Xeon with AMX took 1.28 ms a row at
+// 512 rows, 1.40 at 256 and 1.83 at 1,024, where the weight converted for oneDNN's GEMM took 1.62 (2026-12-06).
+constexpr int64_t kPromptRows = 512;
 
 // All eight tiles 16 rows of 64 bytes. 0-3: C (weight rows 0-15 and 16-31 by activation rows 0-15 and 16-31,
 // float32); 4, 5: A (weight rows 0-15, 16-31; 32 k); 6, 7: B (16 pairs of k; activation rows 0-15, 16-31).
@@ -91,49 +97,17 @@ struct Block {
     }
 };
 
-// With at most 32 activation rows (a decode step): c [32 weight rows][32 activation rows] float32 = the block
-// times xb's pairs ([K / 2][32][2]), each k step's group unpacked into a ring of A tiles (in L1) just before its
-// multiplies, which then overlap the next step's unpacking. Activation rows 16-31 only with two_cols (else
-// those columns of c are zero).
-template <typename Rows>
-void block_step_product(const Block<Rows>& block, uint16_t* ring, const uint16_t* xb, int64_t K, float* c,
-                        bool two_cols) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    const int64_t steps = K / 32;
-    for (int64_t s = 0; s < steps; ++s) {
-        uint16_t* as = ring + (s % kRing) * kRows * 32;
-        block.unpack(as, s);
-        block.prefetch(s, steps);
-        const uint16_t* bs = xb + s * 16 * kCols * 2;
-        _tile_loadd(4, as, 64);
-        _tile_loadd(5, as + 16 * 32, 64);
-        _tile_loadd(6, bs, kCols * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(2, 5, 6);
-        if (two_cols) {
-            _tile_loadd(7, bs + 32, kCols * 4);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, c, kCols * 4);
-    _tile_stored(1, c + 16, kCols * 4);
-    _tile_stored(2, c + 16 * kCols, kCols * 4);
-    _tile_stored(3, c + 16 * kCols + 16, kCols * 4);
-}
-
-// Above 32 activation rows (a prompt): the whole block unpacked first, [K / 32][32 rows][32 k] at a (L2), then
-// c as above for each 32 activation rows in turn.
-inline void block_product(const uint16_t* a, const uint16_t* xb, int64_t K, float* c, bool two_cols) {
+// c [32 weight rows][32 activation rows] float32 = the block's A tiles times xb's pairs ([K / 2][32][2]), a_of(s)
+// giving k step s's two A tiles ([32 rows][32 k]). Activation rows 16-31 only with two_cols (else those columns of c
+// are zero).
+template <typename AOf>
+void block_product(AOf&& a_of, const uint16_t* xb, int64_t K, float* c, bool two_cols) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t s = 0; s < K / 32; ++s) {
-        const uint16_t *as = a + s * kRows * 32, *bs = xb + s * 16 * kCols * 2;
+        const uint16_t *as = a_of(s), *bs = xb + s * 16 * kCols * 2;
         _tile_loadd(4, as, 64);
         _tile_loadd(5, as + 16 * 32, 64);
         _tile_loadd(6, bs, kCols * 4);
@@ -169,12 +143,10 @@ inline void store_block(uint16_t* y, int64_t M, int64_t N, int64_t m0, int64_t n
     }
 }
 
-// y [M, N] bfloat16 = x [M, K] bfloat16 times the weight whose rows make_rows(params) reads (quant_rows.h), each
-// output column times row_scale[n] (bfloat16 bits) where given. K a multiple of 32; the caller has checked
-// rill_amx_tiles::available().
+// linear() for up to kPromptRows rows.
 template <typename MakeRows>
-void linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, MakeRows&& make_rows,
-            const uint16_t* row_scale) {
+void rows_linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, MakeRows&& make_rows,
+                 const uint16_t* row_scale) {
     const int64_t X = (M + kCols - 1) / kCols, blocks = (N + kRows - 1) / kRows;
     const auto xv = rill_mem::buffer<uint16_t>(X * K * kCols);
 #pragma omp parallel
@@ -190,22 +162,39 @@ void linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, Mak
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
             block.begin(b * kRows);
-            if (X == 1) {
-                block_step_product(block, a.get(), xv.get(), K, c.get(), M > 16);
+            if (X == 1) {  // a decode step: each k step's group unpacked into a ring of A tiles (in L1) as it comes
+                block_product([&](int64_t s) {
+                    uint16_t* as = a.get() + (s % kRing) * kRows * 32;
+                    block.unpack(as, s);
+                    block.prefetch(s, K / 32);
+                    return as;
+                }, xv.get(), K, c.get(), M > 16);
                 store_block(y, M, N, 0, b * kRows, c.get(), row_scale);
                 continue;
             }
+            // A prompt: the whole block unpacked first, [K / 32][32 rows][32 k] (in L2), then each 32 activation rows.
             for (int64_t s = 0; s < K / 32; ++s) {
                 block.unpack(a.get() + s * kRows * 32, s);
                 block.prefetch(s, K / 32);
             }
             for (int64_t xb = 0; xb < X; ++xb) {
-                block_product(a.get(), xv.get() + xb * K * kCols, K, c.get(), M - xb * kCols > 16);
+                block_product([&](int64_t s) { return a.get() + s * kRows * 32; }, xv.get() + xb * K * kCols, K, c.get(),
+                              M - xb * kCols > 16);
                 store_block(y, M, N, xb * kCols, b * kRows, c.get(), row_scale);
             }
         }
         _tile_release();
     }
+}
+
+// y [M, N] bfloat16 = x [M, K] bfloat16 times the weight whose rows make_rows(params) reads (quant_rows.h), each
+// output column times row_scale[n] (bfloat16 bits) where given. K a multiple of 32; the caller has checked
+// rill_amx_tiles::available(). A long prompt goes kPromptRows rows at a time, each unpacking the weight again.
+template <typename MakeRows>
+void linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, MakeRows&& make_rows,
+            const uint16_t* row_scale) {
+    for (int64_t m0 = 0; m0 < M; m0 += kPromptRows)
+        rows_linear(y + m0 * N, x + m0 * K, std::min(kPromptRows, M - m0), N, K, make_rows, row_scale);
 }
 
 }  // namespace rill_quant_tiles

@@ -84,9 +84,8 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
         self.uses_kernels = weight.device.type == "cpu" and extension.available()
         kernel = torch.ops.rill_cpu.quant_panels_kernel() if self.uses_kernels else "none"
-        # The GEMV's rows for bfloat16 activations (the panels take them above), for others.
-        self.gemv_rows = ({"amx_tiles": TILES_GEMV_MAX_ROWS, "brgemm": PANELS_GEMV_MAX_ROWS}.get(kernel, GEMV_MAX_ROWS),
-                          GEMV_MAX_ROWS)
+        # The GEMV's rows for bfloat16 activations (the panels take them above); other dtypes: GEMV_MAX_ROWS.
+        self.bf16_gemv_rows = {"amx_tiles": TILES_GEMV_MAX_ROWS, "brgemm": PANELS_GEMV_MAX_ROWS}.get(kernel, GEMV_MAX_ROWS)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -96,7 +95,8 @@ class Int4Linear(nn.Module):
         x2d = x.reshape(-1, self.in_features)
         if self.uses_kernels and x.dtype in _DTYPES:  # one operator, eager or in a compiled decode graph
             y = torch.ops.rill_cpu.int4_linear(x2d, self.nibbles, self.scales, self.offsets, self.in_features,
-                                              self.gemv_rows[x.dtype != torch.bfloat16], DEQUANT_CHUNK_ELEMS)
+                                              self.bf16_gemv_rows if x.dtype == torch.bfloat16 else GEMV_MAX_ROWS,
+                                              DEQUANT_CHUNK_ELEMS)
         else:
             y = F.linear(x2d, self.dequantized_weight(x.dtype))
         if self.bias is not None:

@@ -147,7 +147,7 @@ at::Tensor int4_linear_panels(const at::Tensor& x, const at::Tensor& packed, con
     if (M > 0)
         rill_quant_panels::linear(
             reinterpret_cast<uint16_t*>(y.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, N,
-            in_features, [&](float* params) { return rill_quant_rows::Int4Rows{w, N, in_features / 32, params}; },
+            in_features, [&](float* params) { return rill_quant_rows::Int4Rows{w, in_features / 32, params}; },
             nullptr);
 #endif
     return y;

@@ -52,7 +52,7 @@ inline void transpose16(__m512i r[16]) {
 // 16 at a time (one at a time, the conversion cost about a third of the unpacking).
 struct Int4Rows {
     rill_int4::Weight w;
-    int64_t N, groups;
+    int64_t groups;
     float* params;  // 2 * 16 * groups floats
     void begin(int64_t n0, int64_t live) {
         float *scale = params, *offset = params + 16 * groups;

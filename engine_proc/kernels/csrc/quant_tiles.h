@@ -51,26 +51,25 @@ inline void configure() {
     asm volatile("ldtilecfg %0" ::"m"(cfg));  // through asm: amx_tiles.h says why
 }
 
-// x [M, K] bfloat16 (rows K apart) as [ceil(M / 32)][K / 2][32][2]: pairs of k, 32 rows a block, rows past M
-// zero. K a multiple of 32. Blocks [b0, b1).
-inline void pack_x(uint16_t* xv, const uint16_t* x, int64_t M, int64_t K, int64_t b0, int64_t b1) {
+// Block b of x [M, K] bfloat16 (rows K apart) into xv [ceil(M / 32)][K / 2][32][2]: pairs of k, 32 rows a block,
+// rows past M zero. K a multiple of 32.
+inline void pack_x(uint16_t* xv, const uint16_t* x, int64_t M, int64_t K, int64_t b) {
     const int64_t pairs = K / 2;
-    for (int64_t b = b0; b < b1; ++b)
-        for (int64_t p0 = 0; p0 < pairs; p0 += 16)
-            for (int64_t h = 0; h < 2; ++h) {
-                __m512i r[16];
-                for (int64_t i = 0; i < 16; ++i) {
-                    const int64_t m = b * kCols + h * 16 + i;
-                    r[i] = m < M ? _mm512_loadu_si512(x + m * K + 2 * p0) : _mm512_setzero_si512();
-                }
-                rill_quant_rows::transpose16(r);  // r[j]: pair p0 + j of the 16 rows
-                for (int64_t j = 0; j < 16; ++j)
-                    _mm512_store_si512(xv + ((b * pairs + p0 + j) * kCols + h * 16) * 2, r[j]);
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16)
+        for (int64_t h = 0; h < 2; ++h) {
+            __m512i r[16];
+            for (int64_t i = 0; i < 16; ++i) {
+                const int64_t m = b * kCols + h * 16 + i;
+                r[i] = m < M ? _mm512_loadu_si512(x + m * K + 2 * p0) : _mm512_setzero_si512();
             }
+            rill_quant_rows::transpose16(r);  // r[j]: pair p0 + j of the 16 rows
+            for (int64_t j = 0; j < 16; ++j)
+                _mm512_store_si512(xv + ((b * pairs + p0 + j) * kCols + h * 16) * 2, r[j]);
+        }
 }
 
 // The two halves of a block of 32 weight rows: rows [n0, n0 + 16) and [n0 + 16, n0 + 32), their parameters
-// read (rows past N zero). `next`: the rows of the next block, requested to L2 a few per k step by prefetch().
+// read (rows past N zero); prefetch() requests the next block's rows to L2, a few per k step.
 template <typename Rows>
 struct Block {
     Rows lo, hi;
@@ -152,7 +151,7 @@ void rows_linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < X; ++b) pack_x(xv.get(), x, M, K, b, b + 1);
+        for (int64_t b = 0; b < X; ++b) pack_x(xv.get(), x, M, K, b);
         const auto a = rill_mem::buffer<uint16_t>(X > 1 ? K * kRows : kRing * kRows * 32);
         const auto params = rill_mem::buffer<float>(4 * 16 * (K / 32));
         const auto c = rill_mem::buffer<float>(kRows * kCols);

@@ -30,9 +30,10 @@ GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEM
 # 245 against 257 at 16, 354 against 304 at 24 (unpacking a panel costs about 0.1 ns a weight).
 PANELS_GEMV_MAX_ROWS = 12
 # The same against the AMX tiles (csrc/quant_tiles.h), on a 2-core Xeon with AMX over Qwen2.5-1.5B's linears (28
-# layers, the head apart): GEMV against tiles 67 against 72 ms at 6 rows, 85 against 73-77 at 8, 131 against 79
-# at 12.
-TILES_GEMV_MAX_ROWS = 6
+# layers, the head apart), since the GEMV sums four groups a conversion and takes each block of weight rows into
+# every 8 activation rows in turn: GEMV against tiles 56 against 105 ms at 8 rows, 81 against 105 at 12, 105 against
+# 105 at 16 (2026-12-06).
+TILES_GEMV_MAX_ROWS = 15
 DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in reused heap memory
 _DTYPES = (torch.float32, torch.bfloat16)
 

@@ -41,24 +41,29 @@ def test_packed_nibbles_follow_ggufs_order():
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
-# The GEMV (1, 3 and 8 rows in one pass; 11: a pass of 8 and one of 3), then the converted weight's GEMM.
+# The GEMV (1, 3 and 8 rows at once; 11: each block of weight rows into 8 of them, then 3), then the converted
+# weight's GEMM. K = 100: one quad of groups; K = 4,000: 126 groups (the last quad holds two), and 16 weight rows a
+# block (csrc/int4_gemv.cpp's gemv_vnni), so that each thread takes more than one.
 @pytest.mark.parametrize("num_rows", [1, 3, 8, 11, GEMV_MAX_ROWS + 5])
-def test_int4_linear_is_the_dequantized_linear(dtype, num_rows):
+@pytest.mark.parametrize("in_features", [100, 4000])
+def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):
     gen = torch.Generator().manual_seed(num_rows)
-    weight, bias = torch.randn(45, 100, generator=gen) / 10, torch.randn(45, generator=gen)  # N odd, K not of 32
+    weight, bias = torch.randn(45, in_features, generator=gen) / 10, torch.randn(45, generator=gen)  # N odd
     layer = Int4Linear(weight.to(dtype), bias.to(dtype))
     assert layer.uses_kernels
-    x = torch.randn(num_rows, 100, generator=gen).to(dtype)
+    x = torch.randn(num_rows, in_features, generator=gen).to(dtype)
     weight_q = layer.dequantized_weight(torch.float64)
     want = torch.nn.functional.linear(x.double(), weight_q, bias.to(dtype).double())
     got = layer(x)
     assert got.dtype == dtype
     # Within the rounding of the activations: to int8 per group of 32 in the AVX512-VNNI kernel (half a step
     # of max|x| / 127 each), to bfloat16 for bfloat16's output; and float32's sums.
-    padded = torch.nn.functional.pad(x.double().abs(), (0, 28)).view(num_rows, -1, 32)
-    group_max = padded.amax(-1, keepdim=True).expand_as(padded).reshape(num_rows, -1)[:, :100]
+    padded = torch.nn.functional.pad(x.double().abs(), (0, -in_features % 32)).view(num_rows, -1, 32)
+    group_max = padded.amax(-1, keepdim=True).expand_as(padded).reshape(num_rows, -1)[:, :in_features]
     bound = (group_max @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
+    # Within the GEMV, each row's outputs do not depend on the rows beside it.
+    assert torch.equal(layer(x[-1:]), got[-1:]) or num_rows > GEMV_MAX_ROWS
 
 
 @needs_kernels

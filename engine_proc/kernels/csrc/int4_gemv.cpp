@@ -142,112 +142,136 @@ void gemv(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N) {
 // both parts from the rounded activations (quantize_rows says why).
 #define RILL_INT4_VNNI 1
 
-// Activations per group: int8 values laid out to match a pair of weight groups as one zmm holds them
-// (group g's elements 0-15, group g+1's 0-15, g's 16-31, g+1's 16-31), their scales and sums.
+// Activations per group: int8 values laid out to match a quad of weight groups as one 64-byte load of the packed
+// weight gives them (quad_nibbles), rows Kq apart (Kp rounded up to 128, zeros past Kp); per quad, the four groups'
+// scales each spread over the four lanes that hold that group's partial sums; per group, the sums.
 struct QuantizedRows {
     std::vector<int8_t> q;
     std::vector<float> scale, sum;
+    int64_t Kq = 0;
 };
 
 inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, QuantizedRows& out) {
-    const int64_t G = Kp / 32;
-    out.q.resize(M * Kp);
-    out.scale.resize(M * G);
+    const int64_t G = Kp / 32, Q = (G + 3) / 4;
+    out.Kq = 128 * Q;
+    out.q.assign(M * out.Kq, 0);
+    out.scale.assign(M * Q * 16, 0.0f);
     out.sum.resize(M * G);
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t g = 0; g < G; ++g) {
             const __m512 lo = _mm512_loadu_ps(xf + m * Kp + 32 * g), hi = _mm512_loadu_ps(xf + m * Kp + 32 * g + 16);
             __m128i q_lo, q_hi;
             const float scale = rill_simd::quantize32(lo, hi, q_lo, q_hi) / 127.0f;
-            out.scale[m * G + g] = scale;
+            for (int l = 0; l < 4; ++l) out.scale[(m * Q + g / 4) * 16 + 4 * (g % 4) + l] = scale;
             // The sum of the rounded activations, as llama.cpp's Q8_1 keeps it: the error is then
             // sum_k w_k e_k (e_k: x_k's rounding), where the exact sum would leave sum_k (w_k - o) e_k, about
             // twice as large (q in 0..15 against w centred near 0). The bundled model's decode-path perplexity
             // on the same GGUF went from 1.014x llama.cpp's to 1.001x (bench/results/gguf_quality-*.md).
             const __m512i wide = _mm512_add_epi32(_mm512_cvtepi8_epi32(q_lo), _mm512_cvtepi8_epi32(q_hi));
             out.sum[m * G + g] = scale * static_cast<float>(_mm512_reduce_add_epi32(wide));
-            int8_t* dst = out.q.data() + m * Kp + 64 * (g / 2) + 16 * (g % 2);
+            int8_t* dst = out.q.data() + m * out.Kq + 128 * (g / 4) + 16 * (g % 4);
             _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), q_lo);
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), q_hi);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64), q_hi);
         }
     }
 }
 
-// A pair of groups' 64 nibbles as bytes in the activations' order: the 32 packed bytes' low nibbles
-// (g's 0-15, g+1's 0-15), then their high nibbles (g's 16-31, g+1's 16-31).
 struct RowsView {  // some rows of a QuantizedRows
     const int8_t* q;
     const float* scale;
     const float* sum;
+    int64_t Kq;
 };
 
-inline __m512i nibble_pair(const uint8_t* p) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i mask = _mm256_set1_epi8(0x0f);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, mask)),
-                              _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), 1);
+// A quad of groups g..g+3 (64 packed bytes; the last quad of a row may hold two, `half`) as two vectors of bytes:
+// lo, the low nibbles (each group's elements 0-15, group after group), and hi, the high ones (16-31). Lanes 4j..4j+3
+// of both hold group g + j, so one pair of vpdpbusd sums each group's 32 products into its own four lanes.
+inline void quad_nibbles(const uint8_t* p, bool half, __m512i& lo, __m512i& hi) {
+    const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, p) : _mm512_loadu_si512(p);
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    lo = _mm512_and_si512(v, mask);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
 }
 
+// Per quad of groups and weight row, the integer sums are converted once and scaled by the weight's scales times the
+// activations' (two vpdpbusd, then a conversion, a product and an FMA for 128 weights: with a pair of groups a
+// vector, each took its own conversion, permute and FMA, which left 8 activation rows compute-bound at about twice
+// the weight's read time on a 2-core Xeon). The offsets' part, offset times the activations' sum, goes into the
+// same accumulators 16 groups at a time: all lanes are summed at the end.
 template <int R, int M, typename T>
-void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t n0, int64_t n1) {
+void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t n0, int64_t n1, int64_t n_end) {
     const int64_t row_bytes = w.Kp / 2, G = w.Kp / 32;
-    // Lanes 0-3 and 8-11 hold group g's partial sums, 4-7 and 12-15 group g+1's: a pair's scales by index.
-    const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    // Lanes 4j..4j+3 take group j of a quad: its index among 16 groups' scales.
+    const __m512i quad_lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     int64_t n = n0;
     for (; n + R <= n1; n += R) {
         __m512 acc[R][M];
-        float offset_part[R][M] = {};
         for (int r = 0; r < R; ++r)
             for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
         rill_simd::prefetch_block(w.packed + n * row_bytes, R * row_bytes);
-        // And the next block's rows, a line of each per two pairs of groups as these are read. Qwen2.5-1.5B's
+        // And the next block's rows, a line of each per quad of groups as these are read. Qwen2.5-1.5B's
         // shapes streamed from memory at one row, with against without, interleaved in one process (2-core Zen 4,
         // 2026-12-05): down_proj (8,960 columns) 0.80x the time, gate_up 0.93x, qkv 0.85x; int8_gemv.cpp's
         // the same way: 0.89x the gate_up, 0.90x the 151,936-row head, down_proj 0.99x.
         const uint8_t* next = w.packed + (n + R) * row_bytes;
-        const int64_t next_bytes = std::min<int64_t>(R, n1 - n - R) * row_bytes;
+        const int64_t next_bytes = std::clamp<int64_t>(n_end - n - R, 0, R) * row_bytes;
         for (int64_t g0 = 0; g0 < G; g0 += 16) {
             const int64_t count = std::min<int64_t>(16, G - g0);  // even: Kp is a multiple of 64
             const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
-            alignas(64) float combined[R][M][16];  // per group: the weight's scale times the activations'
+            __m512 sw[R];
             for (int r = 0; r < R; ++r) {
                 const int64_t i = (n + r) * G + g0;
-                const __m512 sw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w.scales + i));
+                sw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w.scales + i));
                 const __m512 ow = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w.offsets + i));
-                for (int m = 0; m < M; ++m) {
-                    const __m512 sx = _mm512_maskz_loadu_ps(mask, x.scale + m * G + g0);
-                    const __m512 sum = _mm512_maskz_loadu_ps(mask, x.sum + m * G + g0);
-                    _mm512_store_ps(combined[r][m], _mm512_mul_ps(sw, sx));
-                    offset_part[r][m] += _mm512_reduce_add_ps(_mm512_mul_ps(ow, sum));
-                }
+                for (int m = 0; m < M; ++m)
+                    acc[r][m] = _mm512_fmadd_ps(ow, _mm512_maskz_loadu_ps(mask, x.sum + m * G + g0), acc[r][m]);
             }
-            for (int64_t j = 0; j < count; j += 2) {
-                const __m512i lanes = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(static_cast<int>(j)));
-                __m512i q[R];
-                for (int r = 0; r < R; ++r) q[r] = nibble_pair(w.packed + (n + r) * row_bytes + 16 * (g0 + j));
-                if ((g0 + j) % 4 == 0)
-                    for (int r = 0; r < R; ++r)
-                        if (r * row_bytes < next_bytes) __builtin_prefetch(next + r * row_bytes + 16 * (g0 + j), 0, 3);
+            for (int64_t j = 0; j < count; j += 4) {
+                const int64_t g = g0 + j;
+                const __m512i lanes = _mm512_add_epi32(quad_lanes, _mm512_set1_epi32(static_cast<int>(j)));
+                __m512i lo[R], hi[R];
+                __m512 s[R];
+                for (int r = 0; r < R; ++r) {
+                    quad_nibbles(w.packed + (n + r) * row_bytes + 16 * g, count - j == 2, lo[r], hi[r]);
+                    s[r] = _mm512_permutexvar_ps(lanes, sw[r]);
+                    if (r * row_bytes < next_bytes) __builtin_prefetch(next + r * row_bytes + 16 * g, 0, 3);
+                }
                 for (int m = 0; m < M; ++m) {
-                    const __m512i xv = _mm512_loadu_si512(x.q + m * w.Kp + 32 * (g0 + j));
+                    const int8_t* xq = x.q + m * x.Kq + 32 * g;
+                    const __m512i x_lo = _mm512_loadu_si512(xq), x_hi = _mm512_loadu_si512(xq + 64);
+                    const __m512 sx = _mm512_loadu_ps(x.scale + (m * (x.Kq / 128) + g / 4) * 16);
                     for (int r = 0; r < R; ++r) {
-                        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], xv));
-                        const __m512 scale = _mm512_permutexvar_ps(lanes, _mm512_load_ps(combined[r][m]));
-                        acc[r][m] = _mm512_fmadd_ps(dot, scale, acc[r][m]);
+                        const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], x_lo),
+                                                                hi[r], x_hi);
+                        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], sx), acc[r][m]);
                     }
                 }
             }
         }
         for (int r = 0; r < R; ++r)
-            for (int m = 0; m < M; ++m)
-                store(y + m * y_stride + n + r, _mm512_reduce_add_ps(acc[r][m]) + offset_part[r][m]);
+            for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, _mm512_reduce_add_ps(acc[r][m]));
     }
-    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, n, n1);
+    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, n, n1, n_end);
 }
 
-template <int M, typename T>
-void gemv_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t N) {
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) { rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, w, n0, n1); });
+// Each thread's weight rows a block at a time (about 32 KiB of nibbles), and each block into every 8 activation rows
+// in turn: the weight comes from memory once, for the first 8, and from the cache for the rest. (Eight rows a pass
+// over the whole weight read it again for each 8: Qwen2.5-1.5B's layers on a 2-core Xeon took 94 ms at 12 rows.)
+template <typename T>
+void gemv_vnni(T* y, int64_t y_stride, const QuantizedRows& qx, int64_t M, const Weight& w, int64_t N) {
+    const int64_t G = w.Kp / 32, block = std::max<int64_t>(4, (32 << 10) / (w.Kp / 2) / 4 * 4);
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t b = n0; b < n1; b += block)
+            for (int64_t m = 0; m < M; m += 8) {
+                const RowsView part{qx.q.data() + m * qx.Kq, qx.scale.data() + m * (qx.Kq / 8), qx.sum.data() + m * G,
+                                    qx.Kq};
+                rill_simd::with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) {
+                    constexpr int R = decltype(rows)::value <= 2 ? 4 : 2;
+                    rows_vnni<R, decltype(rows)::value, T>(y + m * y_stride, y_stride, part, w, b,
+                                                           std::min(b + block, n1), n1);
+                });
+            }
+    });
 }
 #endif
 
@@ -261,13 +285,7 @@ void run(T* y, int64_t y_stride, const T* x, int64_t x_stride, int64_t M, int64_
 #ifdef RILL_INT4_VNNI
     thread_local QuantizedRows qx;
     quantize_rows(xf, M, w.Kp, qx);
-    for (int64_t m = 0; m < M;) {  // eight rows a pass: each pass reads the whole weight
-        T* out = y + m * y_stride;
-        const int64_t rows_now = std::min<int64_t>(M - m, 8), G = w.Kp / 32;
-        const RowsView part{qx.q.data() + m * w.Kp, qx.scale.data() + m * G, qx.sum.data() + m * G};
-        rill_simd::with_rows(rows_now, [&](auto rows) { gemv_vnni<decltype(rows)::value, T>(out, y_stride, part, w, N); });
-        m += rows_now;
-    }
+    gemv_vnni(y, y_stride, qx, M, w, N);
     return;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     avx2::run(y, y_stride, xf, M, w, N);  // int4_gemv_avx2.h

@@ -101,45 +101,60 @@ void gemv(T* y, int64_t y_stride, const float* xf, int64_t Kp, const int8_t* w, 
 // With AVX512-VNNI, bfloat16 activations: integer dot products, as llama.cpp's Q8_0 x Q8_0 kernel does. The
 // float path above spends 3 instructions on each 16 weights (widen, convert, FMA) and was compute-bound at about
 // half the memory bandwidth on a Zen 4 (the Qwen2.5-1.5B head: 17 ms, 2.2x its floor). Here each activation row is
-// quantized per group of 32 to int8 (scale max|x| / 127, the int4 kernel's rounding) and one vpdpbusd multiplies
-// 64 weights: it takes unsigned bytes on one side, so the activations go in as |q| and their signs move onto the
-// weights (a masked negation; the weights are within +-127). Per 64 weights and row: 4 instructions. float32
-// activations keep the float path: exact, as a float32 model asks.
+// quantized per group of 32 to int8 (scale max|x| / 127, the int4 kernel's rounding). vpdpbusd takes unsigned
+// bytes on one side: the weights go in as w + 128 (one XOR a weight row, shared by every activation row), and each
+// activation row's sum_k 128 * x_k, taken from its rounded values, comes off at the end. float32 activations keep
+// the float path: exact, as a float32 model asks.
+//
+// As int4_gemv.cpp's quads: 128 weights (four groups of 32) a step, their 128-bit quarters reordered once a weight
+// row (each group's elements 0-15, group after group, then 16-31), so that two vpdpbusd sum each group into four
+// lanes of its own and one conversion and one FMA take the 128 into float32. (With the activations' signs moved
+// onto the weights, 64 weights a conversion: 8 instructions where this takes 4, and Qwen2.5-1.5B's head at 8 rows
+// took 1.7x its time at one row on a 2-core Xeon.)
 #define RILL_INT8_VNNI 1
 
-// The activations of M rows per 64-weight chunk: magnitudes, sign masks, and each lane's group scale (lanes
-// 0-7 hold the chunk's first group of 32, lanes 8-15 its second).
+// The activations of M rows per 128-weight chunk in the reordered weights' order, zero past K; per chunk, each
+// group's scale over its four lanes; per row, 128 * sum_k x_k of the rounded values.
 struct QuantizedRows {
-    std::vector<uint8_t> mag;    // [M, C * 64], zero past K
-    std::vector<uint64_t> sign;  // [M, C]
+    std::vector<int8_t> q;       // [M, C * 128]
     std::vector<float> scale;    // [M, C, 16]
+    std::vector<float> bias;     // [M]
 };
 
 inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, int64_t C, QuantizedRows& out) {
-    out.mag.assign(M * C * 64, 0);
-    out.sign.assign(M * C, 0);
+    out.q.assign(M * C * 128, 0);
     out.scale.assign(M * C * 16, 0.0f);
+    out.bias.assign(M, 0.0f);
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t g = 0; g * 32 < Kp; ++g) {  // 32 values, or the last 16 (Kp is a multiple of 16)
             const int64_t k = 32 * g;
             const __m512 a = _mm512_loadu_ps(xf + m * Kp + k);
             const __m512 b = k + 32 <= Kp ? _mm512_loadu_ps(xf + m * Kp + k + 16) : _mm512_setzero_ps();
             __m128i qa, qb;
-            const float amax = rill_simd::quantize32(a, b, qa, qb);
-            const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.mag.data() + m * C * 64 + k), _mm256_abs_epi8(q));
-            out.sign[m * C + k / 64] |= uint64_t{static_cast<uint32_t>(_mm256_movemask_epi8(q))} << (k % 64);
-            float* lanes = out.scale.data() + (m * C + g / 2) * 16 + 8 * (g % 2);
-            for (int l = 0; l < 8; ++l) lanes[l] = amax / 127.0f;
+            const float scale = rill_simd::quantize32(a, b, qa, qb) / 127.0f;
+            int8_t* dst = out.q.data() + m * C * 128 + 128 * (g / 4) + 16 * (g % 4);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), qa);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64), qb);
+            for (int l = 0; l < 4; ++l) out.scale[(m * C + g / 4) * 16 + 4 * (g % 4) + l] = scale;
+            const __m512i wide = _mm512_add_epi32(_mm512_cvtepi8_epi32(qa), _mm512_cvtepi8_epi32(qb));
+            out.bias[m] += 128.0f * scale * static_cast<float>(_mm512_reduce_add_epi32(wide));
         }
     }
 }
 
+// 128 weights of a row from p (the first `valid` of them; the rest zero) as unsigned bytes w + 128, reordered:
+// lo holds each of the four groups' elements 0-15, hi their 16-31.
+inline void quad_weights(const int8_t* p, int64_t valid, __m512i& lo, __m512i& hi) {
+    const auto mask = [](int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; };
+    const __m512i v0 = _mm512_maskz_loadu_epi8(mask(valid), p), v1 = _mm512_maskz_loadu_epi8(mask(valid - 64), p + 64);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    lo = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0x88), flip);
+    hi = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0xdd), flip);
+}
+
 template <int R, int M, typename T>
-void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t C, const int8_t* w, int64_t Kp,
-               const uint16_t* scale, int64_t n0, int64_t n1) {
-    const __mmask64 tail = Kp % 64 ? (uint64_t{1} << (Kp % 64)) - 1 : ~uint64_t{0};
-    const __m512i zero = _mm512_setzero_si512();
+void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t m0, int64_t C, const int8_t* w, int64_t Kp,
+               const uint16_t* scale, int64_t n0, int64_t n1, int64_t n_end) {
     int64_t n = n0;
     for (; n + R <= n1; n += R) {
         __m512 acc[R][M];
@@ -147,51 +162,51 @@ void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t C, const 
             for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
         const int8_t* w0 = w + n * Kp;
         rill_simd::prefetch_block(w0, R * Kp);
-        const int64_t next_rows = std::min<int64_t>(R, n1 - n - R);  // and the next block's, as int4_gemv.cpp's
+        const int64_t next_rows = std::clamp<int64_t>(n_end - n - R, 0, R);  // and the next block's, as int4_gemv.cpp's
         for (int64_t c = 0; c < C; ++c) {
-            const __mmask64 valid = c + 1 < C ? ~uint64_t{0} : tail;  // the masked bytes are not read
-            __m512i wv[R];
-            for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi8(valid, w0 + r * Kp + 64 * c);
-            for (int r = 0; r < next_rows; ++r) __builtin_prefetch(w0 + (R + r) * Kp + 64 * c, 0, 3);
+            __m512i lo[R], hi[R];
+            for (int r = 0; r < R; ++r) quad_weights(w0 + r * Kp + 128 * c, Kp - 128 * c, lo[r], hi[r]);
+            for (int r = 0; r < next_rows; ++r) {
+                __builtin_prefetch(w0 + (R + r) * Kp + 128 * c, 0, 3);
+                __builtin_prefetch(w0 + (R + r) * Kp + 128 * c + 64, 0, 3);
+            }
             for (int m = 0; m < M; ++m) {
-                const __m512i mag = _mm512_loadu_si512(x.mag.data() + (m * C + c) * 64);
-                const __mmask64 neg = x.sign[m * C + c];
-                const __m512 sx = _mm512_loadu_ps(x.scale.data() + (m * C + c) * 16);
+                const int8_t* xq = x.q.data() + ((m0 + m) * C + c) * 128;
+                const __m512i x_lo = _mm512_loadu_si512(xq), x_hi = _mm512_loadu_si512(xq + 64);
+                const __m512 sx = _mm512_loadu_ps(x.scale.data() + ((m0 + m) * C + c) * 16);
                 for (int r = 0; r < R; ++r) {
-                    const __m512i signed_w = _mm512_mask_sub_epi8(wv[r], neg, zero, wv[r]);
-                    const __m512i dot = _mm512_dpbusd_epi32(zero, mag, signed_w);
+                    const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], x_lo),
+                                                            hi[r], x_hi);
                     acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sx, acc[r][m]);
                 }
             }
         }
         for (int r = 0; r < R; ++r) {
             const float s = to_float(scale[n + r]);
-            for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, s * _mm512_reduce_add_ps(acc[r][m]));
+            for (int m = 0; m < M; ++m)
+                store(y + m * y_stride + n + r, s * (_mm512_reduce_add_ps(acc[r][m]) - x.bias[m0 + m]));
         }
     }
-    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, C, w, Kp, scale, n, n1);
+    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, m0, C, w, Kp, scale, n, n1, n_end);
 }
 
-template <int M, typename T>
-void gemv_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t C, const int8_t* w, int64_t Kp,
-               const uint16_t* scale, int64_t N) {
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
-        rows_vnni<(M <= 2 ? 4 : 2), M, T>(y, y_stride, x, C, w, Kp, scale, n0, n1);
-    });
-}
-
-// The bfloat16 rows, eight a pass (each pass reads the whole weight).
+// The bfloat16 rows: each thread's weight rows about 32 KiB at a time into every 8 activation rows in turn, so that
+// the weight comes from memory once (int4_gemv.cpp's gemv_vnni says what that saved).
 inline void run_vnni(uint16_t* y, int64_t y_stride, const float* xf, int64_t M, const int8_t* w, int64_t Kp,
                      const uint16_t* scale, int64_t N) {
-    const int64_t C = (Kp + 63) / 64;
+    const int64_t C = (Kp + 127) / 128, block = std::max<int64_t>(4, (32 << 10) / Kp / 4 * 4);
     thread_local QuantizedRows qx;
-    for (int64_t m = 0; m < M;) {
-        const int64_t now = std::min<int64_t>(M - m, 8);
-        quantize_rows(xf + m * Kp, now, Kp, C, qx);
-        uint16_t* out = y + m * y_stride;
-        rill_simd::with_rows(now, [&](auto rows) { gemv_vnni<decltype(rows)::value>(out, y_stride, qx, C, w, Kp, scale, N); });
-        m += now;
-    }
+    quantize_rows(xf, M, Kp, C, qx);
+    const QuantizedRows& x = qx;  // this thread's: a thread_local named in the workers would be theirs
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t b = n0; b < n1; b += block)
+            for (int64_t m = 0; m < M; m += 8)
+                rill_simd::with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) {
+                    constexpr int R = decltype(rows)::value <= 2 ? 4 : 2;
+                    rows_vnni<R, decltype(rows)::value, uint16_t>(y + m * y_stride, y_stride, x, m, C, w, Kp, scale, b,
+                                                                  std::min(b + block, n1), n1);
+                });
+    });
 }
 #endif
 

@@ -137,7 +137,8 @@ void gemv(T* y, int64_t y_stride, const float* xf, const Weight& w, int64_t N) {
 // The float path above spends about 13 instructions on 32 weights (widening, converting and scaling each
 // nibble), which left it compute-bound at about a quarter of the memory bandwidth on a Zen 4 core. Here
 // each activation row is quantized per group of 32 to int8 (scale max|x| / 127) and one vpdpbusd multiplies
-// 64 nibbles by 64 int8 activations: per pair of groups, 9 instructions. With w = q * s + o:
+// 64 nibbles by 64 int8 activations: per quad of groups (128 weights) and activation row, 5 instructions (rows_vnni).
+// With w = q * s + o:
 //   sum_k w_k x_k = s * sum_k q_k x_k + o * sum_k x_k ~= s * d_x * sum_k q_k xq_k + o * d_x * sum_k xq_k,
 // both parts from the rounded activations (quantize_rows says why).
 #define RILL_INT4_VNNI 1

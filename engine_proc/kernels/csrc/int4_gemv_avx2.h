@@ -5,7 +5,7 @@
 // path rounds it) and a group's 32 nibbles meet its 32 int8 activations in vpmaddubsw (unsigned x signed bytes to
 // 16 pairs of int16) and vpmaddwd (to 8 int32), then one float FMA with the groups' scale products: per pair of
 // groups and row, 7 instructions; the nibbles are unpacked once for all rows, 4 instructions a pair. The offsets' part comes from
-// the rounded activations' sums, as in the VNNI path (int4_gemv.cpp's quantize_rows says why).
+// the rounded activations' sums, as in the VNNI path (int4_gemv_vnni.h's quantize_rows says why).
 #pragma once
 #include <immintrin.h>
 

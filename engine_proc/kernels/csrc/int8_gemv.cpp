@@ -191,7 +191,7 @@ void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t m0, int64
 }
 
 // The bfloat16 rows: each thread's weight rows about 32 KiB at a time into every 8 activation rows in turn, so that
-// the weight comes from memory once (int4_gemv.cpp's gemv_vnni says what that saved).
+// the weight comes from memory once (int4_gemv_vnni.h's gemv_vnni says what that saved).
 inline void run_vnni(uint16_t* y, int64_t y_stride, const float* xf, int64_t M, const int8_t* w, int64_t Kp,
                      const uint16_t* scale, int64_t N) {
     const int64_t C = (Kp + 127) / 128, block = std::max<int64_t>(4, (32 << 10) / Kp / 4 * 4);

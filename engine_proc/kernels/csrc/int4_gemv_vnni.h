@@ -1,0 +1,193 @@
+// The 4-bit GEMV's integer path for AVX512-VNNI (Ice Lake and later, Zen 4), included by int4_gemv.cpp, whose run()
+// calls vnni::run() where RILL_INT4_VNNI is defined.
+#pragma once
+#include "int4_gemv.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "float_bits.h"
+#include "simd16.h"
+
+namespace rill_int4::vnni {
+
+using rill_float::store;
+
+// With AVX512-VNNI (Ice Lake and later, Zen 4): integer dot products, as llama.cpp's Q4 x Q8 kernels do.
+// int4_gemv.cpp's float path spends about 13 instructions on 32 weights (widening, converting and scaling each
+// nibble), which left it compute-bound at about a quarter of the memory bandwidth on a Zen 4 core. Here
+// each activation row is quantized per group of 32 to int8 (scale max|x| / 127) and one vpdpbusd multiplies
+// 64 nibbles by 64 int8 activations: per octet of groups (256 weights) and activation row, 7 instructions (rows_vnni).
+// With w = q * s + o:
+//   sum_k w_k x_k = s * sum_k q_k x_k + o * sum_k x_k ~= s * d_x * sum_k q_k xq_k + o * d_x * sum_k xq_k,
+// both parts from the rounded activations (quantize_rows says why).
+#define RILL_INT4_VNNI 1
+
+// Activations per group: int8 values laid out to match an octet of weight groups as octet_nibbles() gives them,
+// rows Ko apart (Kp rounded up to 256, zeros past Kp); per octet, the eight groups' scales each spread over the two
+// lanes that hold that group's partial sums; per group, the sums.
+struct QuantizedRows {
+    std::vector<int8_t> q;
+    std::vector<float> scale, sum;
+    int64_t Ko = 0;
+};
+
+// Where element e of group gg (0-7) of an octet goes among its 256 bytes: vector t = 2 * (e / 16) + (e % 16) / 8 of
+// the four, 128-bit lane gg % 4, its first 8 bytes for groups 0-3 and last 8 for 4-7.
+inline int64_t octet_offset(int64_t gg, int64_t e) { return 64 * (2 * (e / 16) + e % 16 / 8) + 16 * (gg % 4) + 8 * (gg / 4); }
+
+inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, QuantizedRows& out) {
+    const int64_t G = Kp / 32, O = (G + 7) / 8;
+    out.Ko = 256 * O;
+    out.q.assign(M * out.Ko, 0);
+    out.scale.assign(M * O * 16, 0.0f);
+    out.sum.resize(M * G);
+    for (int64_t m = 0; m < M; ++m) {
+        for (int64_t g = 0; g < G; ++g) {
+            const __m512 lo = _mm512_loadu_ps(xf + m * Kp + 32 * g), hi = _mm512_loadu_ps(xf + m * Kp + 32 * g + 16);
+            __m128i q_lo, q_hi;
+            const float scale = rill_simd::quantize32(lo, hi, q_lo, q_hi) / 127.0f;
+            const int64_t gg = g % 8;
+            for (int l = 0; l < 2; ++l) out.scale[(m * O + g / 8) * 16 + 4 * (gg % 4) + 2 * (gg / 4) + l] = scale;
+            // The sum of the rounded activations, as llama.cpp's Q8_1 keeps it: the error is then
+            // sum_k w_k e_k (e_k: x_k's rounding), where the exact sum would leave sum_k (w_k - o) e_k, about
+            // twice as large (q in 0..15 against w centred near 0). The bundled model's decode-path perplexity
+            // on the same GGUF went from 1.014x llama.cpp's to 1.001x (bench/results/gguf_quality-*.md).
+            const __m512i wide = _mm512_add_epi32(_mm512_cvtepi8_epi32(q_lo), _mm512_cvtepi8_epi32(q_hi));
+            out.sum[m * G + g] = scale * static_cast<float>(_mm512_reduce_add_epi32(wide));
+            int8_t* dst = out.q.data() + m * out.Ko + 256 * (g / 8);
+            alignas(16) int8_t bytes[32];
+            _mm_store_si128(reinterpret_cast<__m128i*>(bytes), q_lo);
+            _mm_store_si128(reinterpret_cast<__m128i*>(bytes + 16), q_hi);
+            for (int64_t e = 0; e < 32; e += 8) std::memcpy(dst + octet_offset(gg, e), bytes + e, 8);
+        }
+    }
+}
+
+struct RowsView {  // some rows of a QuantizedRows
+    const int8_t* q;
+    const float* scale;
+    const float* sum;
+    int64_t Ko;
+};
+
+// An octet of groups g..g+7 (128 packed bytes, of which the first `valid`: a row's last octet may hold 2, 4 or 6
+// groups) as four vectors of bytes, d[t] holding elements 8t'..8t'+7 (t = 2 * half + t'; half 0: the low nibbles,
+// elements 0-15, 1: the high ones) of every group, lanes 4k..4k+3 groups k (the first two lanes) and k + 4. One
+// unpack of the two loads' qwords puts each group's bytes 0-7 (and 8-15) of both groups k and k + 4 in lane k; the
+// nibbles split after. So four vpdpbusd sum each group's 32 products into two lanes of its own.
+inline void octet_nibbles(const uint8_t* p, int64_t valid, __m512i d[4]) {
+    const auto mask = [](int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; };
+    const __m512i v0 = valid >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask(valid), p);
+    const __m512i v1 = valid >= 128 ? _mm512_loadu_si512(p + 64) : _mm512_maskz_loadu_epi8(mask(valid - 64), p + 64);
+    const __m512i u0 = _mm512_unpacklo_epi64(v0, v1), u1 = _mm512_unpackhi_epi64(v0, v1);
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    d[0] = _mm512_and_si512(u0, low);
+    d[1] = _mm512_and_si512(u1, low);
+    d[2] = _mm512_and_si512(_mm512_srli_epi16(u0, 4), low);
+    d[3] = _mm512_and_si512(_mm512_srli_epi16(u1, 4), low);
+}
+
+// Per octet of groups and weight row, the integer sums are converted once and scaled by the weight's scales times the
+// activations' (four vpdpbusd, then a conversion, a product and an FMA for 256 weights). Qwen2.5-1.5B's 28 layers on a
+// 2-core Xeon, in one process: with a pair of groups a vector (each pair its own conversion, permute and FMA) 94 ms
+// at 8 rows; with a quad (64 packed bytes, no unpack) 58; with the octet 51, and 73 against 85 at 12 rows. The
+// offsets' part, offset times the activations' sum, goes into the same accumulators 16 groups at a time: all lanes
+// are summed at the end.
+template <int R, int M, typename T>
+void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64_t n0, int64_t n1, int64_t n_end) {
+    const int64_t row_bytes = w.Kp / 2, G = w.Kp / 32;
+    // Lane L of an octet's sums holds group (L / 4) + 4 * ((L % 4) / 2): its index among 16 groups' scales.
+    const __m512i octet_lanes = _mm512_setr_epi32(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7);
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) {
+        __m512 acc[R][M];
+        for (int r = 0; r < R; ++r)
+            for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+        rill_simd::prefetch_block(w.packed + n * row_bytes, R * row_bytes);
+        // And the next block's rows, two lines of each per octet of groups as these are read. Qwen2.5-1.5B's
+        // shapes streamed from memory at one row, with against without, interleaved in one process (2-core Zen 4,
+        // 2026-12-05): down_proj (8,960 columns) 0.80x the time, gate_up 0.93x, qkv 0.85x; int8_gemv.cpp's
+        // the same way: 0.89x the gate_up, 0.90x the 151,936-row head, down_proj 0.99x.
+        const uint8_t* next = w.packed + (n + R) * row_bytes;
+        const int64_t next_bytes = std::clamp<int64_t>(n_end - n - R, 0, R) * row_bytes;
+        for (int64_t g0 = 0; g0 < G; g0 += 16) {
+            const int64_t count = std::min<int64_t>(16, G - g0);  // even: Kp is a multiple of 64
+            const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
+            __m512 sw[R];
+            for (int r = 0; r < R; ++r) {
+                const int64_t i = (n + r) * G + g0;
+                sw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w.scales + i));
+                const __m512 ow = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w.offsets + i));
+                for (int m = 0; m < M; ++m)
+                    acc[r][m] = _mm512_fmadd_ps(ow, _mm512_maskz_loadu_ps(mask, x.sum + m * G + g0), acc[r][m]);
+            }
+            for (int64_t j = 0; j < count; j += 8) {
+                const int64_t g = g0 + j;
+                const __m512i lanes = _mm512_add_epi32(octet_lanes, _mm512_set1_epi32(static_cast<int>(j)));
+                __m512i d[R][4];
+                __m512 s[R];
+                for (int r = 0; r < R; ++r) {
+                    octet_nibbles(w.packed + (n + r) * row_bytes + 16 * g, 16 * (count - j), d[r]);
+                    s[r] = _mm512_permutexvar_ps(lanes, sw[r]);
+                    if (r * row_bytes < next_bytes) {
+                        __builtin_prefetch(next + r * row_bytes + 16 * g, 0, 3);
+                        __builtin_prefetch(next + r * row_bytes + 16 * g + 64, 0, 3);
+                    }
+                }
+                for (int m = 0; m < M; ++m) {
+                    const int8_t* xq = x.q + m * x.Ko + 32 * g;
+                    const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64),
+                                  x2 = _mm512_loadu_si512(xq + 128), x3 = _mm512_loadu_si512(xq + 192);
+                    const __m512 sx = _mm512_loadu_ps(x.scale + (m * (x.Ko / 256) + g / 8) * 16);
+                    for (int r = 0; r < R; ++r) {
+                        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), d[r][0], x0);
+                        dot = _mm512_dpbusd_epi32(dot, d[r][1], x1);
+                        dot = _mm512_dpbusd_epi32(dot, d[r][2], x2);
+                        dot = _mm512_dpbusd_epi32(dot, d[r][3], x3);
+                        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], sx), acc[r][m]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int m = 0; m < M; ++m) store(y + m * y_stride + n + r, _mm512_reduce_add_ps(acc[r][m]));
+    }
+    if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, n, n1, n_end);
+}
+
+// Each thread's weight rows a block at a time (about 32 KiB of nibbles), and each block into every 8 activation rows
+// in turn: the weight comes from memory once, for the first 8, and from the cache for the rest. (Eight rows a pass
+// over the whole weight read it again for each 8: Qwen2.5-1.5B's layers on a 2-core Xeon took 94 ms at 12 rows.)
+template <typename T>
+void gemv_vnni(T* y, int64_t y_stride, const QuantizedRows& qx, int64_t M, const Weight& w, int64_t N) {
+    const int64_t G = w.Kp / 32, block = std::max<int64_t>(4, (32 << 10) / (w.Kp / 2) / 4 * 4);
+    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t b = n0; b < n1; b += block)
+            for (int64_t m = 0; m < M; m += 8) {
+                const RowsView part{qx.q.data() + m * qx.Ko, qx.scale.data() + m * (qx.Ko / 16), qx.sum.data() + m * G,
+                                    qx.Ko};
+                rill_simd::with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) {
+                    constexpr int R = decltype(rows)::value <= 2 ? 4 : 2;
+                    rows_vnni<R, decltype(rows)::value, T>(y + m * y_stride, y_stride, part, w, b,
+                                                           std::min(b + block, n1), n1);
+                });
+            }
+    });
+}
+
+// y [M, N] (rows y_stride apart) = xf [M, Kp] (float32, zero past K) times w.
+template <typename T>
+void run(T* y, int64_t y_stride, const float* xf, int64_t M, const Weight& w, int64_t N) {
+    thread_local QuantizedRows qx;
+    quantize_rows(xf, M, w.Kp, qx);
+    gemv_vnni(y, y_stride, qx, M, w, N);  // qx by reference: the workers would see thread_locals of their own
+}
+
+}  // namespace rill_int4::vnni
+#endif

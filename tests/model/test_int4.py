@@ -43,7 +43,7 @@ def test_packed_nibbles_follow_ggufs_order():
 @pytest.mark.parametrize("dtype", DTYPES)
 # The GEMV (1, 3 and 8 rows at once; 11: each block of weight rows into 8 of them, then 3, where the GEMV takes 11
 # rows), then the converted weight's GEMM. K = 100: one quad of groups; K = 4,000: 126 groups (the last quad holds two), and 16 weight rows a
-# block (csrc/int4_gemv_vnni.h's gemv_vnni), so that each thread takes more than one.
+# block (csrc/simd16.h's row_blocks), so that each thread takes more than one.
 @pytest.mark.parametrize("num_rows", [1, 3, 8, 11, GEMV_MAX_ROWS + 5])
 @pytest.mark.parametrize("in_features", [100, 4000])
 def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):

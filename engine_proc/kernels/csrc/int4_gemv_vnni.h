@@ -82,9 +82,9 @@ struct RowsView {  // some rows of a QuantizedRows
 // unpack of the two loads' qwords puts each group's bytes 0-7 (and 8-15) of both groups k and k + 4 in lane k; the
 // nibbles split after. So four vpdpbusd sum each group's 32 products into two lanes of its own.
 inline void octet_nibbles(const uint8_t* p, int64_t valid, __m512i d[4]) {
-    const auto mask = [](int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; };
-    const __m512i v0 = valid >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask(valid), p);
-    const __m512i v1 = valid >= 128 ? _mm512_loadu_si512(p + 64) : _mm512_maskz_loadu_epi8(mask(valid - 64), p + 64);
+    const __m512i v0 = valid >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(rill_simd::byte_mask(valid), p);
+    const __m512i v1 =
+        valid >= 128 ? _mm512_loadu_si512(p + 64) : _mm512_maskz_loadu_epi8(rill_simd::byte_mask(valid - 64), p + 64);
     const __m512i u0 = _mm512_unpacklo_epi64(v0, v1), u1 = _mm512_unpackhi_epi64(v0, v1);
     const __m512i low = _mm512_set1_epi8(0x0f);
     d[0] = _mm512_and_si512(u0, low);
@@ -161,32 +161,18 @@ void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64
     if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, w, n, n1, n_end);
 }
 
-// Each thread's weight rows a block at a time (about 32 KiB of nibbles), and each block into every 8 activation rows
-// in turn: the weight comes from memory once, for the first 8, and from the cache for the rest. (Eight rows a pass
-// over the whole weight read it again for each 8: Qwen2.5-1.5B's layers on a 2-core Xeon took 94 ms at 12 rows.)
-template <typename T>
-void gemv_vnni(T* y, int64_t y_stride, const QuantizedRows& qx, int64_t M, const Weight& w, int64_t N) {
-    const int64_t G = w.Kp / 32, block = std::max<int64_t>(4, (32 << 10) / (w.Kp / 2) / 4 * 4);
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
-        for (int64_t b = n0; b < n1; b += block)
-            for (int64_t m = 0; m < M; m += 8) {
-                const RowsView part{qx.q.data() + m * qx.Ko, qx.scale.data() + m * (qx.Ko / 16), qx.sum.data() + m * G,
-                                    qx.Ko};
-                rill_simd::with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) {
-                    constexpr int R = decltype(rows)::value <= 2 ? 4 : 2;
-                    rows_vnni<R, decltype(rows)::value, T>(y + m * y_stride, y_stride, part, w, b,
-                                                           std::min(b + block, n1), n1);
-                });
-            }
-    });
-}
-
 // y [M, N] (rows y_stride apart) = xf [M, Kp] (float32, zero past K) times w.
 template <typename T>
 void run(T* y, int64_t y_stride, const float* xf, int64_t M, const Weight& w, int64_t N) {
     thread_local QuantizedRows qx;
     quantize_rows(xf, M, w.Kp, qx);
-    gemv_vnni(y, y_stride, qx, M, w, N);  // qx by reference: the workers would see thread_locals of their own
+    const QuantizedRows& x = qx;  // this thread's: a thread_local named in the workers would be theirs
+    rill_simd::row_blocks(N, w.Kp / 2, M, [&](int64_t b0, int64_t b1, int64_t n_end, int64_t m, auto rows) {
+        constexpr int rows_now = decltype(rows)::value;
+        const int64_t groups = w.Kp / 32;
+        const RowsView part{x.q.data() + m * x.Ko, x.scale.data() + m * (x.Ko / 16), x.sum.data() + m * groups, x.Ko};
+        rows_vnni<rows_now <= 2 ? 4 : 2, rows_now, T>(y + m * y_stride, y_stride, part, w, b0, b1, n_end);
+    });
 }
 
 }  // namespace rill_int4::vnni

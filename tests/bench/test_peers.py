@@ -160,10 +160,10 @@ def test_llamacpp_targets_compare_rill_int4_with_llama_server(tmp_path):
     ("c++ (GCC) 13.2.0\nCopyright (C) 2023 Free Software Foundation, Inc.", True, False),
     ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", True, False),
     ("c++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", False, False)])
-def test_llama_cpp_is_built_without_amx_by_gcc_12_on_an_amx_cpu(tmp_path, monkeypatch, version, has_amx, dropped):
-    """GCC 12 drops the stores of ggml's AMX tile configuration (SIGILL): only that compiler on such a CPU builds
-    llama.cpp with -mno-amx-*, and the stamp and the results' note say so. The compiler is a script that answers as
-    the real one does (`--version`, `-dumpversion`)."""
+def test_llama_cpp_is_built_by_zigs_clang_where_gcc_12_meets_an_amx_cpu(tmp_path, monkeypatch, version, has_amx, dropped):
+    """GCC 12 drops the stores of ggml's AMX tile configuration (SIGILL): only that compiler on such a CPU has
+    llama.cpp built by Zig's clang, and the stamp (so an older build is redone) and the results' note say so. The
+    compiler is a script that answers as the real one does (`--version`, `-dumpversion`)."""
     number = version.split("\n")[0].split()[-1]
     compiler = tmp_path / "c++"
     compiler.write_text(f'#!/bin/sh\nif [ "$1" = -dumpversion ]; then echo {number}; else printf "%s\\n" "{version}"; fi\n')
@@ -171,8 +171,8 @@ def test_llama_cpp_is_built_without_amx_by_gcc_12_on_an_amx_cpu(tmp_path, monkey
     monkeypatch.setenv("CXX", str(compiler))
     flags = {"avx512f", "amx_tile", "amx_int8"} if has_amx else {"avx512f"}
     monkeypatch.setattr(llama_cpp, "cpu_info", lambda: CpuInfo("a CPU", "GenuineIntel", frozenset(flags)))
-    assert llama_cpp.extra_flags() == (llama_cpp.NO_AMX if dropped else ())
-    assert ("-mno-amx-int8" in llama_cpp.stamp()) is dropped and llama_cpp.stamp().startswith(f"{llama_cpp.PACKAGE}==")
+    assert llama_cpp.needs_clang() is dropped
+    assert ("clang (ziglang==" in llama_cpp.stamp()) is dropped and llama_cpp.stamp().startswith(f"{llama_cpp.PACKAGE}==")
     assert (llama_cpp.build_note() is not None) is dropped
 
 

@@ -116,13 +116,17 @@ class ModelRunner(SamplingRunner):
     def _compiled_decode(self, max_num_seqs: int, max_model_len: int) -> DecodeGraphs | None:
         if self.attention.graph_decode_op is None:
             return None  # the invariant backends have their own attention; Triton on the CPU is for tests
-        try:
-            graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs, max_model_len)
-            graphs.warm_up()
-        except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
-            log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
-            return None
-        return graphs
+        for cpp_wrapper in (True, False):  # the C++ wrapper failing (an operator it cannot call): Python's
+            try:
+                graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.device, max_num_seqs,
+                                      max_model_len, cpp_wrapper=cpp_wrapper)
+                graphs.warm_up()
+                return graphs
+            except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
+                log.warning("decode steps %s: torch.compile failed (%s: %s)",
+                            "try Inductor's Python wrapper" if cpp_wrapper else "run eagerly", type(exc).__name__, exc)
+                torch._dynamo.reset()
+        return None
 
     def _compiled_prefill(self):
         from rill.engine_proc.model.compiled_prefill import CompiledPrefill

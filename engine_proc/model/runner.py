@@ -125,7 +125,6 @@ class ModelRunner(SamplingRunner):
             except Exception as exc:  # no C++ compiler, an unsupported torch: serve, slower
                 log.warning("decode steps %s: torch.compile failed (%s: %s)",
                             "try Inductor's Python wrapper" if cpp_wrapper else "run eagerly", type(exc).__name__, exc)
-                torch._dynamo.reset()
         return None
 
     def _compiled_prefill(self):

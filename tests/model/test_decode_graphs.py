@@ -117,3 +117,24 @@ def test_no_batch_size_compiles_a_new_graph(tmp_path):
         assert compiled.decode_graphs.can_run(batch)
         compiled.compute_logits(batch)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_cpp_wrapper_that_fails_to_compile_leaves_the_python_wrapper(compiled, monkeypatch):
+    """The decode graph goes through Inductor's C++ wrapper; where that compile fails the runner compiles with the
+    Python wrapper, and only then serves eagerly. The class is the edge replaced: it fails for the C++ wrapper."""
+    from rill.engine_proc.model import runner as runner_module
+
+    tried = []
+
+    class Graphs:
+        def __init__(self, *args, cpp_wrapper: bool):
+            tried.append(cpp_wrapper)
+            self.cpp_wrapper = cpp_wrapper
+
+        def warm_up(self):
+            if self.cpp_wrapper:
+                raise RuntimeError("an operator the C++ wrapper cannot call")
+
+    monkeypatch.setattr(runner_module, "DecodeGraphs", Graphs)
+    graphs = compiled._compiled_decode(4, 512)
+    assert tried == [True, False] and graphs.cpp_wrapper is False

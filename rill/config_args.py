@@ -15,7 +15,8 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
     """The checked flags (rill/cli.py) and the resolved model (rill/launcher.py: resolve_model)."""
     model = ModelConfig(
         model_dir=str(model_dir), dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        load_format=args.load_format, quantization=args.quantization, model_impl=args.model_impl,
+        load_format=args.load_format, quantization=args.quantization, int4_group_size=args.int4_group_size,
+        int4_symmetric=args.int4_symmetric, model_impl=args.model_impl,
         batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings, task=args.task,
         max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,

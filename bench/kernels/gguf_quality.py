@@ -40,12 +40,13 @@ from rill.bench.kernels.quant_quality import (
     blocks_per_seq,
     nll_decode,
     nll_prefill,
+    without_source,
 )
 from rill.bench.peers import llama_cpp
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
 from rill.engine_proc.model.bundled import bundled_gguf_path, default_cache_dir
-from rill.engine_proc.model.gguf_dir import SOURCE_FILE_NAME, ensure_gguf_model
+from rill.engine_proc.model.gguf_dir import ensure_gguf_model
 from rill.engine_proc.model.gguf_reader import read_gguf
 from rill.engine_proc.model.runner import ModelRunner
 from rill.ipc.config import ModelConfig
@@ -135,16 +136,6 @@ def run(gguf: Path, ctx: int, num_chunks: int, threads: int, scratch: Path) -> d
         rows.append(rill_perplexity(folder, dtype, quantization, chunks))
         print(rows[-1], flush=True)
     return {"llama_cpp": llama, "rows": rows, "text_tokens": len(ids), "same_tokens": same, "types": file_types(gguf)}
-
-
-def without_source(model_dir: Path, scratch: Path) -> Path:
-    """A view of a converted directory (links to its files) without the note of the GGUF it came from."""
-    view = scratch / "from-floats"
-    view.mkdir(exist_ok=True)
-    for path in model_dir.iterdir():
-        if path.name != SOURCE_FILE_NAME and not (view / path.name).exists():
-            (view / path.name).symlink_to(path)
-    return view
 
 
 def file_types(gguf: Path) -> str:

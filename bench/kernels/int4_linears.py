@@ -9,6 +9,8 @@ the time of one call of each of Rill's linears on M rows of bfloat16 activations
   on AMX's tiles where they serve: csrc/quant_tiles.h);
 - where the tiles serve, `int8 brgemm` and `int4 brgemm`: the same layers with brgemm over the panels instead
   (quant_panels_kernel("brgemm"), the GEMV's rows left as they are), in the same rounds;
+- with `--schemes`, int4's other layouts: `int4-sym` (no offsets, 4.5 bits a weight, GGUF's Q4_0), `int4-g128` (a
+  scale and offset per 128 weights, 4.25 bits) and `int4-sym-g128` (4.125 bits), against `int4` (5 bits);
 A decode row reads every weight once, so at one row each has a floor: its weight bytes over the memory
 bandwidth, which a large copy measures in the same run (bytes read plus written per second). The
 ratio `int4 / floor` says how close the kernel gets. Each layer has its own copy of the weights, so a step streams
@@ -40,6 +42,7 @@ MODELS = {
                           ("down_proj", 1536, 8960)], ("lm_head", 151936, 1536)),
 }
 VARIANTS = ["bf16", "int8", "int4"]
+SCHEMES = {"int4-sym": (32, True), "int4-g128": (128, False), "int4-sym-g128": (128, True)}  # (group size, symmetric)
 ROWS = [1, 4, 8, 16, 32, 64, 256]
 
 
@@ -59,27 +62,30 @@ def weight_bytes(layer) -> int:
     return sum(b.numel() * b.element_size() for b in (*layer.buffers(), *layer.parameters()))
 
 
-def variants() -> list[str]:
-    """VARIANTS, and the quantized ones on brgemm's panels where AMX's tiles serve them by default."""
+def variants(schemes: list[str]) -> list[str]:
+    """VARIANTS, and the quantized ones on brgemm's panels where AMX's tiles serve them by default; then `schemes`."""
     tiles = extension.available() and torch.ops.rill_cpu.quant_panels_kernel() == "amx_tiles"
-    return VARIANTS + (["int8 brgemm", "int4 brgemm"] if tiles else [])
+    return VARIANTS + (["int8 brgemm", "int4 brgemm"] if tiles else []) + schemes
 
 
-def run(model: str, rows_list: list[int], rounds: int, budget_s: float) -> dict:
+def run(model: str, rows_list: list[int], rounds: int, budget_s: float, schemes: list[str] = ()) -> dict:
     """A decode step's linears, as the model reads them: every layer's own copy of each shape (so the weights
     stream from memory, as in a real step, not from a cache one layer's weights fit in), then the head."""
     num_layers, shapes, head = MODELS[model]
     gen = torch.Generator().manual_seed(0)
-    steps: dict[str, list] = {variant: [] for variant in VARIANTS}  # (layer, in_features) in step order
+    steps: dict[str, list] = {variant: [] for variant in (*VARIANTS, *schemes)}  # (layer, in_features) in step order
     for name, n, k in [*shapes, head]:
         weight = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
         copies = 1 if name == head[0] else num_layers
         steps["bf16"] += [(float_linear(weight), k) for _ in range(copies)]  # oneDNN's packed weight: no deepcopy
-        for variant, layer in (("int8", Int8Linear(weight)), ("int4", Int4Linear(weight))):
+        layers = [("int8", Int8Linear(weight)), ("int4", Int4Linear(weight))]
+        layers += [(v, Int4Linear(weight, None, None, *SCHEMES[v])) for v in schemes]  # the head too, as `int4`'s
+        for variant, layer in layers:
             steps[variant] += [(layer, k), *((copy.deepcopy(layer), k) for _ in range(copies - 1))]
-    names = variants()
-    for variant in names[len(VARIANTS):]:
-        steps[variant] = steps[variant.split()[0]]
+    names = variants(list(schemes))
+    for variant in names:
+        if variant.endswith(" brgemm"):
+            steps[variant] = steps[variant.split()[0]]
     samples: dict[tuple, list[float]] = {}
     with torch.inference_mode():
         inputs = {(rows, k): torch.randn(rows, k, generator=gen).to(torch.bfloat16)
@@ -129,6 +135,13 @@ def markdown(report: dict) -> str:
                           *([f"{result['step_ms'][f'{q} {r}'] / result['step_ms'][f'{q} brgemm {r}']:.2f}x"
                              for q in ("int4", "int8")] if brgemm else [])]
                          for r in rows_list]), ""]
+        schemes = [v for v in names if v in SCHEMES]
+        if schemes:
+            lines += [table(["rows", *[f"{v} / int4" for v in schemes], *[f"{v} / its floor" for v in schemes]],
+                            [[r, *[f"{result['step_ms'][f'{v} {r}'] / result['step_ms'][f'int4 {r}']:.2f}x"
+                                   for v in schemes],
+                              *[f"{result['step_ms'][f'{v} {r}'] / floors[v]:.2f}x" if r == 1 else "–"
+                                for v in schemes]] for r in rows_list]), ""]
     return "\n".join(lines)
 
 
@@ -138,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M, comma-separated")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
     ap.add_argument("--budget-ms", type=float, default=30.0, help="time spent per cell per round")
+    ap.add_argument("--schemes", default="", help="int4's other layouts too, comma-separated: " + ", ".join(SCHEMES))
     ap.add_argument("--quick", action="store_true", help="the small model, rows 1 and 32, 1 round: checks that it runs")
     ap.add_argument("--out", type=Path, default=Path("bench/results/int4_linears-cpu.json"))
     args = ap.parse_args(argv)
@@ -145,9 +159,13 @@ def main(argv: list[str] | None = None) -> dict:
     rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
     rounds, budget_s = (1, 0.002) if args.quick else (args.rounds, args.budget_ms / 1000)
     bandwidth = copy_bandwidth(1 << 26 if args.quick else 1 << 30) / 1e9
-    results = [run(model, rows_list, rounds, budget_s) for model in models]
+    schemes = [v for v in args.schemes.split(",") if v]
+    if unknown := set(schemes) - set(SCHEMES):
+        ap.error(f"--schemes: unknown {sorted(unknown)}; expected some of {', '.join(SCHEMES)}")
+    results = [run(model, rows_list, rounds, budget_s, schemes) for model in models]
     report = {"benchmark": "int4_linears", **provenance("rill.bench.kernels.int4_linears", argv, None),
               "params": {"rows": rows_list, "rounds": rounds, "budget_ms": budget_s * 1000, "quick": args.quick,
+                         "schemes": schemes,
                          "torch_threads": torch.get_num_threads()},
               "copy_bandwidth_gb_s": bandwidth, "results": results}
     text = markdown(report)

@@ -1,7 +1,9 @@
 """`python -m rill.bench.kernels.quant_quality`: what `--quantization int8` and `int4` cost in quality, and what they buy.
 
 The bundled model is loaded through Rill's own ModelRunner (engine_proc/model/loader.load_model)
-in float32 and bfloat16, each with quantization none and each of `--methods` (int8, int4). For each:
+in float32 and bfloat16, each with quantization none and each of `--methods` (int8, int4). int4 keeps the bundled
+file's Q4_1 blocks as they are; `int4-floats` quantizes its dequantized weights again instead, as a float checkpoint's
+are, and `int4-sym`, `int4-g128` and `int4-sym-g128` so with --int4-symmetric and --int4-group-size 128. For each:
 
 - perplexity on bench/data/opticks.txt (see bench/data/README.md) with a sliding window of
   `--window` tokens moved `--stride` tokens at a time; each window scores its last `--stride`
@@ -25,15 +27,18 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from rill.bench.kernels.int4_linears import SCHEMES
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
 from rill.engine_proc.model.bundled import ensure_bundled_model
+from rill.engine_proc.model.gguf_dir import SOURCE_FILE_NAME
 from rill.engine_proc.model.runner import ModelRunner
 from rill.engine_proc.model.step_inputs import prepare_step
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
@@ -41,6 +46,7 @@ from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.config import ModelConfig
 from rill.ipc.protocol import SamplingParams
 
+FROM_FLOATS = {"int4-floats": (32, False), **SCHEMES}  # method: int4's (group size, symmetric), from floats
 DATA_DIR = Path(__file__).parents[1] / "data"
 TEXT_PATH = DATA_DIR / "opticks.txt"
 CONVERSATIONS_PATH = DATA_DIR / "conversations.jsonl"
@@ -59,6 +65,17 @@ def new_request(req_id: str, ids: list[int], first_block: int, num_tokens: int, 
     req = EngineRequest(req_id, "bench", list(ids), params)
     req.block_ids = list(range(first_block, first_block + -(-num_tokens // BLOCK_SIZE)))
     return req
+
+
+def without_source(model_dir: Path, scratch: Path) -> Path:
+    """A view of a converted directory (links to its files) without the note of the GGUF it came from."""
+    view = scratch / "from-floats"
+    view.mkdir(exist_ok=True)
+    for path in model_dir.iterdir():
+        if path.name != SOURCE_FILE_NAME and not (view / path.name).exists():
+            (view / path.name).symlink_to(path)
+    return view
+
 
 
 def blocks_per_seq(num_tokens: int) -> int:
@@ -188,6 +205,11 @@ def load_prompts(tokenizer: Tokenizer, text_ids: list[int], num_prompts: int, pp
 
 
 def run(dtypes: list[str], sizes: dict, methods: tuple[str, ...] = ("int8",)) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        return run_in(dtypes, sizes, methods, Path(scratch))
+
+
+def run_in(dtypes: list[str], sizes: dict, methods: tuple[str, ...], scratch: Path) -> dict:
     model_dir = ensure_bundled_model()
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     text_ids = tokenizer.encode(TEXT_PATH.read_text()).ids
@@ -202,8 +224,11 @@ def run(dtypes: list[str], sizes: dict, methods: tuple[str, ...] = ("int8",)) ->
         for quantization in ("none", *methods):
             name = f"{dtype}/{quantization}"
             started = time.perf_counter()
-            model = ModelConfig(model_dir=str(model_dir), block_size=BLOCK_SIZE, quantization=quantization,
-                                enforce_eager=True)
+            # int4's layouts from floats (the bundled file's dequantized weights), not its Q4_1 blocks as they are
+            group_size, symmetric = FROM_FLOATS.get(quantization, (32, False))
+            folder = without_source(model_dir, scratch) if quantization in FROM_FLOATS else model_dir
+            model = ModelConfig(model_dir=str(folder), block_size=BLOCK_SIZE, quantization=quantization.split("-")[0],
+                                int4_group_size=group_size, int4_symmetric=symmetric, enforce_eager=True)
             runner = ModelRunner(model, dtype=getattr(torch, dtype), device="cpu", num_kv_blocks=num_blocks,
                                  eos_token_ids=[EOS_ID])
             nll_p, top1[f"{name}/prefill"] = nll_prefill(runner, windows, stride)
@@ -275,7 +300,8 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rill.bench.kernels.quant_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--methods", default="int8,int4", help="quantization methods against none, comma-separated")
+    ap.add_argument("--methods", default="int8,int4", help="quantization methods against none, comma-separated; "
+                    "int4 from the dequantized floats rather than the file's blocks too: " + ", ".join(FROM_FLOATS))
     for key, value in FULL.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
     ap.add_argument("--quick", action="store_true", help="a few tokens and prompts: checks that it runs")

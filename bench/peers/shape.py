@@ -78,9 +78,10 @@ def num_parameters(config: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def int4_decode_bytes(config: dict) -> int:
+def int4_decode_bytes(config: dict, symmetric: bool = True) -> int:
     """Bytes Rill int4 reads per decode token: each layer's 4-bit linears (fused q/k/v, o, fused gate/up,
-    down), then the int8 head (engine_proc/kernels/quantization.py); the embedding reads one row."""
+    down; symmetric, as the rill_int4 side serves them: sides.py), then the int8 head
+    (engine_proc/kernels/quantization.py); the embedding reads one row."""
     from rill.engine_proc.kernels.int4_linear import Int4Linear
     from rill.engine_proc.kernels.int8_linear import Int8Linear
 
@@ -89,7 +90,8 @@ def int4_decode_bytes(config: dict) -> int:
     head_dim = config.get("head_dim") or hidden // heads
     shapes = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden),
               (hidden, inter)]
-    layer = sum(weight_bytes(Int4Linear(torch.zeros(n, k, dtype=torch.bfloat16))) for n, k in shapes)
+    layer = sum(weight_bytes(Int4Linear(torch.zeros(n, k, dtype=torch.bfloat16), symmetric=symmetric))
+                for n, k in shapes)
     head = weight_bytes(Int8Linear(torch.zeros(config["vocab_size"], hidden, dtype=torch.bfloat16)))
     return config["num_hidden_layers"] * layer + head
 

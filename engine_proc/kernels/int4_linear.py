@@ -1,10 +1,12 @@
 """Weight-only 4-bit quantization (`--quantization int4`).
 
 The scheme: each weight [N, K] in groups of 32 along K, each group with a float16 scale and offset,
-w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum, scale = its range / 15).
-4.5 bits a weight, 0.56 of int8's bytes: a decode step on a CPU reads every weight once, so its time
-follows. GGUF's Q4_1 blocks are exactly this; Q4_0's are the symmetric case (offset = -8 * scale) and
-repack without loss. The layout is csrc/int4_gemv.h's; the kernels are csrc/int4_gemv.cpp:
+w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum, scale = its range / 15):
+5 bits a weight, 0.63 of int8's bytes. A decode step on a CPU reads every weight once, so its time follows.
+`--int4-group-size 128` gives a scale and offset to 128 weights (4.25 bits); `--int4-symmetric` keeps no offsets
+(offset = -8 * scale; 4.5 bits in groups of 32, 4.125 in groups of 128). GGUF's Q4_1 blocks are the asymmetric
+groups of 32 exactly and Q4_0's the symmetric ones: both repack without loss. The layout is csrc/int4_gemv.h's;
+the kernels are csrc/int4_gemv.cpp:
   - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
   - above, on a CPU with AVX-512 BF16 (or AMX) and bfloat16 activations, csrc/quant_panels.cpp: each 64-column
     panel unpacked to bfloat16 in a thread's cache and multiplied by brgemm, from PANELS_GEMV_MAX_ROWS rows up; with
@@ -23,6 +25,7 @@ from torch import nn
 from rill.engine_proc.kernels import extension
 
 GROUP = 32
+GROUP_SIZES = (32, 128)  # weights a scale covers: --int4-group-size
 GEMV_MAX_ROWS = 24  # rows up to which the GEMV beats the converted weight's GEMM (bench/kernels/int4_linears.py)
 # Rows up to which it beats the panels (csrc/quant_panels.cpp), where they run: measured on a 2-core Zen 4 over every
 # linear of a layer, GEMV against panels: the bundled model's shapes 17.1 against 15.4 ms at 8 rows, 24.8
@@ -41,21 +44,34 @@ DEQUANT_CHUNK_ELEMS = 1 << 21  # as int8_linear.py's: slices of the head stay in
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed uint8 [N, Kp / 2], scales float16 [N, Kp / 32], offsets float16 [N, Kp / 32]) of a float
-    weight [N, K], K zero-padded to Kp, a multiple of 64; each q against the rounded scale and offset."""
+def quantize_int4(weight: torch.Tensor, group_size: int = GROUP, symmetric: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed uint8 [N, Kp / 2], scales float16 [N, P], offsets float16 [N, P] or [N, 0]) of a float weight [N, K],
+    K zero-padded to Kp, a multiple of 64; P = Kp / group_size rounded up (group_size 32 or 128). Asymmetric: the
+    offset is the group's minimum and the scale its range / 15. Symmetric (offsets [N, 0], offset = -8 * scale, as
+    GGUF's Q4_0): the scale is the group's value of largest magnitude / -8, so that it is q = 0 exactly. Each q is
+    against the rounded scale and offset."""
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"int4 group size {group_size}: expected one of {GROUP_SIZES}")
     w = weight.detach().to(torch.float32)
     n, k = w.shape
-    w = F.pad(w, (0, -k % (2 * GROUP))).view(n, -1, GROUP)  # whole pairs of groups: the VNNI kernel takes two at once
-    low, high = w.amin(-1), w.amax(-1)
-    offsets = low.to(torch.float16)
-    scales = ((high - offsets.float()) / 15).to(torch.float16)
-    # A scale that rounded down would put the group's largest weight past 15: one step up.
-    short = offsets.float() + 15 * scales.float() < high
-    scales = torch.where(short, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
+    kp = k + -k % (2 * GROUP)  # whole pairs of groups of 32: the VNNI kernel takes two at once
+    w = F.pad(w, (0, -k % max(group_size, 2 * GROUP))).view(n, -1, group_size)
+    if symmetric:
+        extreme = w.gather(-1, w.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        scales = (extreme / -8).to(torch.float16)
+        offsets = -8 * scales.float()
+    else:
+        low, high = w.amin(-1), w.amax(-1)
+        offsets = low.to(torch.float16).float()
+        scales = ((high - offsets) / 15).to(torch.float16)
+        # A scale that rounded down would put the group's largest weight past 15: one step up.
+        short = offsets + 15 * scales.float() < high
+        scales = torch.where(short, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
     step = torch.where(scales == 0, 1.0, scales.float()).unsqueeze(-1)
-    q = torch.round((w - offsets.float().unsqueeze(-1)) / step).clamp_(0, 15).to(torch.uint8)
-    return pack_nibbles(q), scales, offsets
+    q = torch.round((w - offsets.unsqueeze(-1)) / step).clamp_(0, 15).to(torch.uint8)
+    q = q.view(n, -1)[:, :kp].reshape(n, -1, GROUP)
+    return pack_nibbles(q), scales, (scales[:, :0] if symmetric else offsets.to(torch.float16))
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -68,20 +84,29 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
     """The float weight [N, in_features] of the packed one (the kernels' twin)."""
     n = packed.shape[0]
     b = packed.view(n, -1, 16)
-    q = torch.cat((b & 15, b >> 4), dim=-1).float()
-    w = q * scales.float().unsqueeze(-1) + offsets.float().unsqueeze(-1)
-    return w.reshape(n, -1)[:, :in_features].to(dtype)
+    q = torch.cat((b & 15, b >> 4), dim=-1).reshape(n, -1).float()
+    group = group_size_of(packed, scales)
+    scale = scales.float().repeat_interleave(group, dim=1)[:, :q.shape[1]]
+    offset = -8 * scale if offsets.shape[1] == 0 else offsets.float().repeat_interleave(group, dim=1)[:, :q.shape[1]]
+    return (q * scale + offset)[:, :in_features].to(dtype)
+
+
+def group_size_of(packed: torch.Tensor, scales: torch.Tensor) -> int:
+    """The weights a scale covers, from the shapes: [N, Kp / 32] scales for groups of 32, fewer for 128."""
+    return GROUP if scales.shape[1] * GROUP == packed.shape[1] * 2 else 4 * GROUP
 
 
 class Int4Linear(nn.Module):
     """y = x @ w.T + bias for a 4-bit weight, quantized here from a float weight [N, K]."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
-        """`packed`: the weight's (nibbles, scales, offsets) as they are (a GGUF's 4-bit blocks: model/gguf_int4.py)."""
+                 packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, group_size: int = GROUP,
+                 symmetric: bool = False) -> None:
+        """`packed`: the weight's (nibbles, scales, offsets) as they are (a GGUF's 4-bit blocks: model/gguf_int4.py);
+        else quantized here in groups of `group_size`, `symmetric` or not (quantize_int4)."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        nibbles, scales, offsets = packed if packed is not None else quantize_int4(weight)
+        nibbles, scales, offsets = packed if packed is not None else quantize_int4(weight, group_size, symmetric)
         self.register_buffer("nibbles", nibbles.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("offsets", offsets.contiguous())
@@ -93,7 +118,8 @@ class Int4Linear(nn.Module):
         self.bf16_gemv_rows = {"amx_tiles": tiles_rows, "brgemm": PANELS_GEMV_MAX_ROWS}.get(kernel, GEMV_MAX_ROWS)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"group_size={group_size_of(self.nibbles, self.scales)}, symmetric={self.offsets.shape[1] == 0}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead_shape = x.shape[:-1]

@@ -106,7 +106,8 @@ class PagedTransformersRunner(SamplingRunner):
         """`max_model_len`: the server's --max-model-len (None: the model's context)."""
         if model.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
-        check_quantization(model.quantization, torch.device(device))
+        check_quantization(model.quantization, torch.device(device), model.int4_group_size, model.int4_symmetric)
+        int4_options = {"group_size": model.int4_group_size, "symmetric": model.int4_symmetric}
         self.config = load_config(model.model_dir)
         if reason := paged_unsupported(self.config):
             raise ValueError(f"the paged transformers route cannot run this model: {reason}")
@@ -136,11 +137,11 @@ class PagedTransformersRunner(SamplingRunner):
         # packed layouts (engine_proc/kernels/linear.py); on the CPU a family's experts too.
         if model.quantization != "none":
             log.info("%s weights for %d linear layers, the head included", model.quantization,
-                     quantize_linears(self.model, model.quantization))
+                     quantize_linears(self.model, model.quantization, **int4_options))
         elif self.device.type == "cpu":
             pack_linears_for_cpu(self.model, model.batch_invariant)
         if self.device.type == "cpu":
-            self._pack_experts(model.quantization)
+            self._pack_experts(model.quantization, int4_options)
         if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
             tile_linears(self.model)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
@@ -171,10 +172,10 @@ class PagedTransformersRunner(SamplingRunner):
             return None
         return graphs
 
-    def _pack_experts(self, quantization: str) -> None:
+    def _pack_experts(self, quantization: str, int4_options: dict) -> None:
         """A mixture of experts: each expert's projections in the native linear kernels (hf_experts.py)."""
         if quantization != "none":
-            quantized = linear_class(quantization)
+            quantized = linear_class(quantization, **int4_options)
             make = lambda weight, bias, name: quantized(weight, bias)  # noqa: E731
         else:
             make = lambda weight, bias, name: packed_linear(weight, bias, name, False)  # noqa: E731

@@ -58,19 +58,22 @@ def load_model(
     device: torch.device | str = "cpu",
     load_format: str = "auto",
     quantization: str = "none",
+    int4_group_size: int = 32,
+    int4_symmetric: bool = False,
     shard: Shard | None = None,
     batch_invariant: bool = False,
     attention: AttentionBackend | None = None,
 ) -> LlamaForCausalLM:
     """The native model with its weights: from safetensors, or random ("dummy") for a config.
 
-    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/kernels/int8_linear.py).
+    `quantization="int8"` stores every linear layer and the head as int8 (engine_proc/kernels/int8_linear.py);
+    "int4", the linears in 4 bits, in groups of `int4_group_size`, `int4_symmetric` or not (kernels/int4_linear.py).
     `shard`: only a tensor-parallel rank's part (engine_proc/parallel/sharding.py).
     `attention`: the runner's attention backend (engine_proc/attention/choice.py; torch when None).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r}: expected one of {LOAD_FORMATS}")
-    check_quantization(quantization, torch.device(device))
+    check_quantization(quantization, torch.device(device), int4_group_size, int4_symmetric)
     start_s = time.monotonic()
     # Built on the meta device, then given real storage once: no time spent on an
     # initialisation that the checkpoint overwrites anyway.
@@ -84,7 +87,8 @@ def load_model(
         model.load_weights(iter_safetensors(safetensors_files(model_dir)))
     model.eval().requires_grad_(False)
     if quantization != "none":
-        num_quantized = quantize_linears(model, quantization, *_gguf_blocks(model, model_dir, quantization, shard))
+        num_quantized = quantize_linears(model, quantization, *_gguf_blocks(model, model_dir, quantization, shard),
+                                         group_size=int4_group_size, symmetric=int4_symmetric)
         log.info("%s weights for %d linear layers, the head included", quantization, num_quantized)
     elif torch.device(device).type == "cpu":
         pack_linears_for_cpu(model, batch_invariant)

@@ -64,7 +64,8 @@ class ModelRunner(SamplingRunner):
         self.max_model_len: int = self.config.max_position_embeddings
         self.model = load_model(
             model_dir, self.config, dtype=dtype, device=self.device, load_format=load_format,
-            quantization=quantization, shard=shard, batch_invariant=batch_invariant, attention=self.attention,
+            quantization=quantization, int4_group_size=model.int4_group_size, int4_symmetric=model.int4_symmetric,
+            shard=shard, batch_invariant=batch_invariant, attention=self.attention,
         )
         if batch_invariant:  # the matmuls too, not only attention: fixed-size row tiles
             tile_linears(self.model)

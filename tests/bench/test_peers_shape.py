@@ -55,6 +55,8 @@ def test_int4_decode_bytes_are_the_4bit_layers_and_the_int8_head():
     head_params = TINY["vocab_size"] * 64
     got = shape.int4_decode_bytes(TINY)
     assert 0.5 * layer_params + head_params < got < 0.75 * layer_params + 1.1 * head_params
+    # symmetric (the side's flags, as the Q4_0 file): 4.5 bits a weight, the offsets' half bit less than asymmetric's
+    assert shape.int4_decode_bytes(TINY, symmetric=False) - got == layer_params // 32 * 2
 
 
 def test_bf16_decode_bytes_read_a_tied_head_once_and_an_untied_one_in_the_embeddings_place():

@@ -11,7 +11,7 @@ from torch import nn
 from rill.engine_proc.kernels.int4_linear import Int4Linear, dequantize_int4, quantize_int4
 from rill.engine_proc.kernels.int8_linear import Int8Linear
 from rill.engine_proc.model import gguf_dir
-from rill.engine_proc.model.gguf_int4 import blocks_to_int4, llama_cpp_order, repacked_linears
+from rill.engine_proc.model.gguf_int4 import blocks_to_int4, fused, llama_cpp_order, repacked_linears
 from rill.engine_proc.model.llama import LlamaForCausalLM
 from rill.engine_proc.model.loader import iter_safetensors, load_config, load_model, safetensors_files
 from tests.helpers.gguf_files import llama_cpp_permute, quantize, tiny_model, write_gguf
@@ -27,7 +27,8 @@ def test_blocks_repack_to_the_weights_the_gguf_package_reads(qtype, cols):
     want = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).reshape(6, cols))
     nibbles, scales, offsets = blocks_to_int4(blocks, qtype)
     groups = cols // 32 + cols // 32 % 2
-    assert nibbles.shape == (6, groups * 16) and scales.shape == offsets.shape == (6, groups)
+    assert nibbles.shape == (6, groups * 16) and scales.shape == (6, groups)
+    assert offsets.shape == (6, 0 if qtype == Q.Q4_0 else groups)  # Q4_0's symmetric blocks: no offsets
     got = dequantize_int4(nibbles, scales, offsets, cols)
     if qtype == Q.Q4_K:
         steps = scales.float().repeat_interleave(32, dim=1)
@@ -35,6 +36,17 @@ def test_blocks_repack_to_the_weights_the_gguf_package_reads(qtype, cols):
     else:
         assert torch.equal(got, want)
     assert blocks_to_int4(gguf.quants.quantize(weights, Q.Q8_0), Q.Q8_0) is None  # not 4-bit: quantized from floats
+
+
+def test_a_symmetric_part_fused_with_an_asymmetric_one_takes_offsets():
+    """A fused linear (q, k and v) of a Q4_0 part and a Q4_1 one: the Q4_0 part's offsets written out, -8 * scale."""
+    weights = np.random.default_rng(1).normal(size=(2, 4, 64)).astype(np.float32)
+    parts = [blocks_to_int4(quantize(w, qtype), qtype) for w, qtype in zip(weights, (Q.Q4_0, Q.Q4_1))]
+    assert parts[0][2].shape == (4, 0) and parts[1][2].shape == (4, 2)
+    packed = fused(parts)
+    assert packed[2].shape == (8, 2)
+    assert torch.equal(dequantize_int4(*packed, 64), torch.cat([dequantize_int4(*p, 64) for p in parts]))
+    assert fused([parts[0], parts[0]])[2].shape == (8, 0)  # all symmetric: still none
 
 
 def test_llama_cpp_order_undoes_the_permutation():
@@ -72,6 +84,7 @@ def test_int4_keeps_every_4_bit_linear_of_the_file(gguf_model):
         kept = (layer.dequantized_weight() - want).abs()
         steps = layer.scales.float().repeat_interleave(32, dim=1)[:, :want.shape[1]]
         assert (kept == 0).all() if qtype != Q.Q4_K else (kept <= steps * 2**-5).all(), name
+        assert layer.offsets.shape[1] == (0 if qtype == Q.Q4_0 else layer.scales.shape[1])
         assert not torch.equal(dequantize_int4(*quantize_int4(want), want.shape[1]), want)
 
 
@@ -96,6 +109,7 @@ def test_a_4_bit_files_wider_layers_are_int8(tmp_path):
     loaded = load_model(converted, load_config(converted), quantization="int4")
     int8 = {name for name, m in loaded.named_modules() if isinstance(m, Int8Linear)}
     assert int8 == {"layers.0.attn.qkv_proj", "layers.1.mlp.down_proj", "lm_head"}
+    assert loaded.layers[0].mlp.down_proj.offsets.numel() == 0  # Q4_0: symmetric
     wide = write_gguf(model, tmp_path / "wide.gguf", Q.Q8_0)
     converted = gguf_dir.ensure_gguf_model(wide, tmp_path / "cache")
     loaded = load_model(converted, load_config(converted), quantization="int4")

@@ -10,6 +10,7 @@ from rill.engine_proc.kernels.int4_linear import GEMV_MAX_ROWS, Int4Linear, dequ
 from rill.engine_proc.kernels.int8_linear import Int8Linear
 from tests.helpers.generation import generate_logits
 from tests.helpers.runners import make_runner
+from tests.helpers.tiny_models import save_tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16]
 needs_kernels = pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
@@ -29,6 +30,26 @@ def test_quantize_rounds_each_weight_to_its_groups_grid():
     # Every group's smallest and largest weight sit on the grid's ends (0 and at most 15).
     q = torch.cat(((packed.view(7, 4, 16) & 15), packed.view(7, 4, 16) >> 4), dim=-1)
     assert int(q.max()) <= 15 and (q[:, :2].amin(-1) == 0).all()
+
+
+@pytest.mark.parametrize(("group_size", "symmetric"), [(32, True), (128, False), (128, True)])
+def test_group_size_and_symmetry_set_the_scales(group_size, symmetric):
+    """Groups of 128: a scale (and offset) for four groups of 32, K = 200 padded to 256 for them and for the
+    nibbles. Symmetric: no offsets, and each group's weight of largest magnitude on the grid's end (q = 0)."""
+    gen = torch.Generator().manual_seed(group_size + symmetric)
+    weight = torch.randn(5, 200, generator=gen) * torch.logspace(-2, 1, 5).unsqueeze(1)
+    packed, scales, offsets = quantize_int4(weight, group_size, symmetric)
+    groups = 2 if group_size == 128 else 8
+    assert packed.shape == (5, 128) and scales.shape == (5, groups) and offsets.shape == (5, 0 if symmetric else groups)
+    got = dequantize_int4(packed, scales, offsets, 200)
+    step = scales.float().abs().repeat_interleave(group_size, dim=1)[:, :200]
+    # Half a step, but a whole one past +7 steps (symmetric: as Q4_0, the grid holds 8 below zero and 7 above)
+    assert ((got - weight).abs() <= step * (1 if symmetric else 0.5) * 1.001 + 1e-6).all()
+    if symmetric:
+        padded = torch.nn.functional.pad(weight, (0, 56)).view(5, -1, group_size)
+        extreme = padded.gather(-1, padded.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        torch.testing.assert_close(-8 * scales.float(), extreme, rtol=2**-10, atol=0)
+    assert not torch.equal(got, dequantize_int4(*quantize_int4(weight), 200))  # not the default's grid
 
 
 def test_packed_nibbles_follow_ggufs_order():
@@ -69,6 +90,28 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
+# The GEMV at 1 and 11 rows (8, then 3), then above its rows (bfloat16: the AMX tiles or brgemm's panels where the CPU
+# has them; float32: the converted weight's GEMM). K = 4,000: scales for groups of 128 spread over 16 groups of 32 a
+# load, the last load a part; K = 96: one group of 128, its part past K zero.
+@pytest.mark.parametrize("num_rows", [1, 11, GEMV_MAX_ROWS + 5])
+@pytest.mark.parametrize("in_features", [96, 4000])
+@pytest.mark.parametrize(("group_size", "symmetric"), [(32, True), (128, False), (128, True)], ids=["sym", "g128", "sym-g128"])
+def test_int4_linear_with_other_groups_is_the_dequantized_linear(dtype, num_rows, in_features, group_size, symmetric):
+    gen = torch.Generator().manual_seed(num_rows + in_features)
+    weight = torch.randn(45, in_features, generator=gen) / 10
+    layer = Int4Linear(weight.to(dtype), group_size=group_size, symmetric=symmetric)
+    x = torch.randn(num_rows, in_features, generator=gen).to(dtype)
+    weight_q = layer.dequantized_weight(torch.float64)
+    want = x.double() @ weight_q.T
+    got = layer(x)
+    # The activations to int8 per group of 32 (the VNNI and AVX2 GEMVs) or the weights to bfloat16 (the panels), and
+    # bfloat16's output.
+    bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
+    assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_int4_gemv_rounding_follows_the_weights_not_their_offsets(dtype):
     """The activations' rounding (to int8 per group in the VNNI kernel) weighs in by w, as llama.cpp's Q4_1 x
     Q8_1 does: a group of weights at 0 with one at -1 (offset -1) against activations 127 and 0.5 (which round
@@ -87,11 +130,14 @@ def test_int4_gemv_rounding_follows_the_weights_not_their_offsets(dtype):
 # Rows: a part of a tile of 32 (one and two of AMX's 16-row tiles), a tile and one row more, several tiles, and
 # more than the tiles' 512 rows a call (csrc/quant_tiles.h's kPromptRows).
 @pytest.mark.parametrize("num_rows", [1, 17, 33, 70, 515])
-def test_int4_panels_are_the_dequantized_linear(num_rows, panels_kernel):
+@pytest.mark.parametrize("scheme", [(32, False), (128, True)], ids=["g32", "sym-g128"])
+def test_int4_panels_are_the_dequantized_linear(num_rows, scheme, panels_kernel):
     """150 outputs: two whole 64-column panels and a part (22: one block of 16 rows, and 6 of the next), or four
-    blocks of 32 rows and a part for the tiles; K = 96: three groups, the packed rows padded to four."""
+    blocks of 32 rows and a part for the tiles; K = 96: three groups, the packed rows padded to four; symmetric groups
+    of 128: one scale a row."""
     gen = torch.Generator().manual_seed(num_rows)
-    layer = Int4Linear(torch.randn(150, 96, generator=gen).to(torch.bfloat16) / 10)
+    layer = Int4Linear(torch.randn(150, 96, generator=gen).to(torch.bfloat16) / 10, group_size=scheme[0],
+                       symmetric=scheme[1])
     x = torch.randn(num_rows, 96, generator=gen).to(torch.bfloat16)
     got = torch.ops.rill_cpu.int4_linear(x, layer.nibbles, layer.scales, layer.offsets, 96, 0, 1 << 21)
     weight_q = layer.dequantized_weight(torch.float64)
@@ -141,6 +187,25 @@ def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
     probs = [lg.softmax(-1) for lg in logits]
     kl = (probs[0] * (probs[0].clamp_min(1e-12).log() - probs[1].clamp_min(1e-12).log())).sum(-1)
     assert kl.max() < 0.1, kl  # 0.014-0.036 measured on a Zen 4 (int8: under 0.05)
+
+
+@pytest.mark.parametrize(("group_size", "symmetric"), [(128, True), (32, True)])
+def test_int4_options_reach_every_linear_of_a_float_checkpoint(tmp_path, group_size, symmetric):
+    """A safetensors model (a tiny Qwen2: q, k and v biases) under --int4-group-size and --int4-symmetric: each linear in that layout,
+    the head int8, and the logits those dequantized weights give."""
+    save_tiny_model("qwen2", tmp_path)
+    runner = make_runner(tmp_path, num_kv_blocks=16, eos_token_ids=[2], quantization="int4",
+                         int4_group_size=group_size, int4_symmetric=symmetric)
+    layers = [m for m in runner.model.modules() if isinstance(m, Int4Linear)]
+    assert layers and isinstance(runner.model.lm_head, Int8Linear)
+    for layer in layers:
+        kp = layer.nibbles.shape[1] * 2
+        assert layer.scales.shape[1] == -(-kp // group_size) and layer.offsets.shape[1] == 0
+    prompt = [[5, 9, 13, 2, 7]]
+    got = generate_logits(runner, prompt)
+    for layer in layers:  # the same weights as plain linears: the kernels' twin
+        layer.uses_kernels = False
+    torch.testing.assert_close(got, generate_logits(runner, prompt), rtol=0.02, atol=0.02)
 
 
 def test_int4_is_refused_on_a_gpu(model_dir):

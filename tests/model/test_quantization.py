@@ -16,7 +16,7 @@ from rill.cli import serve_parser
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear
 from rill.engine_proc.kernels.linear import PackedLinear
-from rill.engine_proc.kernels.quantization import quantize_linears
+from rill.engine_proc.kernels.quantization import check_quantization, quantize_linears
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.hf_runner import TransformersRunner
 from rill.engine_proc.model.llama import LlamaForCausalLM
@@ -233,6 +233,19 @@ def test_cli_takes_int8_and_rejects_an_unknown_method(capsys):
         parser.parse_args(["serve", "--quantization", "awq"])
     assert exc.value.code == 2
     assert "invalid choice: 'awq'" in capsys.readouterr().err
+    args = parser.parse_args(["serve", "-q", "int4", "--int4-group-size", "128", "--int4-symmetric"])
+    assert (args.int4_group_size, args.int4_symmetric) == (128, True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "-q", "int4", "--int4-group-size", "64"])
+    assert "invalid choice: 64" in capsys.readouterr().err
+
+
+def test_int4_options_are_refused_without_int4():
+    check_quantization("int4", torch.device("cpu"), 128, True)
+    with pytest.raises(ValueError, match="int4's options, not int8's"):
+        check_quantization("int8", torch.device("cpu"), 32, True)
+    with pytest.raises(ValueError, match="--int4-group-size 64"):
+        check_quantization("int4", torch.device("cpu"), 64)
 
 
 @pytest.fixture
@@ -245,14 +258,16 @@ def one_thread():
 
 def test_quant_quality_quick_writes_its_files(tmp_path, one_thread):
     out = tmp_path / "quant_quality-test.json"
-    quant_quality.main(["--quick", "--dtypes", "float32", "--methods", "int4", "--num-threads", "1", "--out", str(out)])
+    quant_quality.main(["--quick", "--dtypes", "float32", "--methods", "int4,int4-sym-g128", "--num-threads", "1",
+                        "--out", str(out)])
     report = json.loads(out.read_text())
     assert {"command", "date", "machine", "params", "results"} <= report.keys()
     assert report["machine"]["cpu_model"] and "cpu_flags" in report["machine"]
     rows = report["results"]["rows"]
-    assert [(r["dtype"], r["quantization"]) for r in rows] == [("float32", "none"), ("float32", "int4")]
+    assert [(r["dtype"], r["quantization"]) for r in rows] == [("float32", q) for q in ("none", "int4", "int4-sym-g128")]
     assert all(1 < r["ppl_prefill"] < 1000 and 1 < r["ppl_decode"] < 1000 for r in rows)
-    assert rows[1]["weight_bytes"] < 0.4 * rows[0]["weight_bytes"]  # the float embedding, and 4.5 bits a weight
+    assert rows[1]["weight_bytes"] < 0.4 * rows[0]["weight_bytes"]  # the float embedding, and 5 bits a weight
+    assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"]  # 4.125 bits: from floats, not the file's Q4_1 blocks
     assert 0 <= rows[1]["greedy_vs_none"]["identical"] <= 1
     assert "ppl prefill" in out.with_suffix(".md").read_text()
 

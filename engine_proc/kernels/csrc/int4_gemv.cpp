@@ -1,5 +1,6 @@
 // Weight-only 4-bit matrix-vector products for decode steps, and the conversion for prompt steps:
-// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + offset[n, k / 32]), the layout of int4_gemv.h.
+// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + offset[n, k / 32]), the layout of int4_gemv.h (there, groups
+// of 128 and symmetric weights too).
 //
 // A decode step reads every weight once, so its speed is the memory bandwidth: at 4.5 bits a weight
 // (nibbles, a float16 scale and offset per 32) a step reads 0.56 of int8's bytes. As int8_gemv.cpp does,
@@ -74,16 +75,17 @@ struct GroupParams {
     alignas(64) float scale[16], offset[16];
     void load(const Weight& w, int64_t n, int64_t g0, int64_t count) {
         uint16_t s[16] = {}, m[16] = {};
-        const int64_t i = n * (w.Kp / 32) + g0;
-        std::memcpy(s, w.scales + i, 2 * count);
-        std::memcpy(m, w.offsets + i, 2 * count);
+        w.params(w.scales, n, g0, count, s);
+        if (w.offsets) w.params(w.offsets, n, g0, count, m);
 #if defined(__AVX512F__)
-        _mm512_store_ps(scale, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))));
-        _mm512_store_ps(offset, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m))));
+        const __m512 sf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+        _mm512_store_ps(scale, sf);
+        _mm512_store_ps(offset, w.offsets ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)))
+                                          : _mm512_mul_ps(sf, _mm512_set1_ps(-8.0f)));
 #else
         for (int l = 0; l < 16; ++l) {
             scale[l] = half_to_float(s[l]);
-            offset[l] = half_to_float(m[l]);
+            offset[l] = w.offsets ? half_to_float(m[l]) : -8.0f * scale[l];
         }
 #endif
     }

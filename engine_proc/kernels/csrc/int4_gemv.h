@@ -1,13 +1,14 @@
 // Weight-only 4-bit linears (int4_gemv.cpp): the operators rill_cpu::int4_gemv, rill_cpu::int4_dequant and
 // rill_cpu::int4_linear, whose schemas bindings.cpp registers.
 //
-// The layout (engine_proc/kernels/int4_linear.py makes it, from a float weight or a GGUF Q4_0/Q4_1
+// The layout (engine_proc/kernels/int4_linear.py makes it, from a float weight or a GGUF Q4_0/Q4_1/Q4_K
 // tensor): a weight [N, K] in groups of 32 along K, K padded with zeros to Kp, a multiple of 64 (whole pairs of
 // groups, which the AVX512-VNNI kernel takes at once).
 //   packed  uint8 [N, Kp / 2]: group g of row n is bytes 16g..16g+15; byte j holds element 32g + j in its
 //           low four bits and element 32g + 16 + j in its high four (GGUF's Q4_0 and Q4_1 order);
-//   scales  float16 [N, Kp / 32] and offsets float16 [N, Kp / 32]: w = q * scale + offset, q in 0..15
-//           (Q4_0's symmetric blocks have offset = -8 * scale).
+//   scales  float16 [N, P] and offsets float16 [N, P]: w = q * scale + offset, q in 0..15, one scale and offset
+//           per group of 32 (P = Kp / 32) or of 128 (P = Kp / 128 rounded up: group g's are entry g / 4);
+//           offsets [N, 0]: symmetric, offset = -8 * scale (GGUF's Q4_0), half a bit a weight less.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -21,9 +22,19 @@ namespace rill_int4 {
 
 struct Weight {
     const uint8_t* packed;  // [N, Kp / 2]
-    const uint16_t* scales;  // [N, Kp / 32] float16 bits
-    const uint16_t* offsets;
+    const uint16_t* scales;  // [N, P] float16 bits
+    const uint16_t* offsets;  // [N, P], or null: symmetric
     int64_t Kp;
+    int shift;  // log2 of the groups of 32 a scale covers: 0 or 2 (groups of 128)
+    int64_t P;  // scales a row
+    // Row n's scales (offsets) of groups g0..g0+count-1 (count <= 16), one a group, into out[0..count).
+    void params(const uint16_t* p, int64_t n, int64_t g0, int64_t count, uint16_t* out) const {
+        if (shift == 0) {
+            std::memcpy(out, p + n * P + g0, 2 * count);
+        } else {
+            for (int64_t l = 0; l < count; ++l) out[l] = p[n * P + ((g0 + l) >> shift)];
+        }
+    }
 };
 
 inline float half_to_float(uint16_t h) {
@@ -52,19 +63,42 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-// The layout's pointers, checked.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Row n's scales (p = w.scales) or offsets of groups g0..g0+count-1 (g0 a multiple of 16, count <= 16) as floats,
+// zero past count: one masked load and conversion, and for groups of 128 a permute spreading each over its 4 groups.
+inline __m512 params16(const Weight& w, const uint16_t* p, int64_t n, int64_t g0, int64_t count) {
+    const uint16_t* row = p + n * w.P;
+    const auto mask = [](int64_t k) { return static_cast<__mmask16>((1u << k) - 1u); };
+    if (w.shift == 0) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(count), row + g0));
+    const int64_t first = g0 >> w.shift, live = ((g0 + count - 1) >> w.shift) - first + 1;
+    const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(live), row + first));
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_maskz_permutexvar_ps(mask(count), _mm512_srli_epi32(lanes, w.shift), v);
+}
+
+// The same groups' offsets, given their scales: the stored ones, or -8 * scale (symmetric).
+inline __m512 offsets16(const Weight& w, __m512 scales, int64_t n, int64_t g0, int64_t count) {
+    return w.offsets ? params16(w, w.offsets, n, g0, count) : _mm512_mul_ps(scales, _mm512_set1_ps(-8.0f));
+}
+#endif
+
+// The layout's pointers, checked; the group size from the scales' shape, symmetric where the offsets are [N, 0].
 inline Weight weight_of(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& offsets,
                         int64_t in_features) {
     const int64_t N = packed.size(0), Kp = packed.size(1) * 2;
     TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() && Kp % 64 == 0 &&
                     Kp >= in_features && Kp < in_features + 64,
                 "int4: a packed uint8 weight [N, Kp / 2], Kp the in_features rounded up to 64, contiguous");
-    for (const at::Tensor* t : {&scales, &offsets})
-        TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
-                        t->size(1) == Kp / 32,
-                    "int4: float16 scales and offsets [N, Kp / 32], contiguous");
+    const int64_t P = scales.dim() == 2 ? scales.size(1) : -1;
+    TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.size(0) == N &&
+                    (P == Kp / 32 || P == (Kp + 127) / 128),
+                "int4: float16 scales [N, Kp / 32] (groups of 32) or [N, Kp / 128 rounded up] (of 128), contiguous");
+    TORCH_CHECK(offsets.scalar_type() == at::kHalf && offsets.is_contiguous() && offsets.dim() == 2 &&
+                    offsets.size(0) == N && (offsets.size(1) == P || offsets.size(1) == 0),
+                "int4: float16 offsets shaped as the scales, or [N, 0] (symmetric), contiguous");
     return {packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr()),
-            reinterpret_cast<const uint16_t*>(offsets.data_ptr()), Kp};
+            offsets.size(1) ? reinterpret_cast<const uint16_t*>(offsets.data_ptr()) : nullptr, Kp,
+            P == Kp / 32 ? 0 : 2, P};
 }
 
 }  // namespace rill_int4

@@ -64,16 +64,18 @@ void rows(T* y, int64_t y_stride, const int8_t* xq, const float* xs, const float
             alignas(32) float combined[R][M][8];  // per group: the weight's scale times the activations'
             // Eight groups' parameters at once; the last few of a row through zeroed copies (memcpy with a
             // variable length is a call: per group, it had cost more than the dot products).
+            // Groups of 128 (one scale for four groups) and symmetric weights (no offsets) through copies too.
             const bool whole = count == 8;
             for (int r = 0; r < R; ++r) {
-                const uint16_t *ps = w.scales + (n + r) * G + g0, *po = w.offsets + (n + r) * G + g0;
                 uint16_t s[8] = {}, o[8] = {};
-                if (!whole) {
-                    std::memcpy(s, ps, 2 * count);
-                    std::memcpy(o, po, 2 * count);
-                }
-                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(whole ? ps : s)));
-                const __m256 ow = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(whole ? po : o)));
+                const bool direct = whole && w.shift == 0;
+                const uint16_t* ps = direct ? w.scales + (n + r) * G + g0 : s;
+                const uint16_t* po = direct && w.offsets ? w.offsets + (n + r) * G + g0 : o;
+                if (!direct) w.params(w.scales, n + r, g0, count, s);
+                if (!direct && w.offsets) w.params(w.offsets, n + r, g0, count, o);
+                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps)));
+                const __m256 ow = w.offsets ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(po)))
+                                            : _mm256_mul_ps(sw, _mm256_set1_ps(-8.0f));
                 for (int m = 0; m < M; ++m) {
                     const float *px = xs + m * G + g0, *pm = xsum + m * G + g0;
                     float sx[8] = {}, sum[8] = {};

@@ -56,15 +56,13 @@ struct Int4Rows {
     float* params;  // 2 * 16 * groups floats
     void begin(int64_t n0, int64_t live) {
         float *scale = params, *offset = params + 16 * groups;
-        const int64_t G = w.Kp / 32;
         for (int64_t j = 0; j < 16; ++j)
             for (int64_t g = 0; g < groups; g += 16) {
-                const __mmask16 m = j < live ? rill_simd::tail_mask(groups - g) : __mmask16(0);
-                const int64_t i = (n0 + j) * G + g;
-                _mm512_mask_storeu_ps(scale + j * groups + g, rill_simd::tail_mask(groups - g),
-                                      _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.scales + i)));
+                const int64_t count = j < live ? std::min<int64_t>(16, groups - g) : 0;
+                const __m512 s = rill_int4::params16(w, w.scales, n0 + j, g, count);
+                _mm512_mask_storeu_ps(scale + j * groups + g, rill_simd::tail_mask(groups - g), s);
                 _mm512_mask_storeu_ps(offset + j * groups + g, rill_simd::tail_mask(groups - g),
-                                      _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.offsets + i)));
+                                      rill_int4::offsets16(w, s, n0 + j, g, count));
             }
     }
     void prefetch_ahead(int64_t n, int64_t g) const {  // 16 groups past group g of row n, to L1 only
@@ -72,8 +70,8 @@ struct Int4Rows {
     }
     void prefetch_row(int64_t n) const {  // to L2: row n's nibbles, scales and offsets
         rill_simd::prefetch_lines(w.packed + n * (w.Kp / 2), w.Kp / 2);
-        rill_simd::prefetch_lines(w.scales + n * (w.Kp / 32), w.Kp / 16);
-        rill_simd::prefetch_lines(w.offsets + n * (w.Kp / 32), w.Kp / 16);
+        rill_simd::prefetch_lines(w.scales + n * w.P, 2 * w.P);
+        if (w.offsets) rill_simd::prefetch_lines(w.offsets + n * w.P, 2 * w.P);
     }
     // Row n0 + j, group g, through a table: the 16 values q * scale + offset (float32, then rounded) as bfloat16,
     // twice over, so that word i and 16 + i both hold q = i; one vpermw then looks up all 32 nibbles, widened to

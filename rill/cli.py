@@ -11,6 +11,7 @@ from rill.kv_dtype_flags import add_kv_cache_dtype_flag, check_kv_cache_dtype_fl
 from rill.listening import add_listen_flags, check_listen_flags
 from rill.lora_flags import add_lora_flags, check_lora_flags
 from rill.parallel_flags import add_parallel_flags, check_parallel_flags
+from rill.quantization_flags import add_quantization_flags, check_quantization_flags
 from rill.systemd_unit import add_systemd_unit_parser, print_unit
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -80,15 +81,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on a GPU, and on a CPU with AMX-BF16 or AVX512-BF16; float32 on other "
                             "CPUs (the start-up log and /stats say which and why)")
-    model.add_argument("--quantization", "-q", default="none", choices=["none", "int8", "int4"],
-                       help="int8: weight-only int8 (per-output-channel scales) for every linear layer and the LM "
-                            "head, a quarter of float32's weight bytes; int4: 4-bit groups of 32 with a float16 scale "
-                            "and offset each, 5 bits a weight, the head int8; CPU only (see docs/quantization.md)")
-    model.add_argument("--int4-group-size", type=int, default=32, choices=[32, 128],
-                       help="int4: the weights a scale and offset cover (128: 4.25 bits a weight)")
-    model.add_argument("--int4-symmetric", action="store_true",
-                       help="int4: no offsets, w = (q - 8) * scale as GGUF's Q4_0 (4.5 bits a weight in groups of 32, "
-                            "4.125 in groups of 128); a GGUF's Q4_0 blocks are kept so whatever this says")
+    add_quantization_flags(model)
     model.add_argument("--speculative-config", type=speculative_config, default="",
                        help='speculative decoding, as vLLM spells it (JSON): {"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} drafts '
@@ -299,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         check_parallel_flags(args, serve)
         check_lora_flags(args, serve)
         check_kv_cache_dtype_flag(args, serve)
+        check_quantization_flags(args, serve)
         check_listen_flags(args, serve)
         check_kv_disk_flags(args, serve, byte_size)
         if args.headless:

@@ -12,6 +12,7 @@ from torch import nn
 from transformers import AutoTokenizer, LlamaConfig
 
 from rill.bench.kernels import quant_linears, quant_quality
+from rill.cli import main as cli_main
 from rill.cli import serve_parser
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int8_linear import GEMV_MAX_ROWS, KERNEL_MAX_ROWS, Int8Linear
@@ -238,6 +239,14 @@ def test_cli_takes_int8_and_rejects_an_unknown_method(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "-q", "int4", "--int4-group-size", "64"])
     assert "invalid choice: 64" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--int4-symmetric"], ["-q", "int8", "--int4-group-size", "128"]])
+def test_int4_options_without_int4_exit_2_naming_the_flag(flags, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["serve", *flags])
+    stderr = capsys.readouterr().err
+    assert done.value.code == 2 and "is an option of --quantization int4" in stderr and flags[-1] in stderr, stderr
 
 
 def test_int4_options_are_refused_without_int4():

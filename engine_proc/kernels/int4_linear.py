@@ -5,7 +5,8 @@ w = q * scale + offset with q in 0..15 (asymmetric: offset = the group's minimum
 5 bits a weight, 0.63 of int8's bytes. A decode step on a CPU reads every weight once, so its time follows.
 `--int4-group-size 128` gives a scale and offset to 128 weights (4.25 bits); `--int4-symmetric` keeps no offsets
 (offset = -8 * scale; 4.5 bits in groups of 32, 4.125 in groups of 128). GGUF's Q4_1 blocks are the asymmetric
-groups of 32 exactly and Q4_0's the symmetric ones: both repack without loss. The layout is csrc/int4_gemv.h's;
+groups of 32 exactly and Q4_0's the symmetric ones: both repack without loss. Q4_K's blocks keep their 6-bit codes
+(two-level: a scale and offset code per 32, float16 factors per 256; 4.625 bits). The layout is csrc/int4_gemv.h's;
 the kernels are csrc/int4_gemv.cpp:
   - up to GEMV_MAX_ROWS rows (decode steps) the GEMV, which streams the packed weight once per 8 rows;
   - above, on a CPU with AVX-512 BF16 (or AMX) and bfloat16 activations, csrc/quant_panels.cpp: each 64-column
@@ -84,16 +85,29 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
     """The float weight [N, in_features] of the packed one (the kernels' twin)."""
     n = packed.shape[0]
     b = packed.view(n, -1, 16)
-    q = torch.cat((b & 15, b >> 4), dim=-1).reshape(n, -1).float()
-    group = group_size_of(packed, scales)
-    scale = scales.float().repeat_interleave(group, dim=1)[:, :q.shape[1]]
-    offset = -8 * scale if offsets.shape[1] == 0 else offsets.float().repeat_interleave(group, dim=1)[:, :q.shape[1]]
-    return (q * scale + offset)[:, :in_features].to(dtype)
+    q = torch.cat((b & 15, b >> 4), dim=-1).float()
+    scale, offset = group_params(packed, scales, offsets)
+    return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).reshape(n, -1)[:, :in_features].to(dtype)
+
+
+def group_params(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group of 32's scale and offset, float32 [N, Kp / 32]: groups of 128's repeated, symmetric weights' offsets
+    -8 * scale, two-level ones' (GGUF Q4_K's: uint8 codes, then float16 d and dmin per 8 groups) d * code and
+    -dmin * min code."""
+    n, groups = packed.shape[0], packed.shape[1] // 16
+    if scales.dtype == torch.uint8:
+        supers = scales[:, groups:].contiguous().view(torch.float16).float().view(n, -1, 2).repeat_interleave(8, dim=1)
+        return scales[:, :groups].float() * supers[..., 0], -offsets.float() * supers[..., 1]
+    group = group_size_of(packed, scales) // GROUP
+    scale = scales.float().repeat_interleave(group, dim=1)[:, :groups]
+    offset = -8 * scale if offsets.shape[1] == 0 else offsets.float().repeat_interleave(group, dim=1)[:, :groups]
+    return scale, offset
 
 
 def group_size_of(packed: torch.Tensor, scales: torch.Tensor) -> int:
-    """The weights a scale covers, from the shapes: [N, Kp / 32] scales for groups of 32, fewer for 128."""
-    return GROUP if scales.shape[1] * GROUP == packed.shape[1] * 2 else 4 * GROUP
+    """The weights a scale covers, from the shapes: [N, Kp / 32] scales (or two-level codes) for groups of 32, fewer
+    for 128."""
+    return GROUP if scales.dtype == torch.uint8 or scales.shape[1] * GROUP == packed.shape[1] * 2 else 4 * GROUP
 
 
 class Int4Linear(nn.Module):

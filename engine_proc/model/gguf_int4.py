@@ -3,8 +3,8 @@
 Q4_0 (w = d (q - 8)) and Q4_1 (w = d q + m) blocks are int4_linear's format exactly: 32 weights, a float16
 scale (and offset: Q4_1's; Q4_0's are symmetric and keep none), the same nibble order. Q4_K's super-blocks of
 256 hold 8 blocks of 32 with 6-bit scales and minimums under two float16 factors, w = (d sc) q - (dmin m):
-repacked with d sc and dmin m rounded to float16 (2^-11 of a scale, where a 4-bit step is 1/15 of a block's
-range). Quantizing the dequantized weight again
+repacked two-level, the codes as bytes and d and dmin as they are, so exactly (until 2026-12-06 d sc and dmin m
+were rounded to float16 per block: 5 bits a weight against 4.625 now). Quantizing the dequantized weight again
 instead would put each weight on a second grid of its own: lossless only where a block spans its whole
 grid, as Q4_1's do; Q4_0's and Q4_K's mostly do not. A linear with a part in a wider quantized type (Q5_*, Q6_K,
 Q8_0: what a Q4_K_M file gives attn_v and half the ffn_down, llama.cpp's choice for the layers that lose most
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rill.engine_proc.attention.kv_cache import num_kv_heads_of
-from rill.engine_proc.kernels.int4_linear import dequantize_int4
+from rill.engine_proc.kernels.int4_linear import dequantize_int4, group_params
 from rill.engine_proc.model.gguf_reader import read_gguf
 from rill.engine_proc.model.llama_weights import RENAMES, fused_shards
 
@@ -50,11 +50,10 @@ def blocks_to_int4(raw: np.ndarray, qtype) -> Packed | None:
         nibbles = blocks[..., size - 16:]
     elif qtype == types.Q4_K:
         blocks = raw.reshape(-1, 144)  # per super-block: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
-        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
         sc, mins = Q4_K.get_scale_min(blocks[:, 4:16])
-        scales = (d * sc.astype(np.float32)).astype(np.float16)
-        offsets = (-dmin * mins.astype(np.float32)).astype(np.float16)
+        # Two-level, as they are: per row its 8 codes a super-block, then each super-block's d and dmin (4 bytes)
+        scales = np.concatenate((sc.astype(np.uint8).reshape(n, -1), blocks[:, :4].reshape(n, -1)), axis=1)
+        offsets = mins.astype(np.uint8)
         # 32 bytes per pair of blocks: block 2c's weights in their low nibbles, block 2c + 1's in the high ones.
         qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
         q = np.concatenate((qs & 15, qs >> 4), axis=2).reshape(-1, 32)  # each block's 32 weights in order
@@ -62,7 +61,7 @@ def blocks_to_int4(raw: np.ndarray, qtype) -> Packed | None:
     else:
         return None
     nibbles, scales, offsets = (np.ascontiguousarray(a).reshape(n, -1) for a in (nibbles, scales, offsets))
-    if scales.shape[1] % 2:  # whole pairs of groups (the VNNI kernel's unit): a zero group after the last
+    if nibbles.shape[1] // 16 % 2:  # whole pairs of groups (the VNNI kernel's unit): a zero group after the last
         nibbles = np.pad(nibbles, ((0, 0), (0, 16)))
         scales, offsets = (np.pad(a, ((0, 0), (0, 1 if a.shape[1] else 0))) for a in (scales, offsets))
     return torch.from_numpy(nibbles), torch.from_numpy(scales), torch.from_numpy(offsets)
@@ -78,7 +77,7 @@ def matches(packed: Packed, weight: torch.Tensor) -> bool:
     float16 scales and offsets move a weight by up to about 2^-6 of a step; a wrong row order, by steps."""
     got = dequantize_int4(*packed, weight.shape[1])
     want = weight.float()
-    steps = packed[1].float().abs().repeat_interleave(32, dim=1)[:, :weight.shape[1]]
+    steps = group_params(*packed)[0].abs().repeat_interleave(32, dim=1)[:, :weight.shape[1]]
     return bool(((got - want).abs() <= want.abs() * 2**-7 + steps * 2**-5 + 1e-6).all())
 
 
@@ -94,9 +93,11 @@ def hf_parts(native: str, config) -> list[tuple[str, int]]:
 
 
 def fused(pieces: list[Packed]) -> Packed:
-    """One weight of its parts' rows (q, k and v; gate and up): symmetric if all are, else each with offsets."""
-    if any(p[2].shape[1] for p in pieces):
-        pieces = [(q, s, o if o.shape[1] else -8 * s) for q, s, o in pieces]
+    """One weight of its parts' rows (q, k and v; gate and up), in their layout where they share one: else each with
+    float16 scales and offsets per group (a Q4_K part's d * code and -dmin * code rounded to float16)."""
+    kinds = {(p[1].dtype, p[2].shape[1] == 0) for p in pieces}
+    if len(kinds) > 1:
+        pieces = [(q, *(t.to(torch.float16) for t in group_params(q, s, o))) for q, s, o in pieces]
     return tuple(torch.cat(same).contiguous() for same in zip(*pieces))
 
 

@@ -1,6 +1,8 @@
 """--quantization int4: the packing, the C++ kernels against their torch twin, and the runner."""
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -8,7 +10,9 @@ from torch import nn
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.int4_linear import GEMV_MAX_ROWS, Int4Linear, dequantize_int4, quantize_int4
 from rill.engine_proc.kernels.int8_linear import Int8Linear
+from rill.engine_proc.model.gguf_int4 import blocks_to_int4
 from tests.helpers.generation import generate_logits
+from tests.helpers.gguf_files import quantize
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model
 
@@ -106,6 +110,26 @@ def test_int4_linear_with_other_groups_is_the_dequantized_linear(dtype, num_rows
     got = layer(x)
     # The activations to int8 per group of 32 (the VNNI and AVX2 GEMVs) or the weights to bfloat16 (the panels), and
     # bfloat16's output.
+    bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
+    assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_rows", [1, 11, GEMV_MAX_ROWS + 5])
+@pytest.mark.parametrize("in_features", [256, 768])
+def test_int4_linear_on_q4_k_blocks_is_the_dequantized_linear(dtype, num_rows, in_features):
+    """GGUF Q4_K blocks kept two-level (its codes, and d and dmin per 256 weights): 8 groups a super-block, so K = 256
+    is one and 768 three (the kernels' last load of 16 groups holds one super-block)."""
+    rng = np.random.default_rng(num_rows + in_features)
+    weight = rng.normal(size=(45, in_features)).astype(np.float32) / 10
+    packed = blocks_to_int4(quantize(weight, gguf.GGMLQuantizationType.Q4_K), gguf.GGMLQuantizationType.Q4_K)
+    assert packed[1].dtype == torch.uint8
+    layer = Int4Linear(torch.from_numpy(weight).to(dtype), packed=packed)
+    x = torch.from_numpy(rng.normal(size=(num_rows, in_features)).astype(np.float32)).to(dtype)
+    weight_q = layer.dequantized_weight(torch.float64)
+    want = x.double() @ weight_q.T
+    got = layer(x)
     bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 

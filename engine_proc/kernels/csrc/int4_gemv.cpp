@@ -74,19 +74,12 @@ inline void nibbles32(const uint8_t* p, v16f& lo, v16f& hi) {
 struct GroupParams {
     alignas(64) float scale[16], offset[16];
     void load(const Weight& w, int64_t n, int64_t g0, int64_t count) {
-        uint16_t s[16] = {}, m[16] = {};
-        w.params(w.scales, n, g0, count, s);
-        if (w.offsets) w.params(w.offsets, n, g0, count, m);
-#if defined(__AVX512F__)
-        const __m512 sf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-        _mm512_store_ps(scale, sf);
-        _mm512_store_ps(offset, w.offsets ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)))
-                                          : _mm512_mul_ps(sf, _mm512_set1_ps(-8.0f)));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+        const __m512 s = scales16(w, n, g0, count);
+        _mm512_store_ps(scale, s);
+        _mm512_store_ps(offset, offsets16(w, s, n, g0, count));
 #else
-        for (int l = 0; l < 16; ++l) {
-            scale[l] = half_to_float(s[l]);
-            offset[l] = w.offsets ? half_to_float(m[l]) : -8.0f * scale[l];
-        }
+        w.params(n, g0, count, scale, offset);
 #endif
     }
     // Group j's (of those loaded) 32 weights: q * scale + offset.

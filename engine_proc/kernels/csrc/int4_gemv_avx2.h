@@ -64,18 +64,22 @@ void rows(T* y, int64_t y_stride, const int8_t* xq, const float* xs, const float
             alignas(32) float combined[R][M][8];  // per group: the weight's scale times the activations'
             // Eight groups' parameters at once; the last few of a row through zeroed copies (memcpy with a
             // variable length is a call: per group, it had cost more than the dot products).
-            // Groups of 128 (one scale for four groups) and symmetric weights (no offsets) through copies too.
+            // Groups of 128 (one scale for four groups), symmetric weights (no offsets) and two-level ones (Q4_K's
+            // codes) through the scalar Weight::params.
             const bool whole = count == 8;
             for (int r = 0; r < R; ++r) {
-                uint16_t s[8] = {}, o[8] = {};
-                const bool direct = whole && w.shift == 0;
-                const uint16_t* ps = direct ? w.scales + (n + r) * G + g0 : s;
-                const uint16_t* po = direct && w.offsets ? w.offsets + (n + r) * G + g0 : o;
-                if (!direct) w.params(w.scales, n + r, g0, count, s);
-                if (!direct && w.offsets) w.params(w.offsets, n + r, g0, count, o);
-                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps)));
-                const __m256 ow = w.offsets ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(po)))
-                                            : _mm256_mul_ps(sw, _mm256_set1_ps(-8.0f));
+                __m256 sw, ow;
+                if (whole && w.shift == 0 && w.scales && w.offsets) {
+                    const auto* ps = reinterpret_cast<const __m128i*>(w.scales + (n + r) * G + g0);
+                    const auto* po = reinterpret_cast<const __m128i*>(w.offsets + (n + r) * G + g0);
+                    sw = _mm256_cvtph_ps(_mm_loadu_si128(ps));
+                    ow = _mm256_cvtph_ps(_mm_loadu_si128(po));
+                } else {
+                    alignas(32) float sf[8] = {}, of[8] = {};
+                    w.params(n + r, g0, count, sf, of);
+                    sw = _mm256_load_ps(sf);
+                    ow = _mm256_load_ps(of);
+                }
                 for (int m = 0; m < M; ++m) {
                     const float *px = xs + m * G + g0, *pm = xsum + m * G + g0;
                     float sx[8] = {}, sum[8] = {};

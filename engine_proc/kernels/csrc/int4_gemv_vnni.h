@@ -121,7 +121,7 @@ void rows_vnni(T* y, int64_t y_stride, const RowsView& x, const Weight& w, int64
             const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
             __m512 sw[R];
             for (int r = 0; r < R; ++r) {
-                sw[r] = params16(w, w.scales, n + r, g0, count);
+                sw[r] = scales16(w, n + r, g0, count);
                 const __m512 ow = offsets16(w, sw[r], n + r, g0, count);
                 for (int m = 0; m < M; ++m)
                     acc[r][m] = _mm512_fmadd_ps(ow, _mm512_maskz_loadu_ps(mask, x.sum + m * G + g0), acc[r][m]);

@@ -59,7 +59,7 @@ struct Int4Rows {
         for (int64_t j = 0; j < 16; ++j)
             for (int64_t g = 0; g < groups; g += 16) {
                 const int64_t count = j < live ? std::min<int64_t>(16, groups - g) : 0;
-                const __m512 s = rill_int4::params16(w, w.scales, n0 + j, g, count);
+                const __m512 s = rill_int4::scales16(w, n0 + j, g, count);
                 _mm512_mask_storeu_ps(scale + j * groups + g, rill_simd::tail_mask(groups - g), s);
                 _mm512_mask_storeu_ps(offset + j * groups + g, rill_simd::tail_mask(groups - g),
                                       rill_int4::offsets16(w, s, n0 + j, g, count));
@@ -70,8 +70,13 @@ struct Int4Rows {
     }
     void prefetch_row(int64_t n) const {  // to L2: row n's nibbles, scales and offsets
         rill_simd::prefetch_lines(w.packed + n * (w.Kp / 2), w.Kp / 2);
-        rill_simd::prefetch_lines(w.scales + n * w.P, 2 * w.P);
-        if (w.offsets) rill_simd::prefetch_lines(w.offsets + n * w.P, 2 * w.P);
+        if (w.codes) {
+            rill_simd::prefetch_lines(w.codes + n * w.P, w.P);
+            rill_simd::prefetch_lines(w.min_codes + n * (w.Kp / 32), w.Kp / 32);
+        } else {
+            rill_simd::prefetch_lines(w.scales + n * w.P, 2 * w.P);
+            if (w.offsets) rill_simd::prefetch_lines(w.offsets + n * w.P, 2 * w.P);
+        }
     }
     // Row n0 + j, group g, through a table: the 16 values q * scale + offset (float32, then rounded) as bfloat16,
     // twice over, so that word i and 16 + i both hold q = i; one vpermw then looks up all 32 nibbles, widened to

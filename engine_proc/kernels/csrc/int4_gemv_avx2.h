@@ -64,16 +64,30 @@ void rows(T* y, int64_t y_stride, const int8_t* xq, const float* xs, const float
             alignas(32) float combined[R][M][8];  // per group: the weight's scale times the activations'
             // Eight groups' parameters at once; the last few of a row through zeroed copies (memcpy with a
             // variable length is a call: per group, it had cost more than the dot products).
-            // Groups of 128 (one scale for four groups), symmetric weights (no offsets) and two-level ones (Q4_K's
-            // codes) through the scalar Weight::params.
+            // Two-level weights (Q4_K's codes): the eight groups are one super-block, one d and dmin. A row's last
+            // groups and groups of 128 (one scale for four groups) through the scalar Weight::params.
             const bool whole = count == 8;
             for (int r = 0; r < R; ++r) {
                 __m256 sw, ow;
-                if (whole && w.shift == 0 && w.scales && w.offsets) {
+                if (w.codes) {
+                    const uint8_t* row = w.codes + (n + r) * w.P;
+                    const auto codes = [](const uint8_t* c) {
+                        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c));
+                        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                    };
+                    uint16_t d[2];
+                    std::memcpy(d, row + G + 4 * (g0 / 8), 4);
+                    sw = _mm256_mul_ps(codes(row + g0), _mm256_set1_ps(half_to_float(d[0])));
+                    ow = _mm256_mul_ps(codes(w.min_codes + (n + r) * G + g0), _mm256_set1_ps(-half_to_float(d[1])));
+                } else if (whole && w.shift == 0) {
                     const auto* ps = reinterpret_cast<const __m128i*>(w.scales + (n + r) * G + g0);
-                    const auto* po = reinterpret_cast<const __m128i*>(w.offsets + (n + r) * G + g0);
                     sw = _mm256_cvtph_ps(_mm_loadu_si128(ps));
-                    ow = _mm256_cvtph_ps(_mm_loadu_si128(po));
+                    if (w.offsets) {
+                        const auto* po = reinterpret_cast<const __m128i*>(w.offsets + (n + r) * G + g0);
+                        ow = _mm256_cvtph_ps(_mm_loadu_si128(po));
+                    } else {
+                        ow = _mm256_mul_ps(sw, _mm256_set1_ps(-8.0f));  // symmetric
+                    }
                 } else {
                     alignas(32) float sf[8] = {}, of[8] = {};
                     w.params(n + r, g0, count, sf, of);

@@ -99,18 +99,22 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):
 # load, the last load a part; K = 96: one group of 128, its part past K zero.
 @pytest.mark.parametrize("num_rows", [1, 11, GEMV_MAX_ROWS + 5])
 @pytest.mark.parametrize("in_features", [96, 4000])
-@pytest.mark.parametrize(("group_size", "symmetric"), [(32, True), (128, False), (128, True)], ids=["sym", "g128", "sym-g128"])
+@pytest.mark.parametrize(("group_size", "symmetric"), [(32, True), (128, False), (128, True)],
+                         ids=["sym", "g128", "sym-g128"])
 def test_int4_linear_with_other_groups_is_the_dequantized_linear(dtype, num_rows, in_features, group_size, symmetric):
     gen = torch.Generator().manual_seed(num_rows + in_features)
     weight = torch.randn(45, in_features, generator=gen) / 10
     layer = Int4Linear(weight.to(dtype), group_size=group_size, symmetric=symmetric)
-    x = torch.randn(num_rows, in_features, generator=gen).to(dtype)
+    assert_is_its_dequantized_linear(layer, torch.randn(num_rows, in_features, generator=gen).to(dtype))
+
+
+def assert_is_its_dequantized_linear(layer: Int4Linear, x: torch.Tensor) -> None:
+    """layer(x) against x times the dequantized weight, within the activations' rounding to int8 per group of 32 (the
+    VNNI and AVX2 GEMVs) or the weights' to bfloat16 (the panels), and bfloat16's output."""
     weight_q = layer.dequantized_weight(torch.float64)
     want = x.double() @ weight_q.T
     got = layer(x)
-    # The activations to int8 per group of 32 (the VNNI and AVX2 GEMVs) or the weights to bfloat16 (the panels), and
-    # bfloat16's output.
-    bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
+    bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if x.dtype == torch.bfloat16 else 1e-6)
     assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
 
 
@@ -126,12 +130,8 @@ def test_int4_linear_on_q4_k_blocks_is_the_dequantized_linear(dtype, num_rows, i
     packed = blocks_to_int4(quantize(weight, gguf.GGMLQuantizationType.Q4_K), gguf.GGMLQuantizationType.Q4_K)
     assert packed[1].dtype == torch.uint8
     layer = Int4Linear(torch.from_numpy(weight).to(dtype), packed=packed)
-    x = torch.from_numpy(rng.normal(size=(num_rows, in_features)).astype(np.float32)).to(dtype)
-    weight_q = layer.dequantized_weight(torch.float64)
-    want = x.double() @ weight_q.T
-    got = layer(x)
-    bound = (x.double().abs() @ weight_q.abs().T) / 254 + want.abs() * (2**-8 if dtype == torch.bfloat16 else 1e-6)
-    assert ((got.double() - want).abs() <= bound + 1e-5).all(), (got.double() - want).abs().max()
+    x = rng.normal(size=(num_rows, in_features)).astype(np.float32)
+    assert_is_its_dequantized_linear(layer, torch.from_numpy(x).to(dtype))
 
 
 @needs_kernels

@@ -2,10 +2,10 @@
 // y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + offset[n, k / 32]), the layout of int4_gemv.h (there, groups
 // of 128 and symmetric weights too).
 //
-// A decode step reads every weight once, so its speed is the memory bandwidth: at 5 bits a weight
-// (nibbles, a float16 scale and offset per 32) a step reads 0.63 of int8's bytes (symmetric: 4.5 bits, 0.56). As int8_gemv.cpp does,
-// each thread streams a contiguous range of weight rows, a few at a time, each block of rows prefetched first; per
-// group of 32 it splits 16 bytes into their low and high nibbles, converts each half to 16 floats, applies
+// A decode step reads every weight once, so its speed is the memory bandwidth: at 5 bits a weight (nibbles, a
+// float16 scale and offset per 32) a step reads 0.63 of int8's bytes (symmetric: 4.5 bits, 0.56). As int8_gemv.cpp
+// does, each thread streams a contiguous range of weight rows, a few at a time, each block of rows prefetched first;
+// per group of 32 it splits 16 bytes into their low and high nibbles, converts each half to 16 floats, applies
 // the group's scale and offset in one FMA, and multiplies them into every activation row. Prompt steps
 // convert the weight to the activations' dtype a slice at a time for oneDNN's GEMM.
 //

@@ -93,12 +93,10 @@ inline __m512 codes16(const uint8_t* p, int64_t count) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(count), p)));
 }
 
-// Row n's scales of groups g0..g0+count-1 (g0 a multiple of 16, count <= 16) as floats, zero past count: one masked
-// load and conversion, for groups of 128 a permute spreading each over its 4 groups, for two-level ones the codes
-// times their super-blocks' d.
-inline __m512 scales16(const Weight& w, int64_t n, int64_t g0, int64_t count) {
-    if (w.codes) return _mm512_mul_ps(codes16(w.codes + n * w.P + g0, count), supers16(w, n, g0, count, 0));
-    const uint16_t* row = w.scales + n * w.P;
+// Row n's float16 scales or offsets (p: w.scales or w.offsets) of groups g0..g0+count-1 as floats, zero past count:
+// one masked load and conversion, and for groups of 128 a permute spreading each over its 4 groups.
+inline __m512 halves16(const Weight& w, const uint16_t* p, int64_t n, int64_t g0, int64_t count) {
+    const uint16_t* row = p + n * w.P;
     if (w.shift == 0) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(count), row + g0));
     const int64_t first = g0 >> w.shift, live = ((g0 + count - 1) >> w.shift) - first + 1;
     const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(live), row + first));
@@ -106,14 +104,19 @@ inline __m512 scales16(const Weight& w, int64_t n, int64_t g0, int64_t count) {
     return _mm512_maskz_permutexvar_ps(mask16(count), _mm512_srli_epi32(lanes, w.shift), v);
 }
 
+// Row n's scales of groups g0..g0+count-1 (g0 a multiple of 16, count <= 16) as floats, zero past count: the float16
+// ones (halves16), or for two-level weights the codes times their super-blocks' d.
+inline __m512 scales16(const Weight& w, int64_t n, int64_t g0, int64_t count) {
+    if (w.codes) return _mm512_mul_ps(codes16(w.codes + n * w.P + g0, count), supers16(w, n, g0, count, 0));
+    return halves16(w, w.scales, n, g0, count);
+}
+
 // The same groups' offsets, given their scales: the stored ones, -8 * scale (symmetric), or -dmin * code.
 inline __m512 offsets16(const Weight& w, __m512 scales, int64_t n, int64_t g0, int64_t count) {
     if (w.codes)
         return _mm512_mul_ps(codes16(w.min_codes + n * (w.Kp / 32) + g0, count),
                              _mm512_sub_ps(_mm512_setzero_ps(), supers16(w, n, g0, count, 1)));
-    if (!w.offsets) return _mm512_mul_ps(scales, _mm512_set1_ps(-8.0f));
-    const Weight stored{w.packed, w.offsets, nullptr, w.Kp, w.shift, w.P};
-    return scales16(stored, n, g0, count);
+    return w.offsets ? halves16(w, w.offsets, n, g0, count) : _mm512_mul_ps(scales, _mm512_set1_ps(-8.0f));
 }
 #endif
 

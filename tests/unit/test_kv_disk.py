@@ -3,7 +3,6 @@ files, and the model identity its folders are keyed by. Real files in tmp_path, 
 from __future__ import annotations
 
 import os
-import time
 
 import msgspec
 import pytest
@@ -197,9 +196,7 @@ def test_a_full_queue_drops_spills_instead_of_waiting(tmp_path) -> None:
     a = computed(bm, kv, req("a", ids(100, 2 * BS + 1)))
     bm.free(a)
     bm.allocate(req("b", ids(5000, (NUM_BLOCKS - 1) * BS)), (NUM_BLOCKS - 1) * BS)
-    started = time.perf_counter()
-    tier.spill_evicted()
-    assert time.perf_counter() - started < 1.0
+    tier.spill_evicted()  # returns: a wait for room would never end (pytest-timeout fails it)
     assert tier.writer.num_dropped == 2 and len(tier.store) == 0
     tier.writer.close(5)
 

@@ -199,7 +199,6 @@ def test_int4_linear_traces_whole_under_torch_compile():
     assert any("rill_cpu.int4_linear" in str(n.target) for n in graphs[0].graph.nodes), graphs[0].graph
 
 
-@pytest.mark.runner
 def test_int4_runner_stays_close_to_the_float_runner(model_dir, prompts):
     """The bundled model (SmolLM2-135M) in 4 bits: its first token's distribution moves a little."""
     reference = make_runner(model_dir, num_kv_blocks=48, eos_token_ids=[2])

@@ -67,10 +67,12 @@ def test_packed_nibbles_follow_ggufs_order():
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 # The GEMV (1, 3 and 8 rows at once; 11: each block of weight rows into 8 of them, then 3, where the GEMV takes 11
-# rows), then the converted weight's GEMM. K = 100: one quad of groups; K = 4,000: 126 groups (the last quad holds two), and 16 weight rows a
+# rows), then the converted weight's GEMM. K = 100: four groups, the VNNI kernel's tail octet alone (two rows an
+# octet); K = 576 (the bundled model's) and 896: octets, then a tail of 2 or 4 groups (four or two rows an octet,
+# the odd row at the end of the 45 on its own); K = 4,000: 126 groups (the last octet holds six), and 16 weight rows a
 # block (csrc/simd16.h's row_blocks), so that each thread takes more than one.
 @pytest.mark.parametrize("num_rows", [1, 3, 8, 11, GEMV_MAX_ROWS + 5])
-@pytest.mark.parametrize("in_features", [100, 4000])
+@pytest.mark.parametrize("in_features", [100, 576, 896, 4000])
 def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):
     gen = torch.Generator().manual_seed(num_rows)
     weight, bias = torch.randn(45, in_features, generator=gen) / 10, torch.randn(45, generator=gen)  # N odd
@@ -96,9 +98,10 @@ def test_int4_linear_is_the_dequantized_linear(dtype, num_rows, in_features):
 @pytest.mark.parametrize("dtype", DTYPES)
 # The GEMV at 1 and 11 rows (8, then 3), then above its rows (bfloat16: the AMX tiles or brgemm's panels where the CPU
 # has them; float32: the converted weight's GEMM). K = 4,000: scales for groups of 128 spread over 16 groups of 32 a
-# load, the last load a part; K = 96: one group of 128, its part past K zero.
+# load, the last load a part; K = 96: one group of 128, its part past K zero; K = 576: the VNNI kernel's tail octet
+# (the last 2 groups of 32 of four rows) takes half a group of 128's scale.
 @pytest.mark.parametrize("num_rows", [1, 11, GEMV_MAX_ROWS + 5])
-@pytest.mark.parametrize("in_features", [96, 4000])
+@pytest.mark.parametrize("in_features", [96, 576, 4000])
 @pytest.mark.parametrize(("group_size", "symmetric"), [(32, True), (128, False), (128, True)],
                          ids=["sym", "g128", "sym-g128"])
 def test_int4_linear_with_other_groups_is_the_dequantized_linear(dtype, num_rows, in_features, group_size, symmetric):

@@ -17,6 +17,7 @@ from rill.asgi.parsers.chat_output import OutputParser
 from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
 from rill.asgi.parsers.thinking_markers import HARMONY_PARSER, thinking_markers
 from rill.asgi.prompt.chat_messages import render_messages, template_source, tool_parser_name
+from rill.asgi.prompt.truncation import truncate
 from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import ChatCompletionRequest
@@ -56,6 +57,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
     if prompt_ids is None:
         prompt_ids = await render_messages(state, chat)
+    [prompt_ids] = truncate([prompt_ids], chat.truncate_prompt_tokens, state.settings.limits.max_model_len)
     strict = strict_calls(tool_plan, parser_name)
     await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format, strict=strict)
     params = sampling_params(chat, max_tokens=max_tokens, prompt_len=len(prompt_ids),

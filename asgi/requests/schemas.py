@@ -139,6 +139,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
+    # vLLM's: keep the prompt's last k tokens (-1: the context length; asgi/prompt/truncation.py)
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

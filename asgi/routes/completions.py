@@ -10,6 +10,7 @@ from rill.asgi.output.logprobs_format import CompletionLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
+from rill.asgi.prompt.truncation import truncate
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.priority import request_priority
@@ -37,15 +38,20 @@ async def completions(http: HTTPRequest) -> None:
     batch = prompt_batch(req.prompt)
     check_choices(len(batch), req.n or 1)
     vocab_size = state.settings.limits.vocab_size
+    max_model_len = state.settings.limits.max_model_len
     if req.suffix is not None and (req.suffix or state.fim_tokens is not None):  # fill in the middle
         if req.echo:
             raise APIError(400, "`suffix` cannot be combined with `echo`.", param="suffix")
+        if req.truncate_prompt_tokens is not None:  # cut from the left, the prefix would lose its opening token
+            raise APIError(400, "`suffix` cannot be combined with `truncate_prompt_tokens`.", param="suffix")
         prompts = await fim_prompts(state.tokenizer, state.fim_tokens, batch, req.suffix, vocab_size)
     else:
-        prompts = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt")
+        whole = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt")
+        prompts = truncate(whole, req.truncate_prompt_tokens, max_model_len)
+        if prompts is not whole and any(len(a) != len(b) for a, b in zip(prompts, whole)):
+            batch = prompts  # `echo` gives back what the model read
     await load_checker(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
-    max_model_len = state.settings.limits.max_model_len
     longest = max(len(ids) for ids in prompts)  # one check covers the batch
     num_top = req.logprobs
     echo_logprobs = req.echo and num_top is not None  # the prompt's tokens open the choice's logprobs

@@ -19,6 +19,8 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
     dimensions: Annotated[int, Meta(ge=1)] | None = None
     user: Name | None = None
     priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
+    # vLLM's: keep each input's last k tokens (-1: the context length; asgi/prompt/truncation.py)
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
 
 
 embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)

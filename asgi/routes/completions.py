@@ -10,7 +10,7 @@ from rill.asgi.output.logprobs_format import CompletionLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
-from rill.asgi.prompt.truncation import truncate
+from rill.asgi.prompt.truncation import truncated_prompts
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.priority import request_priority
@@ -47,8 +47,8 @@ async def completions(http: HTTPRequest) -> None:
         prompts = await fim_prompts(state.tokenizer, state.fim_tokens, batch, req.suffix, vocab_size)
     else:
         whole = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt")
-        prompts = truncate(whole, req.truncate_prompt_tokens, max_model_len)
-        if prompts is not whole and any(len(a) != len(b) for a, b in zip(prompts, whole)):
+        prompts = truncated_prompts(state.tokenizer, batch, whole, req.truncate_prompt_tokens, max_model_len)
+        if prompts is not whole:
             batch = prompts  # `echo` gives back what the model read
     await load_checker(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS

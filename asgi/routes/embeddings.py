@@ -15,6 +15,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import respond
 from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.prompt.truncation import truncated_prompts
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
 from rill.asgi.requests.model_choice import resolve_model
@@ -74,6 +75,7 @@ async def create_embeddings(http: HTTPRequest) -> None:
     if len(batch) > MAX_INPUTS:
         raise APIError(400, f"`input` holds {len(batch)} inputs; at most {MAX_INPUTS} per request.", param="input")
     prompts = await tokenize_prompts(state.tokenizer, batch, limits.vocab_size, "input")
+    prompts = truncated_prompts(state.tokenizer, batch, prompts, req.truncate_prompt_tokens, limits.max_model_len)
     for i, ids in enumerate(prompts):
         if len(ids) > limits.max_model_len:
             raise APIError(400, f"`input[{i}]` has {len(ids)} tokens; this model takes at most "

@@ -96,8 +96,34 @@ def test_encoder_input_forms_and_wire_shapes(encoder_server, minilm_dir):
     assert same.status_code == 200
 
 
+def test_truncated_inputs_keep_the_tokenizers_cls_and_sep(encoder_server, minilm_dir):
+    """vLLM's truncate_prompt_tokens: a text longer than the model takes is embedded from its last tokens, between
+    the [CLS] and [SEP] its tokenizer adds (which the pooling reads); token ids are cut as they are."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    long_text = " ".join(SENTENCES * 40)
+    ids = tokenizer.encode(long_text).ids
+    too_long = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": long_text})
+    assert too_long.status_code == 400, len(ids)
+    k = 16
+    cut = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": long_text,
+                                                  "truncate_prompt_tokens": k}).json()
+    validate("CreateEmbeddingResponse", cut)
+    want = post(encoder_server, "/v1/embeddings", {"model": MINILM,
+                                                   "input": ids[:1] + ids[1:-1][-(k - 2):] + ids[-1:]}).json()
+    assert cut["usage"]["prompt_tokens"] == k
+    assert np.allclose(cut["data"][0]["embedding"], want["data"][0]["embedding"], atol=1e-6)
+    as_ids = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": ids[:40], "truncate_prompt_tokens": 10})
+    assert as_ids.json()["usage"]["prompt_tokens"] == 10
+    only_specials = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": long_text,
+                                                            "truncate_prompt_tokens": 2})
+    assert only_specials.status_code == 400 and only_specials.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 @pytest.mark.parametrize("body,param", [
-    ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [1, "a"]}, "input"),
+    ({"input": ""}, "input"), ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"), ({"input": []}, "input"), ({"input": [1, "a"]}, "input"),
     ({"input": "word " * 300}, "input[0]"), ({"input": [[10**9]]}, "input[0]"),
     ({"input": "x", "dimensions": 128}, "dimensions"), ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": ["x"] * 2049}, "input"),

@@ -37,6 +37,8 @@ class ChoiceDelta:
     # On the choice's first delta, when the request asked (SamplingParams.prompt_logprobs): prompt
     # tokens 1..n-1's (None for a one-token prompt).
     prompt_logprobs: TokenLogprobs | None = None
+    # With return_token_ids: every token id since the choice's previous delta, its stop token included.
+    token_ids: list[int] | None = None
 
 
 @dataclass
@@ -86,9 +88,10 @@ class Generation:
 
     def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
                  params: SamplingParams, make_detokenizer: Callable[[], Detokenizer], n: int = 1,
-                 cache_salt: str | None = None):
+                 cache_salt: str | None = None, return_token_ids: bool = False):
         """`cache_salt`: the request's own (vLLM's field); every request is salted with its API key's besides,
-        here where every prompt passes on its way to the engine, so that no route can forget it."""
+        here where every prompt passes on its way to the engine, so that no route can forget it.
+        `return_token_ids`: each delta carries its token ids (vLLM's field)."""
         self.ctx = current()  # the HTTP request's context, filled in as tokens come
         self.client = client
         self.request_id = request_id
@@ -113,6 +116,8 @@ class Generation:
         self.score_only = params.max_tokens == 0
         # Logprobs of tokens whose text the detokenizer still holds back, per choice.
         self._held_logprobs: list[list[TokenLogprobs]] = [[] for _ in range(num_choices)]
+        # Token ids not yet in a delta, per choice (return_token_ids; None: not asked).
+        self._held_ids: list[list[int]] | None = [[] for _ in range(num_choices)] if return_token_ids else None
 
     async def start(self) -> None:
         """Submits every choice at once; raises the 429 when admission control refuses them."""
@@ -179,6 +184,8 @@ class Generation:
             self.ctx.token(len(ids), index)
         if logprobs is not None:
             self._held_logprobs[index].append(logprobs)
+        if self._held_ids is not None:
+            self._held_ids[index].extend(int(t) for t in ids)  # the stop token too, as vLLM's token_ids
         if choice.finish is FinishReason.STOP and len(ids) and not detok.include_stop:
             # The engine's stop is the last id (eos or a stop_token_ids id, also what ends a
             # grammar): as vLLM, its text is not output unless include_stop_str_in_output.
@@ -213,7 +220,11 @@ class Generation:
             return None
         held, self._held_logprobs[index] = self._held_logprobs[index], []
         prompt_logprobs, choice.prompt_logprobs = choice.prompt_logprobs, None
-        return ChoiceDelta(index, text, finish, TokenLogprobs.concat(held) if held else None, prompt_logprobs)
+        token_ids = None
+        if self._held_ids is not None:
+            token_ids, self._held_ids[index] = self._held_ids[index], []
+        return ChoiceDelta(index, text, finish, TokenLogprobs.concat(held) if held else None, prompt_logprobs,
+                           token_ids)
 
     def record(self, failed: bool = False) -> None:
         """Token counts and how the request ended, into the request's context."""

@@ -22,7 +22,9 @@ _encode = msgspec.json.encode
 class ChatFormatter(ChunkFormatter):
     def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *,
                  make_parser: Callable[[], OutputParser] = PlainText, logprobs: ChatLogprobs | None = None,
-                 prompt_scores: tuple[TokenTexts, int] | None = None):
+                 prompt_scores: tuple[TokenTexts, int] | None = None, prompt_token_ids: list[int] | None = None):
+        """`prompt_token_ids`: vLLM's return_token_ids, the prompt's ids, in the stream's first chunk and the
+        body; each choice's `token_ids` ride on its chunks (those its parser held back on the next one sent)."""
         super().__init__(request_id, "chat.completion.chunk", model, include_usage)
         self.num_choices = num_choices
         self.logprobs = logprobs  # None: the request did not ask for logprobs
@@ -34,10 +36,16 @@ class ChatFormatter(ChunkFormatter):
         # vLLM's `prompt_logprobs` (texts, top k): one list in the body, the choices sharing the prompt.
         self.prompt_scores = prompt_scores
         self._prompt_logprobs: list | None = None
+        self.prompt_token_ids = prompt_token_ids
+        ids = prompt_token_ids is not None
+        self._pending_ids: list[list[int]] | None = [[] for _ in range(num_choices)] if ids else None
+        self._token_ids: list[list[int]] = [[] for _ in range(num_choices)]
 
     def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
+        first = {} if self.prompt_token_ids is None else {"prompt_token_ids": self.prompt_token_ids}
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}], usage) for i in range(self.num_choices)]
+                              "finish_reason": None}], usage, **(first if i == 0 else {}))
+                for i in range(self.num_choices)]
 
     def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None = None) -> list[bytes]:
         """One chunk per choice, as OpenAI and vLLM stream n > 1; none for a choice whose parser
@@ -52,6 +60,7 @@ class ChatFormatter(ChunkFormatter):
             if choice["logprobs"] is not None:
                 self._logprobs[i].extend(choice["logprobs"]["content"])
             self._finish_reasons[i] = choice["finish_reason"] or self._finish_reasons[i]
+            self._token_ids[i].extend(choice.get("token_ids", ()))
 
     def _choices(self, deltas: list[ChoiceDelta]) -> list[dict]:
         out = []
@@ -59,6 +68,8 @@ class ChatFormatter(ChunkFormatter):
             if self.prompt_scores is not None and self._prompt_logprobs is None:
                 texts, num_top = self.prompt_scores
                 self._prompt_logprobs = prompt_logprobs(texts, d.prompt_logprobs, num_top)
+            if self._pending_ids is not None and d.token_ids:
+                self._pending_ids[d.index].extend(d.token_ids)
             parser = self.parsers[d.index]
             fields = parser.push(d.text) if d.text else {}
             finish = d.finish_reason
@@ -69,16 +80,24 @@ class ChatFormatter(ChunkFormatter):
             logprobs = None if self.logprobs is None else self.logprobs.content(d.logprobs)
             if not fields and not logprobs and finish is None:
                 continue
-            out.append({"index": d.index, "delta": fields,
-                        "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-                        "finish_reason": finish})
+            choice = {"index": d.index, "delta": fields,
+                      "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+                      "finish_reason": finish}
+            if self._pending_ids is not None:
+                choice["token_ids"], self._pending_ids[d.index] = self._pending_ids[d.index], []
+            out.append(choice)
         return out
 
     def body(self, usage: Usage) -> bytes:
         choices = [{"index": i, "message": message(self._merged[i]),
                     "logprobs": None if self.logprobs is None else {"content": self._logprobs[i], "refusal": None},
                     "finish_reason": self._finish_reasons[i]} for i in range(self.num_choices)]
+        if self.prompt_token_ids is not None:
+            for i, choice in enumerate(choices):
+                choice["token_ids"] = self._token_ids[i]
         body = {**self.head, "object": "chat.completion", "choices": choices, "usage": usage.as_dict()}
+        if self.prompt_token_ids is not None:
+            body["prompt_token_ids"] = self.prompt_token_ids
         if self.prompt_scores is not None:
             body["prompt_logprobs"] = self._prompt_logprobs
         return _encode(body)

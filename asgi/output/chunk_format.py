@@ -15,8 +15,8 @@ class ChunkFormatter:
         self.head = {"id": request_id, "object": obj, "created": int(time.time()), "model": model}
         self.include_usage = include_usage
 
-    def _chunk(self, choices: list[dict], usage: Usage | None) -> bytes:
-        body = {**self.head, "choices": choices}
+    def _chunk(self, choices: list[dict], usage: Usage | None, **fields) -> bytes:
+        body = {**self.head, "choices": choices, **fields}
         if usage is not None:  # stream_options.continuous_usage_stats: the usage so far
             body["usage"] = usage.as_dict()
         elif self.include_usage:

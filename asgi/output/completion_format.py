@@ -41,7 +41,9 @@ class CompletionFormatter(ChunkFormatter):
 
     def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *, n: int = 1,
                  echo: Echo | None = None, make_logprobs: Callable[[], CompletionLogprobs] | None = None,
-                 prompt_scores: PromptScores | None = None):
+                 prompt_scores: PromptScores | None = None, prompt_token_ids: list[list[int]] | None = None):
+        """`prompt_token_ids`: vLLM's return_token_ids, each prompt's ids (choice i's: prompt i // n), which open
+        the choice's first chunk beside the `token_ids` every chunk carries."""
         super().__init__(request_id, "text_completion", model, include_usage)
         self.num_choices = num_choices
         self.n = n
@@ -49,7 +51,9 @@ class CompletionFormatter(ChunkFormatter):
         self.opened = [False] * num_choices
         self.logprobs = [make_logprobs() for _ in range(num_choices)] if make_logprobs else None
         self.prompt_scores = prompt_scores
+        self.prompt_token_ids = prompt_token_ids
         # The non-streamed answer, built by add().
+        self._token_ids: list[list[int]] = [[] for _ in range(num_choices)]
         self._texts: list[list[str]] = [[] for _ in range(num_choices)]
         self._logprobs: list[dict] = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
                                       for _ in range(num_choices)]
@@ -66,7 +70,8 @@ class CompletionFormatter(ChunkFormatter):
         i, text = d.index, d.text
         logprobs = None if self.logprobs is None else self.logprobs[i]
         piece = None
-        if not self.opened[i]:
+        opening = not self.opened[i]
+        if opening:
             self.opened[i] = True
             if self.echo is not None:
                 text = self.echo.texts[i // self.n] + text
@@ -81,7 +86,12 @@ class CompletionFormatter(ChunkFormatter):
                 piece = generated
             else:
                 merge_completion_logprobs(piece, generated)
-        return {"index": i, "text": text, "logprobs": piece, "finish_reason": d.finish_reason}
+        choice = {"index": i, "text": text, "logprobs": piece, "finish_reason": d.finish_reason}
+        if self.prompt_token_ids is not None:
+            if opening:
+                choice["prompt_token_ids"] = self.prompt_token_ids[i // self.n]
+            choice["token_ids"] = d.token_ids or []
+        return choice
 
     def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None = None) -> list[bytes]:
         """One chunk per choice, as OpenAI and vLLM stream several choices."""
@@ -94,6 +104,7 @@ class CompletionFormatter(ChunkFormatter):
             if choice["logprobs"] is not None:
                 merge_completion_logprobs(self._logprobs[i], choice["logprobs"])
             self._finish_reasons[i] = choice["finish_reason"] or self._finish_reasons[i]
+            self._token_ids[i].extend(choice.get("token_ids", ()))
 
     def body(self, usage: Usage) -> bytes:
         choices = []
@@ -103,5 +114,8 @@ class CompletionFormatter(ChunkFormatter):
                       "finish_reason": self._finish_reasons[i]}
             if self.prompt_scores is not None:
                 choice["prompt_logprobs"] = self._prompt_logprobs[i]
+            if self.prompt_token_ids is not None:
+                choice["prompt_token_ids"] = self.prompt_token_ids[i // self.n]
+                choice["token_ids"] = self._token_ids[i]
             choices.append(choice)
         return _encode({**self.head, "choices": choices, "usage": usage.as_dict()})

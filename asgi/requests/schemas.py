@@ -141,6 +141,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
     # vLLM's: keep the prompt's last k tokens (-1: the context length; asgi/prompt/truncation.py)
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
+    # vLLM's: the prompt's and each choice's token ids in the answer (docs/endpoints.md)
+    return_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

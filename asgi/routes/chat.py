@@ -30,11 +30,14 @@ async def chat_completions(http: HTTPRequest) -> None:
     params.prediction = await prediction_ids(state.tokenizer, req.prediction, state.settings.limits.max_model_len)
     request_id = new_request_id("chatcmpl")
     n = req.n or 1
-    gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt)
+    with_ids = bool(req.return_token_ids)
+    gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt,
+                     return_token_ids=with_ids)
     include_usage, continuous_usage = stream_usage(req)
     fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=plan.make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top),
-                        prompt_scores=None if req.prompt_logprobs is None else (state.token_texts, req.prompt_logprobs))
+                        prompt_scores=None if req.prompt_logprobs is None else (state.token_texts, req.prompt_logprobs),
+                        prompt_token_ids=prompt_ids if with_ids else None)
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,

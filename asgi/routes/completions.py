@@ -66,7 +66,9 @@ async def completions(http: HTTPRequest) -> None:
     make_detok = state.detokenizer(stop=stop, skip_special_tokens=req.skip_special_tokens,
                                    include_stop=req.include_stop_str_in_output)
     n = req.n or 1
-    gen = Generation(state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt)
+    with_ids = bool(req.return_token_ids)
+    gen = Generation(state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt,
+                     return_token_ids=with_ids)
     include_usage, continuous_usage = stream_usage(req)
     echo = None
     if req.echo:  # a text prompt as sent; token ids decoded as the output is
@@ -77,7 +79,8 @@ async def completions(http: HTTPRequest) -> None:
                               make_logprobs=None if num_top is None else
                               (lambda: CompletionLogprobs(state.token_texts, num_top)),
                               prompt_scores=None if req.prompt_logprobs is None else
-                              PromptScores(state.token_texts, req.prompt_logprobs))
+                              PromptScores(state.token_texts, req.prompt_logprobs),
+                              prompt_token_ids=prompts if with_ids else None)
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, prompts, state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,

@@ -1,0 +1,60 @@
+"""vLLM's `return_token_ids` through a real `rill serve` (the shared server) with the openai SDK (strict), and the
+OpenAPI spec: the prompt's token ids and each choice's, in the body and across a stream's chunks."""
+from __future__ import annotations
+
+from tests.helpers.http_calls import HELLO, MODEL, post, stream_chunks
+from tests.helpers.openapi import validate
+
+PROMPT = "The lighthouse keeper looked at the sea and"
+OTHER = "Bread is made of"
+IDS = {"return_token_ids": True}
+
+
+def test_completions_carry_the_prompts_and_the_choices_ids(client, tokenizer):
+    prompt_ids, other_ids = tokenizer.encode(PROMPT).ids, tokenizer.encode(OTHER).ids
+    done = client.completions.create(model=MODEL, prompt=[PROMPT, OTHER], n=2, max_tokens=6, temperature=0,
+                                     extra_body={**IDS, "ignore_eos": True})
+    assert [c.prompt_token_ids for c in done.choices] == [prompt_ids, prompt_ids, other_ids, other_ids]
+    for choice in done.choices:
+        assert len(choice.token_ids) == 6 and tokenizer.decode(choice.token_ids) == choice.text
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    assert plain.choices[0].text == done.choices[0].text
+    assert getattr(plain.choices[0], "token_ids", None) is None and "prompt_token_ids" not in plain.model_dump()
+
+
+def test_a_completions_stream_opens_each_choice_with_the_prompt(server, tokenizer):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **IDS}
+    whole = post(server, "/v1/completions", body).json()
+    validate("CreateCompletionResponse", whole)
+    chunks = stream_chunks(server, "/v1/completions", {**body, "stream": True})
+    with_choices = [c for c in chunks if c["choices"]]
+    assert with_choices[0]["choices"][0]["prompt_token_ids"] == tokenizer.encode(PROMPT).ids
+    assert not any("prompt_token_ids" in c["choices"][0] for c in with_choices[1:])
+    streamed = [t for c in with_choices for t in c["choices"][0]["token_ids"]]
+    assert streamed == whole["choices"][0]["token_ids"] and len(streamed) == 8
+
+
+def test_chat_ids_hold_the_template_and_the_stop_token(server, client, tokenizer):
+    rendered = post(server, "/tokenize", {"model": MODEL, "messages": HELLO}).json()["tokens"]
+    done = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=300, temperature=0, extra_body=IDS)
+    assert done.choices[0].finish_reason == "stop", "the greedy answer did not end in 300 tokens"
+    assert done.prompt_token_ids == rendered
+    ids = done.choices[0].token_ids
+    assert len(ids) == done.usage.completion_tokens
+    # As vLLM's: the stop token (the model's end of turn) is in the ids and not in the text.
+    assert tokenizer.decode(ids[:-1]) == done.choices[0].message.content
+    assert tokenizer.id_to_token(ids[-1]) == "<|im_end|>"
+
+
+def test_a_chat_stream_sends_the_prompt_once_and_every_id(server, tokenizer):
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 12, "temperature": 0, "stream": True, **IDS,
+            "stream_options": {"include_usage": True}}
+    chunks = stream_chunks(server, "/v1/chat/completions", body)
+    assert "prompt_token_ids" in chunks[0] and not any("prompt_token_ids" in c for c in chunks[1:])
+    streamed = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids", [])]
+    assert len(streamed) == chunks[-1]["usage"]["completion_tokens"] == 12
+    text = "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+    assert tokenizer.decode(streamed) == text
+    whole = post(server, "/v1/chat/completions", {**body, "stream": False, "stream_options": None}).json()
+    validate("CreateChatCompletionResponse", whole)
+    assert whole["choices"][0]["token_ids"] == streamed and whole["prompt_token_ids"] == chunks[0]["prompt_token_ids"]

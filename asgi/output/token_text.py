@@ -56,3 +56,21 @@ class TokenTexts:
         if m := _BYTE_FALLBACK.fullmatch(piece):
             return [int(m.group(1), 16)]
         return None
+
+
+class TokenIdTexts:
+    """vLLM's `return_tokens_as_token_ids`: logprobs name each token "token_id:N" (its bytes that string's), so that a
+    client can tell apart tokens whose texts are alike or not valid UTF-8 alone."""
+
+    @staticmethod
+    def text(token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    @staticmethod
+    def bytes(token_id: int) -> list[int]:
+        return list(f"token_id:{token_id}".encode())
+
+
+def logprob_texts(token_texts: TokenTexts, as_token_ids: bool | None) -> TokenTexts | TokenIdTexts:
+    """What a request's logprobs name tokens by: their texts, or "token_id:N" (return_tokens_as_token_ids)."""
+    return TokenIdTexts() if as_token_ids else token_texts

@@ -143,6 +143,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     # vLLM's: the prompt's and each choice's token ids in the answer (docs/endpoints.md)
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (token_text.py)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

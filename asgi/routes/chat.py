@@ -7,6 +7,7 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.chat_format import ChatFormatter
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
+from rill.asgi.output.token_text import logprob_texts
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
@@ -34,8 +35,9 @@ async def chat_completions(http: HTTPRequest) -> None:
     gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt,
                      return_token_ids=with_ids)
     include_usage, continuous_usage = stream_usage(req)
+    token_names = logprob_texts(state.token_texts, req.return_tokens_as_token_ids)
     fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=plan.make_parser,
-                        logprobs=None if num_top is None else ChatLogprobs(state.token_texts, num_top),
+                        logprobs=None if num_top is None else ChatLogprobs(token_names, num_top),
                         prompt_scores=None if req.prompt_logprobs is None else (state.token_texts, req.prompt_logprobs),
                         prompt_token_ids=prompt_ids if with_ids else None)
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,

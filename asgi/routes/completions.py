@@ -8,6 +8,7 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.completion_format import CompletionFormatter, Echo, PromptScores
 from rill.asgi.output.logprobs_format import CompletionLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
+from rill.asgi.output.token_text import logprob_texts
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
 from rill.asgi.prompt.truncation import truncated_prompts
@@ -75,9 +76,10 @@ async def completions(http: HTTPRequest) -> None:
         texts = batch if isinstance(batch[0], str) else state.tokenizer.decode_batch(
             batch, skip_special_tokens=req.skip_special_tokens)
         echo = Echo(texts, [ids[0] for ids in prompts])
+    token_names = logprob_texts(state.token_texts, req.return_tokens_as_token_ids)
     fmt = CompletionFormatter(request_id, req.model, gen.num_choices, include_usage, n=n, echo=echo,
                               make_logprobs=None if num_top is None else
-                              (lambda: CompletionLogprobs(state.token_texts, num_top)),
+                              (lambda: CompletionLogprobs(token_names, num_top)),
                               prompt_scores=None if req.prompt_logprobs is None else
                               PromptScores(state.token_texts, req.prompt_logprobs),
                               prompt_token_ids=prompts if with_ids else None)

@@ -58,3 +58,20 @@ def test_a_chat_stream_sends_the_prompt_once_and_every_id(server, tokenizer):
     whole = post(server, "/v1/chat/completions", {**body, "stream": False, "stream_options": None}).json()
     validate("CreateChatCompletionResponse", whole)
     assert whole["choices"][0]["token_ids"] == streamed and whole["prompt_token_ids"] == chunks[0]["prompt_token_ids"]
+
+
+def test_logprobs_can_name_tokens_by_their_ids(client):
+    """vLLM's return_tokens_as_token_ids: "token_id:N" for each token and its alternatives, the same N as
+    return_token_ids gives."""
+    done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2,
+                                     extra_body={**IDS, "ignore_eos": True, "return_tokens_as_token_ids": True})
+    choice = done.choices[0]
+    assert choice.logprobs.tokens == [f"token_id:{t}" for t in choice.token_ids]
+    assert all(k.startswith("token_id:") for top in choice.logprobs.top_logprobs for k in top)
+    chat = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0, logprobs=True,
+                                          top_logprobs=2, extra_body={**IDS, "ignore_eos": True,
+                                                                      "return_tokens_as_token_ids": True})
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == [f"token_id:{t}" for t in chat.choices[0].token_ids]
+    assert all(bytes(c.bytes).decode() == c.token for c in content)
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)

@@ -72,6 +72,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     repetition_penalty: float = 1.0  # 1 means off
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before sampling
+    allowed_token_ids: list[int] = []  # vLLM's: when set, every other token's logit is -inf
     structured: StructuredSpec | None = None  # structured outputs (and forced tool calls)
     # None: none; k: each prompt token's logprob (from the first on) and the top k. Such a request
     # computes its whole prompt (the prefix cache does not hide a token it has not scored yet).

@@ -21,6 +21,7 @@ MAX_STOP = 16  # stop strings (OpenAI takes 4); each is searched in every piece 
 MAX_STOP_LEN = 1024  # characters of one stop string: the detokenizer holds back that many
 MAX_STOP_TOKEN_IDS = 64  # checked for every sampled token
 MAX_LOGIT_BIAS = 1024  # entries, each a logit added every step (OpenAI takes 300)
+MAX_ALLOWED_TOKEN_IDS = 262_144  # vLLM's allowed_token_ids: a vocabulary's worth (Gemma 3's), one [V] mask a request
 MAX_PROMPTS = 2048  # completions prompts and embeddings inputs (OpenAI's embeddings limit)
 MAX_CHOICES = 2048  # completions prompts x n: each choice is an engine request and a set of objects
 MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs entries

@@ -51,9 +51,20 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias(req.logit_bias, vocab_size),
+        allowed_token_ids=allowed_token_ids(req.allowed_token_ids, vocab_size),
         structured=structured_spec(req),
     )
     return req.nvext.apply(params) if req.nvext is not None else params
+
+
+def allowed_token_ids(ids: list[int] | None, vocab_size: int) -> list[int]:
+    """vLLM's allowed_token_ids, each in this vocabulary; [] when not asked."""
+    if not ids:
+        return []
+    if (top := max(ids)) >= vocab_size:
+        raise APIError(400, f"`allowed_token_ids` holds {top}, outside the vocabulary (0 to {vocab_size - 1}).",
+                       param="allowed_token_ids")
+    return sorted(set(ids))
 
 
 _TOKEN_ID = re.compile(r"-?[0-9]{1,19}")  # a negative id is refused below, by range

@@ -14,6 +14,7 @@ from msgspec import Meta
 from rill.asgi.errors import APIError, from_validation_error, not_found, unsupported
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.bounds import (
+    MAX_ALLOWED_TOKEN_IDS,
     MAX_CHAT_TEMPLATE_LEN,
     MAX_CHOICES,
     MAX_CONTENT_PARTS,
@@ -144,6 +145,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's: the prompt's and each choice's token ids in the answer (docs/endpoints.md)
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (token_text.py)
+    # vLLM's: sample only these tokens (ids checked in sampling.py)
+    allowed_token_ids: Annotated[list[Annotated[int, Meta(ge=0, le=INT64_MAX)]],
+                                 Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -2,7 +2,7 @@
 OpenAPI spec: the prompt's token ids and each choice's, in the body and across a stream's chunks."""
 from __future__ import annotations
 
-from tests.helpers.http_calls import HELLO, MODEL, post, stream_chunks
+from tests.helpers.http_calls import HELLO, MODEL, check_error, post, stream_chunks
 from tests.helpers.openapi import validate
 
 PROMPT = "The lighthouse keeper looked at the sea and"
@@ -75,3 +75,19 @@ def test_logprobs_can_name_tokens_by_their_ids(client):
     assert [c.token for c in content] == [f"token_id:{t}" for t in chat.choices[0].token_ids]
     assert all(bytes(c.bytes).decode() == c.token for c in content)
     assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
+
+
+def test_allowed_token_ids_are_all_a_choice_samples(server, client, tokenizer):
+    """vLLM's allowed_token_ids, sampled and greedy, with logit_bias among them; bad lists a 400 naming it."""
+    allowed = [tokenizer.token_to_id(w) for w in ("Ġyes", "Ġno", "Ġmaybe")]
+    sampled = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=3,
+                                        extra_body={**IDS, "ignore_eos": True, "allowed_token_ids": allowed})
+    assert set(sampled.choices[0].token_ids) <= set(allowed) and len(sampled.choices[0].token_ids) == 16
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                       logit_bias={str(allowed[2]): 100},
+                                       extra_body={**IDS, "ignore_eos": True, "allowed_token_ids": allowed})
+    assert greedy.choices[0].token_ids == [allowed[2]] * 4
+    for bad in ([], [tokenizer.get_vocab_size() + 10], [-1], ["x"]):  # the last two name the entry
+        error = check_error(post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
+                                                             "allowed_token_ids": bad}), 400)
+        assert error["param"] in ("allowed_token_ids", "allowed_token_ids[0]"), error

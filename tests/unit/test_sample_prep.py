@@ -44,6 +44,22 @@ def test_logit_bias_adds_the_same_sparse_or_dense(logits, num_biased):
     assert (seq.req.sample_prep.bias_ids is None) == (num_biased > VOCAB // 8)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_allowed_token_ids_are_all_that_is_sampled(logits, temperature):
+    """vLLM's allowed_token_ids: every other token at -inf, logit_bias still added on the allowed ones."""
+    top = logits[0].argsort(descending=True).tolist()
+    allowed = top[-3:]  # the three least likely
+    seq = make_seq(temperature=temperature, allowed_token_ids=allowed, logit_bias={allowed[0]: 5.0, top[0]: 100.0})
+    sampler = Sampler([EOS_ID], seed=0)
+    tokens = {sampler.sample(logits, [seq])[0] for _ in range(20)}
+    assert tokens <= set(allowed)
+    if temperature == 0.0:  # the bias on the allowed: its best
+        expected = logits[0, allowed] + torch.tensor([5.0, 0.0, 0.0])
+        assert tokens == {allowed[int(expected.argmax())]}
+    bias = seq.req.sample_prep.bias_values
+    assert bias.shape == (VOCAB,) and torch.isinf(bias).sum() == VOCAB - 3
+
+
 def test_the_tensors_are_made_once_per_request(logits):
     seq = make_seq(temperature=0.0, min_tokens=5, stop_token_ids=[1, 2, 3], logit_bias={4: 1.0},
                    repetition_penalty=1.2)

@@ -38,6 +38,8 @@ class SamplePrep:
             # With ignore_eos, eos is an ordinary token and is not held back (as in vLLM).
             held = set(params.stop_token_ids) if params.ignore_eos else {*eos_token_ids, *params.stop_token_ids}
             held = sorted(i for i in held if 0 <= i < vocab_size)
+            if params.allowed_token_ids and set(params.allowed_token_ids) <= set(held):
+                held = []  # only stop ids are allowed: allowed_token_ids wins, the request may end at once
             if held:
                 self.held_ids = torch.tensor(held, dtype=torch.long, device=device)
                 if len(held) > vocab_size * DENSE_FRACTION:

@@ -60,6 +60,12 @@ def test_allowed_token_ids_are_all_that_is_sampled(logits, temperature):
     assert bias.shape == (VOCAB,) and torch.isinf(bias).sum() == VOCAB - 3
 
 
+def test_allowed_stop_ids_alone_outrank_min_tokens(logits):
+    """min_tokens would hold back every allowed token: the allowed one is sampled, not one outside the list."""
+    seq = make_seq(temperature=1.0, top_p=0.9, allowed_token_ids=[EOS_ID], min_tokens=3)
+    assert Sampler([EOS_ID], seed=0).sample(logits, [seq]) == [EOS_ID]
+
+
 def test_the_tensors_are_made_once_per_request(logits):
     seq = make_seq(temperature=0.0, min_tokens=5, stop_token_ids=[1, 2, 3], logit_bias={4: 1.0},
                    repetition_penalty=1.2)

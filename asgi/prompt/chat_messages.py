@@ -23,7 +23,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 async def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
     """The prompt's token ids (a large prompt is encoded off the event loop)."""
-    (ids,) = await encode_texts(state.tokenizer, [render_prompt(state, req)], add_special_tokens=False)
+    (ids,) = await encode_texts(state.tokenizer, [render_prompt(state, req)],
+                                add_special_tokens=bool(req.add_special_tokens))  # vLLM's default: the template's
     return ids
 
 

@@ -23,11 +23,12 @@ async def encode_texts(tokenizer: Tokenizer, texts: list[str], *, add_special_to
 
 
 async def tokenize_prompts(tokenizer: Tokenizer, prompts: list[str] | list[list[int]], vocab_size: int,
-                           param: str) -> list[list[int]]:
+                           param: str, add_special_tokens: bool = True) -> list[list[int]]:
     """A batch of prompts (texts, or token-id lists checked against the vocabulary) as token ids;
-    a 400 names `param` (completions' `prompt`, embeddings' `input`)."""
+    a 400 names `param` (completions' `prompt`, embeddings' `input`). `add_special_tokens`: the tokenizer's
+    own around each text (a BOS; [CLS] and [SEP]), vLLM's request field of that name."""
     if isinstance(prompts[0], str):
-        prompts = await encode_texts(tokenizer, prompts, add_special_tokens=True)
+        prompts = await encode_texts(tokenizer, prompts, add_special_tokens=add_special_tokens)
         if not all(prompts):
             raise APIError(400, f"`{param}` must not be empty.", param=param)
         return prompts

@@ -55,7 +55,8 @@ def truncate(prompts: list[list[int]], k: int | None, max_model_len: int,
 
 
 def truncated_prompts(tokenizer: Tokenizer, batch: list, prompts: list[list[int]], k: int | None,
-                            max_model_len: int) -> list[list[int]]:
-    """`prompts` (tokenize_prompts' of `batch`: texts or token ids) truncated as the request asks."""
-    texts = isinstance(batch[0], str)
+                      max_model_len: int, specials: bool = True) -> list[list[int]]:
+    """`prompts` (tokenize_prompts' of `batch`: texts or token ids; `specials`: with the tokenizer's special
+    tokens added) truncated as the request asks."""
+    texts = isinstance(batch[0], str) and specials
     return truncate(prompts, k, max_model_len, added_specials(tokenizer) if texts and k is not None else (0, 0))

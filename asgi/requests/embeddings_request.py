@@ -21,6 +21,7 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
     priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
     # vLLM's: keep each input's last k tokens (-1: the context length; asgi/prompt/truncation.py)
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's own around each text ([CLS] and [SEP])
 
 
 embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)

@@ -144,6 +144,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     # vLLM's: the prompt's and each choice's token ids in the answer (docs/endpoints.md)
     return_token_ids: bool | None = None
+    # vLLM's: the tokenizer's special tokens around the prompt (default: chat no, the template writes its own;
+    # completions yes)
+    add_special_tokens: bool | None = None
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (token_text.py)
     # vLLM's: sample only these tokens (ids checked in sampling.py)
     allowed_token_ids: Annotated[list[Annotated[int, Meta(ge=0, le=INT64_MAX)]],

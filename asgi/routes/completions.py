@@ -47,8 +47,10 @@ async def completions(http: HTTPRequest) -> None:
             raise APIError(400, "`suffix` cannot be combined with `truncate_prompt_tokens`.", param="suffix")
         prompts = await fim_prompts(state.tokenizer, state.fim_tokens, batch, req.suffix, vocab_size)
     else:
-        whole = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt")
-        prompts = truncated_prompts(state.tokenizer, batch, whole, req.truncate_prompt_tokens, max_model_len)
+        specials = req.add_special_tokens is not False
+        whole = await tokenize_prompts(state.tokenizer, batch, vocab_size, "prompt", add_special_tokens=specials)
+        prompts = truncated_prompts(state.tokenizer, batch, whole, req.truncate_prompt_tokens, max_model_len,
+                                    specials)
         if prompts is not whole:
             batch = prompts  # `echo` gives back what the model read
     await load_checker(req)

@@ -74,8 +74,10 @@ async def create_embeddings(http: HTTPRequest) -> None:
         raise APIError(400, "`input` must not hold an empty string.", param="input")
     if len(batch) > MAX_INPUTS:
         raise APIError(400, f"`input` holds {len(batch)} inputs; at most {MAX_INPUTS} per request.", param="input")
-    prompts = await tokenize_prompts(state.tokenizer, batch, limits.vocab_size, "input")
-    prompts = truncated_prompts(state.tokenizer, batch, prompts, req.truncate_prompt_tokens, limits.max_model_len)
+    specials = req.add_special_tokens
+    prompts = await tokenize_prompts(state.tokenizer, batch, limits.vocab_size, "input", add_special_tokens=specials)
+    prompts = truncated_prompts(state.tokenizer, batch, prompts, req.truncate_prompt_tokens, limits.max_model_len,
+                                specials)
     for i, ids in enumerate(prompts):
         if len(ids) > limits.max_model_len:
             raise APIError(400, f"`input[{i}]` has {len(ids)} tokens; this model takes at most "

@@ -120,6 +120,13 @@ def test_truncated_inputs_keep_the_tokenizers_cls_and_sep(encoder_server, minilm
     only_specials = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": long_text,
                                                             "truncate_prompt_tokens": 2})
     assert only_specials.status_code == 400 and only_specials.json()["error"]["param"] == "truncate_prompt_tokens"
+    # vLLM's add_special_tokens false: the text's own tokens, no [CLS] or [SEP].
+    bare = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": SENTENCES[0],
+                                                   "add_special_tokens": False}).json()
+    bare_ids = tokenizer.encode(SENTENCES[0], add_special_tokens=False).ids
+    as_bare_ids = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": bare_ids}).json()
+    assert bare["usage"]["prompt_tokens"] == len(bare_ids) == len(tokenizer.encode(SENTENCES[0]).ids) - 2
+    assert np.allclose(bare["data"][0]["embedding"], as_bare_ids["data"][0]["embedding"], atol=1e-6)
 
 
 @pytest.mark.parametrize("body,param", [

@@ -1,10 +1,13 @@
 """asgi/prompt/truncation.py: vLLM's truncate_prompt_tokens on token ids, with the tokenizer's specials kept."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from rill.asgi.errors import APIError
+from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.truncation import added_specials, truncate, truncated_prompts
 
 
@@ -39,3 +42,11 @@ def test_sizes():
         with pytest.raises(APIError) as refused:
             truncate(prompts, bad, 8)
         assert refused.value.status == 400 and refused.value.param == "truncate_prompt_tokens"
+
+
+def test_without_the_tokenizers_specials_a_text_is_cut_as_it_is():
+    """vLLM's add_special_tokens false: no [CLS] and [SEP] around the text, and none kept when it is cut."""
+    tok = bert_like()
+    [plain] = asyncio.run(tokenize_prompts(tok, ["a b c d e f"], 100, "prompt", add_special_tokens=False))
+    assert plain == [3, 4, 5, 6, 7, 8]
+    assert truncated_prompts(tok, ["a b c d e f"], [plain], 2, 100, specials=False) == [[7, 8]]

@@ -73,6 +73,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before sampling
     allowed_token_ids: list[int] = []  # vLLM's: when set, every other token's logit is -inf
+    bad_words_ids: list[list[int]] = []  # vLLM's bad_words as token sequences (engine_proc/sample/bad_words.py)
     structured: StructuredSpec | None = None  # structured outputs (and forced tool calls)
     # None: none; k: each prompt token's logprob (from the first on) and the top k. Such a request
     # computes its whole prompt (the prefix cache does not hide a token it has not scored yet).

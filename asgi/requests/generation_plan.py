@@ -64,7 +64,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                              max_model_len=state.settings.limits.max_model_len, prompt_param=prompt_param,
                              vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
                              max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
-                             defaults=state.sampling_defaults)
+                             defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     params.lora = lora
     params.priority = request_priority(chat.priority, state.settings.limits)
     constraint = text_format_spec(text_format) if text_format else params.structured

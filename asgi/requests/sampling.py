@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import re
 
+from tokenizers import Tokenizer
+
 from rill.asgi.errors import APIError
+from rill.asgi.requests.bad_words import bad_words_ids
 from rill.asgi.requests.schemas import SamplingFields
 from rill.asgi.requests.structured import structured_spec
 from rill.ipc.protocol import SamplingParams
@@ -12,10 +15,11 @@ from rill.ipc.protocol import SamplingParams
 def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: int,
                     max_model_len: int, prompt_param: str, vocab_size: int,
                     logprobs: int | None = None, max_tokens_param: str = "max_tokens",
-                    prompt_logprobs: int | None = None, defaults: dict | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, defaults: dict | None = None,
+                    tokenizer: Tokenizer | None = None) -> SamplingParams:
     """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs);
     `prompt_logprobs`: the same for the prompt's tokens; `defaults`: the model's sampling defaults
-    for the fields the request leaves out (asgi/requests/sampling_defaults.py).
+    for the fields the request leaves out (asgi/requests/sampling_defaults.py); `tokenizer`: for `bad_words`.
     `prompt_param` and `max_tokens_param`: the names the caller's API gives the prompt and the
     output limit (`input` and `max_output_tokens` in the Responses API), for its errors."""
     room = max_model_len - prompt_len
@@ -52,6 +56,7 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
         prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias(req.logit_bias, vocab_size),
         allowed_token_ids=allowed_token_ids(req.allowed_token_ids, vocab_size),
+        bad_words_ids=bad_words_ids(tokenizer, req.bad_words) if req.bad_words else [],
         structured=structured_spec(req),
     )
     return req.nvext.apply(params) if req.nvext is not None else params

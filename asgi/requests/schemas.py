@@ -15,6 +15,8 @@ from rill.asgi.errors import APIError, from_validation_error, not_found, unsuppo
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.bounds import (
     MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORD_LEN,
+    MAX_BAD_WORDS,
     MAX_CHAT_TEMPLATE_LEN,
     MAX_CHOICES,
     MAX_CONTENT_PARTS,
@@ -151,6 +153,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's: sample only these tokens (ids checked in sampling.py)
     allowed_token_ids: Annotated[list[Annotated[int, Meta(ge=0, le=INT64_MAX)]],
                                  Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    # vLLM's: words never written (asgi/requests/bad_words.py)
+    bad_words: Annotated[list[Annotated[str, Meta(min_length=1, max_length=MAX_BAD_WORD_LEN)]],
+                         Meta(max_length=MAX_BAD_WORDS)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -32,7 +32,7 @@ async def infill(http: HTTPRequest) -> None:
     params = sampling_params(completion, max_tokens=max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=limits.max_model_len, prompt_param="input_prefix",
                              max_tokens_param="n_predict", vocab_size=limits.vocab_size,
-                             defaults=state.sampling_defaults)
+                             defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     params.lora = lora
     params.priority = request_priority(req.priority, limits)
     stop = completion.stop or []

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from rill.engine_proc.grammar.bitmask import GrammarMasker
+from rill.engine_proc.sample.bad_words import ban_bad_words
 from rill.engine_proc.sample.logit_bias import add_logit_bias, biased_rows
 from rill.engine_proc.sample.penalties import penalize, uses_penalties
 from rill.engine_proc.sample.prepared import SamplePrep, prepared
@@ -181,12 +182,15 @@ class Sampler:
         held_rows = self._held_rows(seqs, preps)
         penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
         bias_rows = biased_rows(preps)
-        if not held_rows and not penalised_rows and not bias_rows:
+        bad_word_rows = [i for i, s in enumerate(seqs) if s.req.params.bad_words_ids]
+        if not held_rows and not penalised_rows and not bias_rows and not bad_word_rows:
             return logits
         # the caller's logits stay as they were; float32 for the arithmetic below
         logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
         if bias_rows:
             add_logit_bias(logits, bias_rows, preps)
+        if bad_word_rows:
+            ban_bad_words(logits, bad_word_rows, seqs)
         for i in held_rows:
             held = preps[i].held_ids
             if held.dtype == torch.bool:  # dense: a whole-vocabulary mask

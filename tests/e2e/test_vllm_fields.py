@@ -1,5 +1,6 @@
-"""vLLM's `return_token_ids` through a real `rill serve` (the shared server) with the openai SDK (strict), and the
-OpenAPI spec: the prompt's token ids and each choice's, in the body and across a stream's chunks."""
+"""vLLM's request fields through a real `rill serve` (the shared server) with the openai SDK (strict) and the
+OpenAPI spec: `return_token_ids` (the prompt's token ids and each choice's, in the body and across a stream's
+chunks), `return_tokens_as_token_ids`, `allowed_token_ids` and `bad_words`."""
 from __future__ import annotations
 
 from tests.helpers.http_calls import HELLO, MODEL, check_error, post, stream_chunks
@@ -91,3 +92,25 @@ def test_allowed_token_ids_are_all_a_choice_samples(server, client, tokenizer):
         error = check_error(post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
                                                              "allowed_token_ids": bad}), 400)
         assert error["param"] in ("allowed_token_ids", "allowed_token_ids[0]"), error
+
+
+def test_bad_words_are_never_written(server, client, tokenizer):
+    """vLLM's bad_words: the greedy answer's first word banned, bare and after a space (" sea" is a token of its
+    own here), and a two-token phrase of it banned as a pair."""
+    from rill.asgi.requests.bad_words import bad_words_ids
+
+    bare, spaced = bad_words_ids(tokenizer, ["  sea"])
+    assert bare == tokenizer.encode("sea", add_special_tokens=False).ids and spaced == [tokenizer.token_to_id("Ġsea")]
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+    plain = client.completions.create(**args, extra_body={**IDS, "ignore_eos": True}).choices[0].token_ids
+    first_word = tokenizer.decode(plain[:1])
+    banned = client.completions.create(**args, extra_body={**IDS, "ignore_eos": True, "bad_words": [first_word]})
+    ids = banned.choices[0].token_ids
+    assert ids[0] != plain[0] and plain[0] not in ids
+    pair = tokenizer.decode(plain[:2])
+    assert len(bad_words_ids(tokenizer, [pair])[0]) == 2, pair
+    no_pair = client.completions.create(**args, extra_body={**IDS, "ignore_eos": True, "bad_words": [pair]})
+    ids = no_pair.choices[0].token_ids
+    assert ids[0] == plain[0] and ids[1] != plain[1]
+    too_long = post(server, "/v1/completions", {**args, "bad_words": ["x" * 257]})
+    assert check_error(too_long, 400)["param"] == "bad_words[0]"

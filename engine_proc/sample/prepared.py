@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from rill.engine_proc.sample.bad_words import BadWords
 from rill.ipc.protocol import SamplingParams
 
 DENSE_FRACTION = 1 / 8
@@ -16,6 +17,7 @@ class SamplePrep:
     never a Python loop over their entries (docs/admission-control.md has the measured bound).
 
     held_ids: the ids min_tokens holds back (its stop ids, and eos unless ignore_eos), or None.
+    bad_words: vLLM's bad_words indexed (engine_proc/sample/bad_words.py), or None.
     bias_ids, bias_values: logit_bias, or None; with allowed_token_ids, a dense bias of -inf on every other
     token (logit_bias added on the allowed ones). prompt_ids: for a repetition penalty, or None.
     Past DENSE_FRACTION of the vocabulary, held_ids is a [V] bool mask and bias_ids None with
@@ -25,7 +27,7 @@ class SamplePrep:
     own guard, so that no such id ever reaches an index op).
     """
 
-    __slots__ = ("held_ids", "bias_ids", "bias_values", "prompt_ids")
+    __slots__ = ("held_ids", "bias_ids", "bias_values", "prompt_ids", "bad_words")
 
     @property
     def has_bias(self) -> bool:
@@ -58,6 +60,7 @@ class SamplePrep:
             if pairs:
                 dense.index_add_(0, self.bias_ids, self.bias_values)
             self.bias_values, self.bias_ids = dense, None
+        self.bad_words = BadWords(params.bad_words_ids) if params.bad_words_ids else None
         # On the CPU, where penalize() assembles its rows before one copy to the device.
         self.prompt_ids = (torch.tensor(prompt_ids, dtype=torch.long) if params.repetition_penalty != 1.0 and prompt_ids
                            else None)

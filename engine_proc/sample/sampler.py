@@ -182,7 +182,7 @@ class Sampler:
         held_rows = self._held_rows(seqs, preps)
         penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
         bias_rows = biased_rows(preps)
-        bad_word_rows = [i for i, s in enumerate(seqs) if s.req.params.bad_words_ids]
+        bad_word_rows = [i for i, prep in enumerate(preps) if prep.bad_words is not None]
         if not held_rows and not penalised_rows and not bias_rows and not bad_word_rows:
             return logits
         # the caller's logits stay as they were; float32 for the arithmetic below
@@ -190,7 +190,7 @@ class Sampler:
         if bias_rows:
             add_logit_bias(logits, bias_rows, preps)
         if bad_word_rows:
-            ban_bad_words(logits, bad_word_rows, seqs)
+            ban_bad_words(logits, bad_word_rows, seqs, preps)
         for i in held_rows:
             held = preps[i].held_ids
             if held.dtype == torch.bool:  # dense: a whole-vocabulary mask

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from rill.engine_proc.sample.bad_words import banned_now
+from rill.engine_proc.sample.bad_words import BadWords
 from rill.engine_proc.sample.sampler import Sampler
 from tests.helpers.sampling import EOS_ID, make_seq
 
 
 def test_a_word_bans_its_last_token_only_after_the_rest_of_it():
-    words = [[7], [3, 4, 5]]
-    assert banned_now(words, []) == [7]
-    assert banned_now(words, [1, 3]) == [7]
-    assert banned_now(words, [1, 3, 4]) == [7, 5]
+    words = BadWords([[7], [3, 4, 5], [9, 4, 6], [4, 8]])
+    assert words.banned_now([]) == [7]
+    assert words.banned_now([1, 3]) == [7]
+    assert words.banned_now([1, 3, 4]) == [7, 5, 8]
+    assert words.banned_now([9, 4]) == [7, 6, 8]
 
 
 def test_the_sampler_never_writes_a_bad_word():
@@ -24,7 +25,6 @@ def test_the_sampler_never_writes_a_bad_word():
     assert Sampler([EOS_ID]).sample(logits, [seq]) == [5]
     seq.req.output_ids = [3, 4]
     assert Sampler([EOS_ID]).sample(logits, [seq]) == [6]
-    seq.req.output_ids = [3, 4]
-    seq.req.params.bad_words_ids = [[5], [99]]  # one token; one past the vocabulary, never sampled anyway
+    seq = make_seq(num_generated=2, temperature=0.0, bad_words_ids=[[5], [99]])  # one past the vocabulary
     assert Sampler([EOS_ID]).sample(logits, [seq]) == [6]
 

@@ -21,16 +21,19 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 
 async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list[str], seconds: list[str], *,
-                       max_model_len: int, first_param: str, second_param: str) -> list[list[int]]:
+                       max_model_len: int, first_param: str, second_param: str,
+                       truncate_to: int | None = None) -> list[list[int]]:
     """One prompt per pair. A 400 names `second_param[i]` for a pair longer than `max_model_len` (never
-    cut short), and `first_param` (with `[i]` where several) for a first text the engine would split
-    wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
+    cut short, unless `truncate_to`: cut_pair()), and `first_param` (with `[i]` where several) for a first text
+    the engine would split wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
     pairs = list(zip(firsts, seconds))
+    encode = tokenizer.encode_batch if truncate_to is None else \
+        (lambda pairs, **kw: [cut_pair(tokenizer, a, b, truncate_to) for a, b in pairs])
     if sum(len(a) + len(b) for a, b in pairs) < OFF_LOOP_CHARS:
-        encodings = tokenizer.encode_batch(pairs, add_special_tokens=True)
+        encodings = encode(pairs, add_special_tokens=True)
     else:
-        encodings = await asyncio.to_thread(tokenizer.encode_batch, pairs, add_special_tokens=True)
+        encodings = await asyncio.to_thread(encode, pairs, add_special_tokens=True)
     one_first = len(set(firsts)) == 1
     for i, enc in enumerate(encodings):
         _check(enc, i, separator, max_model_len, first_param if one_first else f"{first_param}[{i}]",
@@ -39,13 +42,24 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
 
 
 async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: list[str], instruction: str | None,
-                              *, max_model_len: int, first_param: str, second_param: str) -> list[list[int]]:
+                              *, max_model_len: int, first_param: str, second_param: str,
+                              truncate_to: int | None = None) -> list[list[int]]:
     """One JUDGE_PROMPT per pair (a decoder reranker's). A 400 names `second_param[i]` for a prompt longer than
-    `max_model_len` (never cut short)."""
+    `max_model_len` (never cut short, unless `truncate_to`: each document's end cut until its prompt fits)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
-    texts = [JUDGE_PROMPT.format(instruction=instruction or DEFAULT_INSTRUCTION, query=a, document=b)
-             for a, b in zip(firsts, seconds)]
+    judge = lambda a, b: JUDGE_PROMPT.format(instruction=instruction or DEFAULT_INSTRUCTION, query=a,  # noqa: E731
+                                             document=b)
+    texts = [judge(a, b) for a, b in zip(firsts, seconds)]
     prompts = await encode_texts(tokenizer, texts, add_special_tokens=False)
+    for _ in range(3 if truncate_to is not None else 0):  # the document's end cut by the excess, re-encoded
+        over = [i for i, ids in enumerate(prompts) if len(ids) > truncate_to]
+        if not over:
+            break
+        for i in over:
+            seconds[i] = cut_text(tokenizer, seconds[i], len(prompts[i]) - truncate_to, second_param, i)
+        for i, ids in zip(over, await encode_texts(tokenizer, [judge(firsts[i], seconds[i]) for i in over],
+                                                   add_special_tokens=False)):
+            prompts[i] = ids
     for i, ids in enumerate(prompts):
         if len(ids) > max_model_len:
             raise APIError(400, f"Pair {i}'s prompt (with `{second_param}[{i}]`) has {len(ids)} tokens; this model "
@@ -71,3 +85,27 @@ def _check(enc: Encoding, i: int, separator: int | None, max_model_len: int, fir
                             f"most {max_model_len}.", param=second, code="context_length_exceeded")
     if not follows_the_rule(enc.ids, enc.type_ids, separator):
         raise APIError(400, f"`{first}` holds the model's separator token; remove it.", param=first)
+
+
+def cut_pair(tokenizer: Tokenizer, first: str, second: str, size: int) -> Encoding:
+    """A cross-encoder's pair of at most `size` tokens: the second text's tokens cut from its end, the first
+    kept whole, the template's special tokens added after (exactly: no text is tokenized twice)."""
+    a = tokenizer.encode(first, add_special_tokens=False)
+    b = tokenizer.encode(second, add_special_tokens=False)
+    room = size - len(a.ids) - tokenizer.num_special_tokens_to_add(is_pair=True)
+    if room < 1:
+        raise APIError(400, f"`truncate_prompt_tokens` is {size}; the query alone takes {size - room} tokens with "
+                            "the model's special tokens.", param="truncate_prompt_tokens")
+    if len(b.ids) > room:
+        b.truncate(room)
+    return tokenizer.post_process(a, b, add_special_tokens=True)
+
+
+def cut_text(tokenizer: Tokenizer, text: str, excess: int, param: str, i: int) -> str:
+    """`text` without its last `excess` tokens (cut at a token's end: the offsets are characters)."""
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    keep = len(enc.ids) - excess
+    if keep < 1:
+        raise APIError(400, f"`truncate_prompt_tokens` leaves no room for `{param}[{i}]` in the model's prompt.",
+                       param="truncate_prompt_tokens")
+    return text[:enc.offsets[keep - 1][1]]

@@ -32,6 +32,8 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     rank_fields: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None  # Cohere's v1
     instruction: Instruction | None = None  # a decoder reranker's task description (Rill's; vLLM's template variable)
     user: Name | None = None
+    # vLLM's: each pair's prompt cut to k tokens, the document's end first (asgi/prompt/pairs.py)
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
 
 
 TextOrTexts = str | Annotated[list[str], Meta(max_length=MAX_DOCUMENTS)]
@@ -45,6 +47,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     activation: bool | None = None
     instruction: Instruction | None = None
     user: Name | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None  # as RerankRequest's
 
 
 rerank_decoder = msgspec.json.Decoder(RerankRequest)

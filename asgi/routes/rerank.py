@@ -9,6 +9,7 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import Shape, respond
 from rill.asgi.output.score_format import RerankList, ScoreList
 from rill.asgi.prompt.pairs import encode_judged_pairs, encode_pairs
+from rill.asgi.prompt.truncation import truncation_size
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.rerank_request import (
@@ -56,13 +57,15 @@ async def _check_serves_scores(state: WorkerState, model: str | None) -> None:
 async def _prompts(state: WorkerState, req: RerankRequest | ScoreRequest, firsts: list[str], seconds: list[str],
                    first_param: str, second_param: str) -> list[list[int]]:
     max_model_len = state.settings.limits.max_model_len
+    size = truncation_size(req.truncate_prompt_tokens, max_model_len)
     if state.settings.limits.scorer == "yes-no":
-        return await encode_judged_pairs(state.tokenizer, firsts, seconds, req.instruction, max_model_len=max_model_len,
-                                         first_param=first_param, second_param=second_param)
+        return await encode_judged_pairs(state.tokenizer, firsts, list(seconds), req.instruction,
+                                         max_model_len=max_model_len, first_param=first_param,
+                                         second_param=second_param, truncate_to=size)
     if req.instruction is not None:  # a cross-encoder reads the pair alone
         raise unsupported("instruction")
     return await encode_pairs(state.tokenizer, state.pair_separator, firsts, seconds, max_model_len=max_model_len,
-                              first_param=first_param, second_param=second_param)
+                              first_param=first_param, second_param=second_param, truncate_to=size)
 
 
 async def _run(http: HTTPRequest, prefix: str, prompts: list[list[int]], shape: Shape) -> None:

@@ -109,6 +109,31 @@ def test_a_cross_encoder_server_refuses_generation_and_embeddings(srv):
         assert err["param"] == "model" and "cross-encoder" in err["message"] and "/rerank" in err["message"]
 
 
+def test_truncate_prompt_tokens_cuts_the_documents_end(srv, model_dir):
+    """vLLM's truncate_prompt_tokens on a pair: the query whole, the document's tokens cut from its end, the
+    template's [CLS] and [SEP]s kept; the score is the model's own on the cut pair. -1 cuts to the context."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # its tokenizer.json pads to 128, which the server turns off
+    long_doc = " ".join(DOCUMENTS[:3] * 20)
+    k = 24
+    body = post(srv, "/v1/rerank", {"model": RERANKER, "query": QUERY, "documents": [long_doc, "cats"],
+                                    "truncate_prompt_tokens": k}).json()
+    query_ids = tokenizer.encode(QUERY, add_special_tokens=False).ids
+    doc = tokenizer.encode(long_doc, add_special_tokens=False)
+    cut = long_doc[:doc.offsets[k - len(query_ids) - 3 - 1][1]]  # [CLS] q [SEP] d [SEP]
+    expected = torch.sigmoid(reference_logits(model_dir, [(QUERY, cut), (QUERY, "cats")]))
+    scores = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert body["usage"]["prompt_tokens"] == k + len(query_ids) + 4  # and "cats"'s pair whole
+    assert scores == pytest.approx({0: expected[0].item(), 1: expected[1].item()}, abs=1e-4)
+    assert body["results"][0]["document"]["text"] in (long_doc, "cats")  # the documents as sent
+    whole = post(srv, "/score", {"text_1": QUERY, "text_2": long_doc, "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == MAX_POSITIONS
+    short = error_of(post(srv, "/v1/rerank", {"query": QUERY, "documents": ["a"], "truncate_prompt_tokens": 5}))
+    assert short["param"] == "truncate_prompt_tokens"  # the query alone does not fit
+
+
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/rerank", {"documents": ["a"]}, "query"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),

@@ -51,6 +51,20 @@ def test_rerank_is_the_models_yes_against_no(srv, model_dir):
     assert expected.max() - expected.min() > 0.005  # the documents are told apart (the check could fail)
 
 
+def test_truncate_prompt_tokens_cuts_each_documents_end(srv):
+    """vLLM's truncate_prompt_tokens: each pair's prompt at most k tokens, a long document's end cut to fit (to
+    within a token or two of k: the cut text is tokenized again in the prompt), a short one's prompt whole."""
+    long_doc = "Beijing is the capital of China. " * 40
+    k = 120
+    usage = lambda body: post(srv, "/v1/rerank", {"query": QUERY, **body}).json()["usage"]["prompt_tokens"]  # noqa
+    short = usage({"documents": ["Beijing"]})
+    assert usage({"documents": [long_doc]}) > 2 * k > short
+    cut = usage({"documents": [long_doc, "Beijing"], "truncate_prompt_tokens": k}) - short
+    assert k - 2 <= cut <= k
+    refused = post(srv, "/score", {"text_1": QUERY, "text_2": "x", "truncate_prompt_tokens": 10}).json()
+    assert refused["error"]["param"] == "truncate_prompt_tokens"  # the template and query alone take more
+
+
 def test_score_with_an_instruction_and_raw_margins(srv, model_dir):
     instruction = "Judge whether the document names a city"
     prompts = [model_card_prompt(QUERY, d, instruction) for d in DOCUMENTS[:2]]

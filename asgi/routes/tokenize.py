@@ -62,12 +62,7 @@ async def tokenize(http: HTTPRequest) -> None:
     state, body = http.state, http.body
     if _is_chat(body):
         req = await _decode(_chat_decoder, body, state)
-        if req.add_special_tokens:
-            # The chat template writes the special tokens it wants; adding the tokenizer's on
-            # top would not be the prompt chat completions sends.
-            raise APIError(400, "`add_special_tokens` must be false with `messages`: the chat template "
-                                "decides the special tokens.", param="add_special_tokens")
-        ids = await render_messages(state, req)
+        ids = await render_messages(state, req)  # as chat completions would, add_special_tokens as it takes it
     else:
         req = await _decode(_prompt_decoder, body, state)
         (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)

@@ -88,7 +88,7 @@ def test_allowed_token_ids_are_all_a_choice_samples(server, client, tokenizer):
                                        logit_bias={str(allowed[2]): 100},
                                        extra_body={**IDS, "ignore_eos": True, "allowed_token_ids": allowed})
     assert greedy.choices[0].token_ids == [allowed[2]] * 4
-    for bad in ([], [tokenizer.get_vocab_size() + 10], [-1], ["x"]):  # the last two name the entry
+    for bad in ([], [tokenizer.get_vocab_size() + 10], [1] * 16_385, [-1], ["x"]):  # the last two name the entry
         error = check_error(post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
                                                              "allowed_token_ids": bad}), 400)
         assert error["param"] in ("allowed_token_ids", "allowed_token_ids[0]"), error

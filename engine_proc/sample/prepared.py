@@ -18,8 +18,9 @@ class SamplePrep:
 
     held_ids: the ids min_tokens holds back (its stop ids, and eos unless ignore_eos), or None.
     bad_words: vLLM's bad_words indexed (engine_proc/sample/bad_words.py), or None.
-    bias_ids, bias_values: logit_bias, or None; with allowed_token_ids, a dense bias of -inf on every other
-    token (logit_bias added on the allowed ones). prompt_ids: for a repetition penalty, or None.
+    bias_ids, bias_values: logit_bias, or None. allowed_ids: allowed_token_ids (every other token -inf), or None:
+    kept as ids, not a [V] mask (16,384 ids at most, where a mask of Gemma's vocabulary is 1 MiB a request).
+    prompt_ids: for a repetition penalty, or None.
     Past DENSE_FRACTION of the vocabulary, held_ids is a [V] bool mask and bias_ids None with
     bias_values a [V] vector: a contiguous op instead of a scattered one (5x faster at 49,152
     entries), in no more memory than the ids and values would take.
@@ -27,7 +28,7 @@ class SamplePrep:
     own guard, so that no such id ever reaches an index op).
     """
 
-    __slots__ = ("held_ids", "bias_ids", "bias_values", "prompt_ids", "bad_words")
+    __slots__ = ("held_ids", "bias_ids", "bias_values", "prompt_ids", "bad_words", "allowed_ids")
 
     @property
     def has_bias(self) -> bool:
@@ -48,18 +49,17 @@ class SamplePrep:
                     mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
                     self.held_ids = mask.index_fill_(0, self.held_ids, True)
         self.bias_ids = self.bias_values = None
-        pairs = [(i, b) for i, b in params.logit_bias.items() if 0 <= i < vocab_size]
-        allowed = [i for i in params.allowed_token_ids if 0 <= i < vocab_size]
-        if pairs:
-            self.bias_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)
-            self.bias_values = torch.tensor([b for _, b in pairs], dtype=torch.float32, device=device)
-        if allowed or len(pairs) > vocab_size * DENSE_FRACTION:
-            dense = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-            if allowed:
-                dense.fill_(float("-inf")).index_fill_(0, torch.tensor(allowed, dtype=torch.long, device=device), 0.0)
+        if params.logit_bias:
+            pairs = [(i, b) for i, b in params.logit_bias.items() if 0 <= i < vocab_size]
             if pairs:
-                dense.index_add_(0, self.bias_ids, self.bias_values)
-            self.bias_values, self.bias_ids = dense, None
+                self.bias_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)
+                self.bias_values = torch.tensor([b for _, b in pairs], dtype=torch.float32, device=device)
+                if len(pairs) > vocab_size * DENSE_FRACTION:
+                    dense = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+                    self.bias_values = dense.index_add_(0, self.bias_ids, self.bias_values)
+                    self.bias_ids = None
+        allowed = [i for i in params.allowed_token_ids if 0 <= i < vocab_size]
+        self.allowed_ids = torch.tensor(allowed, dtype=torch.long, device=device) if allowed else None
         self.bad_words = BadWords(params.bad_words_ids) if params.bad_words_ids else None
         # On the CPU, where penalize() assembles its rows before one copy to the device.
         self.prompt_ids = (torch.tensor(prompt_ids, dtype=torch.long) if params.repetition_penalty != 1.0 and prompt_ids

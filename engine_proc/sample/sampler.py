@@ -183,7 +183,8 @@ class Sampler:
         penalised_rows = [i for i, s in enumerate(seqs) if uses_penalties(s.req.params)]
         bias_rows = biased_rows(preps)
         bad_word_rows = [i for i, prep in enumerate(preps) if prep.bad_words is not None]
-        if not held_rows and not penalised_rows and not bias_rows and not bad_word_rows:
+        allowed_rows = [i for i, prep in enumerate(preps) if prep.allowed_ids is not None]
+        if not held_rows and not penalised_rows and not bias_rows and not bad_word_rows and not allowed_rows:
             return logits
         # the caller's logits stay as they were; float32 for the arithmetic below
         logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
@@ -191,6 +192,10 @@ class Sampler:
             add_logit_bias(logits, bias_rows, preps)
         if bad_word_rows:
             ban_bad_words(logits, bad_word_rows, seqs, preps)
+        for i in allowed_rows:  # allowed_token_ids: every other token -inf
+            allowed = preps[i].allowed_ids
+            kept = logits[i, allowed]
+            logits[i].fill_(float("-inf")).index_copy_(0, allowed, kept)
         for i in held_rows:
             held = preps[i].held_ids
             if held.dtype == torch.bool:  # dense: a whole-vocabulary mask

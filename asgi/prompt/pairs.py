@@ -22,14 +22,14 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list[str], seconds: list[str], *,
                        max_model_len: int, first_param: str, second_param: str,
-                       truncate_to: int | None = None) -> list[list[int]]:
+                       truncate_to: int | None = None, second_max: int | None = None) -> list[list[int]]:
     """One prompt per pair. A 400 names `second_param[i]` for a pair longer than `max_model_len` (never
-    cut short, unless `truncate_to`: cut_pair()), and `first_param` (with `[i]` where several) for a first text
-    the engine would split wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
+    cut short, unless `truncate_to` or `second_max`: cut_pair()), and `first_param` (with `[i]` where several) for
+    a first text the engine would split wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
     pairs = list(zip(firsts, seconds))
-    encode = tokenizer.encode_batch if truncate_to is None else \
-        (lambda pairs, **kw: [cut_pair(tokenizer, a, b, truncate_to) for a, b in pairs])
+    encode = tokenizer.encode_batch if truncate_to is None and second_max is None else \
+        (lambda pairs, **kw: [cut_pair(tokenizer, a, b, truncate_to, second_max) for a, b in pairs])
     if sum(len(a) + len(b) for a, b in pairs) < OFF_LOOP_CHARS:
         encodings = encode(pairs, add_special_tokens=True)
     else:
@@ -43,10 +43,15 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
 
 async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: list[str], instruction: str | None,
                               *, max_model_len: int, first_param: str, second_param: str,
-                              truncate_to: int | None = None) -> list[list[int]]:
+                              truncate_to: int | None = None, second_max: int | None = None) -> list[list[int]]:
     """One JUDGE_PROMPT per pair (a decoder reranker's). A 400 names `second_param[i]` for a prompt longer than
-    `max_model_len` (never cut short, unless `truncate_to`: each document's end cut until its prompt fits)."""
+    `max_model_len` (never cut short, unless `truncate_to`: each document's end cut until its prompt fits;
+    `second_max`: each document first cut to that many of its own tokens)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
+    if second_max is not None:
+        for i, enc in enumerate(await asyncio.to_thread(tokenizer.encode_batch, seconds, add_special_tokens=False)):
+            if len(enc.ids) > second_max:
+                seconds[i] = seconds[i][:enc.offsets[second_max - 1][1]]
     judge = lambda a, b: JUDGE_PROMPT.format(instruction=instruction or DEFAULT_INSTRUCTION, query=a,  # noqa: E731
                                              document=b)
     texts = [judge(a, b) for a, b in zip(firsts, seconds)]
@@ -87,15 +92,18 @@ def _check(enc: Encoding, i: int, separator: int | None, max_model_len: int, fir
         raise APIError(400, f"`{first}` holds the model's separator token; remove it.", param=first)
 
 
-def cut_pair(tokenizer: Tokenizer, first: str, second: str, size: int) -> Encoding:
-    """A cross-encoder's pair of at most `size` tokens: the second text's tokens cut from its end, the first
-    kept whole, the template's special tokens added after (exactly: no text is tokenized twice)."""
+def cut_pair(tokenizer: Tokenizer, first: str, second: str, size: int | None, second_max: int | None) -> Encoding:
+    """A cross-encoder's pair of at most `size` tokens, its second text of at most `second_max` of its own (either
+    None: no such bound): the second text's tokens cut from its end, the first kept whole, the template's special
+    tokens added after (exactly: no text is tokenized twice)."""
     a = tokenizer.encode(first, add_special_tokens=False)
     b = tokenizer.encode(second, add_special_tokens=False)
-    room = size - len(a.ids) - tokenizer.num_special_tokens_to_add(is_pair=True)
-    if room < 1:
-        raise APIError(400, f"`truncate_prompt_tokens` is {size}; the query alone takes {size - room} tokens with "
-                            "the model's special tokens.", param="truncate_prompt_tokens")
+    room = second_max or len(b.ids)
+    if size is not None:
+        room = min(room, size - len(a.ids) - tokenizer.num_special_tokens_to_add(is_pair=True))
+        if room < 1:
+            raise APIError(400, f"`truncate_prompt_tokens` is {size}; the query alone takes {size - room} tokens "
+                                "with the model's special tokens.", param="truncate_prompt_tokens")
     if len(b.ids) > room:
         b.truncate(room)
     return tokenizer.post_process(a, b, add_special_tokens=True)

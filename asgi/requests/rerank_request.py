@@ -34,6 +34,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     user: Name | None = None
     # vLLM's: each pair's prompt cut to k tokens, the document's end first (asgi/prompt/pairs.py)
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    max_tokens_per_doc: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None  # Cohere's: each document's end cut
 
 
 TextOrTexts = str | Annotated[list[str], Meta(max_length=MAX_DOCUMENTS)]

@@ -32,7 +32,7 @@ async def rerank(http: HTTPRequest) -> None:
     req = decode_json(rerank_decoder, http.body)
     await _check_serves_scores(state, req.model)
     queries, texts = rerank_pairs(req)
-    prompts = await _prompts(state, req, queries, texts, "query", "documents")
+    prompts = await _prompts(state, req, queries, texts, "query", "documents", req.max_tokens_per_doc)
     shape = RerankList(state.model_id, use_activation(req), texts if req.return_documents else None, req.top_n or 0)
     await _run(http, "rerank", prompts, shape)
 
@@ -55,17 +55,19 @@ async def _check_serves_scores(state: WorkerState, model: str | None) -> None:
 
 
 async def _prompts(state: WorkerState, req: RerankRequest | ScoreRequest, firsts: list[str], seconds: list[str],
-                   first_param: str, second_param: str) -> list[list[int]]:
+                   first_param: str, second_param: str, second_max: int | None = None) -> list[list[int]]:
+    """`second_max`: Cohere's max_tokens_per_doc."""
     max_model_len = state.settings.limits.max_model_len
     size = truncation_size(req.truncate_prompt_tokens, max_model_len)
     if state.settings.limits.scorer == "yes-no":
         return await encode_judged_pairs(state.tokenizer, firsts, list(seconds), req.instruction,
                                          max_model_len=max_model_len, first_param=first_param,
-                                         second_param=second_param, truncate_to=size)
+                                         second_param=second_param, truncate_to=size, second_max=second_max)
     if req.instruction is not None:  # a cross-encoder reads the pair alone
         raise unsupported("instruction")
     return await encode_pairs(state.tokenizer, state.pair_separator, firsts, seconds, max_model_len=max_model_len,
-                              first_param=first_param, second_param=second_param, truncate_to=size)
+                              first_param=first_param, second_param=second_param, truncate_to=size,
+                              second_max=second_max)
 
 
 async def _run(http: HTTPRequest, prefix: str, prompts: list[list[int]], shape: Shape) -> None:

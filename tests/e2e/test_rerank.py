@@ -132,6 +132,11 @@ def test_truncate_prompt_tokens_cuts_the_documents_end(srv, model_dir):
     assert whole["usage"]["prompt_tokens"] == MAX_POSITIONS
     short = error_of(post(srv, "/v1/rerank", {"query": QUERY, "documents": ["a"], "truncate_prompt_tokens": 5}))
     assert short["param"] == "truncate_prompt_tokens"  # the query alone does not fit
+    # Cohere's max_tokens_per_doc: each document's own tokens, the same cut.
+    per_doc = post(srv, "/v2/rerank", {"query": QUERY, "documents": [long_doc, "cats"],
+                                       "max_tokens_per_doc": k - len(query_ids) - 3}).json()
+    assert per_doc["usage"] == body["usage"]
+    assert {r["index"]: r["relevance_score"] for r in per_doc["results"]} == scores
 
 
 @pytest.mark.parametrize("path,body,param", [

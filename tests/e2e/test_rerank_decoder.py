@@ -61,6 +61,8 @@ def test_truncate_prompt_tokens_cuts_each_documents_end(srv):
     assert usage({"documents": [long_doc]}) > 2 * k > short
     cut = usage({"documents": [long_doc, "Beijing"], "truncate_prompt_tokens": k}) - short
     assert k - 2 <= cut <= k
+    per_doc = usage({"documents": [long_doc, "Beijing"], "max_tokens_per_doc": 8}) - short  # Cohere's
+    assert per_doc <= short + 8 and per_doc < cut
     refused = post(srv, "/score", {"text_1": QUERY, "text_2": "x", "truncate_prompt_tokens": 10}).json()
     assert refused["error"]["param"] == "truncate_prompt_tokens"  # the template and query alone take more
 

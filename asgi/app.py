@@ -75,13 +75,15 @@ async def list_models(http: HTTPRequest) -> None:
     state = http.state
     if state.settings.http.allow_runtime_lora_updating:
         await refresh_adapters(state)
-    cards = [state.model_card(), *(state.model_card(name) for name in state.lora_names)]
+    cards = [state.model_card(), *(state.model_card(alias=name) for name in state.model_names[1:]),
+             *(state.model_card(name) for name in state.lora_names)]
     await send_response(http.send, 200, dumps({"object": "list", "data": cards}))
 
 
 async def get_model(http: HTTPRequest) -> None:
-    adapter = await resolve_model(http.state, http.params["model_id"])
-    await send_response(http.send, 200, dumps(http.state.model_card(adapter or None)))
+    name = http.params["model_id"]
+    adapter = await resolve_model(http.state, name)
+    await send_response(http.send, 200, dumps(http.state.model_card(adapter or None, alias=name)))
 
 
 def generative(handler):

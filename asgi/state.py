@@ -163,11 +163,17 @@ class WorkerState:
         """A prompt's ids as text, special tokens included (what the model sees)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def model_card(self, adapter: str | None = None) -> dict:
-        """The served model's card, or a LoRA adapter's (its base model as `parent`, as vLLM)."""
+    @property
+    def model_names(self) -> list[str]:
+        """The served model's id, then its aliases (--served-model-name's other names)."""
+        return [self.model_id, *self.settings.http.served_model_aliases]
+
+    def model_card(self, adapter: str | None = None, alias: str | None = None) -> dict:
+        """The served model's card (under `alias`, one of its other names), or a LoRA adapter's (its base model as
+        `parent`, as vLLM)."""
         limits = self.settings.limits
         return {
-            "id": adapter or self.model_id,
+            "id": adapter or alias or self.model_id,
             "object": "model",
             "created": self.settings.created or int(time.time()),
             "owned_by": "rill",

@@ -112,6 +112,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     ssl_cert_reqs: int = 0
     workers: int = 1
     served_model_name: str = ""
+    served_model_aliases: list[str] = []  # --served-model-name's other names, which requests may use too
     sse_keepalive_s: float = 15.0
     shutdown_timeout_s: float = 30.0
     timeout_keep_alive_s: float = 125.0

@@ -70,7 +70,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--model", default=None,
                        help="a local Hugging Face model directory or a GGUF file (default: the bundled "
                             "SmolLM2-135M-Instruct)")
-    model.add_argument("--served-model-name", default=None, help="the model id clients use")
+    model.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the model id clients use; more names are aliases of it (vLLM's)")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
     model.add_argument("--generation-config", default="auto",
                        help="auto: a request that leaves out temperature, top_p, top_k, min_p or repetition_penalty "

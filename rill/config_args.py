@@ -43,6 +43,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
     )
     http = HttpConfig(
         host=args.host, port=args.port, workers=args.workers, served_model_name=model_id, uds=args.uds or "",
+        served_model_aliases=[n for n in (args.served_model_name or [])[1:] if n != model_id],
         ssl_certfile=args.ssl_certfile or "", ssl_keyfile=args.ssl_keyfile or "", ssl_ca_certs=args.ssl_ca_certs or "",
         ssl_cert_reqs=args.ssl_cert_reqs,
         sse_keepalive_s=args.sse_keepalive, shutdown_timeout_s=args.shutdown_timeout,

@@ -50,7 +50,7 @@ def resolve_model(args) -> tuple[Path, str]:
     if args.model is None:
         from rill.engine_proc.model.bundled import ensure_bundled_model
 
-        return ensure_bundled_model(args.cache_dir), args.served_model_name or BUNDLED_MODEL_ID
+        return ensure_bundled_model(args.cache_dir), served_name(args) or BUNDLED_MODEL_ID
     model_dir = Path(args.model).expanduser()
     if model_dir.suffix == ".gguf" and model_dir.is_file():  # converted once (engine_proc/model/gguf_dir.py)
         from rill.engine_proc.model.bundled import default_cache_dir
@@ -60,11 +60,16 @@ def resolve_model(args) -> tuple[Path, str]:
             converted = ensure_gguf_model(model_dir, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
         except (ValueError, OSError) as exc:
             raise SystemExit(f"rill: --model {args.model}: {exc}") from None
-        return converted, args.served_model_name or model_dir.name
+        return converted, served_name(args) or model_dir.name
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
                          "(no config.json) or GGUF file; Rill never downloads models")
-    return model_dir.resolve(), args.served_model_name or model_dir.name
+    return model_dir.resolve(), served_name(args) or model_dir.name
+
+
+def served_name(args) -> str | None:
+    """--served-model-name's first name: the model's id (the rest are aliases: config_args.py)."""
+    return args.served_model_name[0] if args.served_model_name else None
 
 
 def set_engine_env_defaults() -> None:

@@ -19,13 +19,14 @@ async def resolve_model(state, model: str | None, *, adapters: bool = True) -> s
     a 404 naming `model` for any other. With `adapters` false (embeddings) only the served model. While adapters
     may come and go at runtime, the engine is asked once more before a 404. The access log gets the name."""
     name = state.model_id if model is None else model
-    if name != state.model_id and adapters:
+    served = name in state.model_names
+    if not served and adapters:
         if name not in state.lora_names and state.settings.http.allow_runtime_lora_updating:
             await refresh_adapters(state)
         if name not in state.lora_names:
             raise unknown_model(name)
-    elif name != state.model_id:
+    elif not served:
         raise unknown_model(name)
     if (ctx := current()) is not None:
         ctx.model = name
-    return "" if name == state.model_id else name
+    return "" if served else name

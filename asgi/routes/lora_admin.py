@@ -36,7 +36,7 @@ async def load_lora_adapter(http: HTTPRequest) -> None:
     req = decode_json(_load_decoder, http.body)
     if not req.lora_name or not req.lora_path:
         raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name")
-    if req.lora_name == state.model_id:
+    if req.lora_name in state.model_names:
         raise APIError(400, f"'{req.lora_name}' is the served model's name.", param="lora_name")
     await _update(state, req.lora_name, req.lora_path, req.load_inplace)
     state.lora_names[req.lora_name] = req.lora_path

@@ -19,6 +19,7 @@ from tests.helpers.openapi import validate
 from tests.helpers.server import TINY_MODEL, start_server, stop_server
 
 MINILM = "all-minilm-l6-v2"
+ALIAS = "text-embedding-3-small"  # a second --served-model-name: what an OpenAI client already asks for
 SENTENCES = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly revenue grew by 4 percent.",
              "Ünïcödé text, 日本語 too.", "word " * 200]
 
@@ -32,7 +33,7 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def encoder_server(minilm_dir, tmp_path_factory):
-    srv = start_server(tmp_path_factory, "--model", str(minilm_dir), "--served-model-name", MINILM)
+    srv = start_server(tmp_path_factory, "--model", str(minilm_dir), "--served-model-name", MINILM, ALIAS)
     yield srv
     stop_server(srv)
 
@@ -58,6 +59,19 @@ def mean_pooled(model_dir: Path, texts: list[str]) -> np.ndarray:
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def test_a_second_served_name_is_an_alias(encoder_server):
+    """vLLM's --served-model-name with several names: each is the served model, and /v1/models lists them all."""
+    models = httpx.get(f"{encoder_server.base_url}/v1/models", timeout=30).json()
+    validate("ListModelsResponse", models)
+    assert [m["id"] for m in models["data"]] == [MINILM, ALIAS]
+    card = httpx.get(f"{encoder_server.base_url}/v1/models/{ALIAS}", timeout=30).json()
+    assert card["id"] == ALIAS and card["root"] == models["data"][0]["root"]
+    by_alias = post(encoder_server, "/v1/embeddings", {"model": ALIAS, "input": SENTENCES[0]}).json()
+    by_name = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": SENTENCES[0]}).json()
+    assert by_alias["data"][0]["embedding"] == by_name["data"][0]["embedding"]
+    assert post(encoder_server, "/v1/embeddings", {"model": "other", "input": "x"}).status_code == 404
 
 
 def test_encoder_vectors_equal_the_models_own(encoder_server, minilm_dir):

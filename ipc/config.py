@@ -40,6 +40,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     int4_symmetric: bool = False  # int4: no offsets (offset = -8 * scale)
     model_impl: str = "auto"  # auto | native | transformers, as vLLM's --model-impl
     batch_invariant: bool = False  # a request's logits do not depend on what else is in the step
+    seed: int | None = None  # --seed: the sampler's generator for requests without a seed (None: random)
     enforce_eager: bool = False  # True: no torch.compile of decode steps (engine_proc/model/decode_graphs.py)
     block_size: int = 16
     max_num_seqs: int = 64  # the decode graphs are built up to this batch

@@ -13,6 +13,7 @@ from rill.lora_flags import add_lora_flags, check_lora_flags
 from rill.parallel_flags import add_parallel_flags, check_parallel_flags
 from rill.quantization_flags import add_quantization_flags, check_quantization_flags
 from rill.systemd_unit import add_systemd_unit_parser, print_unit
+from rill.vllm_flags import add_vllm_flags, check_vllm_flags
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
@@ -252,6 +253,7 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
     logs.add_argument("--log-requests", action="store_true",
                       help="also log each request's prompt or messages (a debug line on rill.requests, "
                            "shown whatever --log-level); without it no prompt text is ever logged")
+    add_vllm_flags(ap)
 
 
 def speculative_config(text: str) -> str:
@@ -296,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         check_quantization_flags(args, serve)
         check_listen_flags(args, serve)
         check_kv_disk_flags(args, serve, byte_size)
+        check_vllm_flags(args)
         if args.headless:
             from rill.headless import serve_headless
 

@@ -18,6 +18,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         load_format=args.load_format, quantization=args.quantization, int4_group_size=args.int4_group_size,
         int4_symmetric=args.int4_symmetric, model_impl=args.model_impl,
         batch_invariant=args.batch_invariant, enforce_eager=args.enforce_eager, block_size=args.block_size,
+        seed=args.seed,
         max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings, task=args.task,
         max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
         speculative_config=args.speculative_config, num_threads=args.num_threads,

@@ -153,7 +153,8 @@ class PagedTransformersRunner(SamplingRunner):
         for module in self.model.modules():
             if _is_attention(module):  # 0: the global layers' table; 1..: a sliding group's window table
                 module.rill_table_group = self.kv_cache.layer_places[module.layer_idx][0]
-        self.sampler = Sampler(eos_token_ids, device=self.device, use_triton=self.attention_backend == "triton")
+        self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
+                               use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
         if not model.enforce_eager and not model.batch_invariant:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs)

@@ -89,7 +89,7 @@ class TransformersRunner(SamplingRunner):
             block_size=block_size,
             num_bytes=num_kv_blocks * bytes_per_block(text_config, dtype, block_size),
         )
-        self.sampler = Sampler(eos_token_ids)
+        self.sampler = Sampler(eos_token_ids, model.seed)
         # Keyed by the request object, weakly: a request's cache goes when the request does.
         self._caches: weakref.WeakKeyDictionary[EngineRequest, _RequestCache] = weakref.WeakKeyDictionary()
 

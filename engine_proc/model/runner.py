@@ -93,7 +93,7 @@ class ModelRunner(SamplingRunner):
                 self.prompt_graphs = self._prompt_graphs(model.max_num_seqs, max_num_batched_tokens, longest)
         if not model.enforce_eager:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs, longest)
-        self.sampler = Sampler(eos_token_ids, device=self.device,
+        self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
                                use_triton=self.attention_backend == "triton")
         cache_mib = self.kv_cache.num_bytes / 2**20
         log.info("KV cache: %d blocks of %d tokens, %.0f MiB, %s", num_kv_blocks, block_size, cache_mib,

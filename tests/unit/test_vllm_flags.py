@@ -1,0 +1,42 @@
+"""`vllm serve`'s flags on `rill serve`: --seed reaches the engine's config; the others are taken and said to do
+nothing, with why; a flag Rill does not take is still refused by argparse."""
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from rill.cli import serve_parser
+from rill.config_args import config_from_args
+from rill.vllm_flags import NO_EFFECT, check_vllm_flags
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_a_vllm_command_line_parses_and_says_what_does_nothing():
+    args = serve_args("--trust-remote-code", "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+                      "--disable-log-requests", "--no-enable-chunked-prefill", "--uvicorn-log-level", "warning",
+                      "--seed", "7", "--served-model-name", "m")
+    said = io.StringIO()
+    given = check_vllm_flags(args, said)
+    assert given == ["--trust-remote-code", "--disable-log-requests", "--enable-chunked-prefill", "--swap-space",
+                     "--gpu-memory-utilization", "--uvicorn-log-level"]  # NO_EFFECT's order
+    for flag in given:
+        assert f"{flag} (vLLM's) has no effect here: {NO_EFFECT[flag][1]}" in said.getvalue()
+    assert check_vllm_flags(serve_args(), io.StringIO()) == []
+
+
+def test_seed_reaches_the_engines_model_config(tmp_path):
+    assert config_from_args(serve_args("--seed", "7"), tmp_path, "m").engine.model.seed == 7
+    assert config_from_args(serve_args(), tmp_path, "m").engine.model.seed is None
+
+
+def test_a_flag_rill_does_not_take_is_refused():
+    with pytest.raises(SystemExit) as exc:
+        serve_args("--tokenizer", "other/tokenizer")
+    assert exc.value.code == 2

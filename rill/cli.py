@@ -71,6 +71,8 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--model", default=None,
                        help="a local Hugging Face model directory or a GGUF file (default: the bundled "
                             "SmolLM2-135M-Instruct)")
+    model.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                       help="the same as --model, where `vllm serve` takes it (first, before any flag)")
     model.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the model id clients use; more names are aliases of it (vLLM's)")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")
@@ -299,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
         check_listen_flags(args, serve)
         check_kv_disk_flags(args, serve, byte_size)
         check_vllm_flags(args)
+        if args.model_path is not None:
+            if args.model is not None and args.model != args.model_path:
+                serve.error(f"the model is given twice: {args.model_path} and --model {args.model}")
+            args.model = args.model_path
         if args.headless:
             from rill.headless import serve_headless
 

@@ -40,3 +40,16 @@ def test_a_flag_rill_does_not_take_is_refused():
     with pytest.raises(SystemExit) as exc:
         serve_args("--tokenizer", "other/tokenizer")
     assert exc.value.code == 2
+
+
+def test_the_model_where_vllm_serve_takes_it(tmp_path):
+    """`rill serve MODEL --flags`, as `vllm serve MODEL --flags`: the same as --model."""
+    from rill.cli import main
+
+    model = tmp_path / "model"
+    with pytest.raises(SystemExit) as exc:  # parsed, then refused at resolve_model: no config.json there
+        main(["serve", str(model), "--port", "0", "--trust-remote-code"])
+    assert "no config.json" in str(exc.value.code) and str(model) in str(exc.value.code)
+    with pytest.raises(SystemExit) as twice:
+        main(["serve", str(model), "--model", str(tmp_path / "other")])
+    assert twice.value.code == 2

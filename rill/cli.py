@@ -252,7 +252,9 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
                       help="json: every line of every process is one JSON object")
     logs.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                       help="one line per request on the rill.access logger (at info level)")
-    logs.add_argument("--log-requests", action="store_true",
+    logs.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_false",
+                      help="vLLM's name for --no-access-log")
+    logs.add_argument("--log-requests", "--enable-log-requests", action="store_true",
                       help="also log each request's prompt or messages (a debug line on rill.requests, "
                            "shown whatever --log-level); without it no prompt text is ever logged")
     add_vllm_flags(ap)

@@ -53,3 +53,9 @@ def test_the_model_where_vllm_serve_takes_it(tmp_path):
     with pytest.raises(SystemExit) as twice:
         main(["serve", str(model), "--model", str(tmp_path / "other")])
     assert twice.value.code == 2
+
+
+def test_vllms_names_for_rills_log_flags():
+    args = serve_args("--enable-log-requests", "--disable-uvicorn-access-log")
+    assert args.log_requests is True and args.access_log is False
+    assert serve_args().access_log is True and serve_args().log_requests is False

@@ -47,7 +47,8 @@ def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
         else req.add_generation_prompt
     try:
         text = template.render(messages, add_generation_prompt=add_generation_prompt,
-                               continue_final_message=req.continue_final_message, tools=template_tools(req), **extra)
+                               continue_final_message=req.continue_final_message, tools=template_tools(req),
+                               documents=req.documents, **extra)
     except TemplateError as exc:
         param = "chat_template" if req.chat_template is not None else "messages"
         raise APIError(400, f"The chat template could not render these messages: {exc}", param=param) from None

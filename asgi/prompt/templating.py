@@ -23,7 +23,8 @@ class TemplateError(ValueError):
 
 
 # Set by a request's own fields, never through chat_template_kwargs (nor --default-chat-template-kwargs).
-RESERVED_KWARGS = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"})
+RESERVED_KWARGS = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template",
+                             "documents"})
 
 
 def _raise_exception(message: str) -> None:

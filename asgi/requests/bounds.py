@@ -27,6 +27,7 @@ MAX_ALLOWED_TOKEN_IDS = 16_384  # vLLM's allowed_token_ids: sent with each of up
 MAX_PROMPTS = 2048  # completions prompts and embeddings inputs (OpenAI's embeddings limit)
 MAX_CHOICES = 2048  # completions prompts x n: each choice is an engine request and a set of objects
 MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs entries
+MAX_CHAT_DOCUMENTS = 256  # chat `documents` (vLLM's, for RAG templates), each rendered into the prompt
 MAX_METADATA = 16  # metadata entries (OpenAI's limit)
 MAX_SMALL_LIST = 16  # include, modalities, nvext annotations and extra fields: a few known names
 MAX_CHAT_TEMPLATE_LEN = 256 * 1024  # a request's own chat template (real ones are under 30 KiB)

@@ -17,6 +17,7 @@ from rill.asgi.requests.bounds import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORD_LEN,
     MAX_BAD_WORDS,
+    MAX_CHAT_DOCUMENTS,
     MAX_CHAT_TEMPLATE_LEN,
     MAX_CHOICES,
     MAX_CONTENT_PARTS,
@@ -172,6 +173,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
     chat_template: Annotated[str, Meta(max_length=MAX_CHAT_TEMPLATE_LEN)] | None = None
+    # vLLM's: documents a RAG chat template renders (Granite's, Command R's), each a few named strings
+    documents: Annotated[list[Annotated[dict[Name, str], Meta(max_length=MAX_SMALL_LIST)]],
+                         Meta(max_length=MAX_CHAT_DOCUMENTS)] | None = None
     reasoning_effort: Name | None = None  # asgi/requests/thinking.py
     thinking_token_budget: Annotated[int, Meta(ge=0)] | None = None  # vLLM's name
     audio: Any = None

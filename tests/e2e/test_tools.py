@@ -113,6 +113,23 @@ def test_default_chat_template_kwargs_reach_the_template_under_the_requests_own(
     assert mine.startswith("mine/1|What is the weather")
 
 
+def test_documents_reach_a_rag_template(tool_server, tokenizer, sdk):
+    """vLLM's chat `documents`: what a RAG template (Granite's, Command R's) renders; None without them, as HF's."""
+    template = ("{% if documents is none %}none{% else %}{% for d in documents %}[{{ d.title }}: {{ d.text }}]"
+                "{% endfor %}{% endif %}|{% for m in messages %}{{ m.content }}{% endfor %}")
+    docs = [{"title": "A", "text": "x"}, {"title": "B", "text": "y"}]
+    assert prompt_of(tool_server, tokenizer, messages=USER, chat_template=template,
+                     documents=docs).startswith("[A: x][B: y]|What is the weather")
+    assert prompt_of(tool_server, tokenizer, messages=USER, chat_template=template).startswith("none|")
+    answer = sdk.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, extra_body={"documents": docs})
+    assert answer.choices[0].message.content is not None
+    for bad, param in (([{"title": 1}], "documents[0]"), ([{"x": "y"}] * 257, "documents")):
+        error = post_chat(tool_server, messages=USER, documents=bad).json()["error"]
+        assert error["param"] == param, error
+    via_kwargs = post_chat(tool_server, messages=USER, chat_template_kwargs={"documents": docs}).json()["error"]
+    assert via_kwargs["param"] == "chat_template_kwargs"  # the request field, as for tools
+
+
 def test_template_gets_tools_and_tool_turns(tool_server, tokenizer, sdk):
     prompt = prompt_of(tool_server, tokenizer, messages=CONVERSATION, tools=TOOLS)
     assert json.dumps(TOOLS[0]) in prompt

@@ -147,6 +147,7 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     add_metrics_flags(ap)
     add_chat_flags(ap)
     add_listen_flags(ap)
+    add_vllm_flags(ap)
     return ap
 
 
@@ -257,7 +258,6 @@ def add_auth_proxy_log_flags(ap: argparse.ArgumentParser) -> None:
     logs.add_argument("--log-requests", "--enable-log-requests", action="store_true",
                       help="also log each request's prompt or messages (a debug line on rill.requests, "
                            "shown whatever --log-level); without it no prompt text is ever logged")
-    add_vllm_flags(ap)
 
 
 def speculative_config(text: str) -> str:

@@ -28,12 +28,12 @@ async def encode_pairs(tokenizer: Tokenizer, separator: int | None, firsts: list
     a first text the engine would split wrongly: one that holds the separator token's text (ipc/pair_segments.py)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
     pairs = list(zip(firsts, seconds))
-    encode = tokenizer.encode_batch if truncate_to is None and second_max is None else \
-        (lambda pairs, **kw: [cut_pair(tokenizer, a, b, truncate_to, second_max) for a, b in pairs])
+    encode = (lambda: tokenizer.encode_batch(pairs, add_special_tokens=True)) if truncate_to is None and \
+        second_max is None else (lambda: cut_pairs(tokenizer, firsts, seconds, truncate_to, second_max))
     if sum(len(a) + len(b) for a, b in pairs) < OFF_LOOP_CHARS:
-        encodings = encode(pairs, add_special_tokens=True)
+        encodings = encode()
     else:
-        encodings = await asyncio.to_thread(encode, pairs, add_special_tokens=True)
+        encodings = await asyncio.to_thread(encode)
     one_first = len(set(firsts)) == 1
     for i, enc in enumerate(encodings):
         _check(enc, i, separator, max_model_len, first_param if one_first else f"{first_param}[{i}]",
@@ -48,6 +48,7 @@ async def encode_judged_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: 
     `max_model_len` (never cut short, unless `truncate_to`: each document's end cut until its prompt fits;
     `second_max`: each document first cut to that many of its own tokens)."""
     await _check_shared_first(tokenizer, firsts, max_model_len, first_param)
+    seconds = list(seconds)  # cut below, the caller's list left as it is
     if second_max is not None:
         for i, enc in enumerate(await asyncio.to_thread(tokenizer.encode_batch, seconds, add_special_tokens=False)):
             if len(enc.ids) > second_max:
@@ -92,21 +93,25 @@ def _check(enc: Encoding, i: int, separator: int | None, max_model_len: int, fir
         raise APIError(400, f"`{first}` holds the model's separator token; remove it.", param=first)
 
 
-def cut_pair(tokenizer: Tokenizer, first: str, second: str, size: int | None, second_max: int | None) -> Encoding:
-    """A cross-encoder's pair of at most `size` tokens, its second text of at most `second_max` of its own (either
+def cut_pairs(tokenizer: Tokenizer, firsts: list[str], seconds: list[str], size: int | None,
+              second_max: int | None) -> list[Encoding]:
+    """A cross-encoder's pairs of at most `size` tokens, each second text of at most `second_max` of its own (either
     None: no such bound): the second text's tokens cut from its end, the first kept whole, the template's special
     tokens added after (exactly: no text is tokenized twice)."""
-    a = tokenizer.encode(first, add_special_tokens=False)
-    b = tokenizer.encode(second, add_special_tokens=False)
-    room = second_max or len(b.ids)
-    if size is not None:
-        room = min(room, size - len(a.ids) - tokenizer.num_special_tokens_to_add(is_pair=True))
-        if room < 1:
-            raise APIError(400, f"`truncate_prompt_tokens` is {size}; the query alone takes {size - room} tokens "
-                                "with the model's special tokens.", param="truncate_prompt_tokens")
-    if len(b.ids) > room:
-        b.truncate(room)
-    return tokenizer.post_process(a, b, add_special_tokens=True)
+    specials = tokenizer.num_special_tokens_to_add(is_pair=True)
+    out = []
+    for a, b in zip(tokenizer.encode_batch(firsts, add_special_tokens=False),
+                    tokenizer.encode_batch(seconds, add_special_tokens=False)):
+        room = second_max or len(b.ids)
+        if size is not None:
+            room = min(room, size - len(a.ids) - specials)
+            if room < 1:
+                raise APIError(400, f"`truncate_prompt_tokens` is {size}; the query alone takes {size - room} "
+                                    "tokens with the model's special tokens.", param="truncate_prompt_tokens")
+        if len(b.ids) > room:
+            b.truncate(room)
+        out.append(tokenizer.post_process(a, b, add_special_tokens=True))
+    return out
 
 
 def cut_text(tokenizer: Tokenizer, text: str, excess: int, param: str, i: int) -> str:

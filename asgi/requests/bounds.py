@@ -23,7 +23,7 @@ MAX_STOP_TOKEN_IDS = 64  # checked for every sampled token
 MAX_LOGIT_BIAS = 1024  # entries, each a logit added every step (OpenAI takes 300)
 MAX_BAD_WORDS = 64  # vLLM's bad_words: each compared with the end of the output every step
 MAX_BAD_WORD_LEN = 256  # characters of one
-MAX_ALLOWED_TOKEN_IDS = 16_384  # vLLM's allowed_token_ids: sent with each of up to 128 choices, a [V] mask each
+MAX_ALLOWED_TOKEN_IDS = 16_384  # vLLM's allowed_token_ids: sent with each of up to 128 choices, masked every step
 MAX_PROMPTS = 2048  # completions prompts and embeddings inputs (OpenAI's embeddings limit)
 MAX_CHOICES = 2048  # completions prompts x n: each choice is an engine request and a set of objects
 MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs entries
@@ -39,3 +39,6 @@ MAX_LORA_PATH_LEN = 4096  # PATH_MAX
 
 Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
 StopString = Annotated[str, Meta(max_length=MAX_STOP_LEN)]
+# vLLM's truncate_prompt_tokens: -1 (the context length) or k; 0 and k past the context refused in
+# asgi/prompt/truncation.py, where the context length is known
+TruncatePromptTokens = Annotated[int, Meta(ge=-1, le=2**63 - 1)]

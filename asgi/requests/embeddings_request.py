@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from rill.asgi.requests.bounds import MAX_PROMPTS, Name
+from rill.asgi.requests.bounds import MAX_PROMPTS, Name, TruncatePromptTokens
 from rill.asgi.requests.priority import Priority
 
 MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the inputs of one request
@@ -20,7 +20,7 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
     user: Name | None = None
     priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
     # vLLM's: keep each input's last k tokens (-1: the context length; asgi/prompt/truncation.py)
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     add_special_tokens: bool = True  # vLLM's: the tokenizer's own around each text ([CLS] and [SEP])
 
 

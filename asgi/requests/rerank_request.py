@@ -8,7 +8,7 @@ import msgspec
 from msgspec import Meta
 
 from rill.asgi.errors import APIError, unsupported
-from rill.asgi.requests.bounds import MAX_PROMPTS, MAX_SMALL_LIST, Name
+from rill.asgi.requests.bounds import MAX_PROMPTS, MAX_SMALL_LIST, Name, TruncatePromptTokens
 
 MAX_DOCUMENTS = MAX_PROMPTS  # documents of one rerank, or pairs of one score request (Jina's and Cohere's are 1,000-2,048)
 MAX_INSTRUCTION_LEN = 4096  # characters of a decoder reranker's instruction (Qwen3-Reranker's `<Instruct>`)
@@ -33,7 +33,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     instruction: Instruction | None = None  # a decoder reranker's task description (Rill's; vLLM's template variable)
     user: Name | None = None
     # vLLM's: each pair's prompt cut to k tokens, the document's end first (asgi/prompt/pairs.py)
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     max_tokens_per_doc: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None  # Cohere's: each document's end cut
 
 
@@ -48,7 +48,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     activation: bool | None = None
     instruction: Instruction | None = None
     user: Name | None = None
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None  # as RerankRequest's
+    truncate_prompt_tokens: TruncatePromptTokens | None = None  # as RerankRequest's
 
 
 rerank_decoder = msgspec.json.Decoder(RerankRequest)

@@ -33,6 +33,7 @@ from rill.asgi.requests.bounds import (
     MAX_TOOLS,
     Name,
     StopString,
+    TruncatePromptTokens,
 )
 from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.nvext import NvExt
@@ -144,7 +145,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
     # vLLM's: keep the prompt's last k tokens (-1: the context length; asgi/prompt/truncation.py)
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     # vLLM's: the prompt's and each choice's token ids in the answer (docs/endpoints.md)
     return_token_ids: bool | None = None
     # vLLM's: the tokenizer's special tokens around the prompt (default: chat no, the template writes its own;

@@ -60,7 +60,7 @@ async def _prompts(state: WorkerState, req: RerankRequest | ScoreRequest, firsts
     max_model_len = state.settings.limits.max_model_len
     size = truncation_size(req.truncate_prompt_tokens, max_model_len)
     if state.settings.limits.scorer == "yes-no":
-        return await encode_judged_pairs(state.tokenizer, firsts, list(seconds), req.instruction,
+        return await encode_judged_pairs(state.tokenizer, firsts, seconds, req.instruction,
                                          max_model_len=max_model_len, first_param=first_param,
                                          second_param=second_param, truncate_to=size, second_max=second_max)
     if req.instruction is not None:  # a cross-encoder reads the pair alone

@@ -16,9 +16,10 @@ from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_r
 from rill.asgi.http.request_context import RequestContext, current, set_current
 from rill.asgi.http.router import HTTPRequest, Router
 from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
-from rill.asgi.routes import batches, conversations, files, lora_admin, messages, router_probes
+from rill.asgi.routes import batches, cache_reset, conversations, files, lora_admin, messages, router_probes
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
+from rill.asgi.routes.classify import classify
 from rill.asgi.routes.completions import completions
 from rill.asgi.routes.embeddings import create_embeddings
 from rill.asgi.routes.infill import infill
@@ -90,8 +91,10 @@ def generative(handler):
     """A route that generates text: a 400 on a server of an embedding model or a cross-encoder."""
     async def guarded(http: HTTPRequest) -> None:
         if not http.state.settings.limits.generates:
-            what, use = ((f"a reranker ({http.state.settings.limits.scorer})", "POST /v1/rerank or /score")
-                         if http.state.settings.limits.scorer else ("an embedding model", "POST /v1/embeddings"))
+            scorer = http.state.settings.limits.scorer
+            what, use = (("a classifier", "POST /classify") if scorer == "classify" else
+                         (f"a reranker ({scorer})", "POST /v1/rerank or /score") if scorer else
+                         ("an embedding model", "POST /v1/embeddings"))
             raise APIError(400, f"This server serves {what}, which does not generate text; use {use}.",
                            param="model", code="unsupported_model")
         await handler(http)
@@ -111,6 +114,8 @@ ROUTER = Router([
     ("POST", "/v1/rerank", rerank),  # Jina's and Cohere's shapes, as vLLM serves them (asgi/routes/rerank.py)
     ("POST", "/v2/rerank", rerank),
     ("POST", "/rerank", rerank),
+    ("POST", "/classify", classify),  # vLLM's (asgi/routes/classify.py)
+    ("POST", "/v1/classify", classify),  # SGLang's
     ("POST", "/score", score),  # vLLM's
     ("POST", "/v1/score", score),
     ("POST", "/v1/responses", generative(create_response)),
@@ -138,6 +143,9 @@ ROUTER = Router([
     ("GET", "/v1/batches", batches.list_batches),
     ("GET", "/v1/batches/{batch_id:batch}", batches.retrieve),
     ("POST", "/v1/batches/{batch_id:batch}/cancel", batches.cancel),
+    ("POST", "/reset_prefix_cache", cache_reset.reset_prefix_cache),  # --enable-cache-reset (vLLM's)
+    ("POST", "/flush_cache", cache_reset.flush_cache),  # SGLang's, either method
+    ("GET", "/flush_cache", cache_reset.flush_cache),
     ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/infill.py)

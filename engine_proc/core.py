@@ -160,6 +160,10 @@ class EngineCore:
             self.abort_all(item.worker_id)
         elif isinstance(item, p.LoRAUpdate):
             self.publish((item.worker_id, self.update_lora(item)))
+        elif isinstance(item, p.CacheReset):
+            num_blocks = self.scheduler.block_manager.reset_prefix_cache()
+            log.info("prefix cache reset: %d blocks forgotten", num_blocks)
+            self.publish((item.worker_id, p.CacheResetResult(self.rank, num_blocks)))
 
     def take_request(self, item: EngineRequest) -> None:
         item.arrival_s = item.arrival_s or self.clock()  # the input thread stamps it on receipt
@@ -203,6 +207,8 @@ class EngineCore:
                 self.scheduler.abort(item.req_id)
             if item.finish is None or item.finish is p.FinishReason.ABORT:
                 self.publish_deltas([self._errored(item)])
+        elif isinstance(item, p.CacheReset):
+            self.publish((item.worker_id, p.CacheResetResult(self.rank, -1)))  # -1: failed (a 500)
         elif isinstance(item, p.LoRAUpdate):
             self.publish((item.worker_id, p.LoRAResult(
                 item.name, f"The engine failed to {'load' if item.path else 'unload'} LoRA adapter '{item.name}' "

@@ -1,9 +1,10 @@
 """The engine of a model that reads each prompt once, whole, and keeps nothing: an embedding model in the
-sentence-transformers layout, a cross-encoder, or a decoder served as a yes/no reranker (rerank, score).
-The same loop, scheduler and admission control as a generating engine, with an EncoderRunner,
-CrossEncoderRunner or YesNoRunner, whose blocks are an accounting of tokens in flight (no KV cache)."""
+sentence-transformers layout, a cross-encoder, a sequence classifier, or a decoder served as a yes/no reranker
+(rerank, score). The same loop, scheduler and admission control as a generating engine, with an EncoderRunner,
+ClassifierRunner or YesNoRunner, whose blocks are an accounting of tokens in flight (no KV cache)."""
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     import torch
 
     from rill.engine_proc.assembly import start_core
-    from rill.engine_proc.model.cross_encoder_runner import CrossEncoderRunner
+    from rill.engine_proc.model.classifier_runner import ClassifierRunner
     from rill.engine_proc.model.encoder_runner import EncoderRunner
     from rill.engine_proc.model.yes_no_runner import YesNoRunner
     from rill.engine_proc.sched.block_manager import BlockManager
@@ -34,7 +35,8 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     if model.dtype == "auto" and served is not Served.YES_NO:  # a small encoder: bfloat16 would cost precision for little
         dtype_name, dtype_reason = "float32", f"--dtype auto for an encoder ({served.value})"
     started = time.perf_counter()
-    runner_class = {Served.EMBED: EncoderRunner, Served.CROSS_ENCODER: CrossEncoderRunner, Served.YES_NO: YesNoRunner}
+    runner_class = {Served.EMBED: EncoderRunner, Served.CROSS_ENCODER: ClassifierRunner, Served.YES_NO: YesNoRunner,
+                    Served.CLASSIFY: functools.partial(ClassifierRunner, pairs=False)}
     runner = runner_class[served](model, dtype=getattr(torch, dtype_name), device=device, num_kv_blocks=2)
     max_model_len = min(limits.max_model_len or runner.max_model_len, runner.max_model_len)
     # Enough blocks for every seat at the longest prompt: they bound nothing but the seats.
@@ -60,5 +62,6 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
         max_queued_requests=limits.max_queued_requests, max_queued_tokens=limits.max_queued_tokens,
         request_timeout_s=limits.request_timeout_s, scheduling_policy=limits.scheduling_policy, generates=False, embedding_dim=runner.embedding_dim,
         scorer="" if served is Served.EMBED else served.value,
+        labels=list(runner.head.labels) if served is Served.CLASSIFY else [],
     )
     return core, threads, limits

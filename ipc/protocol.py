@@ -142,7 +142,14 @@ class LoRAUpdate(msgspec.Struct, tag=True, array_like=True, gc=False):
     load_inplace: bool = False
 
 
-EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll | LoRAUpdate
+class CacheReset(msgspec.Struct, tag=True, array_like=True, gc=False):
+    """POST /reset_prefix_cache or /flush_cache (--enable-cache-reset): the prefix cache emptied between two steps,
+    answered by a CacheResetResult from every engine."""
+
+    worker_id: str
+
+
+EngineInput = Submit | Abort | Shutdown | StatsQuery | AbortAll | LoRAUpdate | CacheReset
 
 
 # ---- engine -> worker (a PUSH per worker on the engine, a PULL bound by each worker) -----
@@ -255,7 +262,12 @@ class LoRAResult(msgspec.Struct, tag=True, array_like=True, gc=False):
     status: int = 200  # the HTTP status of the error: 400, or 404 for an adapter not loaded
 
 
-EngineOutput = StepOutputs | EngineStats | Admission | LoRAResult
+class CacheResetResult(msgspec.Struct, tag=True, array_like=True, gc=False):
+    data_parallel_rank: int
+    num_blocks: int  # the blocks the prefix cache indexed, now forgotten; -1: the reset failed (see the engine's log)
+
+
+EngineOutput = StepOutputs | EngineStats | Admission | LoRAResult | CacheResetResult
 
 
 class EngineLimits(msgspec.Struct):
@@ -283,9 +295,10 @@ class EngineLimits(msgspec.Struct):
     attention_backend: str = ""  # the one chosen: cpu | torch | triton ("" for the transformers runner)
     generates: bool = True  # False: an embedding model (an encoder), which serves /v1/embeddings only
     embedding_dim: int = 0  # the vectors' size; 0: no embeddings (a decoder without --enable-embeddings)
-    # What scores pairs for /rerank and /score (asgi/routes/rerank.py), which are then the only routes served:
-    # "" none | cross-encoder | yes-no (a decoder reranker, --task score).
+    # What scores pairs for /rerank and /score (asgi/routes/rerank.py), or texts for /classify, which are then the
+    # only routes served: "" none | cross-encoder | yes-no (a decoder reranker, --task score) | classify.
     scorer: str = ""
+    labels: list[str] = []  # a classifier's (scorer "classify"): id2label in the logits' order, for /classify
     scheduling_policy: str = "fcfs"  # --scheduling-policy: "priority" honours a request's `priority`
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded at start, name -> path
     speculative: str = ""  # --speculative-config as the engine runs it ("" off), e.g. "ngram k=4 n=2..5"

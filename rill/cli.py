@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -114,10 +115,17 @@ def serve_parser(sub) -> argparse.ArgumentParser:
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV blocks of prompt prefixes that earlier requests computed")
-    engine.add_argument("--task", choices=["auto", "generate", "embed", "score"], default="auto",
+    engine.add_argument("--enable-cache-reset", action="store_true",
+                        default=os.environ.get("VLLM_SERVER_DEV_MODE", "") == "1",
+                        help="serve POST /reset_prefix_cache (vLLM's) and /flush_cache (SGLang's), which empty the "
+                             "prefix cache, behind the API key (VLLM_SERVER_DEV_MODE=1, vLLM's switch for it, "
+                             "turns this on too)")
+    engine.add_argument("--task", choices=["auto", "generate", "embed", "score", "classify"], default="auto",
                         help="what to serve: auto follows the model directory (a cross-encoder scores, a "
-                             "sentence-transformers model embeds, a decoder generates); score on a decoder serves "
-                             "it as a yes/no reranker (Qwen3-Reranker's recipe) on /rerank and /score only")
+                             "classifier of several labels classifies, a sentence-transformers model embeds, a "
+                             "decoder generates); score on a decoder serves it as a yes/no reranker "
+                             "(Qwen3-Reranker's recipe) on /rerank and /score only; classify serves a one-label "
+                             "classifier (a reward model) on /classify")
     engine.add_argument("--enable-embeddings", action="store_true",
                         help="serve POST /v1/embeddings with the generating model too: its last token's final "
                              "hidden state, L2-normalised (an embedding model in the sentence-transformers layout "

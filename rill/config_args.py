@@ -58,7 +58,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
         allowed_headers=args.allowed_headers, access_log=args.access_log, log_requests=args.log_requests,
         metrics_prefix=args.metrics_prefix, otlp_traces_endpoint=args.otlp_traces_endpoint or "",
-        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating, enable_cache_reset=args.enable_cache_reset,
         state_store_url=args.state_store,
         responses_store_max_entries=max(args.responses_store_max_entries, 0),
         responses_store_ttl_s=max(args.responses_store_ttl, 0.0),

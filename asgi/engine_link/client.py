@@ -50,7 +50,9 @@ class EngineClient:
         self.alive = True
         self._routes: dict[str, tuple[Mailbox, int]] = {}
         self._engine_of: dict[str, int] = {}  # req_id -> engine rank, with several engines
+        # Questions every engine answers (a StatsQuery, a CacheReset): each waiter with the answers so far, by rank
         self._stats_waiters: list[tuple[asyncio.Future, dict[int, p.EngineStats]]] = []
+        self._reset_waiters: list[tuple[asyncio.Future, dict[int, p.CacheResetResult]]] = []
         self._lora_waiters: dict[str, asyncio.Future] = {}  # adapter name -> its LoRAResult
         self.chooser = EngineChooser(len(self.engine_pids), block_size)
         self._ctx = zmq.asyncio.Context()
@@ -117,12 +119,19 @@ class EngineClient:
         return total_stats(await self.stats_per_engine(timeout_s))
 
     async def stats_per_engine(self, timeout_s: float = 5.0) -> list[p.EngineStats]:
+        return await self._ask_every_engine(p.StatsQuery(self.worker_id), self._stats_waiters, timeout_s)
+
+    async def reset_prefix_cache(self, timeout_s: float = 30.0) -> list[p.CacheResetResult]:
+        """Every engine's prefix cache emptied, between two of its steps: each one's answer, by rank."""
+        return await self._ask_every_engine(p.CacheReset(self.worker_id), self._reset_waiters, timeout_s)
+
+    async def _ask_every_engine(self, question, waiters: list, timeout_s: float) -> list:
         if not self.alive:
             raise EngineDead
         fut = asyncio.get_running_loop().create_future()
-        self._stats_waiters.append((fut, {}))
+        waiters.append((fut, {}))
         for out in self._outs:
-            await out.send(p.input_encoder.encode(p.StatsQuery(self.worker_id)))
+            await out.send(p.input_encoder.encode(question))
         return await asyncio.wait_for(fut, timeout_s)
 
     async def update_lora(self, name: str, path: str = "", timeout_s: float = 120.0, *,
@@ -150,7 +159,10 @@ class EngineClient:
                     answer.set_result(msg)
                 continue
             if isinstance(msg, p.EngineStats):
-                self._answer_stats(msg)
+                self._stats_waiters = self._answer(self._stats_waiters, msg)
+                continue
+            if isinstance(msg, p.CacheResetResult):
+                self._reset_waiters = self._answer(self._reset_waiters, msg)
                 continue
             if isinstance(msg, p.LoRAResult):
                 if (fut := self._lora_waiters.get(msg.name)) is not None and not fut.done():
@@ -179,18 +191,18 @@ class EngineClient:
                     del self._routes[delta.req_id]
                     self._engine_of.pop(delta.req_id, None)
 
-    def _answer_stats(self, stats: p.EngineStats) -> None:
-        """A waiter is answered once every engine has answered it (by rank, in order)."""
+    def _answer(self, waiters: list, answer) -> list:
+        """A waiter is answered once every engine has answered it (by rank, in order); those still waiting."""
         waiting = []
-        for fut, answers in self._stats_waiters:
-            answers.setdefault(stats.data_parallel_rank, stats)
+        for fut, answers in waiters:
+            answers.setdefault(answer.data_parallel_rank, answer)
             if fut.done():
                 continue
             if len(answers) == len(self._outs):
                 fut.set_result([answers[rank] for rank in sorted(answers)])
             else:
                 waiting.append((fut, answers))
-        self._stats_waiters = waiting
+        return waiting
 
     async def _watch_engine(self, interval_s: float = 0.2) -> None:
         while all(process_alive(pid) for pid in self.engine_pids):

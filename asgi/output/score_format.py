@@ -1,7 +1,8 @@
-"""The bodies of a rerank answer (Jina's, Cohere's and vLLM's `results`) and of vLLM's score answer (`data`).
+"""The bodies of a rerank answer (Jina's, Cohere's and vLLM's `results`), of vLLM's score answer (`data`) and of
+vLLM's classify answer (`data`).
 
-Each pair's engine request ends with two float32s where an embedding's vector goes: the activated
-score and the raw logit (engine_proc/model/cross_encoder_runner.py).
+Each engine request ends with 2N float32s (N labels) where an embedding's vector goes: the activated
+scores, then the raw logits; a pair's are [score, logit] (engine_proc/model/classifier_runner.py).
 """
 from __future__ import annotations
 
@@ -71,3 +72,30 @@ class ScoreList(_Scores):
         return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
                                     "model": self.model, "data": data,
                                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+
+
+class ClassifyList(_Scores):
+    """vLLM's classify answer: one `data` entry per input, with the likeliest label and every label's score."""
+
+    def __init__(self, model: str, activated: bool, labels: list[str]) -> None:
+        super().__init__(model, activated)
+        self.labels = labels
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        data = []
+        for i, choice in enumerate(gen.mailbox.choices):
+            if choice.embedding is None:
+                raise GenerationFailed("The engine returned no scores.")
+            scores = np.frombuffer(choice.embedding, dtype="<f4")
+            num = len(scores) // 2
+            probs = (scores[:num] if self.activated else scores[num:]).tolist()
+            best = int(np.argmax(scores[num:]))  # the first of equal logits, as argmax over vLLM's probabilities
+            data.append({"index": i, "label": self.labels[best] if best < len(self.labels) else None,
+                         "probs": probs, "num_classes": num})
+        tokens = gen.usage().prompt_tokens
+        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
+                                    "model": self.model, "data": data,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                              "prompt_tokens_details": None}})

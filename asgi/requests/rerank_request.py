@@ -9,6 +9,7 @@ from msgspec import Meta
 
 from rill.asgi.errors import APIError, unsupported
 from rill.asgi.requests.bounds import MAX_PROMPTS, MAX_SMALL_LIST, Name, TruncatePromptTokens
+from rill.asgi.requests.classify_request import ClassifyRequest
 
 MAX_DOCUMENTS = MAX_PROMPTS  # documents of one rerank, or pairs of one score request (Jina's and Cohere's are 1,000-2,048)
 MAX_INSTRUCTION_LEN = 4096  # characters of a decoder reranker's instruction (Qwen3-Reranker's `<Instruct>`)
@@ -81,7 +82,7 @@ def score_pairs(req: ScoreRequest) -> tuple[list[str], list[str]]:
     return first, second
 
 
-def use_activation(req: RerankRequest | ScoreRequest) -> bool:
+def use_activation(req: RerankRequest | ScoreRequest | ClassifyRequest) -> bool:
     """Whether the score is the model's activated one (the default) or its raw logit."""
     chosen = req.use_activation if req.use_activation is not None else req.activation
     return chosen is not False

@@ -61,8 +61,10 @@ async def create_embeddings(http: HTTPRequest) -> None:
     await resolve_model(state, req.model, adapters=False)  # the served model's embeddings only
     limits = state.settings.limits
     if limits.scorer:
-        raise APIError(400, f"This server serves a reranker ({limits.scorer}), which makes no embeddings; use "
-                            "POST /v1/rerank or /score.", param="model", code="unsupported_model")
+        what, use = ("a classifier", "POST /classify") if limits.scorer == "classify" else \
+            (f"a reranker ({limits.scorer})", "POST /v1/rerank or /score")
+        raise APIError(400, f"This server serves {what}, which makes no embeddings; use {use}.", param="model",
+                       code="unsupported_model")
     if not limits.embedding_dim:
         raise APIError(400, "This server does not serve embeddings: start it with --enable-embeddings, or serve "
                             "an embedding model.", param="model", code="unsupported_model")

@@ -48,7 +48,7 @@ async def score(http: HTTPRequest) -> None:
 
 async def _check_serves_scores(state: WorkerState, model: str | None) -> None:
     await resolve_model(state, model, adapters=False)
-    if not state.settings.limits.scorer:
+    if state.settings.limits.scorer not in ("cross-encoder", "yes-no"):
         raise APIError(400, "This server does not serve rerank or score: serve a cross-encoder (a sentence-transformers "
                             "CrossEncoder, or a *ForSequenceClassification model with one label), or a decoder "
                             "reranker with --task score.", param="model", code="unsupported_model")

@@ -1,6 +1,6 @@
-"""What the two scoring runners share (a cross-encoder's, engine_proc/model/cross_encoder_runner.py, and a decoder
-reranker's, engine_proc/model/yes_no_runner.py): the `Runner` protocol's step, each finished prompt's [score, logit]
-as its "embedding", and prompts run in length groups. A subclass writes `_score_group`."""
+"""What the two scoring runners share (a classifier's, engine_proc/model/classifier_runner.py, and a decoder
+reranker's, engine_proc/model/yes_no_runner.py): the `Runner` protocol's step, each finished prompt's scores
+([score, logit] for one label) as its "embedding", and prompts run in length groups. A subclass writes `_score_group`."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,14 +21,14 @@ class ScoringRunner:
 
     def execute(self, batch: Batch) -> SamplerOutput:
         """A placeholder token id (-1) per seq of `batch.sampled_seqs`, and `out.embeddings`:
-        (seq, float32 [score, logit]) for each, in that order."""
+        (seq, float32 scores: [score, logit] for one label) for each, in that order."""
         seqs = batch.sampled_seqs
         out = SamplerOutput([-1] * len(seqs))
         out.embeddings = list(zip(seqs, self.score([seq.req.prompt_ids for seq in seqs])))
         return out
 
     def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
-        """[score, logit] per prompt, in order; grouped by length for the forwards."""
+        """The scores of each prompt, in order; grouped by length for the forwards."""
         scores: list[np.ndarray | None] = [None] * len(prompts)
         for group in length_groups([len(p) for p in prompts], PAD_BUDGET_TOKENS, MAX_GROUP_TOKENS):
             for i, row in zip(group, self._score_group([prompts[i] for i in group])):
@@ -36,5 +36,5 @@ class ScoringRunner:
         return scores
 
     def _score_group(self, prompts: list[list[int]]) -> np.ndarray:
-        """[len(prompts), 2] float32: [score, logit] of each prompt, in one forward."""
+        """[len(prompts), 2N] float32 (N labels): the activated scores, then the logits, in one forward."""
         raise NotImplementedError

@@ -162,6 +162,18 @@ class BlockManager:
                 cache.add_evictable(block_id)
         return block_ids
 
+    def reset_prefix_cache(self) -> int:
+        """Empties the prefix cache between two steps: every free cached block is a plain free block again, and
+        held ones are no longer found (their holders keep them). The number of blocks it indexed; 0 when off."""
+        cache = self.prefix_cache
+        if cache is None:
+            return 0
+        num_cached = cache.num_cached_blocks()
+        if self.window is not None:
+            self.window.clear()
+        self._free_block_ids.extend(cache.clear())
+        return num_cached
+
     def _serials(self, block_ids: list[int]) -> list[int]:
         return [self.prefix_cache.serial_of(block_id) for block_id in block_ids]
 

@@ -219,6 +219,17 @@ class PrefixCache:
         self._forget(block_id)
         return block_id
 
+    def clear(self) -> list[int]:
+        """Forgets every entry (vLLM's reset_prefix_cache, SGLang's flush_cache): held blocks stay their holders'
+        but are found no more, and their chains end. The free cached blocks, taken off the LRU: the caller frees them."""
+        for block_id in list(self._entries):
+            self._forget(block_id)
+        for chain in self._chains.values():
+            chain.last_serial = None
+        free_ids = list(self._free_lru)
+        self._free_lru.clear()
+        return free_ids
+
     # ---- the disk tier's view (engine_proc/kv_disk/) ----------------------------------------------
 
     def take_evicted(self) -> list[tuple[int, CachedBlock]]:

@@ -90,6 +90,11 @@ class WindowTables:
         if key is not None:
             del self._by_key[key]
 
+    def clear(self) -> None:
+        """Forgets every cached window block (the global cache was cleared)."""
+        self._by_key.clear()
+        self._key_of.clear()
+
     # ---- a request's tables -----------------------------------------------------------------
 
     def num_needed(self, req: EngineRequest, num_tokens: int) -> int:

@@ -1,5 +1,6 @@
 """Per-key prefix-cache isolation end to end: two real servers with two API keys each, one under the default
-(`--prefix-cache-isolation key`), one under `none`; hits seen through usage's cached tokens, as a tenant sees them."""
+(`--prefix-cache-isolation key`), one under `none`; hits seen through usage's cached tokens, as a tenant sees them.
+And emptying the cache over HTTP (--enable-cache-reset, on the second server): keyed, and off by default."""
 from __future__ import annotations
 
 import random
@@ -22,7 +23,8 @@ def servers(tmp_path_factory):
     tiny = str(write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama"))
     common = ("--model", tiny, "--load-format", "dummy", "--served-model-name", TINY_MODEL, "--max-model-len", "256",
               "--api-key", KEY_A, "--api-key", KEY_B, "--log-level", "info")  # info: the isolation's start line
-    isolated, shared = start_servers(tmp_path_factory, common, (*common, "--prefix-cache-isolation", "none"))
+    isolated, shared = start_servers(tmp_path_factory, common,
+                                     (*common, "--prefix-cache-isolation", "none", "--enable-cache-reset"))
     yield isolated, shared
     for srv in (isolated, shared):
         stop_server(srv)
@@ -128,3 +130,24 @@ def test_a_bad_cache_salt_is_a_400_naming_it(isolated, path, body):
         assert r.status_code == 400, (salt, r.text)
         error = r.json()["error"]
         assert error.get("param") == "cache_salt" or "cache_salt" in error["message"], r.text
+
+
+def test_the_cache_reset_routes_empty_the_cache_behind_the_key(isolated, shared):
+    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache, under --enable-cache-reset only."""
+    prompt = fresh_prompt()
+    assert complete(shared, KEY_A, prompt) == 0
+    assert complete(shared, KEY_B, prompt) == NUM_CACHED
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    assert httpx.post(f"{shared.base_url}/reset_prefix_cache", timeout=30).status_code == 401  # no key
+    assert complete(shared, KEY_A, prompt) == NUM_CACHED  # nothing was reset
+    r = httpx.post(f"{shared.base_url}/reset_prefix_cache", headers=headers, timeout=30)
+    assert r.status_code == 200 and r.content == b""
+    assert httpx.get(f"{shared.base_url}/stats", headers=headers, timeout=30).json()["num_cached_blocks"] == 0
+    assert complete(shared, KEY_B, prompt) == 0  # computed again
+    assert complete(shared, KEY_A, prompt) == NUM_CACHED  # and cached again
+    for method in ("GET", "POST"):
+        r = httpx.request(method, f"{shared.base_url}/flush_cache", headers=headers, timeout=30)
+        assert r.status_code == 200 and r.text.startswith("Cache flushed"), r.text
+        assert complete(shared, KEY_A, prompt) == 0
+    off = httpx.post(f"{isolated.base_url}/reset_prefix_cache", headers=headers, timeout=30)
+    assert off.status_code == 404 and "--enable-cache-reset" in off.json()["error"]["message"]

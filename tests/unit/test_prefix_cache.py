@@ -159,6 +159,32 @@ def test_free_blocks_are_evicted_least_recently_used_first_tail_before_head() ->
     assert f.block_ids == b_ids[1:]
 
 
+def test_a_reset_forgets_every_block_and_frees_the_free_ones() -> None:
+    """--enable-cache-reset: free cached blocks become plain free blocks, held ones stay held but are found no more,
+    a running request's next full blocks are not entered, and its blocks go to the plain stack when freed."""
+    bm = BlockManager(9, BS)  # 8 usable
+    a = computed(bm, make_req("a", ids(100, 8)))
+    bm.free(a)  # 2 free cached blocks
+    b = computed(bm, make_req("b", ids(200, 5)))  # 1 held cached block, 1 partial
+    assert bm.prefix_cache.num_cached_blocks() == 3 and bm.num_free_blocks() == 6
+    assert bm.reset_prefix_cache() == 3
+    assert bm.prefix_cache.num_cached_blocks() == 0 and bm.prefix_cache.num_evictable() == 0
+    assert bm.num_free_blocks() == 6  # the free ones are free still
+    assert bm.find_cached_blocks(make_req("a2", ids(100, 9)), 2) == []
+    assert bm.find_cached_blocks(make_req("b2", ids(200, 9)), 1) == []
+    bm.allocate(b, 8)
+    b.num_computed_tokens = 8
+    bm.after_step(b)  # its second block is full now: its chain broke at the reset, so it is not cached
+    assert bm.prefix_cache.num_cached_blocks() == 0
+    bm.free(b)
+    assert bm.num_free_blocks() == bm.num_total_blocks() and bm.prefix_cache.num_evictable() == 0
+    c = computed(bm, make_req("c", ids(100, 8)))  # caching goes on as before
+    c_ids = list(c.block_ids)
+    bm.free(c)
+    assert bm.find_cached_blocks(make_req("c2", ids(100, 9)), 2) == c_ids
+    assert BlockManager(9, BS, enable_prefix_caching=False).reset_prefix_cache() == 0
+
+
 def test_prefix_caching_off_finds_and_keeps_nothing() -> None:
     bm = BlockManager(9, BS, enable_prefix_caching=False)
     a = computed(bm, make_req("a", ids(100, 8)))

@@ -79,6 +79,18 @@ def test_a_hit_shares_the_window_blocks_before_its_end_and_nulls_the_rest():
     assert bm.num_free_blocks() == 63 and not any(bm.ref_counts[1:])
 
 
+def test_a_reset_forgets_the_window_blocks_too():
+    bm = hybrid()
+    prompt = ids(100, 22)
+    first = make_req("a", prompt)
+    step_to(bm, first, 22)
+    bm.reset_prefix_cache()
+    assert bm.find_cached_blocks(make_req("b", prompt + [7]), 5) == []
+    assert bm.num_free_blocks() == 63 - bm.held_blocks(first) - bm.window.held_blocks(first)
+    bm.free(first)
+    assert bm.num_free_blocks() == 63 and bm.prefix_cache.num_evictable() == 0  # every block on the plain stack
+
+
 @pytest.mark.parametrize("num_taken, num_hits", [(1, 3), (2, 2), (4, 0)])
 def test_a_hit_stops_where_the_window_blocks_before_it_were_evicted(num_taken, num_hits):
     bm = hybrid(num_blocks=19, num_groups=1)

@@ -1,4 +1,5 @@
-"""Scores whole (query, document) pairs with a cross-encoder: one relevance score per finished prompt."""
+"""Runs a sequence classifier over whole prompts: a cross-encoder's (query, document) pairs, one relevance score
+each, or a classifier's texts (`/classify`), one score per label each."""
 from __future__ import annotations
 
 import logging
@@ -18,21 +19,28 @@ from rill.ipc.pair_segments import pair_separator, second_segment_start
 
 log = logging.getLogger("rill.model")
 
-_ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda x: x, "tanh": torch.tanh}
+_ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda x: x, "tanh": torch.tanh,
+                "softmax": lambda x: torch.softmax(x, dim=-1)}
 
 
-class CrossEncoderRunner(ScoringRunner):
-    """The `Runner` protocol for a cross-encoder: `execute(batch)` is one engine step.
+class ClassifierRunner(ScoringRunner):
+    """The `Runner` protocol for a `*ForSequenceClassification` model: `execute(batch)` is one engine step.
 
-    Each prompt is a pair the API worker encoded with the tokenizer's pair template. As with the
-    EncoderRunner (an encoder attends both ways), a prompt runs whole at its last chunk, and no KV
-    cache exists. Its "embedding" is two float32s: [the activated score, the raw logit], so a
-    request's `use_activation: false` is the worker's choice and costs the engine nothing.
+    With `pairs`, each prompt is a pair the API worker encoded with the tokenizer's pair template (a
+    cross-encoder); without, a text alone (token types all 0, as transformers gives one text). As with the
+    EncoderRunner, a prompt runs whole at its last chunk, and no KV cache exists. Its "embedding" is 2N float32s
+    for N labels: the activated scores, then the raw logits, so a request's `use_activation: false` is the
+    worker's choice and costs the engine nothing; a cross-encoder's is [score, logit].
+
+    A decoder's classifier (Llama's, Qwen's: a `score` head) reads each prompt's last token. transformers finds
+    it by the pad token, and refuses a batch when the config names none; here the base model's hidden states
+    are taken at each prompt's own last position, whatever its pad token.
     """
 
-    info = RunnerInfo("cross-encoder")
+    info = RunnerInfo("classifier")
 
-    def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int) -> None:
+    def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
+                 pairs: bool = True) -> None:
         model_dir = Path(model.model_dir)
         self.head: ScoreHead = read_score_head(model_dir)
         self.device = torch.device(device)
@@ -49,14 +57,16 @@ class CrossEncoderRunner(ScoringRunner):
         tokenizer.no_truncation()
         tokenizer.no_padding()
         separator = pair_separator(tokenizer)
-        self._separator = separator if getattr(self.config, "type_vocab_size", 1) > 1 else None
+        self._separator = separator if pairs and getattr(self.config, "type_vocab_size", 1) > 1 else None
         self._activate = _ACTIVATIONS[self.head.activation]
-        log.info("cross-encoder: %s score, token types %s, max_model_len %d", self.head.activation,
+        self._last_token_head = getattr(self.model, "score", None)  # a decoder's, read at the last token
+        log.info("%s: %d labels, %s, token types %s, max_model_len %d", "cross-encoder" if pairs else "classifier",
+                 len(self.head.labels), self.head.activation,
                  "after separator id %d" % self._separator if self._separator is not None else "off", self.max_model_len)
 
     @torch.inference_mode()
     def _score_group(self, prompts: list[list[int]]) -> np.ndarray:
-        """[len(prompts), 2] float32: the pairs right-padded into one forward."""
+        """[len(prompts), 2N] float32: the prompts right-padded into one forward."""
         max_len = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), max_len), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), max_len), dtype=torch.long)
@@ -69,5 +79,11 @@ class CrossEncoderRunner(ScoringRunner):
         inputs = {"input_ids": input_ids, "attention_mask": mask}
         if self._separator is not None:
             inputs["token_type_ids"] = types
-        logits = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0].float()
-        return torch.stack([self._activate(logits), logits], dim=1).cpu().numpy()
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        if self._last_token_head is None:
+            logits = self.model(**inputs).logits.float()
+        else:  # right padding leaves a causal model's real tokens as they are
+            hidden = self.model.base_model(**inputs).last_hidden_state
+            last = torch.tensor([len(p) - 1 for p in prompts], device=hidden.device)
+            logits = self._last_token_head(hidden[torch.arange(len(prompts), device=hidden.device), last]).float()
+        return torch.cat([self._activate(logits), logits], dim=1).cpu().numpy()

@@ -1,0 +1,23 @@
+"""vLLM's classification request (`POST /classify`, also served by SGLang as `/v1/classify`), checked field by field."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rill.asgi.requests.bounds import Name, TruncatePromptTokens
+from rill.asgi.requests.priority import Priority
+
+
+class ClassifyRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None  # optional, as in vLLM; compared only (a long name is a 404)
+    input: str | list[Any]  # a string, strings, token ids, or lists of token ids (schemas.prompt_batch)
+    use_activation: bool | None = None  # vLLM's: false gives the raw logits instead of probabilities
+    activation: bool | None = None  # vLLM's older name for use_activation
+    user: Name | None = None
+    priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
+    truncate_prompt_tokens: TruncatePromptTokens | None = None  # each input's last k tokens (-1: the context length)
+    add_special_tokens: bool = True  # the tokenizer's own around each text ([CLS] and [SEP], a BOS)
+
+
+classify_decoder = msgspec.json.Decoder(ClassifyRequest)

@@ -22,7 +22,7 @@ from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.classify import classify
 from rill.asgi.routes.completions import completions
 from rill.asgi.routes.embeddings import create_embeddings
-from rill.asgi.routes.infill import infill
+from rill.asgi.routes.llama_cpp import completion, infill
 from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from rill.asgi.routes.rerank import rerank, score
 from rill.asgi.routes.responses import count_input_tokens, create_response
@@ -148,7 +148,8 @@ ROUTER = Router([
     ("GET", "/flush_cache", cache_reset.flush_cache),
     ("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter),  # --allow-runtime-lora-updating
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
-    ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/infill.py)
+    ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/llama_cpp.py)
+    ("POST", "/completion", generative(completion)),  # llama.cpp's native completion
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),

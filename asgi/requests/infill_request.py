@@ -2,9 +2,7 @@
 
 Fill-in-the-middle with context: `input_prefix` and `input_suffix` around the cursor, `input_extra` (other files'
 text, `[{"filename", "text"}]`) before them, and `prompt` (the start of the middle, after the middle token). The
-sampling fields are llama.cpp's names, mapped onto a completion request (`n_predict` -1: until the model stops or
-the context is full). Fields this server does not read (`cache_prompt`, `samplers`, `t_max_predict_ms`, ...)
-are ignored, as llama.cpp ignores what it does not know.
+sampling fields are llama.cpp's, as `/completion` takes them (asgi/requests/llama_request.py).
 """
 from __future__ import annotations
 
@@ -15,10 +13,8 @@ from msgspec import Meta
 
 from rill.asgi.prompt.encoding import encode_texts
 from rill.asgi.prompt.fim import FimTokens
-from rill.asgi.requests.bounds import MAX_SMALL_LIST, MAX_STOP, Name, StopString
-from rill.asgi.requests.cache_salt import CacheSalt
-from rill.asgi.requests.priority import Priority
-from rill.asgi.requests.schemas import INT64_MAX, INT64_MIN, CompletionRequest
+from rill.asgi.requests.bounds import MAX_SMALL_LIST, Name
+from rill.asgi.requests.llama_request import LlamaSampling
 
 MAX_EXTRA_CHUNKS = 4 * MAX_SMALL_LIST  # other files' chunks (llama.vim keeps up to 16 by default)
 
@@ -28,36 +24,14 @@ class ExtraChunk(msgspec.Struct):
     filename: Name = "tmp"
 
 
-class InfillRequest(msgspec.Struct, kw_only=True):
+class InfillRequest(LlamaSampling, kw_only=True):
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: Annotated[list[ExtraChunk], Meta(max_length=MAX_EXTRA_CHUNKS)] = []
     prompt: str = ""
-    model: str | None = None
-    n_predict: Annotated[int, Meta(ge=-1, le=INT64_MAX)] = -1
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    repeat_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
-    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    stop: Annotated[list[StopString], Meta(max_length=MAX_STOP)] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
-    priority: Priority = 0  # vLLM's, under --scheduling-policy priority (asgi/requests/priority.py)
 
 
 infill_decoder = msgspec.json.Decoder(InfillRequest)
-
-
-def as_completion(req: InfillRequest, model: str, prompt_ids: list[int], max_tokens: int) -> CompletionRequest:
-    """The completion request the infill runs as (its sampling fields checked as completions' are)."""
-    return CompletionRequest(model=model, prompt=prompt_ids, max_tokens=max_tokens, temperature=req.temperature,
-                             top_k=req.top_k if req.top_k not in (0, None) else None, top_p=req.top_p,
-                             min_p=req.min_p, repetition_penalty=req.repeat_penalty,
-                             seed=req.seed if req.seed not in (-1, None) else None,
-                             stop=req.stop, ignore_eos=req.ignore_eos, stream=req.stream)
 
 
 async def infill_prompt(tokenizer, fim: FimTokens, req: InfillRequest) -> list[int]:

@@ -70,6 +70,7 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/tokenize", {"prompt": "Hi"}),  # vLLM leaves these open; they run the tokenizer
     ("POST", "/detokenize", {"tokens": [1, 2]}),
     ("POST", "/infill", {"input_prefix": "def f():", "n_predict": 2}),  # llama.cpp's; this model has no FIM: a 400
+    ("POST", "/completion", {"prompt": "Hi", "n_predict": 2}),  # llama.cpp's native completion
     # A generating model serves no rerank or score: a 400 naming `model` once the key is good.
     ("POST", "/v1/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),
     ("POST", "/v2/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),

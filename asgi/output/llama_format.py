@@ -1,5 +1,6 @@
-"""llama.cpp's `/infill` answer (the shape of its `/completion`): streamed as `data: {"content": ..., "stop": false}`
-events and a last one with `"stop": true` and the figures, no `[DONE]`; or that last object as one body."""
+"""llama.cpp's `/completion` and `/infill` answer: streamed as `data: {"content": ..., "stop": false}` events and a
+last one with `"stop": true` and the figures, no `[DONE]`; or that last object as one body. With `return_tokens`
+each event (and the body) has the token ids of its text in `tokens`."""
 from __future__ import annotations
 
 import time
@@ -13,49 +14,54 @@ from rill.asgi.http.sse import frame
 _encode = msgspec.json.encode
 
 
-class InfillStream:
+class LlamaAnswer:
     ends_with_done = False
     opens_with_first_token = True
     keepalive = KEEPALIVE_COMMENT
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, with_tokens: bool = False):
         self.model = model
+        self.with_tokens = with_tokens  # the Generation then gives each delta's token_ids
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self.text: list[str] = []
+        self.tokens: list[int] = []
         self.finish_reason: str | None = None
 
-    def _take(self, deltas: list[ChoiceDelta]) -> list[str]:
+    def _take(self, deltas: list[ChoiceDelta]) -> list[tuple[str, list[int]]]:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         pieces = []
         for delta in deltas:
             self.finish_reason = delta.finish_reason or self.finish_reason
-            if delta.text:
-                pieces.append(delta.text)
-        self.text += pieces
+            ids = delta.token_ids or []
+            if delta.text or (self.with_tokens and ids):
+                pieces.append((delta.text, ids))
+                self.text.append(delta.text)
+                self.tokens += ids
         return pieces
 
     def opening(self, gen: Generation) -> list[bytes]:
         return []
 
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]:
-        return [frame(_encode({"index": 0, "content": text, "stop": False, "id_slot": 0}))
-                for text in self._take(deltas)]
+        return [frame(_encode({"index": 0, "content": text, **({"tokens": ids} if self.with_tokens else {}),
+                               "stop": False, "id_slot": 0}))
+                for text, ids in self._take(deltas)]
 
     def failure(self, exc: GenerationFailed, gen: Generation) -> list[bytes]:
         return [frame(_encode({"error": {"code": exc.status, "message": str(exc), "type": "server_error"}}))]
 
     def closing(self, gen: Generation) -> list[bytes] | None:
-        return None if gen.disconnected else [frame(self._last(gen, ""))]
+        return None if gen.disconnected else [frame(self._last(gen, "", []))]
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
         self._take(deltas)
 
     def body(self, gen: Generation) -> bytes | None:
-        return None if gen.disconnected else self._last(gen, "".join(self.text))
+        return None if gen.disconnected else self._last(gen, "".join(self.text), self.tokens)
 
-    def _last(self, gen: Generation, content: str) -> bytes:
+    def _last(self, gen: Generation, content: str, tokens: list[int]) -> bytes:
         """The closing object: the content (all of it, in a body), why it stopped and the figures."""
         usage, now = gen.usage(), time.perf_counter()
         stopping_word = gen.detokenizers[0].stop_matched or ""
@@ -64,7 +70,8 @@ class InfillStream:
         prompt_ms, predicted_ms = (first - self.started) * 1000, (now - first) * 1000
         predicted = usage.completion_tokens
         return _encode({
-            "index": 0, "content": content, "id_slot": 0, "stop": True, "model": self.model,
+            "index": 0, "content": content, **({"tokens": tokens} if self.with_tokens else {}), "id_slot": 0,
+            "stop": True, "model": self.model,
             "tokens_predicted": predicted, "tokens_evaluated": usage.prompt_tokens,
             "tokens_cached": usage.cached_tokens, "truncated": False, "has_new_line": "\n" in "".join(self.text),
             "stop_type": stop_type, "stopping_word": stopping_word,

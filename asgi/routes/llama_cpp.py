@@ -1,0 +1,67 @@
+"""llama.cpp's native routes: POST /completion (a prompt, as llama.cpp's own clients and UIs send it) and POST /infill
+(fill-in-the-middle with repository context, for editors: llama.vim, llama.vscode). The requests:
+asgi/requests/llama_request.py and infill_request.py; the answer: asgi/output/llama_format.py."""
+from __future__ import annotations
+
+from rill.asgi.engine_link.generate import Generation, new_request_id
+from rill.asgi.errors import APIError
+from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.llama_format import LlamaAnswer
+from rill.asgi.output.respond import respond
+from rill.asgi.prompt.encoding import tokenize_prompts
+from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.infill_request import infill_decoder, infill_prompt
+from rill.asgi.requests.llama_request import LLAMA_NAMES, LlamaSampling, as_completion, completion_decoder
+from rill.asgi.requests.model_choice import resolve_model
+from rill.asgi.requests.priority import request_priority
+from rill.asgi.requests.sampling import sampling_params
+from rill.asgi.requests.structured import load_checker
+from rill.asgi.state import WorkerState
+
+
+async def completion(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_json(completion_decoder, http.body)
+    lora = await resolve_model(state, req.model)
+    log_request_content(state.settings.http.log_requests, req)
+    prompt_ids = (await tokenize_prompts(state.tokenizer, [req.prompt], state.settings.limits.vocab_size, "prompt"))[0]
+    await _run(http, req, lora, prompt_ids, "cmpl", "prompt")
+
+
+async def infill(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    req = decode_json(infill_decoder, http.body)
+    lora = await resolve_model(state, req.model)
+    log_request_content(state.settings.http.log_requests, req)
+    if state.fim_tokens is None:
+        raise APIError(400, "/infill needs a model trained for fill-in-the-middle: the served model's tokenizer has "
+                            "no FIM tokens (<fim_prefix>, <|fim_prefix|>, ...).", param="input_prefix")
+    await _run(http, req, lora, await infill_prompt(state.tokenizer, state.fim_tokens, req), "infill", "input_prefix")
+
+
+async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_ids: list[int], prefix: str,
+               prompt_param: str) -> None:
+    state: WorkerState = http.state
+    limits = state.settings.limits
+    room = max(limits.max_model_len - len(prompt_ids), 1)  # n_predict -1: until the model stops or the context is full
+    max_tokens = room if req.n_predict < 0 else max(req.n_predict, 1)
+    model = req.model or state.model_id
+    completion = as_completion(req, model, prompt_ids, max_tokens)
+    try:  # checked as a completion's fields, named as llama.cpp's
+        await load_checker(completion)  # json_schema, grammar
+        params = sampling_params(completion, max_tokens=max_tokens, prompt_len=len(prompt_ids),
+                                 max_model_len=limits.max_model_len, prompt_param=prompt_param,
+                                 max_tokens_param="n_predict", vocab_size=limits.vocab_size,
+                                 defaults=state.sampling_defaults, tokenizer=state.tokenizer)
+    except APIError as exc:
+        exc.message = exc.message.replace(f"`{exc.param}`", f"`{LLAMA_NAMES.get(exc.param, exc.param)}`")
+        exc.param = LLAMA_NAMES.get(exc.param, exc.param)
+        raise
+    params.lora = lora
+    params.priority = request_priority(req.priority, limits)
+    gen = Generation(state.client, new_request_id(prefix), [prompt_ids], params,
+                     state.detokenizer(stop=completion.stop or [], skip_special_tokens=True, include_stop=False),
+                     cache_salt=req.cache_salt, return_token_ids=req.return_tokens)
+    await respond(gen, LlamaAnswer(model, req.return_tokens), stream=req.stream, receive=http.receive, send=http.send,
+                  keepalive_s=state.settings.http.sse_keepalive_s)

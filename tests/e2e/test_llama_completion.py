@@ -1,0 +1,87 @@
+"""llama.cpp's native POST /completion on the shared server: greedy, the same text as /v1/completions on the same
+prompt; streamed in llama.cpp's events; token ids in `tokens`; a JSON schema and a GBNF grammar obeyed; the 400s."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import pytest
+
+from tests.helpers.server import sdk_client
+
+MODEL = "smollm2-135m-instruct"
+PROMPT = "The three largest cities of France are"
+
+
+def salt() -> str:
+    """A namespace of its own in the prefix cache: a greedy text never depends on another request's blocks."""
+    return uuid.uuid4().hex
+
+
+def post(server, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/completion", json=body, timeout=120)
+
+
+def test_a_greedy_completion_is_the_openai_routes_text_in_llama_cpps_shape(server):
+    plain = sdk_client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                                  extra_body={"ignore_eos": True, "cache_salt": salt()})
+    body = {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "ignore_eos": True, "cache_salt": salt(),
+            "cache_prompt": True, "id_slot": -1, "samplers": ["top_k"]}  # fields this server does not read: ignored
+    r = post(server, body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["content"] == plain.choices[0].text and answer["stop"] is True
+    assert answer["tokens_predicted"] == 12 and answer["tokens_evaluated"] == plain.usage.prompt_tokens
+    assert answer["stop_type"] == "limit" and answer["timings"]["predicted_n"] == 12 and "tokens" not in answer
+    with httpx.stream("POST", f"{server.base_url}/completion", json={**body, "stream": True, "cache_salt": salt()},
+                      timeout=120) as s:
+        assert s.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[6:]) for line in lines]
+    assert "".join(e["content"] for e in events) == answer["content"]
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1]["tokens_predicted"] == 12 and "[DONE]" not in lines[-1]
+
+
+def test_return_tokens_and_a_prompt_of_token_ids(server, tokenizer):
+    ids = tokenizer.encode(PROMPT).ids
+    body = {"prompt": ids, "n_predict": 8, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    answer = post(server, {**body, "cache_salt": salt()}).json()
+    assert answer["tokens_evaluated"] == len(ids) and len(answer["tokens"]) == 8
+    assert tokenizer.decode(answer["tokens"]) == answer["content"]
+    with httpx.stream("POST", f"{server.base_url}/completion", json={**body, "stream": True, "cache_salt": salt()},
+                      timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert [t for e in events[:-1] for t in e["tokens"]] == answer["tokens"] and events[-1]["tokens"] == []
+
+
+def test_a_json_schema_and_a_grammar_are_obeyed(server):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+              "additionalProperties": False}
+    answer = post(server, {"prompt": "Name a city as JSON: ", "n_predict": 40, "json_schema": schema,
+                           "temperature": 0.8, "seed": 3}).json()
+    assert set(json.loads(answer["content"])) == {"city"} and answer["stop_type"] == "eos"
+    for seed in (1, 2, 3):
+        answer = post(server, {"prompt": "Is Paris in France? Answer: ", "n_predict": 8, "temperature": 1.0,
+                               "seed": seed, "grammar": 'root ::= "yes" | "no" | "maybe"'}).json()
+        assert answer["content"] in ("yes", "no", "maybe"), answer
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "Hi", "n_probs": 3}, "n_probs"),
+    ({"prompt": "Hi", "n_predict": -2}, "n_predict"),
+    ({"prompt": "Hi", "n_predict": 10**9}, "n_predict"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [10**9]}, "prompt[0]"),
+    ({"prompt": ["a", "b"]}, "prompt[0]"),  # one prompt a request
+    ({"prompt": "Hi", "json_schema": {"type": "no-such-type"}}, "json_schema"),
+    ({"prompt": "Hi", "grammar": "root ::= ("}, "grammar"),
+    ({"prompt": "Hi", "temperature": -1}, "temperature"),
+    ({"n_predict": 2}, "prompt"),
+])
+def test_bad_completion_requests_are_400s_naming_the_field(server, body, param):
+    r = post(server, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "guided" not in error["message"], error

@@ -2,7 +2,8 @@
 sampling fields it shares with `POST /infill` (asgi/requests/infill_request.py), in llama.cpp's names, mapped onto a
 completion request (`n_predict` -1: until the model stops or the context is full). Fields this server does not read
 (`cache_prompt`, `samplers`, `id_slot`, `t_max_predict_ms`, ...) are ignored, as llama.cpp ignores what it does not
-know; `n_probs` is refused (a 400 naming it), as its answer would lack what was asked for.
+know. `n_probs` gives each token's logprob and the top n (`completion_probabilities`); `post_sampling_probs` is
+refused (a 400 naming it): the probabilities are the model's, before sampling.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from rill.asgi.requests.bounds import MAX_CONSTRAINT_LEN, MAX_STOP, StopString
 from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import INT64_MAX, INT64_MIN, CompletionRequest, Penalty
+
+MAX_TOP_LOGPROBS = 20  # as chat's top_logprobs and vLLM's --max-logprobs default
 
 
 class LlamaSampling(msgspec.Struct, kw_only=True):
@@ -34,7 +37,8 @@ class LlamaSampling(msgspec.Struct, kw_only=True):
     stream: bool = False
     json_schema: Any = None  # the output follows this JSON schema (asgi/requests/structured.py checks it)
     grammar: Annotated[str, Meta(max_length=MAX_CONSTRAINT_LEN)] | None = None  # GBNF, as xgrammar reads it
-    n_probs: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
+    n_probs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] = 0
+    post_sampling_probs: bool = False
     return_tokens: bool = False  # each piece's token ids in `tokens`
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's, under --scheduling-policy priority (asgi/requests/priority.py)
@@ -52,8 +56,8 @@ LLAMA_NAMES = {"guided_json": "json_schema", "guided_grammar": "grammar", "repet
 
 def as_completion(req: LlamaSampling, model: str, prompt_ids: list[int], max_tokens: int) -> CompletionRequest:
     """The completion request it runs as (its sampling fields checked as completions' are)."""
-    if req.n_probs:
-        raise unsupported("n_probs")
+    if req.post_sampling_probs:
+        raise unsupported("post_sampling_probs")
     return CompletionRequest(model=model, prompt=prompt_ids, max_tokens=max_tokens, temperature=req.temperature,
                              top_k=req.top_k if req.top_k not in (0, None) else None, top_p=req.top_p,
                              min_p=req.min_p, repetition_penalty=req.repeat_penalty,

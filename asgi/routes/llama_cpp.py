@@ -8,6 +8,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.llama_format import LlamaAnswer
+from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.requests.body import decode_json
@@ -53,6 +54,7 @@ async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_i
         params = sampling_params(completion, max_tokens=max_tokens, prompt_len=len(prompt_ids),
                                  max_model_len=limits.max_model_len, prompt_param=prompt_param,
                                  max_tokens_param="n_predict", vocab_size=limits.vocab_size,
+                                 logprobs=req.n_probs or None,
                                  defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     except APIError as exc:
         exc.message = exc.message.replace(f"`{exc.param}`", f"`{LLAMA_NAMES.get(exc.param, exc.param)}`")
@@ -63,5 +65,6 @@ async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_i
     gen = Generation(state.client, new_request_id(prefix), [prompt_ids], params,
                      state.detokenizer(stop=completion.stop or [], skip_special_tokens=True, include_stop=False),
                      cache_salt=req.cache_salt, return_token_ids=req.return_tokens)
-    await respond(gen, LlamaAnswer(model, req.return_tokens), stream=req.stream, receive=http.receive, send=http.send,
-                  keepalive_s=state.settings.http.sse_keepalive_s)
+    probs = ChatLogprobs(state.token_texts, req.n_probs) if req.n_probs else None
+    await respond(gen, LlamaAnswer(model, req.return_tokens, probs), stream=req.stream, receive=http.receive,
+                  send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)

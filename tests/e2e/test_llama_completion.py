@@ -56,6 +56,24 @@ def test_return_tokens_and_a_prompt_of_token_ids(server, tokenizer):
     assert [t for e in events[:-1] for t in e["tokens"]] == answer["tokens"] and events[-1]["tokens"] == []
 
 
+def test_n_probs_gives_each_tokens_logprob_and_the_top_n(server):
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "ignore_eos": True, "n_probs": 3, "return_tokens": True}
+    answer = post(server, {**body, "cache_salt": salt()}).json()
+    probs = answer["completion_probabilities"]
+    assert [p["id"] for p in probs] == answer["tokens"] and "".join(p["token"] for p in probs) == answer["content"]
+    for p in probs:
+        top = p["top_logprobs"]
+        assert len(top) == 3 and top[0]["id"] == p["id"] and top[0]["logprob"] == pytest.approx(p["logprob"])  # greedy
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True) and top[0]["logprob"] < 0
+        assert bytes(p["bytes"]).decode() == p["token"]
+    with httpx.stream("POST", f"{server.base_url}/completion", json={**body, "stream": True, "cache_salt": salt()},
+                      timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    streamed = [p for e in events[:-1] for p in e["completion_probabilities"]]
+    assert [p["id"] for p in streamed] == answer["tokens"]
+    assert [p["logprob"] for p in streamed] == pytest.approx([p["logprob"] for p in probs], abs=1e-3)
+
+
 def test_a_json_schema_and_a_grammar_are_obeyed(server):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
               "additionalProperties": False}
@@ -69,7 +87,8 @@ def test_a_json_schema_and_a_grammar_are_obeyed(server):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"prompt": "Hi", "n_probs": 3}, "n_probs"),
+    ({"prompt": "Hi", "n_probs": 21}, "n_probs"),
+    ({"prompt": "Hi", "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"prompt": "Hi", "n_predict": -2}, "n_predict"),
     ({"prompt": "Hi", "n_predict": 10**9}, "n_predict"),
     ({"prompt": []}, "prompt"),

@@ -1,4 +1,6 @@
-"""vLLM's utility routes: POST /tokenize and /detokenize (a prompt or chat messages), GET /version."""
+"""vLLM's utility routes: POST /tokenize and /detokenize (a prompt or chat messages), GET /version. They take
+llama.cpp's spellings too (`content`, `add_special`, `with_pieces`) and answer in both servers' keys, so a
+llama.cpp client counts tokens here as it does there."""
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
@@ -19,10 +21,13 @@ from rill.asgi.state import WorkerState, dumps
 
 
 class TokenizePrompt(msgspec.Struct, kw_only=True):
-    prompt: str
+    prompt: str | None = None
+    content: str | None = None  # llama.cpp's name for the prompt
     model: str | None = None  # no bound: a name longer than the served one is a 404
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
+    add_special: bool | None = None  # llama.cpp's name (its default: false)
     return_token_strs: bool = False
+    with_pieces: bool = False  # llama.cpp's: tokens as {"id", "piece"} (the piece a string, else its bytes)
 
 
 class TokenizeChat(ChatCompletionRequest, kw_only=True):
@@ -65,10 +70,25 @@ async def tokenize(http: HTTPRequest) -> None:
         ids = await render_messages(state, req)  # as chat completions would, add_special_tokens as it takes it
     else:
         req = await _decode(_prompt_decoder, body, state)
-        (ids,) = await encode_texts(state.tokenizer, [req.prompt], add_special_tokens=req.add_special_tokens)
-    answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": ids,
+        if (req.prompt is None) == (req.content is None):
+            raise APIError(400, "Give the text as `prompt` (or llama.cpp's `content`), once.", param="prompt")
+        specials = req.add_special_tokens if req.add_special_tokens is not None else \
+            req.add_special if req.add_special is not None else req.prompt is not None
+        (ids,) = await encode_texts(state.tokenizer, [req.prompt if req.prompt is not None else req.content],
+                                    add_special_tokens=specials)
+    tokens = [{"id": i, "piece": _piece(state, i)} for i in ids] if getattr(req, "with_pieces", False) else ids
+    answer = {"count": len(ids), "max_model_len": state.settings.limits.max_model_len, "tokens": tokens,
               "token_strs": [state.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None}
     await send_json(http.send, answer)
+
+
+def _piece(state: WorkerState, token_id: int) -> str | list[int]:
+    """llama.cpp's piece: the token's text, or its bytes where they are not UTF-8 on their own."""
+    raw = state.token_texts.bytes(token_id)
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        return raw
 
 
 async def detokenize(http: HTTPRequest) -> None:
@@ -82,7 +102,8 @@ async def detokenize(http: HTTPRequest) -> None:
         if token_id >= vocab_size:
             raise APIError(400, f"Token ids must be between 0 and {vocab_size - 1}.", param=f"tokens[{i}]")
     # Ids past the tokenizer's own vocabulary (the model's embedding may be padded) decode to "".
-    await send_json(http.send, {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+    text = state.tokenizer.decode(req.tokens, skip_special_tokens=False)
+    await send_json(http.send, {"prompt": text, "content": text})  # vLLM's key, and llama.cpp's
 
 
 async def get_version(http: HTTPRequest) -> None:

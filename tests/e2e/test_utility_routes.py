@@ -29,6 +29,22 @@ def test_tokenize_a_prompt_as_the_tokenizer_does(server, tokenizer):
     assert bare["token_strs"] is None
 
 
+def test_llama_cpps_spellings(server, tokenizer):
+    """llama.cpp's /tokenize body (`content`, `with_pieces`) and /detokenize answer (`content`)."""
+    text = "Héllo, wörld! 🌊"
+    got = post(server, "/tokenize", {"content": text, "with_pieces": True}).json()
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert [t["id"] for t in got["tokens"]] == ids and got["count"] == len(ids)
+    pieces = [t["piece"] for t in got["tokens"]]
+    assert b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces) == text.encode()
+    assert any(isinstance(p, list) for p in pieces)  # the wave's bytes, split over tokens
+    back = post(server, "/detokenize", {"tokens": ids}).json()
+    assert back["content"] == back["prompt"] == text
+    for body in ({"prompt": text, "content": text}, {"add_special": True}):
+        r = post(server, "/tokenize", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
 def test_tokenize_messages_counts_what_chat_sends(server, client):
     got = post(server, "/tokenize", {"model": MODEL, "messages": MESSAGES}).json()
     usage = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1).usage
@@ -41,8 +57,8 @@ def test_tokenize_messages_counts_what_chat_sends(server, client):
 def test_detokenize_round_trips(server, tokenizer):
     text = "The sea is calm tonight. 🌊"
     ids = tokenizer.encode(text, add_special_tokens=False).ids
-    assert post(server, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {"prompt": text}
-    assert post(server, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+    assert post(server, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {"prompt": text, "content": text}
+    assert post(server, "/detokenize", {"tokens": []}).json() == {"prompt": "", "content": ""}
 
 
 @pytest.mark.parametrize("path,body,status,param", [

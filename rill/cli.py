@@ -70,10 +70,16 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                           "some do, none while any waits); 0: this server runs no batch")
     model = ap.add_argument_group("model")
     model.add_argument("--model", default=None,
-                       help="a local Hugging Face model directory or a GGUF file (default: the bundled "
+                       help="a local Hugging Face model directory, a GGUF file, or a hub id (ORG/NAME) found in "
+                            "the local Hugging Face cache; never downloaded (default: the bundled "
                             "SmolLM2-135M-Instruct)")
     model.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                        help="the same as --model, where `vllm serve` takes it (first, before any flag)")
+    model.add_argument("--revision", default=None,
+                       help="a hub id's branch, tag or commit in the cache (vLLM's; default: main)")
+    model.add_argument("--download-dir", default=None, metavar="DIR",
+                       help="the Hugging Face cache a hub id is looked up in (vLLM's name; default: $HF_HUB_CACHE, "
+                            "else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
     model.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the model id clients use; more names are aliases of it (vLLM's)")
     model.add_argument("--chat-template", default=None, help="a jinja2 chat template file to use instead of the model's")

@@ -28,6 +28,7 @@ from rill.config_args import config_from_args
 from rill.engine_monitor import EngineMonitor
 from rill.engine_proc.main import run_engine
 from rill.http_server import run_granian
+from rill.hub_models import cached_snapshot, looks_like_repo_id
 from rill.ipc import protocol as p
 from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
@@ -47,6 +48,8 @@ BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
 
 def resolve_model(args) -> tuple[Path, str]:
+    """The model directory `rill serve` runs and its served id: the bundled model, a GGUF file converted once, a
+    local directory, or a hub id found in the Hugging Face cache (rill/hub_models.py)."""
     if args.model is None:
         from rill.engine_proc.model.bundled import ensure_bundled_model
 
@@ -61,6 +64,12 @@ def resolve_model(args) -> tuple[Path, str]:
         except (ValueError, OSError) as exc:
             raise SystemExit(f"rill: --model {args.model}: {exc}") from None
         return converted, served_name(args) or model_dir.name
+    if not model_dir.exists() and looks_like_repo_id(args.model):  # vLLM's `vllm serve ORG/NAME`, from the hub cache
+        try:
+            snapshot = cached_snapshot(args.model, args.revision, args.download_dir)
+        except FileNotFoundError as exc:
+            raise SystemExit(f"rill: --model {args.model}: {exc}") from None
+        return snapshot, served_name(args) or args.model  # vLLM's default name: the id as given
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
                          "(no config.json) or GGUF file; Rill never downloads models")

@@ -1,7 +1,8 @@
 """`vllm serve`'s flags that a unit file or script written for vLLM carries, so that `rill serve` starts from it.
 `--seed` works as vLLM's. The others mean nothing here: each is accepted and said once at start, with why, where
 refusing it would only make a user edit the file. A flag whose meaning Rill cannot honour and whose silence would
-mislead (a remote tokenizer, a download directory) is not taken: argparse refuses it, naming it."""
+mislead (a tokenizer from elsewhere) is not taken: argparse refuses it, naming it. `--revision` and
+`--download-dir` are the model flags' (rill/cli.py): where a hub id is found in the local cache."""
 from __future__ import annotations
 
 import argparse

@@ -13,6 +13,15 @@ from rill.asgi.requests.nesting import MAX_DEPTH, deep_field
 T = TypeVar("T")
 
 
+def has_messages(body: bytes) -> bool:
+    """Whether the body has a top-level `messages` key (the chat form of vLLM's /tokenize and /classify)."""
+    try:
+        keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False  # decode_json with the other form's decoder reports what is wrong with the body
+    return "messages" in keys
+
+
 def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
     try:
         # JSON is UTF-8 (RFC 8259). msgspec checks it only in the strings it decodes: in an

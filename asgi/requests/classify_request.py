@@ -7,9 +7,12 @@ import msgspec
 
 from rill.asgi.requests.bounds import Name, TruncatePromptTokens
 from rill.asgi.requests.priority import Priority
+from rill.asgi.requests.schemas import ChatCompletionRequest
 
 
 class ClassifyRequest(msgspec.Struct, kw_only=True):
+    """A text, texts or token ids, each one input."""
+
     model: str | None = None  # optional, as in vLLM; compared only (a long name is a 404)
     input: str | list[Any]  # a string, strings, token ids, or lists of token ids (schemas.prompt_batch)
     use_activation: bool | None = None  # vLLM's: false gives the raw logits instead of probabilities
@@ -20,4 +23,15 @@ class ClassifyRequest(msgspec.Struct, kw_only=True):
     add_special_tokens: bool = True  # the tokenizer's own around each text ([CLS] and [SEP], a BOS)
 
 
+class ClassifyChat(ChatCompletionRequest, kw_only=True):
+    """vLLM's chat form: `messages` rendered by the chat template into one input (a reward model's conversation),
+    with chat's fields that shape a prompt; no generation prompt unless asked, as vLLM's."""
+
+    model: str | None = None
+    add_generation_prompt: bool | None = False
+    use_activation: bool | None = None
+    activation: bool | None = None
+
+
 classify_decoder = msgspec.json.Decoder(ClassifyRequest)
+classify_chat_decoder = msgspec.json.Decoder(ClassifyChat)

@@ -10,21 +10,16 @@ import base64
 import msgspec
 import numpy as np
 
-from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed, new_request_id
+from rill.asgi.engine_link.generate import ChoiceDelta, Generation, GenerationFailed
 from rill.asgi.errors import APIError
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import respond
-from rill.asgi.prompt.encoding import tokenize_prompts
-from rill.asgi.prompt.truncation import truncated_prompts
+from rill.asgi.prompt.inputs import input_prompts, pooling
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.embeddings_request import MAX_INPUTS, EmbeddingsRequest, embeddings_decoder
 from rill.asgi.requests.model_choice import resolve_model
-from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.schemas import prompt_batch
 from rill.asgi.state import WorkerState
-from rill.ipc.protocol import SamplingParams
-
-EMBED = SamplingParams(max_tokens=1, temperature=0.0, embed=True)
 
 
 class EmbeddingList:
@@ -76,17 +71,6 @@ async def create_embeddings(http: HTTPRequest) -> None:
         raise APIError(400, "`input` must not hold an empty string.", param="input")
     if len(batch) > MAX_INPUTS:
         raise APIError(400, f"`input` holds {len(batch)} inputs; at most {MAX_INPUTS} per request.", param="input")
-    specials = req.add_special_tokens
-    prompts = await tokenize_prompts(state.tokenizer, batch, limits.vocab_size, "input", add_special_tokens=specials)
-    prompts = truncated_prompts(state.tokenizer, batch, prompts, req.truncate_prompt_tokens, limits.max_model_len,
-                                specials)
-    for i, ids in enumerate(prompts):
-        if len(ids) > limits.max_model_len:
-            raise APIError(400, f"`input[{i}]` has {len(ids)} tokens; this model takes at most "
-                                f"{limits.max_model_len}.", param=f"input[{i}]", code="context_length_exceeded")
-    make_detok = state.detokenizer(stop=[], skip_special_tokens=True, include_stop=False)
-    priority = request_priority(req.priority, limits)
-    params = msgspec.structs.replace(EMBED, priority=priority) if priority else EMBED
-    gen = Generation(state.client, new_request_id("embd"), prompts, params, make_detok)
+    gen = pooling(state, req, await input_prompts(state, req, batch), "embd")
     await respond(gen, EmbeddingList(state.model_id, req.encoding_format == "base64"), stream=False,
                   receive=http.receive, send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)

@@ -14,7 +14,7 @@ from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.prompt.encoding import encode_texts
-from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.body import decode_json, has_messages
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.schemas import INT64_MAX, ChatCompletionRequest
 from rill.asgi.state import WorkerState, dumps
@@ -54,18 +54,9 @@ async def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState
     return req
 
 
-def _is_chat(body: bytes) -> bool:
-    """Whether the body has a top-level `messages` key (vLLM's two forms of /tokenize)."""
-    try:
-        keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        return False  # decode_json with the prompt decoder reports what is wrong with the body
-    return "messages" in keys
-
-
 async def tokenize(http: HTTPRequest) -> None:
     state, body = http.state, http.body
-    if _is_chat(body):
+    if has_messages(body):
         req = await _decode(_chat_decoder, body, state)
         ids = await render_messages(state, req)  # as chat completions would, add_special_tokens as it takes it
     else:

@@ -1,17 +1,24 @@
-"""End to end: vLLM's /classify (and SGLang's /v1/classify) served by a tiny random-weight BERT of three labels;
-the probabilities against transformers' own forward, the raw logits, token-id inputs, truncation, and the 4xx
-answers (a generating server's 400 for /classify is in test_auth)."""
+"""End to end: vLLM's /classify (and SGLang's /v1/classify) served by a tiny random-weight BERT of three labels, and
+by a tiny Llama reward model (one label, --task classify) in vLLM's chat form; the probabilities against
+transformers' own forward, the raw logits, token-id inputs, truncation, and the 4xx answers (a generating server's
+400 for /classify is in test_auth)."""
 from __future__ import annotations
 
 import httpx
 import pytest
 import torch
 
-from tests.helpers.server import sdk_client, start_server, stop_server
-from tests.helpers.tiny_classifiers import LABELS, reference_class_logits, save_tiny_text_classifier
+from tests.helpers.server import sdk_client, start_servers, stop_server
+from tests.helpers.tiny_classifiers import (
+    LABELS,
+    reference_class_logits,
+    save_tiny_decoder_classifier,
+    save_tiny_text_classifier,
+)
 from tests.helpers.tiny_rerankers import MAX_POSITIONS
 
 CLASSIFIER = "tiny-classifier"
+REWARD = "tiny-reward"
 TEXTS = ["I loved every minute of it", "terrible, just terrible", "Ünïcödé text, 日本語 too.", "ok"]
 
 
@@ -21,10 +28,27 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def srv(model_dir, tmp_path_factory):
-    server = start_server(tmp_path_factory, "--model", str(model_dir), "--served-model-name", CLASSIFIER)
-    yield server
-    stop_server(server)
+def reward_dir(tmp_path_factory):
+    return save_tiny_decoder_classifier(tmp_path_factory.mktemp("reward"), num_labels=1)
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir, reward_dir, tmp_path_factory):
+    both = start_servers(tmp_path_factory, ("--model", str(model_dir), "--served-model-name", CLASSIFIER),
+                         ("--model", str(reward_dir), "--served-model-name", REWARD, "--task", "classify"))
+    yield both
+    for server in both:
+        stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def srv(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def reward(servers):
+    return servers[1]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +125,27 @@ def test_a_classifier_server_refuses_the_other_routes(srv):
     models = sdk_client(srv).models.list()  # the SDK, strictly validated, sees the classifier as a model
     assert [m.id for m in models.data] == [CLASSIFIER]
 
+
+
+def test_a_reward_model_scores_a_conversation(reward, reward_dir):
+    """vLLM's chat form: the messages rendered by the chat template (no generation prompt), scored at the last
+    token; the same as the rendered ids sent as input, and as transformers' forward over them."""
+    from transformers import AutoModelForSequenceClassification
+
+    messages = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]
+    body = post(reward, "/classify", {"model": REWARD, "messages": messages, "use_activation": False}).json()
+    (data,) = body["data"]
+    assert data["num_classes"] == 1 and data["label"] == "LABEL_0"
+    ids = post(reward, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    model = AutoModelForSequenceClassification.from_pretrained(reward_dir).eval()
+    with torch.inference_mode():
+        expected = model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    assert data["probs"] == pytest.approx([expected], abs=1e-3)
+    by_ids = post(reward, "/classify", {"input": ids}).json()["data"][0]  # activated: sigmoid, for one label
+    assert by_ids["probs"] == pytest.approx([torch.sigmoid(torch.tensor(expected)).item()], abs=1e-4)
+    other = post(reward, "/classify", {"messages": [*messages[:1], {"role": "assistant", "content": "5."}],
+                                       "use_activation": False}).json()["data"][0]
+    assert other["probs"] != data["probs"]  # the answer's text reaches the score
+    err = error_of(post(reward, "/classify", {"messages": []}))
+    assert err["param"] == "messages"

@@ -8,6 +8,7 @@ import torch
 from rill.engine_proc.grammar.bitmask import GrammarMasker
 from rill.engine_proc.sample.bad_words import ban_bad_words
 from rill.engine_proc.sample.logit_bias import add_logit_bias, biased_rows
+from rill.engine_proc.sample.no_token import end_rows_without_a_token
 from rill.engine_proc.sample.penalties import penalize, uses_penalties
 from rill.engine_proc.sample.prepared import SamplePrep, prepared
 from rill.engine_proc.sample.thinking import force_thinking_ends
@@ -139,8 +140,10 @@ class Sampler:
         # greedy argmax) chooses among the tokens the grammar allows. Nothing for other batches.
         if grammar_rows:
             logits = self._grammar_masker.masked(logits, seqs, grammar_rows)
-        logits = self._processed(logits, seqs)
+        logits, narrowed_rows = self._processed(logits, seqs)
         token_ids = self._choose(logits, seqs)
+        if narrowed_rows:
+            end_rows_without_a_token(logits, token_ids, seqs, narrowed_rows, self.eos_token_ids)
         if any(s.req.params.thinking is not None for s in seqs):  # a thinking budget spent: its end marker
             token_ids = force_thinking_ends(token_ids, seqs)
         if grammar_rows:
@@ -171,8 +174,9 @@ class Sampler:
         out[sampled_rows] = tokens
         return out
 
-    def _processed(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """logit_bias, min_tokens' held-back ids, then penalties; on a copy, only when a row needs them.
+    def _processed(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+        """logit_bias, min_tokens' held-back ids, then penalties; on a copy, only when a row needs them. With the
+        rows that bad_words or allowed_token_ids narrowed, which may have no token left.
 
         Per row a constant number of attribute reads and at most one torch op per feature: the
         client-sized parts (stop ids, logit_bias, the prompt) are tensors made once (SamplePrep).
@@ -185,7 +189,7 @@ class Sampler:
         bad_word_rows = [i for i, prep in enumerate(preps) if prep.bad_words is not None]
         allowed_rows = [i for i, prep in enumerate(preps) if prep.allowed_ids is not None]
         if not held_rows and not penalised_rows and not bias_rows and not bad_word_rows and not allowed_rows:
-            return logits
+            return logits, []
         # the caller's logits stay as they were; float32 for the arithmetic below
         logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
         if bias_rows:
@@ -205,7 +209,7 @@ class Sampler:
         if penalised_rows:
             reqs = [seqs[i].req for i in penalised_rows]
             logits[penalised_rows] = penalize(logits[penalised_rows], reqs)
-        return logits
+        return logits, sorted({*bad_word_rows, *allowed_rows})
 
     @staticmethod
     def _held_rows(seqs: list[ScheduledSeq], preps: list[SamplePrep]) -> list[int]:

@@ -13,6 +13,8 @@ def finish_after(req: EngineRequest, token_id: int, *, eos_token_ids: frozenset[
     # min_tokens or ignore_eos would otherwise turn into text outside the grammar).
     if req.grammar is not None and req.grammar.finish is not None:
         return req.grammar.finish
+    if req.no_token_left:
+        return FinishReason.STOP
     num_output_ids = len(req.output_ids)
     if num_output_ids >= params.min_tokens and (
         (token_id in eos_token_ids and not params.ignore_eos) or token_id in req.stop_id_set

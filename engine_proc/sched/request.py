@@ -49,6 +49,9 @@ class EngineRequest:
     prediction: Any = None  # with params.prediction: its engine_proc/spec/prediction.py PredictionCursor
     thinking: Any = None  # with params.thinking: its engine_proc/sample/thinking.py ThinkingState
     embedding: Any = None  # params.embed: its pooled vector (a float32 numpy array), sent with its STOP delta
+    # Its constraints together (allowed_token_ids, bad_words, a grammar) left no token to sample: the sampler
+    # gave it a stop token instead, and it ends there (STOP).
+    no_token_left: bool = False
     # Which load of its LoRA adapter it runs with (LoRAAdapter.load_id, set when the engine takes
     # it in): the prefix cache keys adapter blocks by it. 0: the base model, or no such numbering.
     lora_load_id: int = 0

@@ -114,3 +114,25 @@ def test_bad_words_are_never_written(server, client, tokenizer):
     assert ids[0] == plain[0] and ids[1] != plain[1]
     too_long = post(server, "/v1/completions", {**args, "bad_words": ["x" * 257]})
     assert check_error(too_long, 400)["param"] == "bad_words[0]"
+
+
+def test_constraints_that_leave_no_token_end_the_choice_as_a_stop(server, client, tokenizer):
+    """allowed_token_ids that a grammar or bad_words rule out entirely: the choice stops there (finish_reason stop,
+    only the allowed tokens written before), never a failed request nor a token outside the lists."""
+    yes, no = tokenizer.token_to_id("Ġyes"), tokenizer.token_to_id("Ġno")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, **IDS}
+    with_grammar = post(server, "/v1/completions", {**body, "allowed_token_ids": [yes, no],
+                                                    "structured_outputs": {"choice": ["maybe", "perhaps"]}})
+    assert with_grammar.status_code == 200, with_grammar.text
+    choice = with_grammar.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"] == ""
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=1,
+                                       extra_body={**IDS, "ignore_eos": True, "allowed_token_ids": [yes, no],
+                                                   "bad_words": ["yes", "no"]})
+    assert banned.choices[0].finish_reason == "stop" and banned.choices[0].text == ""
+    # Two steps in: every allowed token may open the output, none may follow it.
+    pairs = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                      extra_body={**IDS, "ignore_eos": True, "allowed_token_ids": [yes, no],
+                                                  "bad_words": [" yes yes", " yes no", " no yes", " no no"]})
+    choice = pairs.choices[0]
+    assert choice.finish_reason == "stop" and choice.text in (" yes", " no"), choice

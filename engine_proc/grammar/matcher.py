@@ -46,9 +46,9 @@ class RequestGrammar:
             log.exception("the grammar matcher failed; ending the request")
             self.finish = FinishReason.ERROR
             return
-        if not bitmask[row].any():  # a dead end (say, a property whose schema no value meets)
-            log.warning("the grammar allows no next token; ending the request")
-            self.finish = FinishReason.ERROR
+        if not bitmask[row].any():  # a dead end (a schema no value meets, that xgrammar did not refuse to compile)
+            log.warning("the grammar allows no next token; ending the request there (stop)")
+            self.finish = FinishReason.STOP  # the client's schema, not a failure: its choice ends as the model's would
 
     def accept(self, token_id: int) -> None:
         if self.finish is not None:

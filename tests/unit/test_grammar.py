@@ -193,15 +193,16 @@ def test_the_mask_forces_the_choice(compiler, tokenizer_ids, use_kernel, tempera
     assert forced.req.grammar.finish is FinishReason.STOP
 
 
-def test_a_dead_end_ends_the_request_with_an_error(compiler, tokenizer_ids):
-    """A rule that admits nothing behind a first token: after `a` the grammar allows no token at all."""
+def test_a_dead_end_ends_the_request_as_a_stop(compiler, tokenizer_ids):
+    """A rule that admits nothing behind a first token: after `a` the grammar allows no token at all. The client's
+    grammar, not a failure of the engine's: the choice ends there as a stop (not an error, which is a 500)."""
     spec = StructuredSpec(StructuredKind.GRAMMAR, 'root ::= "a" never | "b"\nnever ::= never "c"')
     grammar = RequestGrammar(compiled(compiler, spec))
     for token_id in tokenizer_ids("a"):
         grammar.accept(token_id)
     assert grammar.finish is None
     logits = GrammarMasker(torch.device("cpu")).masked(torch.zeros(1, VOCAB), [seq_with(grammar)], [0])
-    assert torch.isinf(logits).all() and grammar.finish is FinishReason.ERROR
+    assert torch.isinf(logits).all() and grammar.finish is FinishReason.STOP
 
 
 def test_a_grammar_with_start_ids_holds_only_after_them(compiler, tokenizer_ids):

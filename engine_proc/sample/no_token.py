@@ -22,5 +22,5 @@ def end_rows_without_a_token(logits: torch.Tensor, token_ids: torch.Tensor, seqs
         log.warning("request %s: its allowed_token_ids, bad_words and grammar leave no token; ending it", req.req_id)
         token_ids[rows[j]] = eos_token_ids[0] if eos_token_ids else 0
         req.no_token_left = True
-        if req.grammar is not None:  # ends as its grammar says, which now is here, without taking the token
+        if req.grammar is not None and req.grammar.finish is None:  # ends as its grammar says: here, as a stop
             req.grammar.finish = FinishReason.STOP

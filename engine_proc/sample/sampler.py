@@ -141,6 +141,8 @@ class Sampler:
         if grammar_rows:
             logits = self._grammar_masker.masked(logits, seqs, grammar_rows)
         logits, narrowed_rows = self._processed(logits, seqs)
+        if grammar_rows:  # a grammar at a dead end masked every token (engine_proc/grammar/matcher.py)
+            narrowed_rows += [i for i in grammar_rows if seqs[i].req.grammar.finish is not None]
         token_ids = self._choose(logits, seqs)
         if narrowed_rows:
             end_rows_without_a_token(logits, token_ids, seqs, narrowed_rows, self.eos_token_ids)

@@ -1,4 +1,4 @@
-"""A seeded generator of bad request bodies for the chat and completions routes.
+"""A seeded generator of bad request bodies for the chat and completions routes, and llama.cpp's /completion.
 
 Each body is a valid one with one thing broken: a field given a value of a type or range it
 refuses (huge and non-finite numbers as raw JSON, deep nesting, bad UTF-8), the JSON cut short,
@@ -18,6 +18,7 @@ from tests.helpers.openapi import validate
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+LLAMA = "/completion"  # llama.cpp's native route (asgi/routes/llama_cpp.py)
 DEEP = 10_000  # levels of nesting, past msgspec's recursion limit
 BIG_STRING_LEN = 10_000_000
 
@@ -56,6 +57,10 @@ SHARED_FIELDS: dict[str, set[str]] = {
 CHAT_FIELDS = {**SHARED_FIELDS, "messages": set(), "max_completion_tokens": set(), "add_generation_prompt": {"bool"},
                "tools": {"obj", "list"}, "chat_template_kwargs": {"obj"}, "logprobs": {"bool"}}
 COMPLETION_FIELDS = {**SHARED_FIELDS, "prompt": {"str"}, "echo": {"bool"}, "logprobs": set(), "best_of": set()}
+LLAMA_FIELDS = {"model": set(), "prompt": {"str"}, "n_predict": set(), "temperature": set(), "top_k": set(),
+                "top_p": set(), "min_p": set(), "repeat_penalty": set(), "presence_penalty": set(),
+                "frequency_penalty": set(), "seed": {"neg"}, "stop": {"list"}, "n_probs": set(), "grammar": {"str"},
+                "return_tokens": {"bool"}, "ignore_eos": {"bool"}, "stream": {"bool"}}
 # Inside the first chat message: (key, accepted kinds).
 MESSAGE_FIELDS = {"role": {"str"}, "content": {"str", "list"}, "name": {"str"}}
 
@@ -76,7 +81,12 @@ def valid_bodies(model: str) -> dict[str, dict]:
     return {
         CHAT: {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
         COMPLETIONS: {"model": model, "prompt": "Once upon a time", "max_tokens": 4},
+        LLAMA: {"model": model, "prompt": "Once upon a time", "n_predict": 4},
     }
+
+
+def fields_of(path: str) -> dict[str, set[str]]:
+    return {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, LLAMA: LLAMA_FIELDS}[path]
 
 
 def with_field(body: dict, key: str, raw: bytes) -> bytes:
@@ -92,7 +102,7 @@ def with_message_field(body: dict, key: str, raw: bytes) -> bytes:
 
 
 def wrong_values(path: str, body: dict) -> list[BadRequest]:
-    fields = CHAT_FIELDS if path == CHAT else COMPLETION_FIELDS
+    fields = fields_of(path)
     out = [BadRequest(f"{key}={kind}", path, with_field(body, key, raw))
            for key, accepted in fields.items() for kind, raw in CANDIDATES.items() if kind not in accepted]
     if path == CHAT:
@@ -103,7 +113,7 @@ def wrong_values(path: str, body: dict) -> list[BadRequest]:
 
 
 def missing_fields(path: str, body: dict) -> list[BadRequest]:
-    required = ["model", "messages"] if path == CHAT else ["model", "prompt"]
+    required = ["model", "messages"] if path == CHAT else ["prompt"] if path == LLAMA else ["model", "prompt"]
     return [BadRequest(f"no {key}", path, json.dumps({k: v for k, v in body.items() if k != key}).encode())
             for key in required]
 
@@ -138,7 +148,7 @@ def bad_bytes(rng: random.Random, path: str, body: dict, num: int = 24) -> list[
 
 def mixed(rng: random.Random, path: str, body: dict, num: int = 24) -> list[BadRequest]:
     """Two to four wrong fields at once, drawn at random."""
-    fields = CHAT_FIELDS if path == CHAT else COMPLETION_FIELDS
+    fields = fields_of(path)
     out = []
     for _ in range(num):
         picks = rng.sample(sorted(fields), rng.randint(2, 4))
@@ -160,7 +170,7 @@ def big_strings(path: str, body: dict) -> list[BadRequest]:
     big = b'"' + b"a" * BIG_STRING_LEN + b'"'
     return [
         BadRequest("10 MB model", path, with_field(body, "model", big), expected=404),
-        BadRequest("10 MB user, max_tokens 0", path, with_field({**body, "max_tokens": 0}, "user", big)),
+        BadRequest("10 MB user, max_tokens 0", path, with_field({**body, "max_tokens": 0, "n_predict": -2}, "user", big)),
         BadRequest("10 MB stop, bad temperature", path, with_field({**body, "temperature": -1}, "stop", big)),
         BadRequest("13 MB body", path, with_field(body, "user", b'"' + b"a" * 13_000_000 + b'"'), expected=413),
     ]
@@ -171,7 +181,7 @@ def content_types(path: str, body: dict) -> list[BadRequest]:
     out = [BadRequest(f"content-type {ct}", path, raw, content_type=ct, expected=415)
            for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b",
                       "application/xml", "text/json", "")]
-    broken = json.dumps({**body, "max_tokens": -1}).encode()  # no Content-Type: a 415, never decoded
+    broken = json.dumps({**body, "max_tokens": -1, "n_predict": -2}).encode()  # no Content-Type: a 415, never decoded
     return out + [BadRequest("no content-type, bad max_tokens", path, broken, content_type=None, expected=415)]
 
 

@@ -61,9 +61,11 @@ def test_disconnect_frees_the_engine(busy_server, stream):
 
 
 def test_keepalive_while_queued(busy_server):
-    """With one seat, a second stream waits in the queue and gets keep-alive comments."""
+    """With one seat, a second stream waits in the queue and gets keep-alive comments. The blocker's 200 tokens
+    take 2 s or more: at 60 a loaded machine's poll of /stats saw it running with less than one keep-alive
+    period (0.3 s) of it left."""
     blocker = threading.Thread(target=httpx.post, args=(f"{busy_server.base_url}/v1/completions",),
-                               kwargs={"json": {**LONG, "max_tokens": 60}, "timeout": 120})
+                               kwargs={"json": {**LONG, "max_tokens": 200}, "timeout": 120})
     blocker.start()
     wait_for(lambda: stats(busy_server)["num_running"] == 1)
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True}

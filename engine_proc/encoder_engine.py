@@ -16,6 +16,21 @@ from rill.ipc.channels import RunPaths
 from rill.ipc.config import EngineConfig
 
 log = logging.getLogger("rill.engine")
+SMALL_MODEL_BYTES = 2 << 30  # weight files up to this size run in float32 under --dtype auto
+
+
+def auto_dtype(served: Served, model_dir: Path, chosen: str, reason: str) -> tuple[str, str]:
+    """--dtype auto's choice for a model read this way: float32 for a small one (an encoder, a small classifier),
+    where bfloat16 would cost precision for little; `chosen` (the machine's) for a decoder reranker, and for a
+    large model (a reward model of billions of weights), whose memory float32 would double."""
+    if served is Served.YES_NO or weight_bytes(model_dir) > SMALL_MODEL_BYTES:
+        return chosen, reason
+    return "float32", f"--dtype auto for a small model ({served.value})"
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """The size of a model directory's weight files (safetensors, or PyTorch's .bin)."""
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in model_dir.glob(pattern))
 
 
 def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype_name: str, dtype_reason: str, device,
@@ -32,8 +47,8 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
 
     model, limits = config.model, config.scheduler
     model_dir = Path(model.model_dir)
-    if model.dtype == "auto" and served is not Served.YES_NO:  # a small encoder: bfloat16 would cost precision for little
-        dtype_name, dtype_reason = "float32", f"--dtype auto for an encoder ({served.value})"
+    if model.dtype == "auto":
+        dtype_name, dtype_reason = auto_dtype(served, model_dir, dtype_name, dtype_reason)
     started = time.perf_counter()
     runner_class = {Served.EMBED: EncoderRunner, Served.CROSS_ENCODER: ClassifierRunner, Served.YES_NO: YesNoRunner,
                     Served.CLASSIFY: functools.partial(ClassifierRunner, pairs=False)}

@@ -44,3 +44,18 @@ def test_a_classifier_of_too_many_labels_stops_the_start(tmp_path):
                                                       "num_labels": 100_000}))
     with pytest.raises(ValueError, match="100000 labels"):
         choose_served("auto", tmp_path)
+
+
+def test_dtype_auto_keeps_float32_for_small_models_only(tmp_path):
+    """A small encoder or classifier runs in float32 under --dtype auto; a large one (a reward model) and a decoder
+    reranker keep the machine's choice."""
+    from rill.engine_proc.encoder_engine import SMALL_MODEL_BYTES, auto_dtype
+
+    machine = ("bfloat16", "AMX")
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert auto_dtype(Served.CLASSIFY, tmp_path, *machine)[0] == "float32"
+    assert auto_dtype(Served.EMBED, tmp_path, *machine)[0] == "float32"
+    assert auto_dtype(Served.YES_NO, tmp_path, *machine) == machine
+    with open(tmp_path / "model-00002-of-00002.safetensors", "wb") as f:  # sparse: no disk spent
+        f.truncate(SMALL_MODEL_BYTES)
+    assert auto_dtype(Served.CLASSIFY, tmp_path, *machine) == machine

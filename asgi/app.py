@@ -19,7 +19,7 @@ from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
 from rill.asgi.routes import batches, cache_reset, conversations, files, lora_admin, messages, router_probes
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
-from rill.asgi.routes.classify import classify
+from rill.asgi.routes.classify import classify, pool
 from rill.asgi.routes.completions import completions
 from rill.asgi.routes.embeddings import create_embeddings
 from rill.asgi.routes.llama_cpp import completion, infill
@@ -116,6 +116,7 @@ ROUTER = Router([
     ("POST", "/rerank", rerank),
     ("POST", "/classify", classify),  # vLLM's (asgi/routes/classify.py)
     ("POST", "/v1/classify", classify),  # SGLang's
+    ("POST", "/pooling", pool),  # vLLM's: a classifier's scores or an embedding, alone
     ("POST", "/score", score),  # vLLM's
     ("POST", "/v1/score", score),
     ("POST", "/v1/responses", generative(create_response)),

@@ -6,6 +6,7 @@ scores, then the raw logits; a pair's are [score, logit] (engine_proc/model/clas
 """
 from __future__ import annotations
 
+import base64
 import time
 
 import msgspec
@@ -94,6 +95,35 @@ class ClassifyList(_Scores):
             best = int(np.argmax(scores[num:]))  # the first of equal logits, as argmax over vLLM's probabilities
             data.append({"index": i, "label": self.labels[best] if best < len(self.labels) else None,
                          "probs": probs, "num_classes": num})
+        tokens = gen.usage().prompt_tokens
+        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
+                                    "model": self.model, "data": data,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                              "prompt_tokens_details": None}})
+
+
+class PoolList(_Scores):
+    """vLLM's pooling answer: one `data` entry per input with its pooled output, a classifier's scores (activated or
+    raw) or an embedding (`activated` None), as floats or as base64 of their float32 bytes."""
+
+    def __init__(self, model: str, activated: bool | None, base64_format: bool) -> None:
+        super().__init__(model, bool(activated))
+        self.scores_kind = activated is not None
+        self.base64_format = base64_format
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        data = []
+        for i, choice in enumerate(gen.mailbox.choices):
+            if choice.embedding is None:
+                raise GenerationFailed("The engine returned no output.")
+            out = np.frombuffer(choice.embedding, dtype="<f4")
+            if self.scores_kind:
+                num = len(out) // 2
+                out = out[:num] if self.activated else out[num:]
+            data.append({"index": i, "object": "pooling",
+                         "data": base64.b64encode(out.tobytes()).decode() if self.base64_format else out.tolist()})
         tokens = gen.usage().prompt_tokens
         return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
                                     "model": self.model, "data": data,

@@ -1,7 +1,8 @@
-"""vLLM's classification request (`POST /classify`, also served by SGLang as `/v1/classify`), checked field by field."""
+"""vLLM's classification request (`POST /classify`, also served by SGLang as `/v1/classify`) and its pooling request
+(`POST /pooling`, the same fields and an `encoding_format`), checked field by field."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -21,6 +22,7 @@ class ClassifyRequest(msgspec.Struct, kw_only=True):
     priority: Priority = 0  # vLLM's (asgi/requests/priority.py)
     truncate_prompt_tokens: TruncatePromptTokens | None = None  # each input's last k tokens (-1: the context length)
     add_special_tokens: bool = True  # the tokenizer's own around each text ([CLS] and [SEP], a BOS)
+    encoding_format: Literal["float", "base64"] = "float"  # /pooling's: base64, the little-endian float32 bytes
 
 
 class ClassifyChat(ChatCompletionRequest, kw_only=True):
@@ -31,6 +33,7 @@ class ClassifyChat(ChatCompletionRequest, kw_only=True):
     add_generation_prompt: bool | None = False
     use_activation: bool | None = None
     activation: bool | None = None
+    encoding_format: Literal["float", "base64"] = "float"
 
 
 classify_decoder = msgspec.json.Decoder(ClassifyRequest)

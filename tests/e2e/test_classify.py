@@ -4,7 +4,10 @@ transformers' own forward, the raw logits, token-id inputs, truncation, and the 
 400 for /classify is in test_auth)."""
 from __future__ import annotations
 
+import base64
+
 import httpx
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +82,11 @@ def test_classify_matches_the_models_own_probabilities(srv, logits):
     assert usage["prompt_tokens"] == usage["total_tokens"] > 2 * len(TEXTS) and usage["completion_tokens"] == 0
     assert usage["prompt_tokens_details"] is None
     assert post(srv, "/v1/classify", {"input": TEXTS}).json()["data"] == body["data"]  # SGLang's path, no model
+    pooled = post(srv, "/pooling", {"input": TEXTS}).json()  # vLLM's: the probabilities alone
+    assert pooled["id"].startswith("pool-") and [d["data"] for d in pooled["data"]] == [d["probs"] for d in body["data"]]
+    raw = post(srv, "/pooling", {"input": TEXTS[:1], "use_activation": False, "encoding_format": "base64"}).json()
+    assert np.frombuffer(base64.b64decode(raw["data"][0]["data"]), dtype="<f4") == pytest.approx(
+        logits[0].tolist(), abs=1e-4)
 
 
 def test_raw_logits_one_text_and_token_ids(srv, model_dir, logits):

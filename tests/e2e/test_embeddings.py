@@ -108,6 +108,11 @@ def test_encoder_input_forms_and_wire_shapes(encoder_server, minilm_dir):
     assert np.allclose(first, one["data"][0]["embedding"], atol=1e-6)
     same = post(encoder_server, "/v1/embeddings", {"model": MINILM, "input": "x", "dimensions": 384})
     assert same.status_code == 200
+    pooled = post(encoder_server, "/pooling", {"model": MINILM, "input": [ids, ids[:3]]}).json()
+    assert pooled.get("id", "").startswith("pool-") and [d["object"] for d in pooled["data"]] == ["pooling"] * 2, pooled
+    assert np.allclose(pooled["data"][0]["data"], one["data"][0]["embedding"], atol=1e-6)  # vLLM's /pooling
+    second = np.frombuffer(base64.b64decode(as_lists["data"][1]["embedding"]), dtype="<f4")
+    assert np.allclose(pooled["data"][1]["data"], second, atol=1e-6)
 
 
 def test_truncated_inputs_keep_the_tokenizers_cls_and_sep(encoder_server, minilm_dir):
@@ -169,9 +174,9 @@ def test_an_embedding_model_refuses_to_generate(encoder_server):
 
 
 def test_a_generating_server_without_the_flag_refuses_embeddings(tiny_server):
-    r = httpx.post(f"{tiny_server.base_url}/v1/embeddings", json={"model": TINY_MODEL, "input": "x"},
-                   timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    for path in ("/v1/embeddings", "/pooling"):
+        r = httpx.post(f"{tiny_server.base_url}{path}", json={"model": TINY_MODEL, "input": "x"}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model"
 
 
 def test_decoder_embeddings_are_the_last_tokens_normalised_hidden_state(server, client, model_dir, tokenizer):

@@ -79,6 +79,7 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/v1/score", {"text_1": "Hi", "text_2": "Hello"}),
     ("POST", "/classify", {"input": "Hi"}),  # nor classify
     ("POST", "/v1/classify", {"model": MODEL, "input": "Hi"}),
+    ("POST", "/pooling", {"input": "Hi"}),  # nor pooling: this server has no --enable-embeddings
     ("POST", "/reset_prefix_cache", None),  # a 404 with the key: this server has no --enable-cache-reset
     ("GET", "/flush_cache", None),
     # The Batch API (docs/batch.md): with the key, what each answers to these bodies.
@@ -99,12 +100,12 @@ def test_v1_needs_a_valid_key(srv, method, path, body):
         err = check_401(httpx.request(method, url, json=body, headers=headers, timeout=30))
         assert "sk-" not in err["message"], "the presented key is echoed back"
     ok = httpx.request(method, url, json=body, headers=bearer(FILE_KEY), timeout=60)
-    refused = path == "/infill" or path.endswith(("/rerank", "/score", "/classify"))
+    refused = path == "/infill" or path.endswith(("/rerank", "/score", "/classify", "/pooling"))
     expected = 404 if "no-such" in path or NO_FILE in path or NO_BATCH in path or (body or {}).get("input_file_id") \
         or path in ("/reset_prefix_cache", "/flush_cache") \
         else 415 if path == "/v1/files" and method == "POST" else 400 if refused else 200
     assert ok.status_code == expected, ok.text
-    if path.endswith(("/rerank", "/score", "/classify")):
+    if path.endswith(("/rerank", "/score", "/classify", "/pooling")):
         assert ok.json()["error"]["param"] == "model"
 
 

@@ -15,8 +15,10 @@ from rill.ipc.protocol import SamplingParams
 POOL = SamplingParams(max_tokens=1, temperature=0.0, embed=True)  # the runner's "embedding" is the answer
 
 
-async def input_prompts(state, req, batch: list[str] | list[list[int]] | None = None) -> list[list[int]]:
-    """`req.input`'s prompts (or `batch`, its inputs already listed), each a 400 naming it past the context."""
+async def input_prompts(state, req, batch: list[str] | list[list[int]] | None = None,
+                        param: str | None = None) -> list[list[int]]:
+    """`req.input`'s prompts (or `batch`, its inputs already listed), each a 400 naming it past the context
+    (`input[i]`, or `param`: the field the one prompt came from)."""
     limits = state.settings.limits
     batch = prompt_batch(req.input, "input") if batch is None else batch  # at most MAX_PROMPTS inputs
     specials = req.add_special_tokens
@@ -25,8 +27,9 @@ async def input_prompts(state, req, batch: list[str] | list[list[int]] | None = 
                                 specials)
     for i, ids in enumerate(prompts):
         if len(ids) > limits.max_model_len:
-            raise APIError(400, f"`input[{i}]` has {len(ids)} tokens; this model takes at most "
-                                f"{limits.max_model_len}.", param=f"input[{i}]", code="context_length_exceeded")
+            where = param or f"input[{i}]"
+            raise APIError(400, f"`{where}` has {len(ids)} tokens; this model takes at most "
+                                f"{limits.max_model_len}.", param=where, code="context_length_exceeded")
     return prompts
 
 

@@ -48,7 +48,7 @@ async def _pooled(http: HTTPRequest, prefix: str):
                             "several labels, or one of one label with --task classify.", param="model",
                        code="unsupported_model")
     if chat:  # one input: the conversation as the chat template writes it
-        prompts = await input_prompts(state, req, [await render_messages(state, req)])
+        prompts = await input_prompts(state, req, [await render_messages(state, req)], "messages")
     else:
         prompts = await input_prompts(state, req)
     return req, pooling(state, req, prompts, prefix)

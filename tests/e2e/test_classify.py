@@ -157,3 +157,5 @@ def test_a_reward_model_scores_a_conversation(reward, reward_dir):
     assert other["probs"] != data["probs"]  # the answer's text reaches the score
     err = error_of(post(reward, "/classify", {"messages": []}))
     assert err["param"] == "messages"
+    err = error_of(post(reward, "/classify", {"messages": [{"role": "user", "content": "word " * 400}]}))
+    assert err["param"] == "messages" and err["code"] == "context_length_exceeded"

@@ -16,7 +16,7 @@ from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_r
 from rill.asgi.http.request_context import RequestContext, current, set_current
 from rill.asgi.http.router import HTTPRequest, Router
 from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
-from rill.asgi.routes import batches, cache_reset, conversations, files, lora_admin, messages, router_probes
+from rill.asgi.routes import batches, cache_reset, conversations, files, lora_admin, messages, ollama, router_probes
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.classify import classify, pool
@@ -154,6 +154,14 @@ ROUTER = Router([
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),
+    ("POST", "/api/chat", generative(ollama.chat)),  # Ollama's API (asgi/routes/ollama.py)
+    ("POST", "/api/generate", generative(ollama.generate)),
+    ("POST", "/api/embed", ollama.embed),
+    ("POST", "/api/embeddings", ollama.embeddings),
+    ("POST", "/api/show", ollama.show),
+    ("GET", "/api/tags", ollama.tags),
+    ("GET", "/api/ps", ollama.running),
+    ("GET", "/api/version", ollama.version),
     ("GET", "/v1/loads", router_probes.loads),  # what SGLang's model gateway probes (asgi/routes/router_probes.py)
     ("GET", "/loads", router_probes.loads),
     ("GET", "/server_info", router_probes.server_info),
@@ -250,7 +258,9 @@ class App:
         except APIError as exc:
             if (ctx := current()) is not None:  # the trace's error code
                 ctx.error_code = exc.code or exc.type
-            body = messages.anthropic_error(exc.status, exc.message) if _is_messages(path) else exc.body()
+            body = (messages.anthropic_error(exc.status, exc.message) if _is_messages(path) else
+                    ollama.ollama_error(exc.message) if path is not None and path.startswith(ollama.PREFIX) else
+                    exc.body())
             await send_response(send, exc.status, body, headers=exc.headers)
         except ClientDisconnected:
             pass

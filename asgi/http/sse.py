@@ -24,15 +24,17 @@ class SSEWriter:
     keep-alive is sent by that loop when its wait for engine output times out.
     """
 
-    def __init__(self, send, keepalive_s: float, keepalive: bytes = KEEPALIVE):
+    def __init__(self, send, keepalive_s: float, keepalive: bytes = KEEPALIVE,
+                 headers: list[tuple[bytes, bytes]] = SSE_HEADERS):
         self._send = send
+        self.headers = headers
         self.keepalive_s = keepalive_s
         self.keepalive_frame = keepalive  # the comment, or a route's own event (a Message stream's ping)
         self.last_send = time.monotonic()
         self.started = False
 
     async def start(self) -> None:
-        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await self._send({"type": "http.response.start", "status": 200, "headers": self.headers})
         self.started = True
         await self._write(b"")
 

@@ -18,7 +18,7 @@ from rill.asgi.engine_link.generate import KEEPALIVE, ChoiceDelta, Generation, G
 from rill.asgi.errors import error_body
 from rill.asgi.http.primitives import DisconnectWatcher, send_response
 from rill.asgi.http.sse import KEEPALIVE as KEEPALIVE_COMMENT
-from rill.asgi.http.sse import SSEWriter, frame
+from rill.asgi.http.sse import SSE_HEADERS, SSEWriter, frame
 
 if TYPE_CHECKING:
     from rill.asgi.requests.nvext import NvExtReply
@@ -40,6 +40,8 @@ class Shape(Protocol):
     # Optional: the whole frame sent while nothing else is (`: keep-alive` when a shape has none;
     # a Message stream's `ping` event).
     keepalive: bytes
+    # Optional: the stream's response headers (SSE's when a shape has none; Ollama's NDJSON)
+    headers: list[tuple[bytes, bytes]]
 
     def opening(self, gen: Generation) -> list[bytes]: ...
     def frames(self, deltas: list[ChoiceDelta], gen: Generation) -> list[bytes]: ...
@@ -76,7 +78,8 @@ async def _nothing(failed: bool) -> None:
 
 
 async def _stream(gen: Generation, shape: Shape, send, keepalive_s: float, last: BeforeLast) -> bool:
-    sse = SSEWriter(send, keepalive_s, getattr(shape, "keepalive", KEEPALIVE_COMMENT))
+    sse = SSEWriter(send, keepalive_s, getattr(shape, "keepalive", KEEPALIVE_COMMENT),
+                    getattr(shape, "headers", SSE_HEADERS))
     await sse.start()
     held = shape.opening(gen)
     if not shape.opens_with_first_token:

@@ -98,7 +98,7 @@ async def detokenize(http: HTTPRequest) -> None:
 
 
 async def get_version(http: HTTPRequest) -> None:
-    await send_json(http.send, {"version": _VERSION})
+    await send_json(http.send, {"version": VERSION})
 
 
 async def send_json(send, obj) -> None:
@@ -112,4 +112,4 @@ def _package_version() -> str:
         return "0+unknown"
 
 
-_VERSION = _package_version()
+VERSION = _package_version()

@@ -22,7 +22,7 @@ def test_generated_bad_bodies_get_openai_4xx_errors(tiny_server):
             except httpx.HTTPError as exc:  # a 413 may be sent before the whole body is: retry reads it
                 failures.append(f"{case.path} {case.label}: {exc!r}")
                 continue
-            if (why := problem(resp, case.expected)) is not None:
+            if (why := problem(resp, case.expected, case.path)) is not None:
                 failures.append(f"{case.path} {case.label}: {why}")
         print(f"\n{len(cases)} bad bodies in {time.monotonic() - started:.1f} s")
         assert not failures, f"{len(failures)} of {len(cases)} wrong:\n" + "\n".join(failures[:40])

@@ -1,4 +1,5 @@
-"""A seeded generator of bad request bodies for the chat and completions routes, and llama.cpp's /completion.
+"""A seeded generator of bad request bodies for the chat and completions routes, llama.cpp's /completion and
+Ollama's /api/chat and /api/generate (whose errors take Ollama's shape, `{"error": "..."}`).
 
 Each body is a valid one with one thing broken: a field given a value of a type or range it
 refuses (huge and non-finite numbers as raw JSON, deep nesting, bad UTF-8), the JSON cut short,
@@ -19,6 +20,7 @@ from tests.helpers.openapi import validate
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 LLAMA = "/completion"  # llama.cpp's native route (asgi/routes/llama_cpp.py)
+OLLAMA_CHAT, OLLAMA_GENERATE = "/api/chat", "/api/generate"  # Ollama's (asgi/routes/ollama.py)
 DEEP = 10_000  # levels of nesting, past msgspec's recursion limit
 BIG_STRING_LEN = 10_000_000
 
@@ -61,8 +63,14 @@ LLAMA_FIELDS = {"model": set(), "prompt": {"str"}, "n_predict": set(), "temperat
                 "top_p": set(), "min_p": set(), "repeat_penalty": set(), "presence_penalty": set(),
                 "frequency_penalty": set(), "seed": {"neg"}, "stop": {"list"}, "n_probs": set(), "grammar": {"str"},
                 "return_tokens": {"bool"}, "ignore_eos": {"bool"}, "stream": {"bool"}}
+# Ollama's: `format` takes any object as a JSON schema ({} is any JSON), `think` a bool or a level's name; a body
+# without `messages` or `prompt` is Ollama's "load the model", a 200.
+OLLAMA_SHARED = {"model": set(), "stream": {"bool"}, "options": {"obj"}, "format": {"obj"}, "think": {"bool", "str"}}
+OLLAMA_CHAT_FIELDS = {**OLLAMA_SHARED, "messages": {"list"}, "tools": {"list"}}
+OLLAMA_GENERATE_FIELDS = {**OLLAMA_SHARED, "prompt": {"str"}, "system": {"str"}, "raw": {"bool"}, "suffix": set()}
 # Inside the first chat message: (key, accepted kinds).
 MESSAGE_FIELDS = {"role": {"str"}, "content": {"str", "list"}, "name": {"str"}}
+OLLAMA_MESSAGE_FIELDS = {"role": {"str"}, "content": {"str"}, "thinking": {"str"}, "tool_name": {"str"}}
 
 
 @dataclass
@@ -82,11 +90,15 @@ def valid_bodies(model: str) -> dict[str, dict]:
         CHAT: {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
         COMPLETIONS: {"model": model, "prompt": "Once upon a time", "max_tokens": 4},
         LLAMA: {"model": model, "prompt": "Once upon a time", "n_predict": 4},
+        OLLAMA_CHAT: {"model": model, "messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                      "options": {"num_predict": 4}},
+        OLLAMA_GENERATE: {"model": model, "prompt": "Once upon a time", "stream": False, "options": {"num_predict": 4}},
     }
 
 
 def fields_of(path: str) -> dict[str, set[str]]:
-    return {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, LLAMA: LLAMA_FIELDS}[path]
+    return {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, LLAMA: LLAMA_FIELDS, OLLAMA_CHAT: OLLAMA_CHAT_FIELDS,
+            OLLAMA_GENERATE: OLLAMA_GENERATE_FIELDS}[path]
 
 
 def with_field(body: dict, key: str, raw: bytes) -> bytes:
@@ -105,9 +117,10 @@ def wrong_values(path: str, body: dict) -> list[BadRequest]:
     fields = fields_of(path)
     out = [BadRequest(f"{key}={kind}", path, with_field(body, key, raw))
            for key, accepted in fields.items() for kind, raw in CANDIDATES.items() if kind not in accepted]
-    if path == CHAT:
+    if path in (CHAT, OLLAMA_CHAT):
         out += [BadRequest(f"messages[0].{key}={kind}", path, with_message_field(body, key, raw))
-                for key, accepted in MESSAGE_FIELDS.items() for kind, raw in CANDIDATES.items()
+                for key, accepted in (MESSAGE_FIELDS if path == CHAT else OLLAMA_MESSAGE_FIELDS).items()
+                for kind, raw in CANDIDATES.items()
                 if kind not in accepted]
     return out
 
@@ -191,23 +204,28 @@ def generate(model: str, seed: int = 5) -> list[BadRequest]:
     out: list[BadRequest] = []
     for path, body in valid_bodies(model).items():
         out += wrong_values(path, body)
-        out += missing_fields(path, body)
         out += not_objects(path)
         out += truncated(rng, path, body)
         out += bad_bytes(rng, path, body)
         out += mixed(rng, path, body)
-        out += big_strings(path, body)
         out += content_types(path, body)
+        if not path.startswith("/api/"):  # Ollama's bodies need only a model, and take no such fields
+            out += missing_fields(path, body)
+            out += big_strings(path, body)
     return out
 
 
-def problem(resp: httpx.Response, expected: int | None) -> str | None:
+def problem(resp: httpx.Response, expected: int | None, path: str = CHAT) -> str | None:
     """Why this answer to a bad request is wrong, or None."""
     status_ok = resp.status_code == expected if expected is not None else 400 <= resp.status_code < 500
     if not status_ok:
         return f"status {resp.status_code} (wanted {expected or '4xx'}): {resp.text[:200]}"
     if not resp.headers.get("content-type", "").startswith("application/json"):
         return f"content-type {resp.headers.get('content-type')!r}"
+    if path.startswith("/api/"):  # Ollama's shape
+        body = resp.json()
+        return None if set(body) == {"error"} and isinstance(body["error"], str) and body["error"] else \
+            f"not an Ollama error body: {resp.text[:200]}"
     try:
         body = resp.json()
         validate("ErrorResponse", body)

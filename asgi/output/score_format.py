@@ -75,7 +75,24 @@ class ScoreList(_Scores):
                                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
 
 
-class ClassifyList(_Scores):
+class _PooledList(_Scores):
+    """vLLM's list answers of pooled outputs (classify's, pooling's): `data` and the usage, around each input's
+    float32s."""
+
+    def outputs(self, gen: Generation) -> list[np.ndarray]:
+        if any(choice.embedding is None for choice in gen.mailbox.choices):
+            raise GenerationFailed("The engine returned no output.")
+        return [np.frombuffer(choice.embedding, dtype="<f4") for choice in gen.mailbox.choices]
+
+    def envelope(self, gen: Generation, data: list[dict]) -> bytes:
+        tokens = gen.usage().prompt_tokens
+        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
+                                    "model": self.model, "data": data,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                              "prompt_tokens_details": None}})
+
+
+class ClassifyList(_PooledList):
     """vLLM's classify answer: one `data` entry per input, with the likeliest label and every label's score."""
 
     def __init__(self, model: str, activated: bool, labels: list[str]) -> None:
@@ -86,23 +103,16 @@ class ClassifyList(_Scores):
         if gen.disconnected:
             return None
         data = []
-        for i, choice in enumerate(gen.mailbox.choices):
-            if choice.embedding is None:
-                raise GenerationFailed("The engine returned no scores.")
-            scores = np.frombuffer(choice.embedding, dtype="<f4")
+        for i, scores in enumerate(self.outputs(gen)):
             num = len(scores) // 2
             probs = (scores[:num] if self.activated else scores[num:]).tolist()
             best = int(np.argmax(scores[num:]))  # the first of equal logits, as argmax over vLLM's probabilities
             data.append({"index": i, "label": self.labels[best] if best < len(self.labels) else None,
                          "probs": probs, "num_classes": num})
-        tokens = gen.usage().prompt_tokens
-        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
-                                    "model": self.model, "data": data,
-                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                                              "prompt_tokens_details": None}})
+        return self.envelope(gen, data)
 
 
-class PoolList(_Scores):
+class PoolList(_PooledList):
     """vLLM's pooling answer: one `data` entry per input with its pooled output, a classifier's scores (activated or
     raw) or an embedding (`activated` None), as floats or as base64 of their float32 bytes."""
 
@@ -115,17 +125,10 @@ class PoolList(_Scores):
         if gen.disconnected:
             return None
         data = []
-        for i, choice in enumerate(gen.mailbox.choices):
-            if choice.embedding is None:
-                raise GenerationFailed("The engine returned no output.")
-            out = np.frombuffer(choice.embedding, dtype="<f4")
+        for i, out in enumerate(self.outputs(gen)):
             if self.scores_kind:
                 num = len(out) // 2
                 out = out[:num] if self.activated else out[num:]
             data.append({"index": i, "object": "pooling",
                          "data": base64.b64encode(out.tobytes()).decode() if self.base64_format else out.tolist()})
-        tokens = gen.usage().prompt_tokens
-        return msgspec.json.encode({"id": gen.request_id, "object": "list", "created": int(time.time()),
-                                    "model": self.model, "data": data,
-                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                                              "prompt_tokens_details": None}})
+        return self.envelope(gen, data)

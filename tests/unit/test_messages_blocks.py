@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pydantic
 import pytest
@@ -12,12 +11,8 @@ from rill.asgi.output.messages_format import stop_reason
 from rill.asgi.parsers.chat_parsing import parser_factory
 from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
 from tests.helpers.messages_events import check_stream
+from tests.helpers.tool_output import OUTPUT, TOOLS, WEATHER
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "get_time"}}]
-WEATHER = {"city": "Paris", "units": ["C", {"nested": "}]\"{"}]}
-OUTPUT = ("<think>Which city? Paris.</think>Let me check.\n<tool_call>\n"
-          + json.dumps({"name": "get_weather", "arguments": WEATHER})
-          + "\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>")
 MESSAGE_START = {"type": "message_start", "message": {
     "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None,
     "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}

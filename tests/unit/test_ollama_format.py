@@ -14,7 +14,7 @@ from rill.asgi.output.ollama_format import OllamaAnswer
 from rill.asgi.parsers.chat_parsing import parser_factory
 from rill.asgi.requests.ollama_request import chat_decoder, chat_messages, chat_request, max_tokens
 from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
-from tests.unit.test_messages_blocks import OUTPUT, TOOLS, WEATHER
+from tests.helpers.tool_output import OUTPUT, TOOLS, WEATHER
 
 
 def answer() -> OllamaAnswer:

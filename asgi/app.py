@@ -16,7 +16,17 @@ from rill.asgi.http.primitives import ClientDisconnected, read_json_body, send_r
 from rill.asgi.http.request_context import RequestContext, current, set_current
 from rill.asgi.http.router import HTTPRequest, Router
 from rill.asgi.requests.model_choice import refresh_adapters, resolve_model
-from rill.asgi.routes import batches, cache_reset, conversations, files, lora_admin, messages, ollama, router_probes
+from rill.asgi.routes import (
+    batches,
+    cache_reset,
+    conversations,
+    files,
+    lora_admin,
+    messages,
+    ollama,
+    router_probes,
+    sglang,
+)
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.classify import classify, pool
@@ -151,6 +161,7 @@ ROUTER = Router([
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/llama_cpp.py)
     ("POST", "/completion", generative(completion)),  # llama.cpp's native completion
+    ("POST", "/generate", generative(sglang.generate)),  # SGLang's native generation (asgi/routes/sglang.py)
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),

@@ -21,6 +21,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 LLAMA = "/completion"  # llama.cpp's native route (asgi/routes/llama_cpp.py)
 OLLAMA_CHAT, OLLAMA_GENERATE = "/api/chat", "/api/generate"  # Ollama's (asgi/routes/ollama.py)
+SGLANG = "/generate"  # SGLang's native route (asgi/routes/sglang.py)
 DEEP = 10_000  # levels of nesting, past msgspec's recursion limit
 BIG_STRING_LEN = 10_000_000
 
@@ -68,6 +69,8 @@ LLAMA_FIELDS = {"model": set(), "prompt": {"str"}, "n_predict": set(), "temperat
 OLLAMA_SHARED = {"model": set(), "stream": {"bool"}, "options": {"obj"}, "format": {"obj"}, "think": {"bool", "str"}}
 OLLAMA_CHAT_FIELDS = {**OLLAMA_SHARED, "messages": {"list"}, "tools": {"list"}}
 OLLAMA_GENERATE_FIELDS = {**OLLAMA_SHARED, "prompt": {"str"}, "system": {"str"}, "raw": {"bool"}, "suffix": set()}
+SGLANG_FIELDS = {"model": set(), "text": {"str"}, "input_ids": set(), "sampling_params": {"obj"}, "stream": {"bool"},
+                 "return_logprob": set()}
 # Inside the first chat message: (key, accepted kinds).
 MESSAGE_FIELDS = {"role": {"str"}, "content": {"str", "list"}, "name": {"str"}}
 OLLAMA_MESSAGE_FIELDS = {"role": {"str"}, "content": {"str"}, "thinking": {"str"}, "tool_name": {"str"}}
@@ -93,12 +96,13 @@ def valid_bodies(model: str) -> dict[str, dict]:
         OLLAMA_CHAT: {"model": model, "messages": [{"role": "user", "content": "Hi"}], "stream": False,
                       "options": {"num_predict": 4}},
         OLLAMA_GENERATE: {"model": model, "prompt": "Once upon a time", "stream": False, "options": {"num_predict": 4}},
+        SGLANG: {"model": model, "text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}},
     }
 
 
 def fields_of(path: str) -> dict[str, set[str]]:
     return {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, LLAMA: LLAMA_FIELDS, OLLAMA_CHAT: OLLAMA_CHAT_FIELDS,
-            OLLAMA_GENERATE: OLLAMA_GENERATE_FIELDS}[path]
+            OLLAMA_GENERATE: OLLAMA_GENERATE_FIELDS, SGLANG: SGLANG_FIELDS}[path]
 
 
 def with_field(body: dict, key: str, raw: bytes) -> bytes:
@@ -209,7 +213,7 @@ def generate(model: str, seed: int = 5) -> list[BadRequest]:
         out += bad_bytes(rng, path, body)
         out += mixed(rng, path, body)
         out += content_types(path, body)
-        if not path.startswith("/api/"):  # Ollama's bodies need only a model, and take no such fields
+        if not path.startswith("/api/") and path != SGLANG:  # their bodies take none of these fields
             out += missing_fields(path, body)
             out += big_strings(path, body)
     return out

@@ -26,6 +26,7 @@ from rill.asgi.routes import (
     ollama,
     router_probes,
     sglang,
+    tgi,
 )
 from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
@@ -161,7 +162,10 @@ ROUTER = Router([
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/llama_cpp.py)
     ("POST", "/completion", generative(completion)),  # llama.cpp's native completion
-    ("POST", "/generate", generative(sglang.generate)),  # SGLang's native generation (asgi/routes/sglang.py)
+    ("POST", "/generate", generative(sglang.generate)),  # SGLang's native generation, or TGI's (asgi/routes/tgi.py)
+    ("POST", "/generate_stream", generative(tgi.generate_stream)),  # TGI's
+    ("POST", "/", generative(tgi.compat_generate)),
+    ("GET", "/info", tgi.info),
     ("POST", "/tokenize", tokenize),  # vLLM's utility routes
     ("POST", "/detokenize", detokenize),
     ("GET", "/version", get_version),

@@ -13,13 +13,18 @@ from rill.asgi.requests.nesting import MAX_DEPTH, deep_field
 T = TypeVar("T")
 
 
-def has_messages(body: bytes) -> bool:
-    """Whether the body has a top-level `messages` key (the chat form of vLLM's /tokenize and /classify)."""
+def has_key(body: bytes, key: str) -> bool:
+    """Whether the body is a JSON object with this top-level key (one route's two forms, told apart)."""
     try:
         keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return False  # decode_json with the other form's decoder reports what is wrong with the body
-    return "messages" in keys
+    return key in keys
+
+
+def has_messages(body: bytes) -> bool:
+    """Whether the body has a top-level `messages` key (the chat form of vLLM's /tokenize and /classify)."""
+    return has_key(body, "messages")
 
 
 def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:

@@ -9,16 +9,20 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import respond
 from rill.asgi.output.sglang_format import SGLangAnswer
 from rill.asgi.prompt.encoding import tokenize_prompts
-from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.body import decode_json, has_key
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.schemas import check_choices, stop_strings
 from rill.asgi.requests.sglang_request import SGLANG_NAMES, as_completion, generate_decoder, prompts_of
 from rill.asgi.requests.structured import load_checker
+from rill.asgi.routes import tgi
 from rill.asgi.state import WorkerState
 
 
 async def generate(http: HTTPRequest) -> None:
+    """SGLang's body; TGI's (its `inputs`) goes to TGI's route, which shares the path."""
+    if has_key(http.body, "inputs"):
+        return await tgi.generate(http)
     state: WorkerState = http.state
     req = decode_json(generate_decoder, http.body)
     lora = await resolve_model(state, req.model or req.lora_path)

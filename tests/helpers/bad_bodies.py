@@ -22,6 +22,7 @@ COMPLETIONS = "/v1/completions"
 LLAMA = "/completion"  # llama.cpp's native route (asgi/routes/llama_cpp.py)
 OLLAMA_CHAT, OLLAMA_GENERATE = "/api/chat", "/api/generate"  # Ollama's (asgi/routes/ollama.py)
 SGLANG = "/generate"  # SGLang's native route (asgi/routes/sglang.py)
+TGI = "/"  # Text Generation Inference's (asgi/routes/tgi.py)
 DEEP = 10_000  # levels of nesting, past msgspec's recursion limit
 BIG_STRING_LEN = 10_000_000
 
@@ -71,6 +72,7 @@ OLLAMA_CHAT_FIELDS = {**OLLAMA_SHARED, "messages": {"list"}, "tools": {"list"}}
 OLLAMA_GENERATE_FIELDS = {**OLLAMA_SHARED, "prompt": {"str"}, "system": {"str"}, "raw": {"bool"}, "suffix": set()}
 SGLANG_FIELDS = {"model": set(), "text": {"str"}, "input_ids": set(), "sampling_params": {"obj"}, "stream": {"bool"},
                  "return_logprob": set()}
+TGI_FIELDS = {"inputs": {"str"}, "parameters": {"obj"}, "stream": {"bool"}}
 # Inside the first chat message: (key, accepted kinds).
 MESSAGE_FIELDS = {"role": {"str"}, "content": {"str", "list"}, "name": {"str"}}
 OLLAMA_MESSAGE_FIELDS = {"role": {"str"}, "content": {"str"}, "thinking": {"str"}, "tool_name": {"str"}}
@@ -97,12 +99,13 @@ def valid_bodies(model: str) -> dict[str, dict]:
                       "options": {"num_predict": 4}},
         OLLAMA_GENERATE: {"model": model, "prompt": "Once upon a time", "stream": False, "options": {"num_predict": 4}},
         SGLANG: {"model": model, "text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}},
+        TGI: {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 4}},
     }
 
 
 def fields_of(path: str) -> dict[str, set[str]]:
     return {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, LLAMA: LLAMA_FIELDS, OLLAMA_CHAT: OLLAMA_CHAT_FIELDS,
-            OLLAMA_GENERATE: OLLAMA_GENERATE_FIELDS, SGLANG: SGLANG_FIELDS}[path]
+            OLLAMA_GENERATE: OLLAMA_GENERATE_FIELDS, SGLANG: SGLANG_FIELDS, TGI: TGI_FIELDS}[path]
 
 
 def with_field(body: dict, key: str, raw: bytes) -> bytes:
@@ -168,7 +171,7 @@ def mixed(rng: random.Random, path: str, body: dict, num: int = 24) -> list[BadR
     fields = fields_of(path)
     out = []
     for _ in range(num):
-        picks = rng.sample(sorted(fields), rng.randint(2, 4))
+        picks = rng.sample(sorted(fields), rng.randint(2, min(4, len(fields))))
         raw_body = dict(body)
         parts = []
         for key in picks:
@@ -213,7 +216,7 @@ def generate(model: str, seed: int = 5) -> list[BadRequest]:
         out += bad_bytes(rng, path, body)
         out += mixed(rng, path, body)
         out += content_types(path, body)
-        if not path.startswith("/api/") and path != SGLANG:  # their bodies take none of these fields
+        if not path.startswith("/api/") and path not in (SGLANG, TGI):  # their bodies take none of these fields
             out += missing_fields(path, body)
             out += big_strings(path, body)
     return out

@@ -21,6 +21,7 @@ from rill.asgi.routes import (
     cache_reset,
     conversations,
     files,
+    llama_cpp,
     lora_admin,
     messages,
     ollama,
@@ -162,6 +163,8 @@ ROUTER = Router([
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/llama_cpp.py)
     ("POST", "/completion", generative(completion)),  # llama.cpp's native completion
+    ("GET", "/props", generative(llama_cpp.props)),
+    ("POST", "/apply-template", generative(llama_cpp.apply_template)),
     ("POST", "/generate", generative(sglang.generate)),  # SGLang's native generation, or TGI's (asgi/routes/tgi.py)
     ("POST", "/generate_stream", generative(tgi.generate_stream)),  # TGI's
     ("POST", "/", generative(tgi.compat_generate)),

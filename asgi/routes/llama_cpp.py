@@ -1,15 +1,18 @@
-"""llama.cpp's native routes: POST /completion (a prompt, as llama.cpp's own clients and UIs send it) and POST /infill
-(fill-in-the-middle with repository context, for editors: llama.vim, llama.vscode). The requests:
+"""llama.cpp's native routes: POST /completion (a prompt, as llama.cpp's own clients and UIs send it), POST /infill
+(fill-in-the-middle with repository context, for editors: llama.vim, llama.vscode), GET /props (the context size,
+slots and chat template clients read) and POST /apply-template (the chat template's text for messages). The requests:
 asgi/requests/llama_request.py and infill_request.py; the answer: asgi/output/llama_format.py."""
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
 from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
+from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.llama_format import LlamaAnswer
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
+from rill.asgi.prompt.chat_messages import render_prompt
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.infill_request import infill_decoder, infill_prompt
@@ -18,7 +21,8 @@ from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
 from rill.asgi.requests.structured import load_checker
-from rill.asgi.state import WorkerState
+from rill.asgi.routes.tokenize import VERSION, chat_form_decoder
+from rill.asgi.state import WorkerState, dumps
 
 
 async def completion(http: HTTPRequest) -> None:
@@ -68,3 +72,23 @@ async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_i
     probs = ChatLogprobs(state.token_texts, req.n_probs) if req.n_probs else None
     await respond(gen, LlamaAnswer(model, req.return_tokens, probs), stream=req.stream, receive=http.receive,
                   send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)
+
+
+async def props(http: HTTPRequest) -> None:
+    state: WorkerState = http.state
+    limits = state.settings.limits
+    defaults = {k: state.sampling_defaults[k] for k in ("temperature", "top_k", "top_p", "min_p")
+                if k in state.sampling_defaults}
+    await send_response(http.send, 200, dumps({
+        "default_generation_settings": {"n_ctx": limits.max_model_len, "model": state.model_id,
+                                        "params": {"n_predict": -1, **defaults}},
+        "total_slots": limits.max_num_seqs, "model_path": limits.model_dir, "chat_template": state.template.source,
+        "modalities": {"vision": False, "audio": False}, "build_info": f"rill {VERSION}"}))
+
+
+async def apply_template(http: HTTPRequest) -> None:
+    """The text the chat template writes for the messages (and the chat fields that shape it), not tokenized."""
+    state: WorkerState = http.state
+    req = decode_json(chat_form_decoder, http.body)
+    await resolve_model(state, req.model)
+    await send_response(http.send, 200, dumps({"prompt": render_prompt(state, req)}))

@@ -44,7 +44,7 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 _prompt_decoder = msgspec.json.Decoder(TokenizePrompt)
-_chat_decoder = msgspec.json.Decoder(TokenizeChat)
+chat_form_decoder = msgspec.json.Decoder(TokenizeChat)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
@@ -57,7 +57,7 @@ async def _decode(decoder: msgspec.json.Decoder, body: bytes, state: WorkerState
 async def tokenize(http: HTTPRequest) -> None:
     state, body = http.state, http.body
     if has_messages(body):
-        req = await _decode(_chat_decoder, body, state)
+        req = await _decode(chat_form_decoder, body, state)
         ids = await render_messages(state, req)  # as chat completions would, add_special_tokens as it takes it
     else:
         req = await _decode(_prompt_decoder, body, state)

@@ -104,3 +104,18 @@ def test_bad_completion_requests_are_400s_naming_the_field(server, body, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and "guided" not in error["message"], error
+
+
+def test_props_and_apply_template(server, client, tokenizer):
+    """llama.cpp's /props (what clients read the context size and template from) and /apply-template (the
+    template's text): the prompt text chat completions would tokenize."""
+    props = httpx.get(f"{server.base_url}/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == 2048 and props["total_slots"] >= 1
+    assert "<|im_start|>" in props["chat_template"] and props["modalities"] == {"vision": False, "audio": False}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    text = httpx.post(f"{server.base_url}/apply-template", json={"messages": messages}, timeout=30).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\n")
+    usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage
+    assert len(tokenizer.encode(text, add_special_tokens=False).ids) == usage.prompt_tokens
+    bad = httpx.post(f"{server.base_url}/apply-template", json={"messages": []}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

@@ -34,6 +34,7 @@ from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
 from rill.ipc.logs import configure_logging
 from rill.listening import Listener, systemd_socket
+from rill.ollama_models import ollama_blob, ollama_name
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
 
@@ -48,32 +49,36 @@ BUNDLED_MODEL_ID = "smollm2-135m-instruct"
 
 
 def resolve_model(args) -> tuple[Path, str]:
-    """The model directory `rill serve` runs and its served id: the bundled model, a GGUF file converted once, a
-    local directory, or a hub id found in the Hugging Face cache (rill/hub_models.py)."""
+    """The model directory `rill serve` runs and its served id: the bundled model, a GGUF file (or a model Ollama
+    pulled: rill/ollama_models.py) converted once, a local directory, or a hub id found in the Hugging Face cache
+    (rill/hub_models.py). A model it cannot find or read stops the start (exit 1), saying why."""
     if args.model is None:
         from rill.engine_proc.model.bundled import ensure_bundled_model
 
         return ensure_bundled_model(args.cache_dir), served_name(args) or BUNDLED_MODEL_ID
-    model_dir = Path(args.model).expanduser()
-    if model_dir.suffix == ".gguf" and model_dir.is_file():  # converted once (engine_proc/model/gguf_dir.py)
-        from rill.engine_proc.model.bundled import default_cache_dir
-        from rill.engine_proc.model.gguf_dir import ensure_gguf_model
-
-        try:
-            converted = ensure_gguf_model(model_dir, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
-        except (ValueError, OSError) as exc:
-            raise SystemExit(f"rill: --model {args.model}: {exc}") from None
-        return converted, served_name(args) or model_dir.name
-    if not model_dir.exists() and looks_like_repo_id(args.model):  # vLLM's `vllm serve ORG/NAME`, from the hub cache
-        try:
+    try:
+        if (ollama := ollama_name(args.model)) is not None:
+            return _converted(ollama_blob(ollama), args), served_name(args) or ollama
+        model_dir = Path(args.model).expanduser()
+        if model_dir.suffix == ".gguf" and model_dir.is_file():
+            return _converted(model_dir, args), served_name(args) or model_dir.name
+        if not model_dir.exists() and looks_like_repo_id(args.model):  # vLLM's `vllm serve ORG/NAME`
             snapshot = cached_snapshot(args.model, args.revision, args.download_dir)
-        except FileNotFoundError as exc:
-            raise SystemExit(f"rill: --model {args.model}: {exc}") from None
-        return snapshot, served_name(args) or args.model  # vLLM's default name: the id as given
+            return snapshot, served_name(args) or args.model  # vLLM's default name: the id as given
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"rill: --model {args.model}: {exc}") from None
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"rill: --model {args.model}: not a local Hugging Face model directory "
                          "(no config.json) or GGUF file; Rill never downloads models")
     return model_dir.resolve(), served_name(args) or model_dir.name
+
+
+def _converted(gguf_path: Path, args) -> Path:
+    """A GGUF file's converted directory, converted once into the cache (engine_proc/model/gguf_dir.py)."""
+    from rill.engine_proc.model.bundled import default_cache_dir
+    from rill.engine_proc.model.gguf_dir import ensure_gguf_model
+
+    return ensure_gguf_model(gguf_path, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
 
 
 def served_name(args) -> str | None:

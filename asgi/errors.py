@@ -58,6 +58,14 @@ def shutting_down() -> APIError:
     return APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
 
 
+def renamed(exc: APIError, names: dict[str, str]) -> APIError:
+    """`exc`, naming its field as another server's API spells it (`names`: the checked field's name -> that API's):
+    a route of llama.cpp's, Ollama's, SGLang's or TGI's maps its request onto a completion's and shares its checks."""
+    named = names.get(exc.param or "", exc.param)
+    exc.message, exc.param = exc.message.replace(f"`{exc.param}`", f"`{named}`"), named
+    return exc
+
+
 def unsupported(param: str) -> APIError:
     return APIError(400, f"`{param}` is not supported by this server yet.", param=param, code="unsupported_parameter")
 

@@ -5,7 +5,7 @@ asgi/requests/llama_request.py and infill_request.py; the answer: asgi/output/ll
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
-from rill.asgi.errors import APIError
+from rill.asgi.errors import APIError, renamed
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
@@ -61,9 +61,7 @@ async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_i
                                  logprobs=req.n_probs or None,
                                  defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     except APIError as exc:
-        exc.message = exc.message.replace(f"`{exc.param}`", f"`{LLAMA_NAMES.get(exc.param, exc.param)}`")
-        exc.param = LLAMA_NAMES.get(exc.param, exc.param)
-        raise
+        raise renamed(exc, LLAMA_NAMES) from None
     params.lora = lora
     params.priority = request_priority(req.priority, limits)
     gen = Generation(state.client, new_request_id(prefix), [prompt_ids], params,

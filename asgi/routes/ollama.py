@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from rill.asgi.engine_link.generate import Generation, GenerationFailed, new_request_id
-from rill.asgi.errors import APIError
+from rill.asgi.errors import APIError, renamed
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
@@ -87,9 +87,7 @@ async def _run(http: HTTPRequest, req, chat, lora: str, *, is_chat: bool, prompt
                                      prompt_param="messages" if is_chat else "prompt",
                                      max_tokens_param="options.num_predict", stop=chat.stop, lora=lora)
     except APIError as exc:
-        named = OLLAMA_NAMES.get(exc.param or "", exc.param)
-        exc.message, exc.param = exc.message.replace(f"`{exc.param}`", f"`{named}`"), named
-        raise
+        raise renamed(exc, OLLAMA_NAMES) from None
     gen = Generation(state.client, new_request_id("ollama"), [plan.prompt_ids], plan.params, plan.make_detok,
                      return_token_ids=not is_chat)
     shape = OllamaAnswer(req.model, plan.make_parser(), chat=is_chat,

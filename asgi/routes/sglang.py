@@ -3,7 +3,7 @@ clients, `sglang.bench_serving --backend sglang` and RL rollout loops send, over
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
-from rill.asgi.errors import APIError
+from rill.asgi.errors import APIError, renamed
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.respond import respond
@@ -41,9 +41,7 @@ async def generate(http: HTTPRequest) -> None:
                                  vocab_size=limits.vocab_size, defaults=state.sampling_defaults,
                                  tokenizer=state.tokenizer)
     except APIError as exc:
-        named = SGLANG_NAMES.get(exc.param or "", exc.param)
-        exc.message, exc.param = exc.message.replace(f"`{exc.param}`", f"`{named}`"), named
-        raise
+        raise renamed(exc, SGLANG_NAMES) from None
     params.lora = lora
     request_id = new_request_id("sgl")
     gen = Generation(state.client, request_id, prompts, params,

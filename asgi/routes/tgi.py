@@ -4,7 +4,7 @@ POST /generate_stream, POST / (TGI's own client's and huggingface_hub's Inferenc
 from __future__ import annotations
 
 from rill.asgi.engine_link.generate import Generation, new_request_id
-from rill.asgi.errors import APIError
+from rill.asgi.errors import APIError, renamed
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
@@ -40,9 +40,7 @@ async def generate(http: HTTPRequest, *, stream: bool | None = False, as_list: b
                                  max_tokens_param="parameters.max_new_tokens", vocab_size=limits.vocab_size,
                                  logprobs=0, defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     except APIError as exc:
-        named = TGI_NAMES.get(exc.param or "", exc.param)
-        exc.message, exc.param = exc.message.replace(f"`{exc.param}`", f"`{named}`"), named
-        raise
+        raise renamed(exc, TGI_NAMES) from None
     params.lora = lora
     gen = Generation(state.client, new_request_id("tgi"), prompts, params,
                      state.detokenizer(stop=stop_strings(completion), skip_special_tokens=True, include_stop=False),

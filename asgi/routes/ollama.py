@@ -3,6 +3,7 @@
 POST /api/show, GET /api/tags, /api/ps and /api/version. Errors on /api/ take Ollama's shape, `{"error": ...}`."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -38,6 +39,7 @@ from rill.asgi.requests.ollama_request import (
 from rill.asgi.requests.schemas import ChatMessage
 from rill.asgi.routes.tokenize import VERSION
 from rill.asgi.state import WorkerState
+from rill.engine_proc.encoder_engine import weight_bytes
 
 PREFIX = "/api/"
 
@@ -159,25 +161,27 @@ async def _embed(http: HTTPRequest, *, older: bool) -> None:
                   keepalive_s=state.settings.http.sse_keepalive_s)
 
 
+@functools.cache
+def _model_facts(model_dir: str) -> tuple[str, int]:
+    """The served model's family (config.json's model_type) and its weight files' size, read once per worker."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    family = config.get("model_type") if isinstance(config, dict) else None
+    return str(family or ""), weight_bytes(Path(model_dir))
+
+
 def _details(state: WorkerState) -> dict:
-    config = _config(state)
-    family = str(config.get("model_type") or "")
+    family = _model_facts(state.settings.limits.model_dir)[0]
     return {"parent_model": "", "format": "safetensors", "family": family,
             "families": [family] if family else None, "parameter_size": "",
             "quantization_level": state.settings.limits.quantization if state.settings.limits.quantization != "none"
             else state.settings.limits.dtype}
 
 
-def _config(state: WorkerState) -> dict:
-    try:
-        return json.loads((Path(state.settings.limits.model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _card(state: WorkerState, name: str) -> dict:
-    model_dir = Path(state.settings.limits.model_dir)
-    size = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in model_dir.glob(pattern))
+    size = _model_facts(state.settings.limits.model_dir)[1]
     modified = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.settings.created or time.time()))
     return {"name": name, "model": name, "modified_at": modified, "size": size,
             "digest": hashlib.sha256(name.encode()).hexdigest(), "details": _details(state)}

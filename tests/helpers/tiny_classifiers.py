@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.tiny_rerankers import MAX_POSITIONS, TOKENIZER_FILES, minilm_dir
+from tests.helpers.tiny_rerankers import MAX_POSITIONS, TOKENIZER_FILES, minilm_dir, save_wide
 
 LABELS = ("negative", "neutral", "positive")
 
@@ -32,20 +32,11 @@ def save_tiny_decoder_classifier(path: Path, num_labels: int = 2) -> Path:
     """A LlamaForSequenceClassification over the bundled model's vocabulary, without a pad token."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rill.engine_proc.model.bundled import ensure_bundled_model
-
     torch.manual_seed(2)
     config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          bos_token_id=1, eos_token_id=2, pad_token_id=None, num_labels=num_labels)
-    model = LlamaForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(ensure_bundled_model() / name, path / name)
-    return path
+    return save_wide(LlamaForSequenceClassification(config).eval(), path)
 
 
 def reference_class_logits(model_dir: Path, texts: list[str]) -> torch.Tensor:

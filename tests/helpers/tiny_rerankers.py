@@ -56,13 +56,18 @@ def save_tiny_yes_no_reranker(path: Path) -> Path:
     """A tiny Qwen3 (the bundled model's vocabulary and tokenizer, tied embeddings) with seeded weights drawn wide."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from rill.engine_proc.model.bundled import ensure_bundled_model
-
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=None)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return save_wide(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), path)
+
+
+def save_wide(model, path: Path) -> Path:
+    """`model` (over the bundled model's vocabulary) with its weights drawn wide, so that prompts score far apart,
+    saved to `path` with the bundled model's tokenizer."""
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.2)

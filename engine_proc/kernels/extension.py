@@ -119,9 +119,7 @@ def _build(compiler: str, path: Path) -> None:
         out = Path(tmp) / path.name
 
         def compile_one(index_group: tuple[int, list[Path]]) -> str:
-            index, group = index_group
-            unit = Path(tmp) / f"unity{index}.cpp"
-            unit.write_text("".join(f'#include "{f}"\n' for f in group))
+            unit = _unity_file(Path(tmp), *index_group)
             obj = str(unit.with_suffix(".o"))
             subprocess.run([compiler, *CXXFLAGS, *_target_flags(), *_torch_compile_flags(), "-c", str(unit), "-o", obj],
                            check=True, capture_output=True, text=True, timeout=600)
@@ -133,6 +131,28 @@ def _build(compiler: str, path: Path) -> None:
         subprocess.run([compiler, "-shared", "-fopenmp", *objects, "-o", str(out), *_torch_link_flags()], check=True,
                        capture_output=True, text=True, timeout=600)
         os.replace(out, path)  # atomic: another engine building the same file sees it whole
+
+
+def _unity_file(folder: Path, index: int, group: list[Path]) -> Path:
+    unit = folder / f"unity{index}.cpp"
+    unit.write_text("".join(f'#include "{f}"\n' for f in group))
+    return unit
+
+
+def syntax_errors(compiler: str, targets: list[list[str]], folder: Path) -> list[str]:
+    """The compiler's errors (syntax and types only: nothing is built) for each target's flags (`-march=...`),
+    every source as the build groups them: a CPU's paths that this one does not build, checked here (tests)."""
+    cores = len(os.sched_getaffinity(0))
+    units = [_unity_file(folder, i, group) for i, group in enumerate(unity_groups(sources(), cores))]
+
+    def check(job: tuple[list[str], Path]) -> str:
+        target, unit = job
+        done = subprocess.run([compiler, *CXXFLAGS, *target, *_torch_compile_flags(), "-fsyntax-only", str(unit)],
+                              capture_output=True, text=True, timeout=600)
+        return "" if done.returncode == 0 else f"{' '.join(target)}: {done.stderr.strip()[-1500:]}"
+
+    with ThreadPoolExecutor(max_workers=cores) as pool:
+        return [e for e in pool.map(check, [(t, u) for t in targets for u in units]) if e]
 
 
 _loaded = [False]

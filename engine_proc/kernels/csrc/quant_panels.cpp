@@ -76,7 +76,9 @@ template <typename MakeRows>
 void linear(uint16_t* y, const uint16_t* x, int64_t M, int64_t N, int64_t K, MakeRows&& make_rows,
             const uint16_t* col_scale) {
     using at::BFloat16;
+#ifdef RILL_QUANT_TILES
     if (tiles()) return rill_quant_tiles::linear(y, x, M, N, K, make_rows, col_scale);
+#endif
     const int64_t P = rill_amx_linear::num_panels(N);
 #pragma omp parallel
     {

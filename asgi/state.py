@@ -22,6 +22,7 @@ from rill.asgi.output.detokenizer import Detokenizer
 from rill.asgi.output.token_text import TokenTexts
 from rill.asgi.prompt.fim import FimTokens, fim_tokens
 from rill.asgi.prompt.templating import ChatTemplate, load_template_arg
+from rill.asgi.prompt.vision import ImagePrompts, accepts_images
 from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
 from rill.asgi.stores.base import Bounds, StateStore
@@ -81,6 +82,7 @@ class WorkerState:
     # The model's sampling defaults for fields a request leaves out (asgi/requests/sampling_defaults.py).
     sampling_defaults: dict = field(default_factory=dict)
     _marker_ids: dict[str, list[int]] = field(default_factory=dict)  # encode_markers' (a few fixed markers)
+    vision: ImagePrompts | None = None  # a vision model's processor (asgi/prompt/vision.py); None: text only
 
     @classmethod
     def load(cls, settings: WorkerSettings) -> WorkerState:
@@ -100,6 +102,8 @@ class WorkerState:
         state = cls(settings, client, tokenizer, template, lora_names=dict(limits.lora_modules),
                     sampling_defaults=sampling_defaults(model_dir, http.generation_config,
                                                         http.override_generation_config))
+        if accepts_images(model_dir):
+            state.vision = ImagePrompts(model_dir, http.max_images_per_prompt)
         state.auth = ApiKeyGuard(settings.api_key_digests, http.protect_metrics)
         state.cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers)
         state.store = open_store(http.state_store_url, paths.run_dir,

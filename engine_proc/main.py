@@ -128,7 +128,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     num_tensors = hf_config.get_text_config().num_hidden_layers - len(layer_window[1]) if layer_window else None
     if model.kv_cache_dtype != "auto" and not native:
         raise ValueError(f"--kv-cache-dtype {model.kv_cache_dtype} needs the native runner (a Llama-family model)")
-    num_blocks = num_blocks_for_memory(hf_config, dtype, model.block_size, limits.kv_cache_memory_bytes, num_tensors,
+    num_blocks = num_blocks_for_memory(hf_config.get_text_config(), dtype, model.block_size, limits.kv_cache_memory_bytes,
+                                       num_tensors,
                                        model.kv_cache_dtype)
     if num_blocks < 2:
         raise ValueError(f"--kv-cache-memory {limits.kv_cache_memory_bytes} bytes holds no KV block of "

@@ -5,6 +5,7 @@ import enum
 
 import msgspec
 
+from rill.ipc.images import ImageInputs
 from rill.ipc.logprobs import LogprobsPayload
 
 
@@ -90,6 +91,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     cache_salt: bytes = b""
     # --scheduling-policy priority: lower runs first (engine_proc/sched/priority.py); 0 under fcfs.
     priority: int = 0
+    # A chat request's images (a vision model's): the processor's tensors, whose features replace the prompt's
+    # image tokens (ipc/images.py)
+    images: ImageInputs | None = None
 
 
 # Token ids travel inline, as msgpack lists: bench/ipc/ipc_bench.py measured them against ids in a

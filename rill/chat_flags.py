@@ -7,6 +7,8 @@ import argparse
 from rill.asgi.parsers.reasoning import REASONING_PARSERS
 from rill.asgi.parsers.tools import TOOL_PARSERS
 
+DEFAULT_IMAGES, MAX_IMAGES = 8, 64  # images per chat request; each is a vision-tower forward in the engine
+
 
 def add_chat_flags(ap: argparse.ArgumentParser) -> None:
     """README: "Chat templates", "Tool calls", "Reasoning"."""
@@ -26,6 +28,9 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
     chat.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                       help="split the thinking into reasoning_content (vLLM's names): deepseek_r1 "
                            "(the opening <think> may be absent), qwen3, openai_gptoss (GPT-OSS's analysis channel)")
+    chat.add_argument("--limit-mm-per-prompt", default=None,
+                      help=f'a vision model\'s images per chat request, as vLLM\'s JSON: {{"image": 4}} (default '
+                           f'{DEFAULT_IMAGES}, at most {MAX_IMAGES}; docs/vision.md)')
 
 
 def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -40,6 +45,10 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         default_template_kwargs(args.default_chat_template_kwargs)
     except ValueError as exc:
         _fail(parser, f"--default-chat-template-kwargs: {exc}")
+    try:
+        images_per_prompt(args.limit_mm_per_prompt)
+    except ValueError as exc:
+        _fail(parser, f"--limit-mm-per-prompt: {exc}")
     if args.chat_template is not None:
         model_dir = args.model  # the bundled model's tokens are not needed to check the template compiles
         try:
@@ -101,3 +110,19 @@ def log_tool_parser(args: argparse.Namespace, model_dir) -> None:
     else:
         log.warning("--tool-call-parser auto: the chat template (%s) shows no tool-call format Rill reads; "
                     '"auto" tool choice gets 400 unless a request brings its own chat_template', template.origin)
+
+
+def images_per_prompt(text: str | None) -> int:
+    """--limit-mm-per-prompt's image count (vLLM's JSON object of counts by modality; only images are served)."""
+    from rill.ipc.config import json_object
+
+    if not text:
+        return DEFAULT_IMAGES
+    limits = json_object(text, not_json="not JSON: ", not_object='a JSON object, such as {"image": 4}')
+    for modality, count in limits.items():
+        if modality != "image" and count != 0:
+            raise ValueError(f"{modality!r}: only images are served; leave it out or give it 0")
+    count = limits.get("image", DEFAULT_IMAGES)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_IMAGES:
+        raise ValueError(f'"image" must be a whole number from 0 to {MAX_IMAGES}, not {count!r}')
+    return count

@@ -17,7 +17,7 @@ from rill.asgi.engine_link.mailbox import Mailbox
 from rill.asgi.errors import APIError, engine_unavailable, queue_full
 from rill.asgi.http.request_context import current
 from rill.asgi.output.detokenizer import Detokenizer
-from rill.asgi.requests.cache_salt import engine_salt
+from rill.asgi.requests.cache_salt import engine_salt, images_salt
 from rill.ipc.logprobs import TokenLogprobs
 from rill.ipc.protocol import FinishReason, SamplingParams, Verdict
 
@@ -97,6 +97,8 @@ class Generation:
         self.request_id = request_id
         self.prompts = prompts
         salt = engine_salt(self.ctx.cache_namespace if self.ctx is not None else "", cache_salt)
+        if params.images is not None:  # a prompt's ids are alike for any image: its blocks are the images' too
+            salt = images_salt(salt, params.images.digest)
         # a copy: params may be a route's shared constant, or serve another Generation
         self.params = msgspec.structs.replace(params, cache_salt=salt) if salt else params
         self.n = n

@@ -17,21 +17,33 @@ from rill.asgi.requests.schemas import ChatCompletionRequest, ChatMessage
 from rill.asgi.requests.thinking import effort_of, effort_template_kwargs
 from rill.asgi.requests.tool_choice import template_tools
 from rill.asgi.state import WorkerState
+from rill.ipc.images import ImageInputs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 async def render_messages(state: WorkerState, req: ChatCompletionRequest) -> list[int]:
     """The prompt's token ids (a large prompt is encoded off the event loop)."""
-    (ids,) = await encode_texts(state.tokenizer, [render_prompt(state, req)],
-                                add_special_tokens=bool(req.add_special_tokens))  # vLLM's default: the template's
-    return ids
+    return (await render_chat(state, req))[0]
 
 
-def render_prompt(state: WorkerState, req: ChatCompletionRequest) -> str:
-    """The chat template's text for the request's messages; 400s for what the template refuses."""
+async def render_chat(state: WorkerState, req: ChatCompletionRequest) -> tuple[list[int], ImageInputs | None]:
+    """The prompt's token ids, and a vision model's images where the messages have some (asgi/prompt/vision.py)."""
+    images: list[tuple[str, str]] = []
+    text = render_prompt(state, req, images)
+    add_special_tokens = bool(req.add_special_tokens)  # vLLM's default: the template's
+    if images:
+        return await state.vision.encode(text, images, add_special_tokens)
+    (ids,) = await encode_texts(state.tokenizer, [text], add_special_tokens=add_special_tokens)
+    return ids, None
+
+
+def render_prompt(state: WorkerState, req: ChatCompletionRequest, images: list[tuple[str, str]] | None = None) -> str:
+    """The chat template's text for the request's messages; 400s for what the template refuses. A vision model's
+    image parts render as its placeholder, each (url, param) added to `images`."""
     template = _template(state, req)
-    messages = template_messages(req.messages, has_developer_role="developer" in template.source)
+    messages = template_messages(req.messages, has_developer_role="developer" in template.source,
+                                 image_slot=state.vision.placeholder if state.vision else None, images=images)
     extra = req.chat_template_kwargs or {}
     if reserved := RESERVED_KWARGS & extra.keys():
         raise APIError(400, f"`chat_template_kwargs` must not set {sorted(reserved)}; use the request fields.",
@@ -79,17 +91,20 @@ def _template(state: WorkerState, req: ChatCompletionRequest) -> ChatTemplate:
         raise APIError(400, f"The request's chat template does not compile: {exc}", param="chat_template") from None
 
 
-def template_messages(messages: list[ChatMessage], *, has_developer_role: bool = True) -> list[dict[str, Any]]:
+def template_messages(messages: list[ChatMessage], *, has_developer_role: bool = True, image_slot: str | None = None,
+                      images: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """Messages as the template gets them. `developer` (OpenAI's newer name for system
     instructions) becomes `system` for a template that never mentions it; vLLM passes it on
-    unchanged, which ChatML-style templates render as an unknown role."""
+    unchanged, which ChatML-style templates render as an unknown role. `image_slot`: a vision
+    model's image placeholder, which an image part becomes (its url and param added to `images`);
+    None: an image part is a 400."""
     out = []
     for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise APIError(400, f"Unknown role `{m.role}`; a message's role is one of {', '.join(ROLES)}.",
                            param=f"messages[{i}].role")
         role = "system" if m.role == "developer" and not has_developer_role else m.role
-        message: dict[str, Any] = {"role": role, "content": _text(m, i)}
+        message: dict[str, Any] = {"role": role, "content": _text(m, i, image_slot, images)}
         if m.name is not None:
             message["name"] = m.name
         if m.role == "tool":
@@ -105,13 +120,24 @@ def template_messages(messages: list[ChatMessage], *, has_developer_role: bool =
     return out
 
 
-def _text(m: ChatMessage, i: int) -> str:
+def _text(m: ChatMessage, i: int, image_slot: str | None, images: list[tuple[str, str]] | None) -> str:
     if m.content is None:
         return ""
     if isinstance(m.content, str):
         return m.content
     texts = []
     for j, part in enumerate(m.content):
+        if part.type == "image_url" and image_slot is not None:
+            if part.image_url is None:
+                raise APIError(400, "An image_url part needs `image_url` ({\"url\": \"data:image/png;base64,...\"}).",
+                               param=f"messages[{i}].content[{j}].image_url")
+            if images is not None:
+                images.append((part.image_url.url, f"messages[{i}].content[{j}].image_url.url"))
+            texts.append(image_slot)
+            continue
+        if part.type == "image_url":
+            raise APIError(400, "The served model takes no images: only text content parts.",
+                           param=f"messages[{i}].content[{j}].type")
         if part.type != "text" or part.text is None:
             raise APIError(400, f"Content parts of type `{part.type}` are not supported; only text.",
                            param=f"messages[{i}].content[{j}].type")

@@ -36,3 +36,9 @@ def engine_salt(key_digest: str, cache_salt: str | None) -> bytes:
         return b""
     text = f"rill-cache-salt\0{key_digest}\0{cache_salt or ''}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:SALT_LEN]
+
+
+def images_salt(salt: bytes, digest: bytes) -> bytes:
+    """A request's salt with its images' digest (ipc/images.py) in it: the same text beside other images is
+    never a prefix-cache hit, and the same images under another key's salt neither."""
+    return hashlib.sha256(b"rill-images\0" + salt + b"\0" + digest).digest()[:SALT_LEN]

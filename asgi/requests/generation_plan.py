@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rill.asgi.errors import APIError
 from rill.asgi.parsers.chat_output import OutputParser
 from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
 from rill.asgi.parsers.thinking_markers import HARMONY_PARSER, thinking_markers
-from rill.asgi.prompt.chat_messages import render_messages, template_source, tool_parser_name
+from rill.asgi.prompt.chat_messages import render_chat, template_source, tool_parser_name
 from rill.asgi.prompt.truncation import truncate
 from rill.asgi.requests.priority import request_priority
 from rill.asgi.requests.sampling import sampling_params
@@ -55,8 +56,12 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     http = state.settings.http
     parser_name = tool_parser_name(state, chat)
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
+    images = None
     if prompt_ids is None:
-        prompt_ids = await render_messages(state, chat)
+        prompt_ids, images = await render_chat(state, chat)
+    if images is not None and chat.truncate_prompt_tokens is not None:
+        raise APIError(400, "`truncate_prompt_tokens` would cut an image's tokens: it is not served with images.",
+                       param="truncate_prompt_tokens")
     [prompt_ids] = truncate([prompt_ids], chat.truncate_prompt_tokens, state.settings.limits.max_model_len)
     strict = strict_calls(tool_plan, parser_name)
     await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format, strict=strict)
@@ -66,6 +71,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                              max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
                              defaults=state.sampling_defaults, tokenizer=state.tokenizer)
     params.lora = lora
+    params.images = images
     params.priority = request_priority(chat.priority, state.settings.limits)
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;

@@ -54,9 +54,15 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool = False
 
 
+class ImageURL(msgspec.Struct):
+    url: str  # a base64 data URL (asgi/prompt/images.py): bounded by --max-request-body
+    detail: Name | None = None  # OpenAI's resolution hint; the model's processor sets the size
+
+
 class ContentPart(msgspec.Struct):
     type: Name
     text: str | None = None
+    image_url: ImageURL | None = None  # a vision model's image (docs/vision.md)
 
 
 class FunctionCall(msgspec.Struct):

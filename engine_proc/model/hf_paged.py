@@ -6,8 +6,8 @@ import functools
 import logging
 
 import torch
-from transformers import AutoModelForCausalLM
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
 from rill.engine_proc.attention.kv_cache import KVCache
@@ -19,6 +19,7 @@ from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
+from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
@@ -35,7 +36,8 @@ def paged_unsupported(config) -> str | None:
     """Why this model cannot run on the paged transformers route (it then runs one sequence at a
     time, engine_proc/model/hf_runner.py), or None."""
     text_config = config.get_text_config()
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    model_class = (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING if is_vision_model(config)
+                   else MODEL_FOR_CAUSAL_LM_MAPPING).get(type(config), None)
     if model_class is None:
         return f"model_type {config.model_type!r} has no transformers causal-LM class"
     if not getattr(model_class, "_supports_attention_backend", False):
@@ -146,6 +148,7 @@ class PagedTransformersRunner(SamplingRunner):
             tile_linears(self.model)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
+        self.images = ImageEmbedder(self.model, self.device, dtype) if is_vision_model(self.config) else None
         # (window, sliding layers): those layers' blocks in window tables of their own (window_tables.py)
         self.layer_window = interleaved_window(text_config, served_len)
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
@@ -202,6 +205,9 @@ class PagedTransformersRunner(SamplingRunner):
             step.window_batches = [window_view(batch, j) for j in range(self.kv_cache.num_window_groups)]
             step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]
         with step_context(step):
+            if self.images is not None and self.images.needed(batch):
+                embeds = self.images(batch, input_ids)
+                return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, embeds)
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 
 
@@ -216,8 +222,11 @@ class LogitsForward(torch.nn.Module):
         super().__init__()
         self.model, self.attention, self.config, self.final_soft_cap = model, attention, model.config, final_soft_cap
 
-    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices) -> torch.Tensor:
-        out = self.model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
+    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, inputs_embeds=None) -> torch.Tensor:
+        """`inputs_embeds` [tokens, hidden]: the step's input embeddings, in place of its ids' (hf_vision.py)."""
+        tokens = {"input_ids": input_ids.unsqueeze(0)} if inputs_embeds is None \
+            else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
+        out = self.model(**tokens, position_ids=positions.unsqueeze(0), use_cache=False,
                          logits_to_keep=logits_indices, rill_graph=graph_meta)
         logits = out.logits[0]
         return logits if self.final_soft_cap is None else self.final_soft_cap(logits)
@@ -251,14 +260,18 @@ def _is_attention(module: torch.nn.Module) -> bool:
 def load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, load_format: str,
                   attn_implementation: str = IMPLEMENTATION):
     """transformers' model of the directory (or of its config, with `dummy` weights), eval, on `device`."""
+    auto_class = AutoModelForCausalLM
+    if is_vision_model(config):  # its vision tower's attention is not over the paged cache
+        auto_class = AutoModelForImageTextToText
+        attn_implementation = attention_implementations(config, attn_implementation or "sdpa")
     if load_format == "dummy":
         # Seeded, as the native model's dummy weights are: every data-parallel engine (and every
         # start) gets the same weights, so they answer alike.
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+            model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     else:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_class.from_pretrained(
             str(model_dir), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation,
             use_safetensors=True if load_format == "safetensors" else None,
         )

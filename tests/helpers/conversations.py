@@ -50,7 +50,7 @@ CONVERSATION = [
 
 
 def state_with(template: ChatTemplate, trust: bool = False):
-    return SimpleNamespace(template=template,
+    return SimpleNamespace(template=template, vision=None,
                            settings=SimpleNamespace(http=HttpConfig(trust_request_chat_template=trust)))
 
 

@@ -1,0 +1,98 @@
+"""A vision-language model's images on the paged transformers route: each image's features, from the model's own
+vision tower and projector, put in place of the prompt's image tokens in a prompt step's input embeddings.
+
+The API worker's processor (asgi/prompt/vision.py) wrote one image token per feature row, so the k-th image token
+of a prompt takes row k of its images' features, whichever chunk of the prompt it falls in. A request's features
+are computed at its first chunk that holds an image token and dropped after its last (a preempted request
+computes them again). Decode steps, and prompt steps without images, take the token ids as before.
+"""
+from __future__ import annotations
+
+import bisect
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.sched.request import EngineRequest
+from rill.ipc.images import VISION_MODEL_TYPES, arrays_of
+
+
+def is_vision_model(config) -> bool:
+    return getattr(config, "model_type", None) in VISION_MODEL_TYPES
+
+
+def attention_implementations(config, text_implementation: str) -> dict[str, str]:
+    """The text model's attention through Rill's paged cache; the vision tower's through torch's SDPA."""
+    return {name: text_implementation if name == "text_config" else "sdpa" for name in config.sub_configs}
+
+
+@dataclass(eq=False)
+class _Features:
+    rows: torch.Tensor  # [image tokens, hidden]: every image's features in the prompt's order
+    positions: list[int]  # the prompt positions of its image tokens, ascending
+
+
+class ImageEmbedder:
+    """The input embeddings of a prompt step whose chunks hold image tokens."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.device, self.dtype = model, device, dtype
+        self.embed_tokens = model.get_input_embeddings()
+        self._features: weakref.WeakKeyDictionary[EngineRequest, _Features] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def needed(batch: Batch) -> bool:
+        return any(s.req.params.images is not None and s.start_pos < s.req.num_prompt_tokens for s in batch.seqs)
+
+    def __call__(self, batch: Batch, input_ids: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden]: the step's token embeddings, image tokens' rows replaced by their features."""
+        embeds = self.embed_tokens(input_ids)
+        for seq, row in _start_rows(batch):
+            req, images = seq.req, seq.req.params.images
+            end = seq.start_pos + seq.num_new_tokens
+            if images is None or seq.start_pos >= req.num_prompt_tokens:
+                continue
+            prompt_ids = np.asarray(req.prompt_ids[seq.start_pos:min(end, req.num_prompt_tokens)])
+            offsets = np.flatnonzero(prompt_ids == images.token_id)
+            if not len(offsets):
+                continue
+            features = self._features_of(req)
+            first = bisect.bisect_left(features.positions, seq.start_pos)
+            rows = torch.as_tensor(offsets + row, device=embeds.device)
+            embeds[rows] = features.rows[first:first + len(offsets)].to(embeds.dtype)
+            if end > features.positions[-1]:  # past its last image token: not needed again
+                del self._features[req]
+        return embeds
+
+    def _features_of(self, req: EngineRequest) -> _Features:
+        if (features := self._features.get(req)) is not None:
+            return features
+        images = req.params.images
+        kwargs = {name: torch.from_numpy(array.copy()).to(self.device) for name, array in arrays_of(images).items()}
+        if "pixel_values" in kwargs:
+            kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
+        out = self.model.get_image_features(**kwargs)
+        out = getattr(out, "pooler_output", out)  # transformers 5 answers a model output
+        rows = torch.cat([f.reshape(-1, f.shape[-1]) for f in out]) if isinstance(out, (list, tuple)) \
+            else out.reshape(-1, out.shape[-1])
+        positions = np.flatnonzero(np.asarray(req.prompt_ids) == images.token_id).tolist()
+        if len(positions) != rows.shape[0]:  # the worker's processor and this model disagree
+            raise ValueError(f"request {req.req_id}: {len(positions)} image tokens for {rows.shape[0]} feature rows")
+        features = self._features[req] = _Features(rows, positions)
+        return features
+
+
+def _start_rows(batch: Batch):
+    """(seq, its first row in the step's input ids): prepare_step's order, the decode rows first, then each
+    prompt chunk's rows in the batch's order (engine_proc/model/step_inputs.py)."""
+    decodes = [s for s in batch.seqs if s.num_new_tokens == 1]
+    row = len(decodes)
+    for i, seq in enumerate(decodes):
+        yield seq, i
+    for seq in batch.seqs:
+        if seq.num_new_tokens > 1:
+            yield seq, row
+            row += seq.num_new_tokens

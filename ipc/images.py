@@ -1,0 +1,44 @@
+"""A request's images as the engine gets them: the model's processor's tensors (pixel values, and what else
+its vision tower takes), the prompt's image token that their features replace, and a digest of them for the
+prefix cache. Made in the API worker (asgi/prompt/vision.py), read by the runner (engine_proc/model/hf_vision.py)."""
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+import numpy as np
+
+
+class NamedArray(msgspec.Struct, array_like=True, gc=False):
+    name: str  # the keyword the model's get_image_features takes it by (pixel_values, image_sizes, ...)
+    dtype: str  # numpy's name of it
+    shape: list[int]
+    data: bytes  # C order
+
+
+class ImageInputs(msgspec.Struct, array_like=True, gc=False):
+    arrays: list[NamedArray]
+    token_id: int  # each of the prompt's `token_id` tokens takes the next row of the images' features
+    # 16 bytes over every array: a prompt's ids are alike for any image, so this enters its prefix-cache salt
+    # (asgi/engine_link/generate.py) and a block is found again only for the same images.
+    digest: bytes
+
+
+def image_inputs(arrays: dict[str, np.ndarray], token_id: int) -> ImageInputs:
+    named, digest = [], hashlib.sha256(b"rill-images")
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        named.append(NamedArray(name, array.dtype.str, list(array.shape), array.tobytes()))
+        digest.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(named[-1].data)
+    return ImageInputs(named, token_id, digest.digest()[:16])
+
+
+def arrays_of(images: ImageInputs) -> dict[str, np.ndarray]:
+    return {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape) for a in images.arrays}
+
+
+# Families whose images are served: the processor writes one image token per feature row, the positions are
+# the prompt's own (no 3-D rotary positions) and the mask is causal over the images too. Each is checked
+# against transformers' forward (tests/model/test_vision_route.py).
+VISION_MODEL_TYPES = ("llava",)

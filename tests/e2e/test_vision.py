@@ -1,0 +1,143 @@
+"""End to end: images in chat completions (docs/vision.md), a tiny random LLaVA served in float32. With the OpenAI
+SDK: the greedy tokens are transformers' own generate over the same prompt ids and the processor's pixels, for a
+PNG and for a JPEG beside it, whole and streamed; the same text with the same image is a prefix-cache hit and with
+another image is not; and every bad image is a 400 naming its part, the server serving on after."""
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+import torch
+
+from tests.helpers.http_calls import check_error
+from tests.helpers.server import sdk_client, start_server, stop_server
+from tests.helpers.tiny_vision import TOKENS_PER_IMAGE, data_url, image, save_tiny_llava
+
+MODEL = "tiny-llava"
+NEW_TOKENS = 8
+IDS = {"return_token_ids": True, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llava")
+    save_tiny_llava(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    srv = start_server(tmp_path_factory, "--model", str(model_dir), "--served-model-name", MODEL, "--dtype", "float32",
+                       "--limit-mm-per-prompt", '{"image": 2}')
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return sdk_client(server)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """transformers' greedy tokens over `ids` with `images` through the model's own processor."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def generate(ids: list[int], images) -> list[int]:
+        pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([ids]), pixel_values=pixels, max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        return out[0, len(ids):].tolist()
+
+    return generate, model.config.image_token_id
+
+
+def ask(text: str, *urls: str, role_text: str | None = None) -> list[dict]:
+    parts = [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": u}} for u in urls)]
+    return ([{"role": "system", "content": role_text}] if role_text else []) + [{"role": "user", "content": parts}]
+
+
+def test_answers_are_transformers_own_for_png_and_jpeg(client, reference):
+    generate, image_id = reference
+    png, jpeg = image(1), image(2, width=64, height=48)
+    messages = ask("Compare these two pictures.", data_url(png), data_url(jpeg, "JPEG"))
+    done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=NEW_TOKENS, temperature=0,
+                                          extra_body=IDS)
+    prompt = done.prompt_token_ids
+    assert prompt.count(image_id) == 2 * TOKENS_PER_IMAGE
+    from PIL import Image
+
+    decoded_jpeg = Image.open(io.BytesIO(base64.b64decode(data_url(jpeg, "JPEG").split(",")[1]))).convert("RGB")
+    assert done.choices[0].token_ids == generate(prompt, [png, decoded_jpeg])
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=NEW_TOKENS, temperature=0,
+                                            stream=True, extra_body=IDS)
+    streamed = [t for chunk in stream for choice in chunk.choices for t in (getattr(choice, "token_ids", None) or [])]
+    assert streamed == done.choices[0].token_ids
+
+
+def test_the_image_moves_the_answer(client, reference):
+    generate, _ = reference
+    answers = {}
+    for seed in (3, 4):
+        done = client.chat.completions.create(model=MODEL, messages=ask("What is this?", data_url(image(seed))),
+                                              max_tokens=NEW_TOKENS, temperature=0, extra_body=IDS)
+        assert done.choices[0].token_ids == generate(done.prompt_token_ids, [image(seed)])
+        answers[seed] = done
+    assert answers[3].prompt_token_ids == answers[4].prompt_token_ids  # the same ids: only the pixels differ
+    assert answers[3].choices[0].token_ids != answers[4].choices[0].token_ids
+
+
+def test_the_same_image_is_a_prefix_hit_and_another_is_not(client):
+    def cached(seed: int) -> int:
+        messages = ask("Describe the picture in a few words.", data_url(image(seed)), role_text="Be brief.")
+        done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+        return done.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(5) == 0
+    assert cached(5) >= TOKENS_PER_IMAGE
+    assert cached(6) == 0
+
+
+def _tiff() -> str:
+    buffer = io.BytesIO()
+    image(7).save(buffer, format="TIFF")
+    return "data:image/tiff;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _huge_png() -> str:  # 4,097 x 4,097 of one colour: 50 KB of PNG, 50 MB of pixels
+    from PIL import Image
+
+    return data_url(Image.new("RGB", (4097, 4097), (200, 30, 30)))
+
+
+@pytest.mark.parametrize("messages,param", [
+    (ask("x", "https://example.com/cat.png"), "messages[0].content[1].image_url.url"),
+    (ask("x", "data:image/png;base64,not base64!"), "messages[0].content[1].image_url.url"),
+    (ask("x", "data:image/png;base64," + base64.b64encode(b"not an image").decode()),
+     "messages[0].content[1].image_url.url"),
+    (ask("x", data_url(image(1)), data_url(image(2)), data_url(image(3))), "messages[0].content[3].image_url.url"),
+    (ask("an <image> typed as text", data_url(image(1))), "messages"),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].image_url"),
+], ids=["http-url", "bad-base64", "not-an-image", "three-images", "placeholder-in-text", "no-image-url"])
+def test_bad_images_are_400s_naming_their_part(server, messages, param):
+    resp = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": messages, "max_tokens": 2})
+    check_error(resp, 400, param)
+
+
+def test_unserved_formats_and_bombs_are_400s(server):
+    for url in (_tiff(), _huge_png()):
+        resp = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
+                          json={"model": MODEL, "messages": ask("x", url), "max_tokens": 2})
+        check_error(resp, 400, "messages[0].content[1].image_url.url")
+    resp = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": ask("x", data_url(image(1))), "max_tokens": 2,
+                            "truncate_prompt_tokens": 8})
+    check_error(resp, 400, "truncate_prompt_tokens")
+    assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200

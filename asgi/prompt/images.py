@@ -12,6 +12,9 @@ from rill.asgi.errors import APIError
 # 16 megapixels (48 MiB as RGB): a 4096 x 4096 photo. The header gives the size, so a larger one (a
 # decompression bomb of a small file) is refused before a pixel is decoded; the processor then resizes it.
 MAX_IMAGE_PIXELS = 4096 * 4096
+# A processor scales an image's short side to its size (336) before it crops or tiles: a 1 x 16M image would
+# become 336 x 5.4G. Qwen2-VL's processor refuses past the same ratio.
+MAX_ASPECT_RATIO = 200
 # The decoders opened: the formats clients send. PIL's rarer ones are never reached from a request.
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 _DATA_URL = re.compile(r"data:image/[a-zA-Z0-9.+-]+;base64,", re.ASCII)
@@ -40,6 +43,9 @@ def decode_image(data: bytes, param: str):
             if width * height > MAX_IMAGE_PIXELS:
                 raise APIError(400, f"The image is {width} x {height} pixels, more than the {MAX_IMAGE_PIXELS:,} "
                                     "this server takes.", param=param)
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                raise APIError(400, f"The image is {width} x {height} pixels: its sides differ by more than "
+                                    f"{MAX_ASPECT_RATIO} times.", param=param)
             return img.convert("RGB")
     except APIError:
         raise

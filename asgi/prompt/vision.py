@@ -46,6 +46,9 @@ class ImagePrompts:
 
     def _encode(self, text: str, urls: list[tuple[str, str]], add_special_tokens: bool):
         images = [decode_image_url(url, param) for url, param in urls]
-        out = self.processor(text=[text], images=images, return_tensors="np", add_special_tokens=add_special_tokens)
+        try:
+            out = self.processor(text=[text], images=images, return_tensors="np", add_special_tokens=add_special_tokens)
+        except ValueError as exc:  # what the model's processor refuses of these images (a size it cannot tile)
+            raise APIError(400, f"The model's processor refused the images: {exc}", param="messages") from None
         arrays = {name: value for name, value in out.items() if name not in TEXT_OUTPUTS}
         return out["input_ids"][0].tolist(), image_inputs(arrays, self.token_id)

@@ -132,7 +132,9 @@ def test_bad_images_are_400s_naming_their_part(server, messages, param):
 
 
 def test_unserved_formats_and_bombs_are_400s(server):
-    for url in (_tiff(), _huge_png()):
+    """A TIFF, 4,097 x 4,097 pixels, and an image 201 times as wide as tall (a processor would scale it to
+    336 x 67,536); then truncation, which would cut an image."""
+    for url in (_tiff(), _huge_png(), data_url(image(8, width=402, height=2))):  # the last: 201 times as wide
         resp = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,
                           json={"model": MODEL, "messages": ask("x", url), "max_tokens": 2})
         check_error(resp, 400, "messages[0].content[1].image_url.url")

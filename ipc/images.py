@@ -38,7 +38,8 @@ def arrays_of(images: ImageInputs) -> dict[str, np.ndarray]:
     return {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape) for a in images.arrays}
 
 
-# Families whose images are served: the processor writes one image token per feature row, the positions are
-# the prompt's own (no 3-D rotary positions) and the mask is causal over the images too. Each is checked
-# against transformers' forward (tests/model/test_vision_route.py).
-VISION_MODEL_TYPES = ("llava",)
+# Families whose images are served: one image token per feature row, and a mask causal over the images too. Each
+# is checked against transformers' forward (tests/model/test_vision_route.py).
+VISION_MODEL_TYPES = ("llava", "qwen2_5_vl")
+# Of them, those whose rotary positions are 3-D (time, height, width) over an image (engine_proc/model/hf_vision.py)
+MROPE_MODEL_TYPES = ("qwen2_5_vl",)

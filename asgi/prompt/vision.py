@@ -1,37 +1,55 @@
-"""A vision model's images in a chat prompt. The model's own processor (transformers' AutoProcessor, loaded once
-per worker) expands each image's placeholder in the rendered prompt into its image tokens and makes the tensors
-the engine's vision tower takes (ipc/images.py); decoding and processing run on a thread, off the event loop."""
+"""A vision model's images in a chat prompt: each image part rendered as the family's placeholder, then expanded
+into the image's tokens, and the tensors the engine's vision tower takes (ipc/images.py). LLaVA's own processor
+(transformers' AutoProcessor) expands its `<image>`; Qwen2-VL's processor needs torchvision for its videos, so its
+image processor alone makes the pixels (Qwen2.5-VL's) and each `<|image_pad|>` becomes as many as the image's grid of patches,
+merged 2 x 2, has cells (the processor's rule). Both run on a thread, off the event loop. Loaded once per worker."""
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
+from tokenizers import Tokenizer
+
 from rill.asgi.errors import APIError
 from rill.asgi.prompt.images import decode_image_url
 from rill.ipc.images import VISION_MODEL_TYPES, ImageInputs, image_inputs
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
-TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the processor's; the rest go to the engine
+TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
+# The families whose image processor alone is used: an image part's text, and the token it expands.
+GRID_FAMILIES = {"qwen2_5_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")}
+
+
+def model_type_of(model_dir: Path) -> str | None:
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def accepts_images(model_dir: Path) -> bool:
     """A family whose images are served (ipc/images.py), with its processor's files beside it."""
-    try:
-        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return False
-    return model_type in VISION_MODEL_TYPES and any((model_dir / name).exists() for name in PROCESSOR_FILES)
+    return (model_type_of(model_dir) in VISION_MODEL_TYPES
+            and any((model_dir / name).exists() for name in PROCESSOR_FILES))
 
 
 class ImagePrompts:
-    def __init__(self, model_dir: Path, max_images: int) -> None:
-        from transformers import AutoProcessor
+    def __init__(self, model_dir: Path, max_images: int, tokenizer: Tokenizer) -> None:
+        from transformers import AutoImageProcessor, AutoProcessor
 
-        self.processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
-        self.placeholder: str = self.processor.image_token  # what an image part renders as: "<image>"
-        self.token_id: int = self.processor.tokenizer.convert_tokens_to_ids(self.placeholder)
-        self.max_images = max_images
+        self.max_images, self.tokenizer = max_images, tokenizer
+        family = GRID_FAMILIES.get(model_type_of(model_dir))
+        if family is None:
+            self.processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+            self.placeholder = self.image_token = self.processor.image_token  # LLaVA's "<image>"
+            self.image_processor = None
+        else:
+            self.processor = None
+            self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+            self.placeholder, self.image_token = family
+        self.token_id: int = tokenizer.token_to_id(self.image_token)
 
     async def encode(self, text: str, urls: list[tuple[str, str]], add_special_tokens: bool,
                      ) -> tuple[list[int], ImageInputs]:
@@ -39,16 +57,31 @@ class ImagePrompts:
         if len(urls) > self.max_images:
             raise APIError(400, f"{len(urls)} images in one request; this server takes at most {self.max_images} "
                                 "(--limit-mm-per-prompt).", param=urls[self.max_images][1])
-        if (found := text.count(self.placeholder)) != len(urls):  # one written into a text part by the client
-            raise APIError(400, f"The messages' text holds the image placeholder {self.placeholder!r} {found - len(urls)} "
+        if (found := text.count(self.image_token)) != len(urls):  # one written into a text part by the client
+            raise APIError(400, f"The messages' text holds the image token {self.image_token!r} {found - len(urls)} "
                                 "time(s) itself; only an image_url part may.", param="messages")
         return await asyncio.to_thread(self._encode, text, urls, add_special_tokens)
 
     def _encode(self, text: str, urls: list[tuple[str, str]], add_special_tokens: bool):
         images = [decode_image_url(url, param) for url, param in urls]
         try:
-            out = self.processor(text=[text], images=images, return_tensors="np", add_special_tokens=add_special_tokens)
+            if self.processor is not None:
+                out = self.processor(text=[text], images=images, return_tensors="np",
+                                     add_special_tokens=add_special_tokens)
+                ids = out["input_ids"][0].tolist()
+            else:
+                out = self.image_processor(images, return_tensors="np")
+                ids = self._expand_grid(text, out["image_grid_thw"], add_special_tokens)
         except ValueError as exc:  # what the model's processor refuses of these images (a size it cannot tile)
             raise APIError(400, f"The model's processor refused the images: {exc}", param="messages") from None
-        arrays = {name: value for name, value in out.items() if name not in TEXT_OUTPUTS}
-        return out["input_ids"][0].tolist(), image_inputs(arrays, self.token_id)
+        arrays = {name: np.asarray(value) for name, value in out.items() if name not in TEXT_OUTPUTS}
+        return ids, image_inputs(arrays, self.token_id)
+
+    def _expand_grid(self, text: str, grids: np.ndarray, add_special_tokens: bool) -> list[int]:
+        """The text's ids, its k-th image token repeated as many times as image k's merged grid has cells."""
+        merge = getattr(self.image_processor, "merge_size", 2)
+        counts = iter(int(np.prod(grid)) // (merge * merge) for grid in grids)
+        ids: list[int] = []
+        for token in self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids:
+            ids.extend([token] * next(counts) if token == self.token_id else [token])
+        return ids

@@ -17,12 +17,14 @@ import logging
 import os
 import time
 import types
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from rill.engine_proc.attention.kv_cache import GraphDecodeMetadata
 from rill.engine_proc.sched.batch import Batch
+from rill.engine_proc.sched.request import EngineRequest
 
 log = logging.getLogger("rill.model")
 
@@ -77,6 +79,8 @@ class DecodeGraphs:
         model's ~150 operator calls (an int4 step at batch 1 on a 2-core Xeon: 3.99-4.22 against 4.64-4.74 ms; a cold
         compile of its graph took 42 s against 27: docs/cpu-speed.md)."""
         default_cache_dir_env()
+        # A request's rotary positions past its tokens' index (3-D rotary models with images: hf_vision.py)
+        self.rope_offset: Callable[[EngineRequest], int] | None = None
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
         # Window tables (engine_proc/sched/window_tables.py): each sliding group's slots and table too
@@ -152,6 +156,11 @@ class DecodeGraphs:
         for j in range(1 + self.num_groups):  # the slots: the global table's, then each window table's
             fields[2 if j == 0 else 3 + j, :num_rows] = tables[j, rows, block_index] * bs + offset
         fields[3, :num_rows] = positions + 1
+        if self.rope_offset is not None:  # rotary positions behind the tokens' index (hf_vision.py): slots are by index
+            row = 0
+            for s in batch.seqs:
+                fields[1, row:row + s.num_new_tokens] += self.rope_offset(s.req)
+                row += s.num_new_tokens
         if not self.sizes:  # tensors of their own (inputs sharing a buffer would be guarded on as aliases)
             ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields[:4])
             window = ((torch.from_numpy(fields[4:].copy()), torch.from_numpy(tables[1:].copy()))

@@ -161,6 +161,8 @@ class PagedTransformersRunner(SamplingRunner):
         self.decode_graphs = None
         if not model.enforce_eager and not model.batch_invariant:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs)
+        if self.decode_graphs is not None and self.images is not None and self.images.mrope:
+            self.decode_graphs.rope_offset = self.images.rope_offset
         self.info = RunnerInfo("transformers", self.attention_backend, self.decode_graphs is not None)
 
     def _compiled_decode(self, max_num_seqs: int) -> DecodeGraphs | None:
@@ -205,9 +207,10 @@ class PagedTransformersRunner(SamplingRunner):
             step.window_batches = [window_view(batch, j) for j in range(self.kv_cache.num_window_groups)]
             step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]
         with step_context(step):
-            if self.images is not None and self.images.needed(batch):
-                embeds = self.images(batch, input_ids)
-                return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, embeds)
+            if self.images is not None:  # a vision model (hf_vision.py): images' features, 3-D rotary positions
+                embeds = self.images(batch, input_ids) if self.images.needed(batch) else None
+                return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, embeds,
+                                           self.images.positions(batch, positions))
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 
 
@@ -222,11 +225,14 @@ class LogitsForward(torch.nn.Module):
         super().__init__()
         self.model, self.attention, self.config, self.final_soft_cap = model, attention, model.config, final_soft_cap
 
-    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, inputs_embeds=None) -> torch.Tensor:
-        """`inputs_embeds` [tokens, hidden]: the step's input embeddings, in place of its ids' (hf_vision.py)."""
+    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, inputs_embeds=None,
+                rope_positions=None) -> torch.Tensor:
+        """`inputs_embeds` [tokens, hidden]: the step's input embeddings, in place of its ids'; `rope_positions`
+        [3, tokens]: a 3-D rotary model's positions, in place of `positions` (hf_vision.py)."""
         tokens = {"input_ids": input_ids.unsqueeze(0)} if inputs_embeds is None \
             else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
-        out = self.model(**tokens, position_ids=positions.unsqueeze(0), use_cache=False,
+        position_ids = positions.unsqueeze(0) if rope_positions is None else rope_positions.unsqueeze(1)
+        out = self.model(**tokens, position_ids=position_ids, use_cache=False,
                          logits_to_keep=logits_indices, rill_graph=graph_meta)
         logits = out.logits[0]
         return logits if self.final_soft_cap is None else self.final_soft_cap(logits)

@@ -5,6 +5,12 @@ The API worker's processor (asgi/prompt/vision.py) wrote one image token per fea
 of a prompt takes row k of its images' features, whichever chunk of the prompt it falls in. A request's features
 are computed at its first chunk that holds an image token and dropped after its last (a preempted request
 computes them again). Decode steps, and prompt steps without images, take the token ids as before.
+
+Qwen2-VL's rotary positions are 3-D over an image (its time, row and column in the grid) and the text after an
+image goes on from the largest of them, so a request's positions run `delta` (<= 0) behind its token count. The
+model's own get_rope_index gives a request's prompt positions once; its later tokens are at their index + delta on
+all three axes, which the compiled decode steps take as 1-D positions (decode_graphs.py's rope_offset). The KV
+cache's slots stay by token index.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import torch
 
 from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.request import EngineRequest
-from rill.ipc.images import VISION_MODEL_TYPES, arrays_of
+from rill.ipc.images import MROPE_MODEL_TYPES, VISION_MODEL_TYPES, arrays_of
 
 
 def is_vision_model(config) -> bool:
@@ -27,6 +33,12 @@ def is_vision_model(config) -> bool:
 def attention_implementations(config, text_implementation: str) -> dict[str, str]:
     """The text model's attention through Rill's paged cache; the vision tower's through torch's SDPA."""
     return {name: text_implementation if name == "text_config" else "sdpa" for name in config.sub_configs}
+
+
+@dataclass(eq=False)
+class _Rope:
+    prompt: torch.Tensor  # [3, prompt tokens]: each prompt token's position on the three axes
+    delta: int  # a later token's position minus its index
 
 
 @dataclass(eq=False)
@@ -42,6 +54,34 @@ class ImageEmbedder:
         self.model, self.device, self.dtype = model, device, dtype
         self.embed_tokens = model.get_input_embeddings()
         self._features: weakref.WeakKeyDictionary[EngineRequest, _Features] = weakref.WeakKeyDictionary()
+        self.mrope = model.config.model_type in MROPE_MODEL_TYPES
+        self._ropes: weakref.WeakKeyDictionary[EngineRequest, _Rope] = weakref.WeakKeyDictionary()
+
+    def rope_offset(self, req: EngineRequest) -> int:
+        """What a decode token's rotary position is past its index (3-D rotary models with images; else 0)."""
+        return 0 if req.params.images is None else self._rope_of(req).delta
+
+    def positions(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor | None:
+        """[3, tokens]: a 3-D rotary model's positions for a step in which a request has images; else None."""
+        if not self.mrope or all(s.req.params.images is None for s in batch.seqs):
+            return None
+        out = positions.expand(3, -1).clone()
+        for seq, row in _start_rows(batch):
+            if seq.req.params.images is None:
+                continue
+            rope, start, end = self._rope_of(seq.req), seq.start_pos, seq.start_pos + seq.num_new_tokens
+            in_prompt = max(0, min(end, rope.prompt.shape[1]) - start)
+            out[:, row:row + in_prompt] = rope.prompt[:, start:start + in_prompt]
+            out[:, row + in_prompt:row + end - start] += rope.delta
+        return out
+
+    def _rope_of(self, req: EngineRequest) -> _Rope:
+        if (rope := self._ropes.get(req)) is None:
+            ids = torch.tensor([req.prompt_ids])
+            grids = torch.from_numpy(arrays_of(req.params.images)["image_grid_thw"].copy())
+            table, delta = self.model.model.get_rope_index(ids, (ids == req.params.images.token_id).int(), grids)
+            rope = self._ropes[req] = _Rope(table[:, 0].to(self.device), int(delta.reshape(-1)[0]))
+        return rope
 
     @staticmethod
     def needed(batch: Batch) -> bool:

@@ -1,5 +1,6 @@
-"""A tiny random LLaVA (a CLIP vision tower, a projector, a Llama) with the bundled model's tokenizer plus an
-`<image>` token, its processor saved beside it; and images as a client sends them (data URLs)."""
+"""Tiny random vision-language models with the bundled model's tokenizer plus their image tokens, their processors
+saved beside them: a LLaVA (a CLIP vision tower, a projector, a Llama) and a Qwen2.5-VL (its windowed vision
+tower, 3-D rotary positions); their prompts as the server makes them; images as a client sends them."""
 from __future__ import annotations
 
 import base64
@@ -9,8 +10,82 @@ from pathlib import Path
 import numpy as np
 import torch
 
-IMAGE_SIZE = 56  # 4 x 4 patches of 14: 16 image tokens an image
+IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
+KINDS = ("llava", "qwen2_5_vl")
+PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+
+
+def save_tiny_vlm(kind: str, path: Path):
+    return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
+
+
+def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
+    """Qwen2.5-VL's shape, tiny: two vision blocks (one windowed, one global), 2 x 2 patches merged, a two-layer
+    text model whose rotary sections split 16 frequencies 2 / 3 / 3 over time, rows and columns. Images are scaled
+    to 12,544 pixels (112 x 112 for a square one): about 16 tokens each. `hidden_size` 256: heads of 64, which the
+    CPU decode kernel (and so the compiled decode steps) takes."""
+    from transformers import (
+        AutoTokenizer,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessorPil,
+    )
+
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model())
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    sections = [2, 3, 3] if hidden_size == 64 else [8, 12, 12]  # of head_dim / 2 frequencies
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=hidden_size, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                             temporal_patch_size=2).save_pretrained(path)
+    return model
+
+
+def vlm_prompt(kind: str, model_dir: Path, text: str, images: list) -> tuple[list[int], dict]:
+    """`text` (with PLACEHOLDER[kind] for each image) as the model's prompt ids, and its images' tensors
+    (transformers' forward takes them as keywords): LLaVA's processor's, or Qwen's image processor's with each
+    image token repeated once per merged 2 x 2 patch."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    if kind == "llava":
+        out = AutoProcessor.from_pretrained(model_dir)(text=[text], images=images or None, return_tensors="np")
+        return out["input_ids"][0].tolist(), {k: v for k, v in out.items() if k == "pixel_values"}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(text)["input_ids"]
+    if not images:
+        return ids, {}
+    arrays = dict(AutoImageProcessor.from_pretrained(model_dir)(images, return_tensors="np"))
+    counts = iter(int(np.prod(grid)) // 4 for grid in arrays["image_grid_thw"])
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return [t for token in ids for t in ([token] * next(counts) if token == pad else [token])], arrays
+
+
+def forward_kwargs(model, ids: list[int], arrays: dict) -> dict:
+    """The keywords of transformers' forward (or generate) over `ids` with `arrays`: the images' tensors and, for
+    Qwen, the image tokens' types, without which it takes 1-D positions (or the last call's offsets)."""
+    kwargs = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    if arrays and model.config.model_type != "llava":
+        kwargs["mm_token_type_ids"] = (torch.tensor([ids]) == model.config.image_token_id).int()
+    return kwargs
 
 
 def save_tiny_llava(path: Path):

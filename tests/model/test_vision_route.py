@@ -1,7 +1,8 @@
-"""Images on the paged transformers route (engine_proc/model/hf_vision.py), a tiny random LLaVA: through the real
-scheduler, every sampled row's logits are transformers' own forward over the whole sequence with its images,
-with the images' tokens split over prompt chunks and mixed with other requests' decodes, after a prefix-cache hit
-that ends inside an image, and after preemption."""
+"""Images on the paged transformers route (engine_proc/model/hf_vision.py), a tiny random LLaVA and Qwen2.5-VL
+(3-D rotary positions): through the real scheduler, every sampled row's logits are transformers' own forward over
+the whole sequence with its images, with the images' tokens split over prompt chunks and mixed with other
+requests' decodes, after a prefix-cache hit that ends inside an image, after preemption, and (Qwen) in compiled
+decode steps, whose positions run behind the tokens' index."""
 from __future__ import annotations
 
 import queue
@@ -18,31 +19,28 @@ from rill.engine_proc.sched.scheduler import Scheduler
 from rill.ipc.images import image_inputs
 from rill.ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.runners import make_runner
-from tests.helpers.tiny_vision import TOKENS_PER_IMAGE, image, save_tiny_llava
+from tests.helpers.tiny_vision import KINDS, PLACEHOLDER, forward_kwargs, image, save_tiny_vlm, vlm_prompt
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 6
-TEXTS = {  # name: (prompt text, image seeds)
-    "two": ("A picture <image> and another <image> compared:", (1, 2)),
-    "one": ("Describe <image> briefly.", (3,)),
+TEXTS = {  # name: (prompt text, image seeds); {} an image's placeholder
+    "two": ("A picture {} and another {} compared:", (1, 2)),
+    "one": ("Describe {} briefly.", (3,)),
     "text": ("No image in this prompt at all, only words.", ()),
-    "two-again": ("A picture <image> and another <image> compared: and more", (1, 2)),  # shares "two"'s prefix
+    "two-again": ("A picture {} and another {} compared: and more", (1, 2)),  # shares "two"'s prefix
 }
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    from transformers import AutoProcessor
-
-    model_dir = tmp_path_factory.mktemp("llava")
-    hf = save_tiny_llava(model_dir)
-    processor = AutoProcessor.from_pretrained(model_dir)
+@pytest.fixture(scope="module", params=KINDS)
+def llava(request, tmp_path_factory):
+    """(transformers' model, the runner, {name: (prompt ids, the images' arrays)}) of a family."""
+    kind = request.param
+    model_dir = tmp_path_factory.mktemp(kind)
+    hf = save_tiny_vlm(kind, model_dir)
     prompts = {}
     for name, (text, seeds) in TEXTS.items():
-        images = [image(seed) for seed in seeds] or None
-        out = processor(text=[text], images=images, return_tensors="np")
-        pixels = out.get("pixel_values")
-        prompts[name] = (out["input_ids"][0].tolist(), pixels)
+        prompts[name] = vlm_prompt(kind, model_dir, text.format(*[PLACEHOLDER[kind]] * len(seeds)),
+                                   [image(seed, width=40 + 8 * seed) for seed in seeds])
     runner = make_runner(model_dir, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[2])
     return hf, runner, prompts
@@ -58,9 +56,8 @@ def run(llava, arrivals: dict[str, int], *, num_blocks: int = 64, budget: int = 
         with torch.inference_mode():
             for row, seq in zip(logits, batch.sampled_seqs):
                 ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
-                pixels = prompts[seq.req.req_id][1]
-                expected = hf(input_ids=torch.tensor([ids]),
-                              pixel_values=None if pixels is None else torch.from_numpy(pixels)).logits[0, -1]
+                kwargs = forward_kwargs(hf, ids, prompts[seq.req.req_id][1])
+                expected = hf(input_ids=torch.tensor([ids]), **kwargs).logits[0, -1]
                 if not torch.allclose(row, expected, atol=1e-4, rtol=1e-4):
                     mismatches.append(f"{seq.req.req_id} at {len(ids)}: {(row - expected).abs().max():.3g}")
         return logits
@@ -70,9 +67,8 @@ def run(llava, arrivals: dict[str, int], *, num_blocks: int = 64, budget: int = 
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
     reqs = {}
     for name in arrivals:
-        ids, pixels = prompts[name]
-        token_id = hf.config.image_token_id
-        images = None if pixels is None else image_inputs({"pixel_values": pixels}, token_id)
+        ids, arrays = prompts[name]
+        images = image_inputs(arrays, hf.config.image_token_id) if arrays else None
         # as the API worker salts it: the same text with other images is never a prefix hit
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, min_tokens=NEW_TOKENS, images=images,
                                 cache_salt=images.digest if images else b"")
@@ -94,23 +90,28 @@ def run(llava, arrivals: dict[str, int], *, num_blocks: int = 64, budget: int = 
     return reqs
 
 
-def test_prompts_hold_their_images_tokens(llava):
-    _, _, prompts = llava
-    image_id = llava[0].config.image_token_id
-    assert [prompts[name][0].count(image_id) for name in TEXTS] == [2 * TOKENS_PER_IMAGE, TOKENS_PER_IMAGE, 0,
-                                                                   2 * TOKENS_PER_IMAGE]
+def test_prompts_hold_one_image_token_per_feature_row(llava):
+    hf, _, prompts = llava
+    for name in TEXTS:
+        ids, arrays = prompts[name]
+        rows = 0
+        if arrays:
+            features = hf.get_image_features(**{k: torch.from_numpy(v) for k, v in arrays.items()})
+            rows = sum(f.shape[0] for f in getattr(features, "pooler_output", features))
+        assert ids.count(hf.config.image_token_id) == rows > 0 or not arrays
 
 
 def test_batched_requests_with_images_match_transformers(llava):
     reqs = run(llava, {"two": 0, "one": 0, "text": 0})
-    # the images matter: the same text with no image features (each image token's own embedding) differs
+    # the images matter: transformers' answer with other pixels differs
     hf, _, prompts = llava
-    ids = prompts["one"][0]
+    ids, arrays = prompts["one"]
+    negated = {**arrays, "pixel_values": -arrays["pixel_values"]}  # another image of the same size
     with torch.inference_mode():
-        blind = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        seen = hf.generate(torch.tensor([ids]), pixel_values=torch.from_numpy(prompts["one"][1]),
-                           max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-    assert reqs["one"].output_ids == seen[0, len(ids):].tolist() != blind[0, len(ids):].tolist()
+        seen, other = (hf.generate(torch.tensor([ids]), **forward_kwargs(hf, ids, a),
+                                   max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+                       for a in (arrays, negated))
+    assert reqs["one"].output_ids == seen != other
 
 
 def test_image_tokens_split_over_chunks_match_transformers(llava):
@@ -129,3 +130,27 @@ def test_prefix_hit_ending_inside_an_image_matches_transformers(llava):
 def test_preempted_request_recomputes_its_images(llava):
     reqs = run(llava, {"two": 0, "one": 0, "text": 0}, num_blocks=12, caching=True)
     assert sum(r.num_preemptions for r in reqs.values()) > 0
+
+
+def test_compiled_decode_steps_take_positions_behind_the_index(tmp_path):
+    """Qwen2.5-VL's tokens after an image sit at their index + delta (< 0): the compiled decode steps' positions
+    are offset so (decode_graphs.py's rope_offset), their slots not."""
+    from tests.helpers.tiny_vision import save_tiny_qwen2_5_vl
+
+    hf = save_tiny_qwen2_5_vl(tmp_path, hidden_size=256)
+    prompts = {name: vlm_prompt("qwen2_5_vl", tmp_path, text.format(*[PLACEHOLDER["qwen2_5_vl"]] * len(seeds)),
+                                [image(seed, width=40 + 8 * seed) for seed in seeds])
+               for name, (text, seeds) in TEXTS.items()}
+    runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                         eos_token_ids=[2], compile_decode=True, max_num_seqs=8)
+    assert runner.decode_graphs is not None and runner.decode_graphs.rope_offset is not None
+    ran = []
+    graphs_run = type(runner.decode_graphs).run
+
+    def counted(graphs, batch):
+        ran.append([s.req.req_id for s in batch.seqs])
+        return graphs_run(graphs, batch)
+
+    runner.decode_graphs.run = counted.__get__(runner.decode_graphs)
+    run((hf, runner, prompts), {"two": 0, "one": 0, "text": 0})
+    assert any("two" in ids for ids in ran)

@@ -27,6 +27,7 @@ from rill.asgi.requests.structural_tags import after_reasoning
 from rill.asgi.requests.structured import load_checker, text_format_spec
 from rill.asgi.requests.thinking import honoured_effort, requested_tokens, thinking_budget
 from rill.asgi.requests.tool_choice import ToolMode, ToolPlan, forced_spec, plan_tools
+from rill.ipc.images import ImageInputs
 from rill.ipc.protocol import SamplingParams
 
 _FROM_REQUEST = object()  # the budget from the chat request's own fields
@@ -48,15 +49,14 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                           thinking_tokens: int | None | object = _FROM_REQUEST, stop: list[str] | None = None,
                           skip_special_tokens: bool = True, include_stop: bool = False,
                           logprobs: int | None = None, prompt_logprobs: int | None = None,
-                          lora: str = "") -> GenerationPlan:
-    """`prompt_ids`: already rendered (the Responses API renders first, to store its messages);
+                          lora: str = "", images: ImageInputs | None = None) -> GenerationPlan:
+    """`prompt_ids`: already rendered (the Responses API renders first, to store its messages), with its `images`;
     `text_format`: the Responses API's `text.format`; `thinking_tokens`: a budget the route worked out
     itself (Anthropic's budget_tokens), else the chat request's own; `lora`: the LoRA adapter (resolve_model's);
     the rest as sampling_params and the detokenizer take them."""
     http = state.settings.http
     parser_name = tool_parser_name(state, chat)
     tool_plan = plan_tools(chat, parser_name=parser_name, auto_enabled=http.enable_auto_tool_choice)
-    images = None
     if prompt_ids is None:
         prompt_ids, images = await render_chat(state, chat)
     if images is not None and chat.truncate_prompt_tokens is not None:

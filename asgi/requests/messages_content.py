@@ -4,8 +4,9 @@ Blocks taken: `text` anywhere; in assistant turns `tool_use` (an assistant tool 
 `thinking` (the turn's reasoning, for templates that show it) and `redacted_thinking` (left out:
 it is opaque); in user turns `tool_result` (a `tool` message answering the call with that id,
 which must be a tool_use of the assistant turn just before, as Anthropic requires). A user turn's
-tool results come first, as their own messages, then its text as one user message. Images,
-documents and other blocks are refused with a 400 naming `messages[i].content[j].type`.
+tool results come first, as their own messages, then its text as one user message. A vision model's
+user turns take `image` blocks too (base64 sources: docs/vision.md), as image_url parts among the text's.
+Documents and other blocks are refused with a 400 naming `messages[i].content[j].type`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
 
-BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
+BLOCKS = {"user": ("text", "tool_result", "image"),
+          "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 # A tool_result's text says it reports an error this way: chat's tool message has no such field.
 ERROR_PREFIX = "Error: "
 
@@ -23,7 +25,8 @@ def bad(field: str, message: str) -> APIError:
     return APIError(400, f"`{field}` {message}", param=field)
 
 
-def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_messages(system: Any, messages: list[dict[str, Any]], images: bool = False) -> list[dict[str, Any]]:
+    """`images`: the served model takes them (else an image block is a 400)."""
     out: list[dict[str, Any]] = []
     if system is not None:
         out.append({"role": "system", "content": text_of(system, "system")})
@@ -41,7 +44,7 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
             tool_use_ids = {call["id"] for call in turn.get("tool_calls", [])}
             out.append(turn)
         else:
-            out += _user(blocks, f"{where}.content", tool_use_ids)
+            out += _user(blocks, f"{where}.content", tool_use_ids, images)
             tool_use_ids = set()
     return out
 
@@ -77,6 +80,7 @@ _FIELDS = {
     "thinking": [("thinking", str, "a string")],
     "tool_use": [("id", str, "a string"), ("name", str, "a string"), ("input", dict, "an object")],
     "tool_result": [("tool_use_id", str, "a string")],
+    "image": [("source", dict, "an object")],
 }
 
 
@@ -92,7 +96,7 @@ def _assistant(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return message
 
 
-def _user(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str]) -> list[dict[str, Any]]:
+def _user(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str], images: bool) -> list[dict[str, Any]]:
     out = []
     for j, block in enumerate(blocks):
         if block["type"] != "tool_result":
@@ -107,7 +111,29 @@ def _user(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str]) -> l
         text = "" if content is None else text_of(content, f"{field}.content")
         prefix = ERROR_PREFIX if block.get("is_error") else ""
         out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": prefix + text})
+    pictures = [_image_url(b, f"{where}[{j}]", images) for j, b in enumerate(blocks) if b["type"] == "image"]
+    if pictures:  # the text and images in their order, as chat's content parts
+        urls = iter(pictures)
+        parts = [{"type": "text", "text": b["text"]} if b["type"] == "text" else {"type": "image_url",
+                                                                                 "image_url": {"url": next(urls)}}
+                 for b in blocks if b["type"] in ("text", "image")]
+        return [*out, {"role": "user", "content": parts}]
     texts = [b["text"] for b in blocks if b["type"] == "text"]
     if texts or not out:
         out.append({"role": "user", "content": "".join(texts)})
     return out
+
+
+def _image_url(block: dict[str, Any], where: str, images: bool) -> str:
+    """An image block's base64 source as a data URL (asgi/prompt/images.py decodes it)."""
+    if not images:
+        raise APIError(400, "The served model takes no images.", param=f"{where}.type", code="unsupported_parameter")
+    source = block["source"]
+    if source.get("type") != "base64":
+        raise bad(f"{where}.source.type", "must be base64: this server fetches no image URLs or files.")
+    media_type, data = source.get("media_type"), source.get("data")
+    if not isinstance(media_type, str) or not media_type.startswith("image/"):
+        raise bad(f"{where}.source.media_type", "must be an image type, such as image/png.")
+    if not isinstance(data, str):
+        raise bad(f"{where}.source.data", "must be a string (base64).")
+    return f"data:{media_type};base64,{data}"

@@ -71,12 +71,12 @@ def check_unsupported(req: PromptFields) -> None:
                            code="unsupported_parameter")
 
 
-def prompt_body(req: PromptFields, max_tokens: int | None = None) -> dict[str, Any]:
+def prompt_body(req: PromptFields, max_tokens: int | None = None, images: bool = False) -> dict[str, Any]:
     """Chat's fields that build the prompt and choose the tools: the same for create and
-    count_tokens, so that the count is the prompt a create would build."""
+    count_tokens, so that the count is the prompt a create would build. `images`: the model takes them."""
     check_unsupported(req)
     tools = chat_tools(req.tools)
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req.system, req.messages),
+    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req.system, req.messages, images),
                             **chat_tool_choice(req.tool_choice, tools)}
     if tools is not None:
         body["tools"] = tools
@@ -87,15 +87,15 @@ def prompt_body(req: PromptFields, max_tokens: int | None = None) -> dict[str, A
     return body
 
 
-def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
+def chat_request(req: MessagesRequest, images: bool = False) -> ChatCompletionRequest:
     """The chat request that builds the prompt, the tool plan and the sampling parameters."""
     if any(not s for s in req.stop_sequences or []):
         raise APIError(400, "`stop_sequences` must not hold an empty string.", param="stop_sequences")
-    body = {**prompt_body(req, req.max_tokens), "max_completion_tokens": req.max_tokens,
+    body = {**prompt_body(req, req.max_tokens, images), "max_completion_tokens": req.max_tokens,
             "temperature": 1.0 if req.temperature is None else req.temperature, "top_p": req.top_p,
             "top_k": req.top_k, "stop": req.stop_sequences, "priority": req.priority}
     return chat_from(body, "messages")
 
 
-def count_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    return chat_from(prompt_body(req), "messages")
+def count_request(req: CountTokensRequest, images: bool = False) -> ChatCompletionRequest:
+    return chat_from(prompt_body(req, images=images), "messages")

@@ -14,15 +14,24 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from rill.asgi.errors import unsupported
-from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_STOP, MAX_TOOL_CALLS, MAX_TOOLS, Name, StopString
+from rill.asgi.requests.bounds import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_STOP,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    Name,
+    StopString,
+)
 from rill.asgi.requests.embeddings_request import MAX_INPUTS
 from rill.asgi.requests.schemas import (
     INT64_MAX,
     INT64_MIN,
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     FunctionCall,
+    ImageURL,
     Penalty,
     Tool,
     ToolCall,
@@ -55,7 +64,7 @@ class OllamaMessage(msgspec.Struct, kw_only=True):
     role: Name
     content: str = ""
     thinking: str | None = None
-    images: Any = None
+    images: Annotated[list[str], Meta(max_length=MAX_CONTENT_PARTS)] | None = None  # base64, a vision model's
     tool_calls: Annotated[list[OllamaToolCall], Meta(max_length=MAX_TOOL_CALLS)] | None = None
     tool_name: Name | None = None
 
@@ -80,7 +89,7 @@ class OllamaGenerate(_Common, kw_only=True):
     system: str | None = None
     template: str | None = None
     raw: bool = False
-    images: Any = None
+    images: Annotated[list[str], Meta(max_length=MAX_CONTENT_PARTS)] | None = None  # base64, a vision model's
     context: Any = None
 
 
@@ -118,8 +127,6 @@ def max_tokens(req: _Common) -> int | None:
 
 def chat_request(req: _Common, messages: list[ChatMessage]) -> ChatCompletionRequest:
     """The chat completion request an Ollama request runs as."""
-    if getattr(req, "images", None) or any(m.images for m in getattr(req, "messages", [])):
-        raise unsupported("images")
     o = req.options or Options()
     kwargs: dict[str, Any] = {}
     if isinstance(req.think, bool):
@@ -156,6 +163,16 @@ def chat_messages(req: OllamaChat) -> list[ChatMessage]:
                               id=f"call_{i}_{j}") for j, c in enumerate(m.tool_calls)]
             call_ids = [c.id for c in calls]
         answered = call_ids.pop(0) if m.role == "tool" and call_ids else None
-        out.append(ChatMessage(role=m.role, content=m.content, tool_calls=calls, reasoning_content=m.thinking,
+        out.append(ChatMessage(role=m.role, content=with_images(m.content, m.images), tool_calls=calls,
+                               reasoning_content=m.thinking,
                                name=m.tool_name, tool_call_id=answered if m.role == "tool" else None))
     return out
+
+
+def with_images(text: str, images: list[str] | None) -> str | list[ContentPart]:
+    """A message's text, or with Ollama's images (base64 without a media type) chat's parts: the images first, as
+    Ollama's templates place them, then the text (asgi/prompt/images.py reads the format from the bytes)."""
+    if not images:
+        return text
+    return [*(ContentPart(type="image_url", image_url=ImageURL(url=f"data:image/png;base64,{b64}")) for b64 in images),
+            ContentPart(type="text", text=text)]

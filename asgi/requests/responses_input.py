@@ -1,6 +1,7 @@
 """Responses input items -> chat messages, and the request as a ChatCompletionRequest for the chat path.
 
-Items: `message` (a string, or input_text / output_text parts), `function_call` (an assistant's
+Items: `message` (a string, or input_text / output_text parts, and for a vision model input_image parts with an
+`image_url`: docs/vision.md), `function_call` (an assistant's
 tool call), `function_call_output` (a tool message), `reasoning` (attached to the next assistant
 message, as templates that show thinking take it). Each input item gets an id, kept for
 GET /v1/responses/{id}/input_items.
@@ -54,9 +55,10 @@ def typed_items(raw_items: list[dict[str, Any]], param: str) -> list[dict[str, A
     return items
 
 
-def items_to_messages(items: list[dict[str, Any]], param: str = "input") -> list[dict[str, Any]]:
+def items_to_messages(items: list[dict[str, Any]], param: str = "input", images: bool = False) -> list[dict[str, Any]]:
     """Chat messages (ChatMessage fields) for typed items; a function_call joins the assistant
-    message before it, as chat sends a turn's text and its calls in one message."""
+    message before it, as chat sends a turn's text and its calls in one message. `images`: the served model takes
+    input_image parts (else each is a 400)."""
     messages: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for i, item in enumerate(items):
@@ -71,7 +73,7 @@ def items_to_messages(items: list[dict[str, Any]], param: str = "input") -> list
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"A message's role is user, system, developer or assistant; got `{role}`.",
                                param=f"{where}.role")
-            message = {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+            message = {"role": role, "content": _content(item.get("content"), f"{where}.content", images)}
             if role == "assistant" and reasoning:
                 message["reasoning"], reasoning = "\n".join(reasoning), []
             messages.append(message)
@@ -95,6 +97,28 @@ def items_to_messages(items: list[dict[str, Any]], param: str = "input") -> list
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
     return messages
+
+
+def _content(content: Any, where: str, images: bool) -> str | list[dict[str, Any]]:
+    """A message's text, or where it has input_image parts (a vision model's), chat's text and image_url parts."""
+    if not (isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content)):
+        return _text(content, where)
+    if len(content) > MAX_CONTENT_PARTS:
+        raise APIError(400, f"Content holds {len(content)} parts; at most {MAX_CONTENT_PARTS}.", param=where)
+    parts = []
+    for j, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "input_image"):
+            parts.append({"type": "text", "text": _text([part], f"{where}[{j}]")})
+        elif not images:
+            raise APIError(400, "The served model takes no images.", param=f"{where}[{j}].type",
+                           code="unsupported_parameter")
+        elif not isinstance(part.get("image_url"), str):
+            raise APIError(400, "An input_image part needs `image_url` (a base64 data URL); `file_id` is not "
+                                "served.", param=f"{where}[{j}].image_url")
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+    return parts
 
 
 def _text(content: Any, where: str) -> str:

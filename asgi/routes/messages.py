@@ -45,7 +45,7 @@ async def create_message(http: HTTPRequest) -> None:
     req = decode_json(messages_decoder, http.body)
     lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(settings.http.log_requests, req)
-    chat = chat_request(req)
+    chat = chat_request(req, images=state.vision is not None)
     # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py)
     budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
     plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking_tokens=budget,
@@ -63,5 +63,5 @@ async def count_tokens(http: HTTPRequest) -> None:
     state: WorkerState = http.state
     req = decode_json(count_tokens_decoder, http.body)
     await resolve_model(state, req.model)
-    prompt_ids = await render_messages(state, count_request(req))
+    prompt_ids = await render_messages(state, count_request(req, images=state.vision is not None))
     await send_response(http.send, 200, msgspec.json.encode({"input_tokens": len(prompt_ids)}))

@@ -35,6 +35,7 @@ from rill.asgi.requests.ollama_request import (
     generate_decoder,
     max_tokens,
     model_decoder,
+    with_images,
 )
 from rill.asgi.requests.schemas import ChatMessage
 from rill.asgi.routes.tokenize import VERSION
@@ -77,8 +78,10 @@ async def generate(http: HTTPRequest) -> None:
         [prompt_ids] = await fim_prompts(state.tokenizer, state.fim_tokens, [req.prompt], req.suffix, limits.vocab_size)
     elif req.raw:
         [prompt_ids] = await tokenize_prompts(state.tokenizer, [req.prompt], limits.vocab_size, "prompt")
+    if req.images and prompt_ids is not None:
+        raise APIError(400, "`images` need the chat template to place them: not with `raw` or `suffix`.", param="images")
     messages = [*([ChatMessage(role="system", content=req.system)] if req.system else []),
-                ChatMessage(role="user", content=req.prompt)]
+                ChatMessage(role="user", content=with_images(req.prompt, req.images))]
     await _run(http, req, chat_request(req, messages), lora, is_chat=False, prompt_ids=prompt_ids)
 
 

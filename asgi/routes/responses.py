@@ -13,7 +13,7 @@ from rill.asgi.http.router import HTTPRequest
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
 from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
-from rill.asgi.prompt.chat_messages import render_messages
+from rill.asgi.prompt.chat_messages import render_chat
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
@@ -40,17 +40,19 @@ async def stored_or_404(state: WorkerState, response_id: str, param: str | None 
 
 
 async def prepare(state: WorkerState, req: ResponsesRequest):
-    """(input items, chat messages of the chain, the chat request, prompt ids)."""
+    """(input items, chat messages of the chain, the chat request, (prompt ids, its images))."""
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = (await stored_or_404(state, req.previous_response_id, "previous_response_id")).messages
+    images = state.vision is not None
     if (conversation_id := conversation_id_of(req.conversation)) is not None:
-        history = items_to_messages(await items_or_404(state, conversation_id, "conversation"), "conversation")
+        history = items_to_messages(await items_or_404(state, conversation_id, "conversation"), "conversation",
+                                    images)
     items = input_items(req)
-    messages = [*history, *items_to_messages(items)]
+    messages = [*history, *items_to_messages(items, images=images)]
     chat = chat_request(req, messages)
-    prompt_ids = await render_messages(state, chat)
-    return items, messages, chat, prompt_ids
+    prompt = await render_chat(state, chat)
+    return items, messages, chat, prompt
 
 
 def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState,
@@ -84,9 +86,9 @@ async def create_response(http: HTTPRequest) -> None:
     lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(state.settings.http.log_requests, req)
     settings = state.settings
-    items, messages, chat, prompt_ids = await prepare(state, req)
+    items, messages, chat, (prompt_ids, images) = await prepare(state, req)
     num_top = chat.top_logprobs if chat.logprobs else None
-    plan = await plan_generation(state, chat, max_tokens=req.max_output_tokens, prompt_ids=prompt_ids,
+    plan = await plan_generation(state, chat, max_tokens=req.max_output_tokens, prompt_ids=prompt_ids, images=images,
                                  prompt_param="input", max_tokens_param="max_output_tokens",
                                  text_format=req.text.format if req.text is not None else None, logprobs=num_top,
                                  lora=lora)
@@ -148,6 +150,6 @@ async def count_input_tokens(http: HTTPRequest) -> None:
     """POST /v1/responses/input_tokens: the prompt's token count, as the create request would build it."""
     req = decode(http.body)
     await resolve_model(http.state, req.model)
-    *_, prompt_ids = await prepare(http.state, req)
+    *_, (prompt_ids, _) = await prepare(http.state, req)
     await send_response(http.send, 200, msgspec.json.encode({"object": "response.input_tokens",
                                                          "input_tokens": len(prompt_ids)}))

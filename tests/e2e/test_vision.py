@@ -148,3 +148,56 @@ def test_unserved_formats_and_bombs_are_400s(server):
                             "truncate_prompt_tokens": 8})
     check_error(resp, 400, "truncate_prompt_tokens")
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+
+
+def test_responses_and_anthropic_messages_take_images_as_chat_does(server):
+    """OpenAI's Responses API (input_image) and Anthropic's Messages API (a base64 image block), each with the SDK:
+    the same greedy text as chat's for the same text and image, and the same prompt tokens."""
+    import anthropic
+
+    url = data_url(image(9))
+    chat = sdk_client(server).chat.completions.create(model=MODEL, messages=ask("What is this?", url),
+                                                      max_tokens=NEW_TOKENS, temperature=0, extra_body=IDS)
+    response = sdk_client(server).responses.create(
+        model=MODEL, input=[{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                                         {"type": "input_image", "image_url": url}]}],
+        max_output_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", _strict_response_validation=True,
+                                 max_retries=0, timeout=120)
+    blocks = [{"type": "text", "text": "What is this?"},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",")[1]}}]
+    message = claude.messages.create(model=MODEL, max_tokens=NEW_TOKENS, temperature=0,
+                                     messages=[{"role": "user", "content": blocks}], extra_body={"ignore_eos": True})
+    assert message.content[0].text == chat.choices[0].message.content
+    counted = claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": blocks}])
+    assert counted.input_tokens == message.usage.input_tokens == chat.usage.prompt_tokens
+    url_block = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    resp = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
+        "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [url_block]}]})
+    check_error(resp, 400, "messages[0].content[0].source.type")
+    resp = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json={
+        "model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]})
+    check_error(resp, 400, "input[0].content[0].image_url")
+
+
+def test_ollama_images_as_chat_takes_them(server):
+    """Ollama's client: a message's `images` (base64, no media type), placed before its text, as chat's parts."""
+    import ollama
+
+    url = data_url(image(10))
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]
+    chat = sdk_client(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}],
+                                                      max_tokens=NEW_TOKENS, temperature=0)
+    api = ollama.Client(host=server.base_url, timeout=120)
+    options = {"temperature": 0, "num_predict": NEW_TOKENS}
+    answer = api.chat(model=MODEL, options=options, messages=[{"role": "user", "content": "What is this?",
+                                                                 "images": [url.split(",")[1]]}])
+    assert answer.message.content == chat.choices[0].message.content
+    assert answer.prompt_eval_count == chat.usage.prompt_tokens
+    generated = api.generate(model=MODEL, prompt="What is this?", images=[url.split(",")[1]], options=options)
+    assert generated.response == chat.choices[0].message.content
+    resp = httpx.post(f"{server.base_url}/api/generate", timeout=60, json={
+        "model": MODEL, "prompt": "x", "raw": True, "images": [url.split(",")[1]], "stream": False})
+    assert resp.status_code == 400 and "images" in resp.json()["error"]

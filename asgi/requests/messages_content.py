@@ -127,7 +127,8 @@ def _user(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str], imag
 def _image_url(block: dict[str, Any], where: str, images: bool) -> str:
     """An image block's base64 source as a data URL (asgi/prompt/images.py decodes it)."""
     if not images:
-        raise APIError(400, "The served model takes no images.", param=f"{where}.type", code="unsupported_parameter")
+        raise APIError(400, f"`{where}.type` 'image' is not supported here: the served model takes no images.",
+                       param=f"{where}.type", code="unsupported_parameter")
     source = block["source"]
     if source.get("type") != "base64":
         raise bad(f"{where}.source.type", "must be base64: this server fetches no image URLs or files.")

@@ -99,8 +99,14 @@ class ReasoningText(_Shape, tag="reasoning_text"):
     text: str
 
 
-# The text parts the Responses input accepts (asgi/requests/responses_input.py TEXT_PARTS).
-Part = InputText | OutputText | Text | SummaryText | ReasoningText
+class InputImage(_Shape, tag="input_image"):  # a vision model's (docs/vision.md)
+    image_url: str | None = None  # a data URL; a file_id is refused
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto"] = "auto"
+
+
+# The parts the Responses input accepts (asgi/requests/responses_input.py TEXT_PARTS, and images).
+Part = InputText | OutputText | Text | SummaryText | ReasoningText | InputImage
 
 
 class Message(_Shape, tag="message"):

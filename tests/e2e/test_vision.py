@@ -168,15 +168,18 @@ def test_responses_and_anthropic_messages_take_images_as_chat_does(server):
                                  max_retries=0, timeout=120)
     blocks = [{"type": "text", "text": "What is this?"},
               {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",")[1]}}]
-    message = claude.messages.create(model=MODEL, max_tokens=NEW_TOKENS, temperature=0,
-                                     messages=[{"role": "user", "content": blocks}], extra_body={"ignore_eos": True})
+    message = claude.messages.create(model=MODEL, max_tokens=NEW_TOKENS, messages=[{"role": "user", "content": blocks}],
+                                     extra_body={"ignore_eos": True, "temperature": 0})  # the SDK dropped temperature
     assert message.content[0].text == chat.choices[0].message.content
     counted = claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": blocks}])
-    assert counted.input_tokens == message.usage.input_tokens == chat.usage.prompt_tokens
+    usage = message.usage  # Anthropic's input_tokens leave out what the cache read: chat's blocks, the same image's
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert usage.cache_read_input_tokens >= TOKENS_PER_IMAGE
     url_block = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
     resp = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
         "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [url_block]}]})
-    check_error(resp, 400, "messages[0].content[0].source.type")
+    assert resp.status_code == 400 and resp.json()["type"] == "error"  # Anthropic's shape, the field in its message
+    assert "messages[0].content[0].source.type" in resp.json()["error"]["message"]
     resp = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json={
         "model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]})
     check_error(resp, 400, "input[0].content[0].image_url")

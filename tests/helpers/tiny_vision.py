@@ -48,15 +48,21 @@ def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                               vision_end_token_id=ids["<|vision_end|>"])
+    model = _saved_wide(Qwen2_5_VLForConditionalGeneration, config, path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                             temporal_patch_size=2).save_pretrained(path)
+    return model
+
+
+def _saved_wide(model_class, config, path: Path):
+    """The model of `config`, its weights drawn wide (seeded) so that images move the logits, saved at `path`."""
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.2)
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
-                             temporal_patch_size=2).save_pretrained(path)
     return model
 
 
@@ -111,12 +117,7 @@ def save_tiny_llava(path: Path):
                               num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
                          projector_hidden_act="gelu", vision_feature_layer=-1, vision_feature_select_strategy="default")
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.2)
-    model.save_pretrained(path)
+    model = _saved_wide(LlavaForConditionalGeneration, config, path)
     size = {"shortest_edge": IMAGE_SIZE}
     processor = LlavaProcessor(image_processor=CLIPImageProcessorPil(size=size, crop_size={"height": IMAGE_SIZE,
                                                                                            "width": IMAGE_SIZE}),

@@ -36,14 +36,17 @@ def test_chat_is_the_openai_routes_greedy_answer(api, client):
     openai_answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
                                                    extra_body=salted())
     assert answer.message.role == "assistant" and answer.message.content == openai_answer.choices[0].message.content
-    assert answer.done and answer.done_reason == "length" and answer.eval_count == 12
+    # the same length and reason as the OpenAI route's (this CPU's greedy answer may end before 12 tokens)
+    assert answer.done and answer.eval_count == openai_answer.usage.completion_tokens
+    assert answer.done_reason == ("length" if openai_answer.choices[0].finish_reason == "length" else "stop")
     assert answer.prompt_eval_count == openai_answer.usage.prompt_tokens
     assert answer.total_duration >= answer.eval_duration > 0
     streamed_messages = nonce_messages()
     chunks = list(api.chat(model=MODEL + ":latest", messages=streamed_messages, options=GREEDY, stream=True))
-    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True] and chunks[-1].eval_count == 12
     reference = client.chat.completions.create(model=MODEL, messages=streamed_messages, max_tokens=12, temperature=0,
                                                extra_body=salted())
+    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].eval_count == reference.usage.completion_tokens
     assert "".join(c.message.content for c in chunks) == reference.choices[0].message.content
 
 

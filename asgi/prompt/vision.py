@@ -20,6 +20,10 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
 # The families whose image processor alone is used: an image part's text, and the token it expands.
 GRID_FAMILIES = {"qwen2_5_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")}
+# The pixels a Qwen image is scaled down to, at most: 1,280 tokens (Qwen's suggested max_pixels, and transformers'
+# default). Qwen2.5-VL's own config allows 12.8M: 16K tokens and 288 MB of float32 patches for one image, whose
+# vision tower's global attention layers would hold the engine for minutes on a CPU.
+MAX_GRID_PIXELS = 1280 * 28 * 28
 
 
 def model_type_of(model_dir: Path) -> str | None:
@@ -48,6 +52,9 @@ class ImagePrompts:
         else:
             self.processor = None
             self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+            if (self.image_processor.size.longest_edge or 0) > MAX_GRID_PIXELS:
+                self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True,
+                                                                          max_pixels=MAX_GRID_PIXELS)
             self.placeholder, self.image_token = family
         self.token_id: int = tokenizer.token_to_id(self.image_token)
 

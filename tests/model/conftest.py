@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rill.engine_proc.kernels import extension
 from rill.engine_proc.model.bundled import ensure_bundled_model
 from rill.engine_proc.model.runner import ModelRunner
-from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, NUM_NEW_TOKENS
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, hf_greedy
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model
 
@@ -38,14 +38,7 @@ def hf_model(model_dir):
 @pytest.fixture(scope="session")
 def hf_tokens(hf_model, prompts) -> list[list[int]]:
     """transformers' greedy continuation; min_new_tokens holds eos back as min_tokens does."""
-    out = []
-    with torch.inference_mode():
-        for ids in prompts:
-            generated = hf_model.generate(
-                torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False
-            )
-            out.append(generated[0, len(ids) :].tolist())
-    return out
+    return hf_greedy(hf_model, prompts)
 
 
 @pytest.fixture(scope="session")

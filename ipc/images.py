@@ -40,6 +40,6 @@ def arrays_of(images: ImageInputs) -> dict[str, np.ndarray]:
 
 # Families whose images are served: one image token per feature row, and a mask causal over the images too. Each
 # is checked against transformers' forward (tests/model/test_vision_route.py).
-VISION_MODEL_TYPES = ("llava", "qwen2_5_vl")
+VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl")
 # Of them, those whose rotary positions are 3-D (time, height, width) over an image (engine_proc/model/hf_vision.py)
-MROPE_MODEL_TYPES = ("qwen2_5_vl",)
+MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")

@@ -19,7 +19,7 @@ from rill.ipc.images import VISION_MODEL_TYPES, ImageInputs, image_inputs
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
 # The families whose image processor alone is used: an image part's text, and the token it expands.
-GRID_FAMILIES = {"qwen2_5_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")}
+GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in ("qwen2_vl", "qwen2_5_vl")}
 # The pixels a Qwen image is scaled down to, at most: 1,280 tokens (Qwen's suggested max_pixels, and transformers'
 # default). Qwen2.5-VL's own config allows 12.8M: 16K tokens and 288 MB of float32 patches for one image, whose
 # vision tower's global attention layers would hold the engine for minutes on a CPU.

@@ -12,13 +12,43 @@ import torch
 
 IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
-KINDS = ("llava", "qwen2_5_vl")
-PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+KINDS = ("llava", "qwen2_5_vl")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
+ROUTE_KINDS = (*KINDS, "qwen2_vl")
+PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 
 
 def save_tiny_vlm(kind: str, path: Path):
+    if kind == "qwen2_vl":
+        return save_tiny_qwen2_vl(path)
     return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
+
+
+def save_tiny_qwen2_vl(path: Path):
+    """Qwen2-VL's shape, tiny: Qwen2.5-VL's (save_tiny_qwen2_5_vl) but its older vision tower (global attention,
+    a LayerNorm'd merger)."""
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model())
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"])
+    model = _saved_wide(Qwen2VLForConditionalGeneration, config, path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                             temporal_patch_size=2).save_pretrained(path)
+    return model
 
 
 def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):

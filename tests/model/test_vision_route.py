@@ -19,7 +19,7 @@ from rill.engine_proc.sched.scheduler import Scheduler
 from rill.ipc.images import image_inputs
 from rill.ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.runners import make_runner
-from tests.helpers.tiny_vision import KINDS, PLACEHOLDER, forward_kwargs, image, save_tiny_vlm, vlm_prompt
+from tests.helpers.tiny_vision import PLACEHOLDER, ROUTE_KINDS, forward_kwargs, image, save_tiny_vlm, vlm_prompt
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 6
@@ -31,7 +31,7 @@ TEXTS = {  # name: (prompt text, image seeds); {} an image's placeholder
 }
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module", params=ROUTE_KINDS)
 def llava(request, tmp_path_factory):
     """(transformers' model, the runner, {name: (prompt ids, the images' arrays)}) of a family."""
     kind = request.param

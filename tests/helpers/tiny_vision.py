@@ -28,27 +28,11 @@ def save_tiny_vlm(kind: str, path: Path):
 def save_tiny_qwen2_vl(path: Path):
     """Qwen2-VL's shape, tiny: Qwen2.5-VL's (save_tiny_qwen2_5_vl) but its older vision tower (global attention,
     a LayerNorm'd merger)."""
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from rill.engine_proc.model.bundled import ensure_bundled_model
-
-    tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model())
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
-    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
-                eos_token_id=2, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                           vision_end_token_id=ids["<|vision_end|>"])
-    model = _saved_wide(Qwen2VLForConditionalGeneration, config, path)
-    tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
-                             temporal_patch_size=2).save_pretrained(path)
-    return model
+    return _save_tiny_qwen(Qwen2VLConfig, Qwen2VLForConditionalGeneration, vision, path, 64)
 
 
 def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
@@ -56,12 +40,17 @@ def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
     text model whose rotary sections split 16 frequencies 2 / 3 / 3 over time, rows and columns. Images are scaled
     to 12,544 pixels (112 x 112 for a square one): about 16 tokens each. `hidden_size` 256: heads of 64, which the
     CPU decode kernel (and so the compiled decode steps) takes."""
-    from transformers import (
-        AutoTokenizer,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLImageProcessorPil,
-    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=hidden_size, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    return _save_tiny_qwen(Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, vision, path, hidden_size)
+
+
+def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_size: int):
+    """A tiny Qwen-VL of `vision`'s tower: the bundled tokenizer with Qwen's vision tokens, a two-layer text model
+    with 3-D rotary sections, its image processor at 112 x 112 pixels."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
     from rill.engine_proc.model.bundled import ensure_bundled_model
 
@@ -73,12 +62,10 @@ def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
                 eos_token_id=2, tie_word_embeddings=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections})
-    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=hidden_size, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"])
-    model = _saved_wide(Qwen2_5_VLForConditionalGeneration, config, path)
+    config = config_class(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                          video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                          vision_end_token_id=ids["<|vision_end|>"])
+    model = _saved_wide(model_class, config, path)
     tokenizer.save_pretrained(path)
     Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
                              temporal_patch_size=2).save_pretrained(path)

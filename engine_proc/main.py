@@ -60,7 +60,6 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
     try:
         core.run_busy_loop()
     finally:
-        gc.unfreeze()  # collectable again at exit (bindings warn of instances never freed)
         core.runner.close()
         input_thread, output_thread = threads
         output_thread.publish(None)
@@ -71,6 +70,15 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
         if core.kv_disk is not None:
             core.kv_disk.close()  # the hottest blocks still cached, to disk for the next start
         log.info("engine stopped")
+    exit_now()
+
+
+def exit_now() -> None:
+    """Ends the process once the loop stopped cleanly and every channel is closed, without the interpreter's
+    teardown: destroying the model, torch's and the compiled steps' objects one by one and collecting them
+    took 1.3 s of a 1.7 s stop (the tiny model; more for a bigger one), and there is nothing left to save."""
+    logging.shutdown()
+    os._exit(0)
 
 
 def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):

@@ -23,6 +23,15 @@ LAUNCHER_ID = "launcher"  # the launcher's worker id: the engine answers it on i
 FLUSH_S = 0.3  # after the engine's last delta, time for the workers to write the last chunks
 
 
+def idle_alike(before: p.EngineStats | None, after: p.EngineStats) -> bool:
+    """Both answers idle, with the same count of requests ended (finished, aborted, refused, timed out)."""
+    def ended(stats: p.EngineStats) -> tuple[int, ...]:
+        return stats.num_finished, stats.num_aborted, stats.num_rejected, stats.num_timed_out
+
+    return (before is not None and before.num_running == before.num_waiting == 0
+            and after.num_running == after.num_waiting == 0 and ended(before) == ended(after))
+
+
 class EngineMonitor(threading.Thread):
     """Keeps at most one StatsQuery in flight; a new one goes out `poll_s` after the last."""
 
@@ -54,6 +63,8 @@ class EngineMonitor(threading.Thread):
         False when `timeout_s` runs out, or the engine process is gone (nothing to wait for)."""
         self.poll_s = min(self.poll_s, 0.1)  # draining: look often
         start = time.monotonic()
+        with self._cond:
+            before, before_at = self.latest, self.answered_at
         self._query_now = True
         deadline = start + timeout_s
         with self._cond:
@@ -62,7 +73,10 @@ class EngineMonitor(threading.Thread):
                 if remaining <= 0 or not self.engine_alive():
                     return False
                 self._cond.wait(min(remaining, 0.2))
-        time.sleep(FLUSH_S)
+            # Idle already at the answer before, with no request ended since: the last delta went out before
+            # that answer, and only what is left of FLUSH_S after it is waited.
+            last_delta_at = before_at if idle_alike(before, self.latest) else time.monotonic()
+        time.sleep(max(0.0, last_delta_at + FLUSH_S - time.monotonic()))
         return True
 
     def abort_all(self, worker_id: str = "") -> None:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from rill.engine_proc.attention import kv_int8
+from rill.engine_proc.model.memory import resident_zeros
 from rill.engine_proc.sched.window_tables import layer_groups
 
 
@@ -79,7 +80,7 @@ class KVCache:
         shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, row)
         # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
         # a masked NaN left in uninitialised memory would still poison the weighted sum.
-        self._storage = torch.zeros(shape, dtype=dtype, device=device)
+        self._storage = resident_zeros(shape, dtype, device)
         self.k_caches = [self._storage[slot, 0] for _, slot in self.layer_places]
         self.v_caches = [self._storage[slot, 1] for _, slot in self.layer_places]
 

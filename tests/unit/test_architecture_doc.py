@@ -13,8 +13,9 @@ ENTRY_MODULES = ("rill/cli.py", "rill/launcher.py", "rill/http_server.py", "asgi
                  "engine_proc/parallel/ranks.py", "engine_proc/parallel/rank_worker.py", "rill/headless.py",
                  "rill/engine_monitor.py")
 # What marks a module as one end of a channel: a process spawned, a pipe, a ZeroMQ socket, a shared
-# memory mapping, a torch.distributed group, the workers' settings variable.
-CHANNEL_MARKERS = re.compile(r"\.Process\(|\.Pipe\(|def make_socket\(|make_socket\(|zmq\.X?PUB\)|mmap\.mmap\(|init_process_group\(|"
+# memory mapping (of a file: an anonymous one, fd -1, is a process's own memory), a torch.distributed group, the
+# workers' settings variable.
+CHANNEL_MARKERS = re.compile(r"\.Process\(|\.Pipe\(|def make_socket\(|make_socket\(|zmq\.X?PUB\)|mmap\.mmap\((?!-1)|init_process_group\(|"
                              r"^SETTINGS_ENV = ", re.MULTILINE)
 
 

@@ -141,18 +141,19 @@ def _unity_file(folder: Path, index: int, group: list[Path]) -> Path:
 
 def syntax_errors(compiler: str, targets: list[list[str]], folder: Path) -> list[str]:
     """The compiler's errors (syntax and types only: nothing is built) for each target's flags (`-march=...`),
-    every source as the build groups them: a CPU's paths that this one does not build, checked here (tests)."""
-    cores = len(os.sched_getaffinity(0))
-    units = [_unity_file(folder, i, group) for i, group in enumerate(unity_groups(sources(), cores))]
+    every source in one translation unit: a CPU's paths that this one does not build, and any two files that
+    clash (a file-local name defined twice, a macro one leaves behind), which the build's unity groups, set by
+    the number of cores, may put together. Tests call it; torch's headers, parsed once a target, are most of
+    its time."""
+    unit = _unity_file(folder, 0, sources())
 
-    def check(job: tuple[list[str], Path]) -> str:
-        target, unit = job
+    def check(target: list[str]) -> str:
         done = subprocess.run([compiler, *CXXFLAGS, *target, *_torch_compile_flags(), "-fsyntax-only", str(unit)],
                               capture_output=True, text=True, timeout=600)
         return "" if done.returncode == 0 else f"{' '.join(target)}: {done.stderr.strip()[-1500:]}"
 
-    with ThreadPoolExecutor(max_workers=cores) as pool:
-        return [e for e in pool.map(check, [(t, u) for t in targets for u in units]) if e]
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+        return [e for e in pool.map(check, targets) if e]
 
 
 _loaded = [False]

@@ -186,19 +186,6 @@ def test_processes_starting_together_build_once(tmp_path, monkeypatch):
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
-@pytest.mark.skipif(not extension.available(), reason="no C++ compiler: the kernels are not built")
-def test_every_source_file_compiles_beside_every_other(tmp_path):
-    """The build compiles the files in groups, one translation unit a group (a unity build), and the
-    groups depend on the number of cores: no two files may clash (a file-local name defined twice, a
-    macro one leaves behind). All of them in one unit, for the newest x86-64 target (every #if path of
-    AMX and AVX-512), parsed and checked: about 6 s."""
-    unit = tmp_path / "all.cpp"
-    unit.write_text("".join(f'#include "{f}"\n' for f in extension.sources()))
-    done = subprocess.run([extension._compiler(), *extension.CXXFLAGS, "-march=sapphirerapids", "-fsyntax-only",
-                           *extension._torch_compile_flags(), str(unit)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
 def test_unity_groups_balance_the_files_and_keep_each_once(tmp_path):
     files = []
     for name, size in [("bindings.cpp", 100), ("a.cpp", 900), ("b.cpp", 500), ("c.cpp", 400), ("d.cpp", 50)]:

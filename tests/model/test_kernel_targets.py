@@ -24,6 +24,20 @@ def test_kernels_build_on_this_cpu():
 
 @needs_compiler
 def test_kernels_compile_for_the_other_avx512_cpus(tmp_path):
+    """Every source in one unit (no two may clash, whatever the build's unity groups: they depend on the number of
+    cores), for each AVX-512 target this CPU is not, and for the Xeon's always: its target has every #if path."""
     native = XEON_AMX if cpu_info().has("amx_bf16") else ZEN4 if cpu_info().has("avx512_bf16") else None
-    targets = [t for t in (AVX512, ZEN4, XEON_AMX) if t is not native]
+    targets = [t for t in (AVX512, ZEN4) if t is not native] + [XEON_AMX]
     assert extension.syntax_errors(extension._compiler(), targets, tmp_path) == []
+
+
+@needs_compiler
+def test_a_clash_between_two_files_is_found(tmp_path, monkeypatch):
+    """The check fails where two files define one file-local name (and so a unity build of the two would)."""
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for name in ("a.cpp", "b.cpp"):
+        (csrc / name).write_text("static int helper() { return 1; }\n")
+    monkeypatch.setattr(extension, "CSRC", csrc)
+    (error,) = extension.syntax_errors(extension._compiler(), [AVX512], tmp_path)
+    assert "helper" in error

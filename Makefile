@@ -39,16 +39,22 @@ lint: install
 # Two pytest-xdist workers, a file to each at a time (a file's servers stay on one worker), the longest
 # files first (tests/helpers/file_order.py); each process's torch gets its share of the cores
 # (tests/conftest.py). Then, alone, the few tests marked
-# `serial` (a benchmark's run whose peer falls over when it shares the cores). Exit 5 is "no test
+# `serial` (a benchmark's run whose peer falls over when it shares the cores), collected from the files that
+# mark one (the whole suite's collection took 15 s) unless ARGS names what to run. Exit 5 is "no test
 # selected", as when ARGS names a folder without such a test.
+# Python may write bytecode here, whatever the environment says (PYTHONDONTWRITEBYTECODE=1 on some machines):
+# otherwise every process of the run (each server's launcher, engine and workers, each pytest) compiled Rill's
+# modules from source and pytest rewrote every test module's asserts again (docs/testing.md).
 TEST_WORKERS ?= 2
+SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
+PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(ARGS)
-	$(BIN)/python -m pytest -q -m serial $(ARGS) || test $$? -eq 5
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(ARGS)
+	$(PYTEST) -q -m serial $(or $(ARGS),$(SERIAL_FILES)) || test $$? -eq 5
 
 # The unit tests alone (tests/unit: no model weights, no server), in well under a minute.
 test-unit: install
-	$(BIN)/python -m pytest -q tests/unit $(ARGS)
+	$(PYTEST) -q tests/unit $(ARGS)
 
 # The standard benchmark suite (a few minutes): results and SUMMARY.md under bench/results/.
 bench: install

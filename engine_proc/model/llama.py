@@ -195,10 +195,12 @@ class LlamaForCausalLM(nn.Module):
         self.shard = shard if shard is not None and shard.size > 1 else None
         self.config = config = self.shard.local_config() if self.shard else config
         reduce = tp_all_reduce if self.shard else _identity
-        # Given its weight, not initialised: a random init on the meta device imports torch._dynamo (0.8 s of an
-        # eager engine's start), for values the checkpoint replaces.
+        # Given its weight, and initialised as nn.Embedding would be unless on the meta device (the loader's), where
+        # a random init imports torch._dynamo (0.8 s of an eager engine's start) for values a checkpoint replaces.
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
+        if not self.embed_tokens.weight.is_meta:
+            nn.init.normal_(self.embed_tokens.weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i, attention, reduce) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))

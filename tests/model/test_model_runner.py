@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, BlockAllocator, generate
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_limits_come_from_the_config(runner):
@@ -82,6 +87,17 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
     tokens = generate(runner, [[1, 2, 3, 4, 5]], max_tokens=3)
     assert all(0 <= t < runner.vocab_size for t in tokens[0])
 
+
+
+def test_an_eager_runner_does_not_import_the_compiler(model_dir):
+    """Building the eager runner (as `rill serve --enforce-eager` does) imports no torch._dynamo: a random init of
+    the embedding on the meta device once did, 0.8 s of every eager engine's start."""
+    code = ("import sys, torch; from tests.helpers.runners import make_runner; "
+            f"make_runner({str(model_dir)!r}, num_kv_blocks=16, eos_token_ids=[{EOS_ID}], dtype=torch.bfloat16); "
+            "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "False"
 
 # ---- other architectures: tiny random models saved by transformers ------------------------
 

@@ -60,6 +60,7 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
     try:
         core.run_busy_loop()
     finally:
+        gc.unfreeze()  # collectable again should the interpreter tear down (an error: bindings warn of instances never freed)
         core.runner.close()
         input_thread, output_thread = threads
         output_thread.publish(None)

@@ -103,7 +103,7 @@ class WorkerState:
                     sampling_defaults=sampling_defaults(model_dir, http.generation_config,
                                                         http.override_generation_config))
         if accepts_images(model_dir):
-            state.vision = ImagePrompts(model_dir, http.max_images_per_prompt, tokenizer)
+            state.vision = ImagePrompts(model_dir, http.max_images_per_prompt, tokenizer, http.mm_processor_kwargs)
         state.auth = ApiKeyGuard(settings.api_key_digests, http.protect_metrics)
         state.cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers)
         state.store = open_store(http.state_store_url, paths.run_dir,

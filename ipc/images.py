@@ -43,3 +43,9 @@ def arrays_of(images: ImageInputs) -> dict[str, np.ndarray]:
 VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl")
 # Of them, those whose rotary positions are 3-D (time, height, width) over an image (engine_proc/model/hf_vision.py)
 MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+# Qwen2-VL's and Qwen2.5-VL's image processors scale an image to a budget of pixels (--mm-processor-kwargs'
+# min_pixels and max_pixels): patches of 14 merged 2 x 2, so at least one merged patch of 28 x 28 and at most the
+# models' own bound, 16,384 of them; 1,280 of them unless the operator says otherwise (Qwen's suggested
+# max_pixels: the model's 12.8M made 15,301 tokens of a 4000 x 3000 photo, minutes of its vision tower on a CPU).
+PIXEL_BUDGET_TYPES = MROPE_MODEL_TYPES
+MIN_PIXELS, MAX_PIXELS, DEFAULT_MAX_PIXELS = 28 * 28, 16384 * 28 * 28, 1280 * 28 * 28

@@ -28,6 +28,10 @@ def add_chat_flags(ap: argparse.ArgumentParser) -> None:
     chat.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                       help="split the thinking into reasoning_content (vLLM's names): deepseek_r1 "
                            "(the opening <think> may be absent), qwen3, openai_gptoss (GPT-OSS's analysis channel)")
+    chat.add_argument("--mm-processor-kwargs", default=None,
+                      help='a Qwen2-VL or Qwen2.5-VL image processor\'s pixel budget, as vLLM\'s JSON: '
+                           '{"max_pixels": 1003520, "min_pixels": 3136} (default max 1003520: 1,280 tokens an image; '
+                           'docs/vision.md)')
     chat.add_argument("--limit-mm-per-prompt", default=None,
                       help=f'a vision model\'s images per chat request, as vLLM\'s JSON: {{"image": 4}} (default '
                            f'{DEFAULT_IMAGES}, at most {MAX_IMAGES}; docs/vision.md)')
@@ -49,6 +53,10 @@ def check_chat_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         images_per_prompt(args.limit_mm_per_prompt)
     except ValueError as exc:
         _fail(parser, f"--limit-mm-per-prompt: {exc}")
+    try:
+        processor_kwargs(args.mm_processor_kwargs)
+    except ValueError as exc:
+        _fail(parser, f"--mm-processor-kwargs: {exc}")
     if args.chat_template is not None:
         model_dir = args.model  # the bundled model's tokens are not needed to check the template compiles
         try:
@@ -126,3 +134,23 @@ def images_per_prompt(text: str | None) -> int:
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_IMAGES:
         raise ValueError(f'"image" must be a whole number from 0 to {MAX_IMAGES}, not {count!r}')
     return count
+
+
+def processor_kwargs(text: str | None) -> dict[str, int]:
+    """--mm-processor-kwargs (vLLM's JSON for the model's processor): of it, Qwen2-VL's and Qwen2.5-VL's pixel
+    budget, min_pixels and max_pixels (ipc/images.py), whole numbers within the models' own bounds."""
+    from rill.ipc.config import json_object
+    from rill.ipc.images import DEFAULT_MAX_PIXELS, MAX_PIXELS, MIN_PIXELS
+
+    if not text:
+        return {}
+    kwargs = json_object(text, not_json="not JSON: ", not_object='a JSON object, such as {"max_pixels": 1003520}')
+    for name, value in kwargs.items():
+        if name not in ("min_pixels", "max_pixels"):
+            raise ValueError(f"{name!r}: only min_pixels and max_pixels (Qwen2-VL's and Qwen2.5-VL's) are served")
+        if not isinstance(value, int) or isinstance(value, bool) or not MIN_PIXELS <= value <= MAX_PIXELS:
+            raise ValueError(f"{name} must be a whole number of pixels from {MIN_PIXELS} to {MAX_PIXELS}, not {value!r}")
+    if kwargs.get("min_pixels", MIN_PIXELS) > kwargs.get("max_pixels", DEFAULT_MAX_PIXELS):
+        raise ValueError(f"min_pixels is more than max_pixels ({kwargs.get('max_pixels', DEFAULT_MAX_PIXELS)}"
+                         f"{'' if 'max_pixels' in kwargs else ', the default'})")
+    return kwargs

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rill.asgi.http.auth import has_api_keys
 from rill.asgi.requests.cache_salt import default_isolation
-from rill.chat_flags import default_template_kwargs, images_per_prompt
+from rill.chat_flags import default_template_kwargs, images_per_prompt, processor_kwargs
 from rill.ipc.config import Config, EngineConfig, HttpConfig, LogConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from rill.lora_flags import lora_modules
 
@@ -53,6 +53,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         generation_config=args.generation_config, override_generation_config=args.override_generation_config,
         default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs),
         max_images_per_prompt=images_per_prompt(args.limit_mm_per_prompt),
+        mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,
         prefix_cache_isolation=default_isolation(args.prefix_cache_isolation, has_api_keys(args)),

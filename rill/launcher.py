@@ -21,6 +21,7 @@ import msgspec
 import zmq
 
 from rill.asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
+from rill.asgi.prompt.vision import model_type_of
 from rill.asgi.state import SETTINGS_ENV, WorkerSettings
 from rill.asgi.stores.open import StoreURLError, check_url, describe
 from rill.chat_flags import log_tool_parser
@@ -32,6 +33,7 @@ from rill.hub_models import cached_snapshot, looks_like_repo_id
 from rill.ipc import protocol as p
 from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
+from rill.ipc.images import PIXEL_BUDGET_TYPES
 from rill.ipc.logs import configure_logging
 from rill.listening import Listener, systemd_socket
 from rill.ollama_models import ollama_blob, ollama_name
@@ -169,6 +171,10 @@ def serve(args) -> int:
     set_engine_env_defaults()
     remove_stale_run_dirs()
     model_dir, model_id = resolve_model(args)
+    if args.mm_processor_kwargs and model_type_of(model_dir) not in PIXEL_BUDGET_TYPES:
+        log.error("--mm-processor-kwargs: %s is not a Qwen2-VL or Qwen2.5-VL model, whose pixel budget is all it sets",
+                  model_id)
+        return 2
     paths = RunPaths.create(str(os.getpid()))
     config = config_from_args(args, model_dir, model_id)
     log_cache_isolation(config, bool(key_digests))

@@ -14,16 +14,12 @@ from tokenizers import Tokenizer
 
 from rill.asgi.errors import APIError
 from rill.asgi.prompt.images import decode_image_url
-from rill.ipc.images import VISION_MODEL_TYPES, ImageInputs, image_inputs
+from rill.ipc.images import DEFAULT_MAX_PIXELS, PIXEL_BUDGET_TYPES, VISION_MODEL_TYPES, ImageInputs, image_inputs
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
 # The families whose image processor alone is used: an image part's text, and the token it expands.
-GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in ("qwen2_vl", "qwen2_5_vl")}
-# The pixels a Qwen image is scaled down to, at most: 1,280 tokens (Qwen's suggested max_pixels, and transformers'
-# default). Qwen2.5-VL's own config allows 12.8M: 16K tokens and 288 MB of float32 patches for one image, whose
-# vision tower's global attention layers would hold the engine for minutes on a CPU.
-MAX_GRID_PIXELS = 1280 * 28 * 28
+GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in PIXEL_BUDGET_TYPES}
 
 
 def model_type_of(model_dir: Path) -> str | None:
@@ -40,7 +36,9 @@ def accepts_images(model_dir: Path) -> bool:
 
 
 class ImagePrompts:
-    def __init__(self, model_dir: Path, max_images: int, tokenizer: Tokenizer) -> None:
+    def __init__(self, model_dir: Path, max_images: int, tokenizer: Tokenizer,
+                 pixel_budget: dict[str, int] | None = None) -> None:
+        """`pixel_budget`: --mm-processor-kwargs' min_pixels and max_pixels, for a Qwen family (the launcher checked)."""
         from transformers import AutoImageProcessor, AutoProcessor
 
         self.max_images, self.tokenizer = max_images, tokenizer
@@ -52,9 +50,12 @@ class ImagePrompts:
         else:
             self.processor = None
             self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
-            if (self.image_processor.size.longest_edge or 0) > MAX_GRID_PIXELS:
-                self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True,
-                                                                          max_pixels=MAX_GRID_PIXELS)
+            # The directory's own budget unless the operator set one, its max_pixels at most DEFAULT_MAX_PIXELS
+            budget = dict(pixel_budget or {})
+            if "max_pixels" not in budget and (self.image_processor.size.longest_edge or 0) > DEFAULT_MAX_PIXELS:
+                budget["max_pixels"] = DEFAULT_MAX_PIXELS
+            if budget:
+                self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True, **budget)
             self.placeholder, self.image_token = family
         self.token_id: int = tokenizer.token_to_id(self.image_token)
 

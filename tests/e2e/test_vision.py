@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import httpx
 import pytest
 import torch
 
 from tests.helpers.http_calls import check_error
-from tests.helpers.server import sdk_client, start_servers, stop_server
+from tests.helpers.server import launch_server, sdk_client, start_server, start_servers, stop_server
 from tests.helpers.tiny_vision import KINDS, TOKENS_PER_IMAGE, data_url, forward_kwargs, image, save_tiny_vlm
 
 MODEL = "tiny-vlm"
@@ -204,3 +205,28 @@ def test_ollama_images_as_chat_takes_them(server):
     resp = httpx.post(f"{server.base_url}/api/generate", timeout=60, json={
         "model": MODEL, "prompt": "x", "raw": True, "images": [url.split(",")[1]], "stream": False})
     assert resp.status_code == 400 and "images" in resp.json()["error"]
+
+
+def test_the_operators_pixel_budget_sets_a_qwen_images_tokens(servers, model_dirs, tmp_path_factory):
+    """--mm-processor-kwargs: the tiny Qwen2.5-VL's own budget is 112 x 112 pixels; at 224 x 224 an image has as many
+    tokens more as its image processor given that budget makes. A model without a pixel budget (LLaVA) refuses the
+    flag at start, exit status 2."""
+    from transformers import AutoImageProcessor
+
+    pixels = {"min_pixels": 224 * 224, "max_pixels": 224 * 224}
+    budget = ("--mm-processor-kwargs", json.dumps(pixels))
+    llava = launch_server(tmp_path_factory, "--model", str(model_dirs["llava"]), *budget)
+    assert llava.proc.wait(120) == 2 and "not a Qwen2-VL or Qwen2.5-VL model" in llava.log()
+    llava.stop()
+    qwen = start_server(tmp_path_factory, "--model", str(model_dirs["qwen2_5_vl"]), "--served-model-name", MODEL,
+                        "--dtype", "float32", *budget)
+    try:
+        messages = ask("What is this?", data_url(image(3)))
+        tokens = [sdk_client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage.prompt_tokens
+                  for srv in (servers["qwen2_5_vl"], qwen)]
+        image_tokens = [AutoImageProcessor.from_pretrained(model_dirs["qwen2_5_vl"], **kwargs)(
+            [image(3)], return_tensors="np")["image_grid_thw"][0].prod() // 4 for kwargs in ({}, pixels)]
+        assert image_tokens[1] > 3 * image_tokens[0] and tokens[1] - tokens[0] == image_tokens[1] - image_tokens[0], (
+            tokens, image_tokens)
+    finally:
+        stop_server(qwen)

@@ -1,5 +1,5 @@
-"""A Qwen2.5-VL directory's image processor is capped at MAX_GRID_PIXELS (its own config allows 12.8M pixels: 16K
-tokens an image); a smaller setting is kept."""
+"""A Qwen2.5-VL directory's image processor is capped at DEFAULT_MAX_PIXELS (its own config allows 12.8M pixels: 16K
+tokens an image); a smaller setting is kept; --mm-processor-kwargs' budget wins over both."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,8 @@ import json
 import pytest
 from tokenizers import Tokenizer, models
 
-from rill.asgi.prompt.vision import MAX_GRID_PIXELS, ImagePrompts
+from rill.asgi.prompt.vision import ImagePrompts
+from rill.ipc.images import DEFAULT_MAX_PIXELS
 from tests.helpers.tiny_vision import image
 
 QWEN_PROCESSOR = {"min_pixels": 3136, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
@@ -15,12 +16,29 @@ QWEN_PROCESSOR = {"min_pixels": 3136, "patch_size": 14, "temporal_patch_size": 2
                   "image_processor_type": "Qwen2VLImageProcessor"}
 
 
+def grid_of(model_dir, max_pixels, budget=None, width=4000, height=3000):
+    """The merged grid [t, h, w] of one photo, through the ImagePrompts of a Qwen2.5-VL directory whose own
+    max_pixels is `max_pixels`, with --mm-processor-kwargs' `budget`."""
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (model_dir / "preprocessor_config.json").write_text(json.dumps({**QWEN_PROCESSOR, "max_pixels": max_pixels}))
+    tokenizer = Tokenizer(models.WordLevel({"<|image_pad|>": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    prompts = ImagePrompts(model_dir, 8, tokenizer, budget)
+    return prompts.image_processor([image(1, width=width, height=height)], return_tensors="np")["image_grid_thw"][0]
+
+
 @pytest.mark.parametrize("max_pixels,tokens", [(12845056, 1280), (112 * 112, 16)])
 def test_qwen_images_are_scaled_to_the_cap(tmp_path, max_pixels, tokens):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**QWEN_PROCESSOR, "max_pixels": max_pixels}))
-    tokenizer = Tokenizer(models.WordLevel({"<|image_pad|>": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    prompts = ImagePrompts(tmp_path, 8, tokenizer)
-    grid = prompts.image_processor([image(1, width=4000, height=3000)], return_tensors="np")["image_grid_thw"][0]
-    assert grid.prod() // 4 <= tokens and grid.prod() * 14 * 14 <= min(max_pixels, MAX_GRID_PIXELS)
+    grid = grid_of(tmp_path, max_pixels)
+    assert grid.prod() // 4 <= tokens and grid.prod() * 14 * 14 <= min(max_pixels, DEFAULT_MAX_PIXELS)
     assert grid.prod() // 4 > tokens // 2  # scaled to the cap, not far below it
+
+
+@pytest.mark.parametrize("budget,tokens", [({"max_pixels": 2560 * 28 * 28}, 2560), ({"max_pixels": 224 * 224}, 64)])
+def test_the_operators_max_pixels_wins_over_the_cap_and_the_directory(tmp_path, budget, tokens):
+    grid = grid_of(tmp_path, 12845056, budget)
+    assert tokens // 2 < grid.prod() // 4 <= tokens
+
+
+def test_the_operators_min_pixels_scales_a_small_image_up(tmp_path):
+    assert grid_of(tmp_path, 12845056, width=56, height=56).prod() // 4 == 4  # Qwen's own min_pixels: 56 x 56
+    assert grid_of(tmp_path, 12845056, {"min_pixels": 112 * 112}, width=56, height=56).prod() // 4 == 16

@@ -63,11 +63,10 @@ class EngineMonitor(threading.Thread):
         False when `timeout_s` runs out, or the engine process is gone (nothing to wait for)."""
         self.poll_s = min(self.poll_s, 0.1)  # draining: look often
         start = time.monotonic()
-        with self._cond:
-            before, before_at = self.latest, self.answered_at
-        self._query_now = True
         deadline = start + timeout_s
         with self._cond:
+            before, before_at = self.latest, self.answered_at
+            self._query_now = True
             while not (self.asked_at >= start and self.latest.num_running == 0 and self.latest.num_waiting == 0):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.engine_alive():

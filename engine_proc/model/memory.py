@@ -39,8 +39,9 @@ def resident_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     now (by torch's threads): resident from the start, so an engine short of memory fails at start, not
     under load. torch.zeros would put a tensor this large on huge pages under THP_MEM_ALLOC_ENABLE (the
     engine's default), whose first touch costs several times as much where the kernel must compact memory
-    for them: a 1 GiB KV cache took 1.3 s (2.3 s of CPU) against 0.2 s on a 2-core VM. Attention over the
-    cache reads no faster from huge pages (a 28-layer decode step over 32 x 2,048 tokens, the same)."""
+    for them: a 1 GiB KV cache took 1.6 s against 0.36 s on a 2-core VM. Attention over the cache reads about 4%
+    slower from ordinary pages (28 layers over 32 x 2,048 tokens: 208.7 against 201.3 ms, within this VM's spread;
+    bench/results/kv_pages-zen4.md)."""
     nbytes = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,5 +1,5 @@
 """The model tests' shared fixtures: the bundled model's prompts, transformers' greedy tokens for them
-and a float32 runner, each built once per session."""
+and a float32 runner, each built once per session; the bundled model cut to its first layers."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,11 +14,22 @@ from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, MESSAGES, hf_greedy
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_models import save_tiny_model
+from tests.helpers.truncated_model import write_truncated_model
+
+SHORT_LAYERS = 4
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     return ensure_bundled_model()
+
+
+@pytest.fixture(scope="session")
+def short_model_dir(model_dir, tmp_path_factory) -> Path:
+    """The bundled model's first SHORT_LAYERS decoder layers, its embedding and head: every operator and shape
+    of the whole model's layers, at a seventh of the cost, for tests of how the model is run (compiled graphs,
+    batch invariance), not of what it answers."""
+    return write_truncated_model(model_dir, tmp_path_factory.mktemp("short"), SHORT_LAYERS)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Compiled decode steps (engine_proc/model/decode_graphs.py): the same greedy tokens as transformers, through the graph.
-The model is the bundled one's first SHORT_LAYERS layers (and its head): the same operators in a graph a seventh
-the size, whose compile at setup took 50 s of a worker with all 30 layers on a Zen 4."""
+The model is the bundled one's first layers (and its head: `short_model_dir`): the same operators in a graph a
+seventh the size, whose compile at setup took 50 s of a worker with all 30 layers on a Zen 4."""
 from __future__ import annotations
 
 import pytest
@@ -9,31 +9,23 @@ import torch
 from rill.engine_proc.model.runner import ModelRunner
 from tests.helpers.generation import BLOCK_SIZE, EOS_ID, generate, hf_greedy
 from tests.helpers.runners import make_runner
-from tests.helpers.truncated_model import write_truncated_model
-
-SHORT_LAYERS = 4
 
 
 @pytest.fixture(scope="module")
-def short_dir(model_dir, tmp_path_factory):
-    return write_truncated_model(model_dir, tmp_path_factory.mktemp("short"), SHORT_LAYERS)
-
-
-@pytest.fixture(scope="module")
-def short_tokens(short_dir, prompts) -> list[list[int]]:
+def short_tokens(short_model_dir, prompts) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    return hf_greedy(AutoModelForCausalLM.from_pretrained(short_dir, dtype=torch.float32).eval(), prompts)
+    return hf_greedy(AutoModelForCausalLM.from_pretrained(short_model_dir, dtype=torch.float32).eval(), prompts)
 
 
 @pytest.fixture(scope="module")
-def short_runner(short_dir) -> ModelRunner:
-    return make_runner(short_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
+def short_runner(short_model_dir) -> ModelRunner:
+    return make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
 
 
 @pytest.fixture(scope="module")
-def compiled(short_dir) -> ModelRunner:
-    runner = make_runner(short_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+def compiled(short_model_dir) -> ModelRunner:
+    runner = make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)
     assert runner.decode_graphs is not None, "torch.compile failed: see the warning in the log"
     graphs = runner.decode_graphs

@@ -23,7 +23,15 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 
 import pytest  # noqa: E402
 
-from tests.helpers.file_order import load_times, longest_first  # noqa: E402
+from tests.helpers.file_order import (  # noqa: E402
+    SHARED_GROUP,
+    file_or_shared_scheduling,
+    load_times,
+    longest_first,
+    shared_files_path,
+    shared_server_files,
+    write_shared_files,
+)
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
 from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server  # noqa: E402
 
@@ -31,6 +39,7 @@ from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_serv
 # helpers), so the end of the session can find any of them still running: see pytest_sessionfinish.
 SESSION_MARK = "RILL_TEST_SESSION"
 os.environ[SESSION_MARK] = uuid.uuid4().hex
+shared_files_path()  # chosen by the controller, inherited by the xdist workers it starts (file_order.py)
 LEFTOVER_GRACE_S = 3.0  # for processes stopped by the last teardowns to finish exiting
 # Helpers that live as long as the process that started them (this pytest included): Python's
 # resource tracker and forkserver, torch.compile's worker pool.
@@ -52,12 +61,23 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    root = Path(config.rootpath)
+    # An xdist worker says which files use the shared servers, for the controller's scheduler (file_order.py).
+    shared = shared_server_files(items, root)
+    if hasattr(config, "workerinput"):
+        write_shared_files(shared)
     for item in items:
         marker = FOLDER_MARKERS.get(item.path.parent.name)
         if marker:
             item.add_marker(marker)
-    # The longest files first, for xdist's workers to end together (tests/helpers/file_order.py).
-    items[:] = longest_first(items, load_times(), Path(config.rootpath))
+    # The longest units first, for xdist's workers to end together (tests/helpers/file_order.py).
+    items[:] = longest_first(items, load_times(), root, unit_of=lambda item, file: SHARED_GROUP if file in shared else file)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `--dist loadfile`: each file a unit, but the files of the shared servers one unit."""
+    return file_or_shared_scheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session")
@@ -138,6 +158,7 @@ def pytest_sessionfinish(session, exitstatus):
     fixture is torn down is killed, named, and fails the run (a run once left three API workers
     behind, with PPID 1). Under pytest-xdist each worker checks its own; the controller starts nothing."""
     if session.config.pluginmanager.has_plugin("dsession"):
+        shared_files_path().unlink(missing_ok=True)
         return
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := processes_of_this_session()) and time.monotonic() < deadline:
@@ -157,3 +178,4 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         print("\n".join(lines))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

@@ -2,8 +2,9 @@
 
 Rank 0 runs in a spawned process as the engine runs it (engine_proc/parallel/ranks.py starts rank 1
 and sends it every step through shared memory); the test compares its greedy tokens and logits with
-the session's one-rank runner. The bundled model's 3 KV heads split 2 + 1, so the uneven split is
-what is tested. Float32: the all-reduce adds two partial sums where one rank adds one, so logits
+a one-rank runner's. The bundled model's 3 KV heads split 2 + 1, so the uneven split is
+what is tested; its first 4 layers and head (`short_model_dir`) are every sharded module, at a seventh of
+the all-reduces. Float32: the all-reduce adds two partial sums where one rank adds one, so logits
 differ by rounding only; the tolerance below is 1e-3 absolute on logits of magnitude ~10-30.
 """
 from __future__ import annotations
@@ -63,8 +64,17 @@ def run_tp2(model_dir, prompts, compile_decode=False):
 
 
 @pytest.fixture(scope="module")
-def tp2(model_dir, prompts):
-    return run_tp2(model_dir, prompts)
+def tp2(short_model_dir, prompts):
+    return run_tp2(short_model_dir, prompts)
+
+
+@pytest.fixture(scope="module")
+def runner(short_model_dir):
+    """The one-rank runner of the same model."""
+    from tests.helpers.runners import make_runner
+
+    return make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                       eos_token_ids=[EOS_ID])
 
 
 def test_split_range_covers_every_item_once():

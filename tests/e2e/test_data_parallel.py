@@ -1,6 +1,6 @@
 """End to end: --data-parallel-size 2 (two engines, each with its own KV cache, behind the same API
 workers): prefix affinity, load spreading, the same answers from either engine, per-engine /stats
-and /metrics, and an engine's death taking the server down cleanly."""
+and /metrics, and an engine's death, or its failure at start, taking the server down cleanly."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.server import TINY_MODEL, leftovers, start_server, stop_server
+from tests.helpers.server import TINY_MODEL, launch_server, leftovers, session_pids, start_server, stop_server
 
 SHARED = list(range(100, 100 + 5 * 16))  # five full blocks
 
@@ -125,3 +125,14 @@ def test_a_family_on_the_transformers_route_serves_from_both_engines(tmp_path_fa
     assert min(served) >= 1 and sum(served) == 4, served
     assert len(set(texts)) == 1
     assert log.count("transformers runner on cpu") == 2
+
+
+def test_engines_that_fail_at_start_stop_the_server_with_a_failure(tmp_path_factory, tiny_dir):
+    """The engines start at once; one that fails (here both: a KV cache too small for one block) stops the
+    launcher with status 1 and the reason, and the other, whether still starting or failed too, goes with it."""
+    srv = launch_server(tmp_path_factory, "--model", str(tiny_dir), "--load-format", "dummy", "--data-parallel-size",
+                        "2", "--kv-cache-memory", "1KiB")
+    assert srv.proc.wait(120) == 1, srv.log()
+    assert "holds no KV block" in srv.log() and "the engine failed to start" in srv.log()
+    assert session_pids(srv.proc.pid) == []  # no engine outlived it
+    assert leftovers(srv.proc.pid) == []

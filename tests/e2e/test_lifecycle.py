@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.helpers.openapi import validate
-from tests.helpers.server import child_pids, leftovers, start_server, stats
+from tests.helpers.server import child_pids, leftovers, session_pids, start_server, stats
 
 MODEL = "smollm2-135m-instruct"
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
@@ -157,19 +157,6 @@ class Stream(threading.Thread):
             self.error = exc
         finally:
             self.started.set()
-
-
-def session_pids(session_id: int) -> list[int]:
-    """The launcher, engine and workers of a server started in a session of its own."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session_id:
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def shm_files_of(pids: list[int]) -> set[str]:

@@ -40,6 +40,20 @@ def child_pids(parent: int) -> list[int]:
     return pids
 
 
+def session_pids(session_id: int) -> list[int]:
+    """The live processes of a server started in a session of its own (`rill_server` does: the launcher's pid is
+    the session's id): its launcher, engines and workers, and whatever of them outlived the launcher."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session_id and fields[0] not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
 
 

@@ -178,4 +178,3 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         print("\n".join(lines))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
-

@@ -45,13 +45,13 @@ class BlockAllocator:
 
 
 
-def hf_greedy(hf_model, prompts: list[list[int]]) -> list[list[int]]:
+def hf_greedy(hf_model, prompts: list[list[int]], num_new: int = NUM_NEW_TOKENS) -> list[list[int]]:
     """transformers' greedy continuation of each prompt; min_new_tokens holds eos back as min_tokens does."""
     out = []
     with torch.inference_mode():
         for ids in prompts:
             generated = hf_model.generate(
-                torch.tensor([ids]), max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False
+                torch.tensor([ids]), max_new_tokens=num_new, min_new_tokens=num_new, do_sample=False
             )
             out.append(generated[0, len(ids) :].tolist())
     return out

@@ -33,6 +33,13 @@ def short_model_dir(model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def short_runner(short_model_dir) -> ModelRunner:
+    """A float32 runner of `short_model_dir`, as `runner` is of the whole model."""
+    return make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
+                       eos_token_ids=[EOS_ID])
+
+
+@pytest.fixture(scope="session")
 def prompts(model_dir) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return [

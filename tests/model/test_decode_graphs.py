@@ -19,11 +19,6 @@ def short_tokens(short_model_dir, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def short_runner(short_model_dir) -> ModelRunner:
-    return make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE, eos_token_ids=[EOS_ID])
-
-
-@pytest.fixture(scope="module")
 def compiled(short_model_dir) -> ModelRunner:
     runner = make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)

@@ -18,16 +18,10 @@ from rill.engine_proc.sched.request import EngineRequest
 from rill.engine_proc.sched.scheduler import Scheduler
 from rill.ipc.protocol import SamplingParams
 from tests.helpers.adapters import ADAPTERS
-from tests.helpers.generation import BLOCK_SIZE, EOS_ID
+from tests.helpers.generation import BLOCK_SIZE, EOS_ID, hf_greedy
 from tests.helpers.runners import make_runner
 
 NUM_NEW = 12
-
-
-def greedy(model, prompts: list[list[int]]) -> list[list[int]]:
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW,
-                               do_sample=False)[0, len(p):].tolist() for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +29,7 @@ def base_tokens(short_model_dir, prompts) -> list[list[int]]:
     """transformers' greedy tokens of the model without an adapter."""
     from transformers import AutoModelForCausalLM
 
-    return greedy(AutoModelForCausalLM.from_pretrained(short_model_dir, dtype=torch.float32).eval(), prompts)
+    return hf_greedy(AutoModelForCausalLM.from_pretrained(short_model_dir, dtype=torch.float32).eval(), prompts, NUM_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +38,7 @@ def adapters(short_model_dir, prompts, tmp_path_factory):
     out = {}
     for seed, (name, (rank, alpha, targets)) in enumerate(ADAPTERS.items()):
         path, merged = make_adapter(short_model_dir, tmp_path_factory.mktemp(name), rank, alpha, targets, seed)
-        out[name] = (path, greedy(merged, prompts))
+        out[name] = (path, hf_greedy(merged, prompts, NUM_NEW))
     return out
 
 

@@ -68,15 +68,6 @@ def tp2(short_model_dir, prompts):
     return run_tp2(short_model_dir, prompts)
 
 
-@pytest.fixture(scope="module")
-def runner(short_model_dir):
-    """The one-rank runner of the same model."""
-    from tests.helpers.runners import make_runner
-
-    return make_runner(short_model_dir, dtype=torch.float32, num_kv_blocks=64, block_size=BLOCK_SIZE,
-                       eos_token_ids=[EOS_ID])
-
-
 def test_split_range_covers_every_item_once():
     for total, size in [(3, 2), (9, 2), (1536, 2), (49152, 3), (7, 4)]:
         parts = [split_range(total, size, r) for r in range(size)]
@@ -85,24 +76,24 @@ def test_split_range_covers_every_item_once():
         assert max(e - s for s, e in parts) - min(e - s for s, e in parts) <= 1
 
 
-def test_shards_hold_whole_kv_heads_and_their_queries(runner):
-    shards = [Shard(r, 2, runner.config) for r in range(2)]
+def test_shards_hold_whole_kv_heads_and_their_queries(short_runner):
+    shards = [Shard(r, 2, short_runner.config) for r in range(2)]
     assert [s.kv_heads for s in shards] == [(0, 2), (2, 3)]
     assert [s.q_heads for s in shards] == [(0, 6), (6, 9)]  # 3 query heads per KV head
     assert shards[1].local_config().num_attention_heads == 3
     with pytest.raises(ValueError, match="KV heads"):
-        Shard(0, 4, runner.config)
+        Shard(0, 4, short_runner.config)
 
 
-def test_two_ranks_give_one_rank_logits(tp2, runner, prompts):
+def test_two_ranks_give_one_rank_logits(tp2, short_runner, prompts):
     logits, _, num_kv_heads = tp2
     assert num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
-    torch.testing.assert_close(logits, _prompt_logits(runner, prompts), atol=LOGITS_ATOL, rtol=0)
+    torch.testing.assert_close(logits, _prompt_logits(short_runner, prompts), atol=LOGITS_ATOL, rtol=0)
 
 
-def test_two_ranks_give_one_rank_greedy_tokens(tp2, runner, prompts):
+def test_two_ranks_give_one_rank_greedy_tokens(tp2, short_runner, prompts):
     _, tokens, _ = tp2
-    assert tokens == generate(runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
+    assert tokens == generate(short_runner, prompts, chunk_len=7, arrival_steps=[0, 3, 9], max_tokens=16)
 
 
 @pytest.mark.parametrize("kind", ["granite-untied-biased", "phi3"])

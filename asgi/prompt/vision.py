@@ -1,8 +1,9 @@
 """A vision model's images in a chat prompt: each image part rendered as the family's placeholder, then expanded
-into the image's tokens, and the tensors the engine's vision tower takes (ipc/images.py). LLaVA's own processor
-(transformers' AutoProcessor) expands its `<image>`; Qwen2-VL's processor needs torchvision for its videos, so its
-image processor alone makes the pixels (Qwen2.5-VL's) and each `<|image_pad|>` becomes as many as the image's grid of patches,
-merged 2 x 2, has cells (the processor's rule). Both run on a thread, off the event loop. Loaded once per worker."""
+into the image's tokens, and the tensors the engine's vision tower takes (ipc/images.py). LLaVA's and Gemma 3's own
+processors (transformers' AutoProcessor) expand their `<image>` and `<start_of_image>`; Qwen2-VL's processor needs
+torchvision for its videos, so its image processor alone makes the pixels (Qwen2.5-VL's) and each `<|image_pad|>`
+becomes as many as the image's grid of patches, merged 2 x 2, has cells (the processor's rule). Both run on a
+thread, off the event loop. Loaded once per worker."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,14 @@ from tokenizers import Tokenizer
 
 from rill.asgi.errors import APIError
 from rill.asgi.prompt.images import decode_image_url
-from rill.ipc.images import DEFAULT_MAX_PIXELS, PIXEL_BUDGET_TYPES, VISION_MODEL_TYPES, ImageInputs, image_inputs
+from rill.ipc.images import (
+    BIDIRECTIONAL_MODEL_TYPES,
+    DEFAULT_MAX_PIXELS,
+    PIXEL_BUDGET_TYPES,
+    VISION_MODEL_TYPES,
+    ImageInputs,
+    image_inputs,
+)
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
@@ -42,10 +50,15 @@ class ImagePrompts:
         from transformers import AutoImageProcessor, AutoProcessor
 
         self.max_images, self.tokenizer = max_images, tokenizer
-        family = GRID_FAMILIES.get(model_type_of(model_dir))
+        model_type = model_type_of(model_dir)
+        self.bidirectional = model_type in BIDIRECTIONAL_MODEL_TYPES
+        family = GRID_FAMILIES.get(model_type)
         if family is None:
             self.processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
-            self.placeholder = self.image_token = self.processor.image_token  # LLaVA's "<image>"
+            self.placeholder = self.processor.image_token  # LLaVA's "<image>", Gemma 3's "<start_of_image>"
+            # The token each feature row takes: LLaVA's placeholder itself; Gemma 3's processor writes its image's
+            # soft tokens between the placeholder and "<end_of_image>".
+            self.image_token = getattr(self.processor.tokenizer, "image_token", None) or self.placeholder
             self.image_processor = None
         else:
             self.processor = None
@@ -65,9 +78,10 @@ class ImagePrompts:
         if len(urls) > self.max_images:
             raise APIError(400, f"{len(urls)} images in one request; this server takes at most {self.max_images} "
                                 "(--limit-mm-per-prompt).", param=urls[self.max_images][1])
-        if (found := text.count(self.image_token)) != len(urls):  # one written into a text part by the client
-            raise APIError(400, f"The messages' text holds the image token {self.image_token!r} {found - len(urls)} "
-                                "time(s) itself; only an image_url part may.", param="messages")
+        for token in dict.fromkeys((self.placeholder, self.image_token)):  # one written into a text part
+            if found := text.count(token) - (len(urls) if token in self.placeholder else 0):
+                raise APIError(400, f"The messages' text holds the image token {token!r} {found} time(s) itself; "
+                                    "only an image_url part may.", param="messages")
         return await asyncio.to_thread(self._encode, text, urls, add_special_tokens)
 
     def _encode(self, text: str, urls: list[tuple[str, str]], add_special_tokens: bool):
@@ -83,7 +97,7 @@ class ImagePrompts:
         except ValueError as exc:  # what the model's processor refuses of these images (a size it cannot tile)
             raise APIError(400, f"The model's processor refused the images: {exc}", param="messages") from None
         arrays = {name: np.asarray(value) for name, value in out.items() if name not in TEXT_OUTPUTS}
-        return ids, image_inputs(arrays, self.token_id)
+        return ids, image_inputs(arrays, self.token_id, self.bidirectional)
 
     def _expand_grid(self, text: str, grids: np.ndarray, add_special_tokens: bool) -> list[int]:
         """The text's ids, its k-th image token repeated as many times as image k's merged grid has cells."""

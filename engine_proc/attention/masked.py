@@ -1,9 +1,10 @@
 """Attention the prompt kernels do not do, in torch over the paged cache: sliding windows, logit
-soft-capping (Gemma 2) and attention sinks (GPT-OSS), for the transformers route's layers that ask
-for them (engine_proc/model/hf_attention.py).
+soft-capping (Gemma 2), attention sinks (GPT-OSS) and images that attend both ways (Gemma 3), for
+the transformers route's layers and steps that ask for them (engine_proc/model/hf_attention.py).
 
 A query at position p attends to keys at positions (p - window, p] of its own sequence (all of
-[0, p] without a window), as transformers' sliding_window_overlay masks them. Each prompt chunk
+[0, p] without a window), as transformers' sliding_window_overlay masks them; an image's token
+that attends both ways sees up to its image's last, (p - window, last]. Each prompt chunk
 goes on its own. One-token rows (the decodes) go through the backend's kernel where it has one
 (the CPU's C++ decode kernel takes all three), else here as one batch over their gathered blocks.
 """
@@ -64,34 +65,43 @@ def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes
 
 def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: TokenTables,
                      scale: float, window: int | None = None, softcap: float | None = None,
-                     sinks: torch.Tensor | None = None, decoded: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, decoded: torch.Tensor | None = None,
+                     key_limits: torch.Tensor | None = None) -> torch.Tensor:
     """Attention [T, H, D] of the step's queries q [T, H, D] over the cache (the step's K/V already
     written), each within its window; `softcap`: scores pass through softcap * tanh(s / softcap);
     `sinks` [H]: a logit per head that joins each softmax's denominator and attends to nothing.
-    `decoded`: the one-token rows' attention, already worked out by the backend's kernel."""
+    `decoded`: the one-token rows' attention, already worked out by the backend's kernel.
+    `key_limits` [T]: the last key position each row sees, past its own for an image's tokens that
+    attend both ways (engine_proc/model/hf_vision.py); None: its own."""
     out = torch.empty_like(q)
     if decoded is not None:
         out[tables.single_rows] = decoded
     elif tables.single_rows.numel():
         rows = tables.single_rows
+        query_pos = tables.positions[rows].unsqueeze(1)
         out[rows] = _attend(q[rows].unsqueeze(1), k_cache, v_cache, tables.block_tables[tables.single_seqs],
-                            tables.positions[rows].unsqueeze(1), tables.single_positions, scale, window, softcap,
-                            sinks)[:, 0]
+                            query_pos, query_pos, tables.single_positions, scale, window, softcap, sinks)[:, 0]
     # A chunk's explicit scores (soft-capping) are [heads, queries, keys] in float32: its queries go
     # EXPLICIT_QUERIES at a time, so a long prompt's chunk does not hold them all at once.
     piece = EXPLICIT_QUERIES if softcap is not None else 1 << 30
     for seq, first, end, start_pos in tables.spans:
         for lo in range(first, end, piece):
             hi = min(end, lo + piece)
+            query_pos = tables.positions[lo:hi].unsqueeze(0)
+            last_key = start_pos + hi - first - 1
+            key_last = query_pos if key_limits is None else key_limits[lo:hi].unsqueeze(0)
+            if key_limits is not None:
+                last_key = max(last_key, int(key_limits[lo:hi].max()))
             out[lo:hi] = _attend(q[lo:hi].unsqueeze(0), k_cache, v_cache, tables.block_tables[seq : seq + 1],
-                                 tables.positions[lo:hi].unsqueeze(0), (start_pos + lo - first, start_pos + hi - first - 1),
-                                 scale, window, softcap, sinks)[0]
+                                 query_pos, key_last, (start_pos + lo - first, last_key), scale, window, softcap,
+                                 sinks)[0]
     return out
 
 
-def _attend(q, k_cache, v_cache, block_table, query_pos, pos_range, scale, window, softcap, sinks) -> torch.Tensor:
-    """q [B, n, H, D] at positions query_pos [B, n] (from pos_range[0] to pos_range[1]) over the blocks of
-    block_table [B, blocks]: [B, n, H, D]."""
+def _attend(q, k_cache, v_cache, block_table, query_pos, key_last, pos_range, scale, window, softcap,
+            sinks) -> torch.Tensor:
+    """q [B, n, H, D] at positions query_pos [B, n], each seeing keys up to key_last [B, n] (from query position
+    pos_range[0] to key position pos_range[1]), over the blocks of block_table [B, blocks]: [B, n, H, D]."""
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     context_len = pos_range[1] + 1
     first_key = 0
@@ -101,7 +111,7 @@ def _attend(q, k_cache, v_cache, block_table, query_pos, pos_range, scale, windo
     keys = gather_blocks(k_cache, block_table)[:, : context_len - first_key].transpose(1, 2)  # [B, Hkv, L, D]
     values = gather_blocks(v_cache, block_table)[:, : context_len - first_key].transpose(1, 2)
     key_pos = torch.arange(first_key, context_len, device=q.device)
-    keep = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(-1)  # [B, n, L]
+    keep = key_pos.view(1, 1, -1) <= key_last.unsqueeze(-1)  # [B, n, L]
     if window is not None:
         keep &= key_pos.view(1, 1, -1) > query_pos.unsqueeze(-1) - window
     batch, n, num_heads, head_dim = q.shape

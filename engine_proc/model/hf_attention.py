@@ -4,8 +4,9 @@ and attends through the runner's backend, as vLLM's Transformers backend does.
 
 Transformers builds no mask for an implementation it has no mask function for: the step's
 sequences go as one row of tokens with their own positions, and the backend's metadata keeps
-them apart. A layer with a sliding window, soft-capped logits or attention sinks goes through
-the backend's masked_decode for its decode rows (on the CPU, the C++ decode kernel), and
+them apart. A layer with a sliding window, soft-capped logits or attention sinks, and every layer
+in a step whose prompt chunk holds an image that attends both ways (Gemma 3), goes through the
+backend's masked_decode for its decode rows (on the CPU, the C++ decode kernel), and
 engine_proc/attention/masked.py for the rest; every other layer through the backend's kernels.
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ class PagedStep:
     # A model with window tables: each sliding group's view of the step (window_view), group 1 first
     window_batches: list[Batch] = dataclasses.field(default_factory=list)
     window_metas: list[AttentionMetadata] = dataclasses.field(default_factory=list)
+    # [T] the last key each row sees, where a prompt chunk holds an image that attends both ways (hf_vision.py)
+    key_limits: torch.Tensor | None = None
 
     @functools.cached_property
     def rope_lens(self) -> torch.Tensor:
@@ -130,16 +133,20 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
     meta = step.window_metas[group - 1] if group else step.meta
     window = sliding_window if sliding_window and sliding_window < step.longest else None
-    if window is not None or softcap or s_aux is not None:
+    limits = step.key_limits
+    if window is not None or softcap or s_aux is not None or limits is not None:
         step.backend.write(k_cache, v_cache, k, v, meta.slot_mapping)
         # The decode rows through the backend's kernel where it has one (on the CPU, the C++ decode
         # kernel takes the window, the soft-cap and the sinks), the prompt chunks in torch.
         decoded = step.backend.masked_decode(kernel_q, k_cache, v_cache, meta, window or 0, softcap or 0.0, s_aux)
-        if decoded is not None and decoded.shape[0] == q.shape[0]:
+        if decoded is not None and decoded.shape[0] == q.shape[0] and limits is None:
             out = decoded
         else:
             tables = step.window_tables[group - 1] if group else step.tables
-            out = masked_attention(q, k_cache, v_cache, tables, scale, window, softcap or None, s_aux, decoded)
+            if decoded is not None and decoded.shape[0] == q.shape[0]:  # a flat backend's, of every row
+                decoded = decoded[tables.single_rows]
+            out = masked_attention(q, k_cache, v_cache, tables, scale, window, softcap or None, s_aux, decoded,
+                                   limits)
     else:
         out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, meta)
     return out.unsqueeze(0), None

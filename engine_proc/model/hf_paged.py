@@ -148,7 +148,9 @@ class PagedTransformersRunner(SamplingRunner):
             tile_linears(self.model)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
-        self.images = ImageEmbedder(self.model, self.device, dtype) if is_vision_model(self.config) else None
+        self.images = None
+        if is_vision_model(self.config):
+            self.images = ImageEmbedder(self.model, self.device, dtype, decodes_first=not self.attention.flat)
         # (window, sliding layers): those layers' blocks in window tables of their own (window_tables.py)
         self.layer_window = interleaved_window(text_config, served_len)
         self.kv_cache = KVCache(text_config, num_blocks=num_kv_blocks, block_size=model.block_size, dtype=dtype,
@@ -208,6 +210,7 @@ class PagedTransformersRunner(SamplingRunner):
             step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]
         with step_context(step):
             if self.images is not None:  # a vision model (hf_vision.py): images' features, 3-D rotary positions
+                step.key_limits = self.images.key_limits(batch, positions)
                 embeds = self.images(batch, input_ids) if self.images.needed(batch) else None
                 return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, embeds,
                                            self.images.positions(batch, positions))

@@ -6,6 +6,10 @@ of a prompt takes row k of its images' features, whichever chunk of the prompt i
 are computed at its first chunk that holds an image token and dropped after its last (a preempted request
 computes them again). Decode steps, and prompt steps without images, take the token ids as before.
 
+Gemma 3's image tokens attend to each other both ways (transformers' token_type_ids mask): a prompt chunk holds such
+an image whole (engine_proc/sched/request.py chunk_end), and in a step with one every layer attends through
+engine_proc/attention/masked.py, each image token seeing up to its image's last (key_limits).
+
 Qwen2-VL's rotary positions are 3-D over an image (its time, row and column in the grid) and the text after an
 image goes on from the largest of them, so a request's positions run `delta` (<= 0) behind its token count. The
 model's own get_rope_index gives a request's prompt positions once; its later tokens are at their index + delta on
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rill.engine_proc.attention.masked import row_order
 from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.images import MROPE_MODEL_TYPES, VISION_MODEL_TYPES, arrays_of
@@ -50,8 +55,9 @@ class _Features:
 class ImageEmbedder:
     """The input embeddings of a prompt step whose chunks hold image tokens."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-        self.model, self.device, self.dtype = model, device, dtype
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, decodes_first: bool) -> None:
+        """`decodes_first`: the step's rows in that order (the attention backend's; masked.py row_order)."""
+        self.model, self.device, self.dtype, self.decodes_first = model, device, dtype, decodes_first
         self.embed_tokens = model.get_input_embeddings()
         self._features: weakref.WeakKeyDictionary[EngineRequest, _Features] = weakref.WeakKeyDictionary()
         self.mrope = model.config.model_type in MROPE_MODEL_TYPES
@@ -66,7 +72,7 @@ class ImageEmbedder:
         if not self.mrope or all(s.req.params.images is None for s in batch.seqs):
             return None
         out = positions.expand(3, -1).clone()
-        for seq, row in _start_rows(batch):
+        for seq, row in _start_rows(batch, self.decodes_first):
             if seq.req.params.images is None:
                 continue
             rope, start, end = self._rope_of(seq.req), seq.start_pos, seq.start_pos + seq.num_new_tokens
@@ -83,6 +89,21 @@ class ImageEmbedder:
             rope = self._ropes[req] = _Rope(table[:, 0].to(self.device), int(delta.reshape(-1)[0]))
         return rope
 
+    def key_limits(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor | None:
+        """[tokens]: the last key position each row of the step sees, in the step's row order (masked.py's
+        row_order), where a prompt chunk holds an image whose tokens attend both ways (Gemma 3): an image token
+        sees its whole image (the scheduler put it in this chunk whole, request.py chunk_end), every other row
+        up to itself. None in a step without such an image."""
+        limits, row = None, 0
+        for seq in row_order(batch, self.decodes_first):
+            start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
+            for first, last in seq.req.image_runs:
+                if max(first, start) < min(last, end):
+                    limits = positions.clone() if limits is None else limits
+                    limits[row + max(first, start) - start:row + min(last, end) - start] = last - 1
+            row += seq.num_new_tokens
+        return limits
+
     @staticmethod
     def needed(batch: Batch) -> bool:
         return any(s.req.params.images is not None and s.start_pos < s.req.num_prompt_tokens for s in batch.seqs)
@@ -90,7 +111,7 @@ class ImageEmbedder:
     def __call__(self, batch: Batch, input_ids: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden]: the step's token embeddings, image tokens' rows replaced by their features."""
         embeds = self.embed_tokens(input_ids)
-        for seq, row in _start_rows(batch):
+        for seq, row in _start_rows(batch, self.decodes_first):
             req, images = seq.req, seq.req.params.images
             end = seq.start_pos + seq.num_new_tokens
             if images is None or seq.start_pos >= req.num_prompt_tokens:
@@ -125,14 +146,10 @@ class ImageEmbedder:
         return features
 
 
-def _start_rows(batch: Batch):
-    """(seq, its first row in the step's input ids): prepare_step's order, the decode rows first, then each
-    prompt chunk's rows in the batch's order (engine_proc/model/step_inputs.py)."""
-    decodes = [s for s in batch.seqs if s.num_new_tokens == 1]
-    row = len(decodes)
-    for i, seq in enumerate(decodes):
-        yield seq, i
-    for seq in batch.seqs:
-        if seq.num_new_tokens > 1:
-            yield seq, row
-            row += seq.num_new_tokens
+def _start_rows(batch: Batch, decodes_first: bool):
+    """(seq, its first row in the step's input ids): the backend's row order (masked.py row_order: the decode rows
+    first, then each prompt chunk's, or a flat backend's batch order)."""
+    row = 0
+    for seq in row_order(batch, decodes_first):
+        yield seq, row
+        row += seq.num_new_tokens

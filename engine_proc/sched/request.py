@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from rill.ipc.images import image_runs
 from rill.ipc.protocol import FinishReason, RequestTimings, SamplingParams
 
 
@@ -84,6 +86,22 @@ class EngineRequest:
         if self.params.prompt_logprobs is not None:
             limit = min(limit, self.num_prompt_scored // block_size)
         return limit
+
+    @functools.cached_property
+    def image_runs(self) -> list[tuple[int, int]]:
+        """[start, end) of each of its images' tokens in the prompt, where they attend both ways (Gemma 3); else []."""
+        images = self.params.images
+        return image_runs(self.prompt_ids, images.token_id) if images is not None and images.bidirectional else []
+
+    def chunk_end(self, start: int, budget: int) -> int:
+        """Where a step's chunk from `start` ends with `budget` tokens: at its last token or the budget's end, but
+        never inside an image whose tokens attend both ways, each seeing the whole image: that chunk ends where the
+        image starts, and is empty (ends at `start`) if the image starts at or before it."""
+        end = min(self.num_tokens, start + budget)
+        for first, last in self.image_runs:
+            if first < end < last:
+                return max(first, start)
+        return end
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Token ids [start, end) of prompt + output, without building the whole list."""

@@ -118,7 +118,11 @@ class Scheduler:
         num_tokens = req.num_tokens
         # Checked once here: a request that fits now always fits later, since update()
         # finishes a request before it grows past the cache or max_model_len.
-        if num_tokens == 0 or num_tokens > self.max_model_len or num_tokens > self._cache_len:
+        # An image whose tokens attend both ways goes into one step (request.py chunk_end): the launcher refuses a
+        # budget below one image's tokens, and this never lets one wait for ever.
+        longest_image = max((end - start for start, end in req.image_runs), default=0)
+        if (num_tokens == 0 or num_tokens > self.max_model_len or num_tokens > self._cache_len
+                or longest_image > self.max_num_batched_tokens):
             req.state = RequestState.FINISHED
             req.finish = FinishReason.ERROR
             self._errored_deltas.append(TokenDelta(req, [], FinishReason.ERROR))
@@ -176,12 +180,19 @@ class Scheduler:
             order.make_room(self._waiting.values(), self._running.values(), self._would_admit, self._preempt)
             running = order.best_first(self._running.values())
         num_live = len(running)  # running[num_live:] were preempted during this loop
-        did_preempt = False
+        did_preempt = cut_short = False
         i = 0
         while i < num_live and budget > 0:
             req = running[i]
             start_pos = req.num_computed_tokens
-            num_new_tokens = min(req.num_tokens - start_pos, budget)
+            num_new_tokens = req.chunk_end(start_pos, budget) - start_pos
+            if num_new_tokens < min(req.num_tokens - start_pos, budget):
+                # Its chunk stops before an image it must take whole (request.py): no one is admitted behind it,
+                # as when its chunk uses up the budget. An empty one waits for a step with room for the image.
+                cut_short = True
+                if not num_new_tokens:
+                    i += 1
+                    continue
             draft_ids = [] if self.speculator is None else self.speculator.drafts(
                 req, start_pos, budget, num_live, min(self.max_model_len, self._cache_len + 1))
             num_new_tokens += len(draft_ids)
@@ -206,7 +217,7 @@ class Scheduler:
 
         # Admit no one in a step that had to preempt: blocks are short, and the preempted
         # requests (now at the front) would only be readmitted to be preempted again.
-        if not did_preempt:
+        if not did_preempt and not cut_short:
             self._admit(seqs, budget)
         return Batch(seqs)
 
@@ -226,8 +237,10 @@ class Scheduler:
             # edge, in blocks of its own, never in a shared one.
             cached_ids = block_manager.find_cached_blocks(req, req.max_cached_blocks(block_size))
             num_cached_tokens = len(cached_ids) * block_size
-            num_new_tokens = min(req.num_tokens - num_cached_tokens, budget)
-            end_pos = num_cached_tokens + num_new_tokens
+            end_pos = req.chunk_end(num_cached_tokens, budget)
+            num_new_tokens = end_pos - num_cached_tokens
+            if not num_new_tokens:  # an image it must take whole (request.py) waits for a step with room for it
+                break
             # Cached blocks that sit free count against the free blocks like new ones.
             num_new_blocks = block_manager.num_blocks_to_admit(req, cached_ids, end_pos)
             # With nobody running there is nobody to starve, and a prompt the size of the
@@ -251,7 +264,8 @@ class Scheduler:
             req.state = _RUNNING
             running[req.req_id] = req
             seqs.append(ScheduledSeq(req, num_cached_tokens, num_new_tokens))
-            budget -= num_new_tokens
+            # A chunk cut short before an image takes the rest of the budget: it stays the last one mid-prompt.
+            budget = 0 if end_pos < min(req.num_tokens, num_cached_tokens + budget) else budget - num_new_tokens
 
     def _would_admit(self, req: EngineRequest) -> bool:
         """Would `req` get a seat and its first chunk's blocks now (the priority policy's question)?"""
@@ -259,7 +273,7 @@ class Scheduler:
         block_size = block_manager.block_size
         cached_ids = block_manager.find_cached_blocks(req, req.max_cached_blocks(block_size))
         start = len(cached_ids) * block_size
-        end_pos = start + min(req.num_tokens - start, self.max_num_batched_tokens)
+        end_pos = req.chunk_end(start, self.max_num_batched_tokens)
         reserved = self.watermark_blocks if self._running else 0
         return len(self._running) < self.max_num_seqs and block_manager.can_allocate(
             block_manager.num_blocks_to_admit(req, cached_ids, end_pos) + reserved)

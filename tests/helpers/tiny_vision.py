@@ -1,6 +1,7 @@
 """Tiny random vision-language models with the bundled model's tokenizer plus their image tokens, their processors
-saved beside them: a LLaVA (a CLIP vision tower, a projector, a Llama) and a Qwen2.5-VL (its windowed vision
-tower, 3-D rotary positions); their prompts as the server makes them; images as a client sends them."""
+saved beside them: a LLaVA (a CLIP vision tower, a projector, a Llama), a Qwen2.5-VL (its windowed vision tower,
+3-D rotary positions) and a Gemma 3 (image tokens that attend both ways); their prompts as the server makes them;
+images as a client sends them."""
 from __future__ import annotations
 
 import base64
@@ -12,17 +13,54 @@ import torch
 
 IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
-KINDS = ("llava", "qwen2_5_vl")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
+KINDS = ("llava", "qwen2_5_vl", "gemma3")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
 ROUTE_KINDS = (*KINDS, "qwen2_vl")
 PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>"}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+PROCESSOR_KINDS = ("llava", "gemma3")  # whose own processor expands the placeholder (the others' image processor)
 
 
 def save_tiny_vlm(kind: str, path: Path):
     if kind == "qwen2_vl":
         return save_tiny_qwen2_vl(path)
+    if kind == "gemma3":
+        return save_tiny_gemma3(path)
     return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
+
+
+def save_tiny_gemma3(path: Path):
+    """Gemma 3's shape, tiny: a SigLIP vision tower of 4 x 4 patches, its 16 features an image (pooled 1 x 1), and
+    a two-layer text model, one layer sliding over 24 tokens and one global, whose image tokens attend both ways
+    within each image (transformers' token_type_ids mask); its processor at 56 x 56 pixels."""
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessorPil,
+        Gemma3Processor,
+    )
+
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    # the tokens added by their names, which Gemma 3's processor asks for
+    tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model(), extra_special_tokens=GEMMA3_TOKENS)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in GEMMA3_TOKENS.items()}
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                sliding_window=24, layer_types=["sliding_attention", "full_attention"], bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)
+    vision = dict(model_type="siglip_vision_model", image_size=IMAGE_SIZE, patch_size=14, hidden_size=32,
+                  intermediate_size=48, num_hidden_layers=2, num_attention_heads=2)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS_PER_IMAGE,
+                          boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"],
+                          image_token_index=ids["image_token"], tie_word_embeddings=False)
+    model = _saved_wide(Gemma3ForConditionalGeneration, config, path)
+    tokenizer.save_pretrained(path)
+    Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
+                    tokenizer=tokenizer, image_seq_length=TOKENS_PER_IMAGE).save_pretrained(path)
+    return model
 
 
 def save_tiny_qwen2_vl(path: Path):
@@ -89,7 +127,7 @@ def vlm_prompt(kind: str, model_dir: Path, text: str, images: list) -> tuple[lis
     image token repeated once per merged 2 x 2 patch."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
-    if kind == "llava":
+    if kind in PROCESSOR_KINDS:
         out = AutoProcessor.from_pretrained(model_dir)(text=[text], images=images or None, return_tensors="np")
         return out["input_ids"][0].tolist(), {k: v for k, v in out.items() if k == "pixel_values"}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -103,11 +141,15 @@ def vlm_prompt(kind: str, model_dir: Path, text: str, images: list) -> tuple[lis
 
 
 def forward_kwargs(model, ids: list[int], arrays: dict) -> dict:
-    """The keywords of transformers' forward (or generate) over `ids` with `arrays`: the images' tensors and, for
-    Qwen, the image tokens' types, without which it takes 1-D positions (or the last call's offsets)."""
-    kwargs = {k: torch.from_numpy(v) for k, v in arrays.items()}
-    if arrays and model.config.model_type != "llava":
-        kwargs["mm_token_type_ids"] = (torch.tensor([ids]) == model.config.image_token_id).int()
+    """The keywords of transformers' forward (or generate) over `ids` with `arrays`: the images' tensors and the
+    image tokens' types: Qwen's, without which it takes 1-D positions (or the last call's offsets); Gemma 3's,
+    without which its image tokens attend causally."""
+    kwargs = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "num_crops"}
+    types = (torch.tensor([ids]) == model.config.image_token_id).int()
+    if arrays and model.config.model_type == "gemma3":
+        kwargs["token_type_ids"] = types
+    elif arrays and model.config.model_type != "llava":
+        kwargs["mm_token_type_ids"] = types
     return kwargs
 
 

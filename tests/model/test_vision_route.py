@@ -16,7 +16,8 @@ from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.sched.block_manager import BlockManager
 from rill.engine_proc.sched.request import EngineRequest
 from rill.engine_proc.sched.scheduler import Scheduler
-from rill.ipc.images import image_inputs
+from rill.engine_proc.sched.window_tables import window_tables_of
+from rill.ipc.images import BIDIRECTIONAL_MODEL_TYPES, image_inputs
 from rill.ipc.protocol import FinishReason, SamplingParams
 from tests.helpers.runners import make_runner
 from tests.helpers.tiny_vision import PLACEHOLDER, ROUTE_KINDS, forward_kwargs, image, save_tiny_vlm, vlm_prompt
@@ -62,13 +63,16 @@ def run(llava, arrivals: dict[str, int], *, num_blocks: int = 64, budget: int = 
                     mismatches.append(f"{seq.req.req_id} at {len(ids)}: {(row - expected).abs().max():.3g}")
         return logits
 
-    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching), max_num_seqs=8,
+    # Gemma 3's sliding layer: window tables of its own, as in the engine (main.py)
+    blocks = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching, window=window_tables_of(runner))
+    scheduler = Scheduler(blocks, max_num_seqs=8,
                           max_num_batched_tokens=budget, max_model_len=256, eos_token_ids=[2])
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
     reqs = {}
     for name in arrivals:
         ids, arrays = prompts[name]
-        images = image_inputs(arrays, hf.config.image_token_id) if arrays else None
+        bidirectional = hf.config.model_type in BIDIRECTIONAL_MODEL_TYPES
+        images = image_inputs(arrays, hf.config.image_token_id, bidirectional) if arrays else None
         # as the API worker salts it: the same text with other images is never a prefix hit
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, min_tokens=NEW_TOKENS, images=images,
                                 cache_salt=images.digest if images else b"")
@@ -115,8 +119,37 @@ def test_batched_requests_with_images_match_transformers(llava):
 
 
 def test_image_tokens_split_over_chunks_match_transformers(llava):
-    # 5 tokens a step: every image's 16 tokens in four chunks, beside other requests' decodes
-    run(llava, {"two": 0, "one": 1, "text": 3}, budget=5)
+    # 5 tokens a step: every image's 16 tokens in four chunks, beside other requests' decodes. Gemma 3's image
+    # tokens attend both ways: each image goes whole into a step of 20 tokens, the chunk before it cut short.
+    run(llava, {"two": 0, "one": 1, "text": 3}, budget=20 if _bidirectional(llava) else 5)
+
+
+def test_an_image_that_attends_both_ways_is_never_split(llava):
+    """Gemma 3: no prompt chunk ends inside an image, whatever the budget left beside the decodes."""
+    if not _bidirectional(llava):
+        pytest.skip("this family's image tokens attend causally: an image may be split")
+    chunks = []
+    schedule = Scheduler.schedule
+
+    def recorded(self):
+        batch = schedule(self)
+        chunks.extend((s.req.req_id, s.start_pos + s.num_new_tokens) for s in batch.seqs)
+        return batch
+
+    Scheduler.schedule = recorded
+    try:
+        reqs = run(llava, {"text": 0, "two": 1, "one": 2}, budget=19)
+    finally:
+        Scheduler.schedule = schedule
+    ends = {name: [end for req_id, end in chunks if req_id == name] for name in reqs}
+    for name in ("two", "one"):
+        runs = reqs[name].image_runs
+        assert runs and ends[name][0] < runs[-1][1]  # its prompt took more than one chunk
+        assert not [end for end in ends[name] for first, last in runs if first < end < last]
+
+
+def _bidirectional(llava) -> bool:
+    return llava[0].config.model_type in BIDIRECTIONAL_MODEL_TYPES
 
 
 def test_prefix_hit_ending_inside_an_image_matches_transformers(llava):
@@ -128,7 +161,7 @@ def test_prefix_hit_ending_inside_an_image_matches_transformers(llava):
 
 
 def test_preempted_request_recomputes_its_images(llava):
-    reqs = run(llava, {"two": 0, "one": 0, "text": 0}, num_blocks=12, caching=True)
+    reqs = run(llava, {"two": 0, "one": 0, "text": 0}, num_blocks=17 if _bidirectional(llava) else 12, caching=True)
     assert sum(r.num_preemptions for r in reqs.values()) > 0
 
 

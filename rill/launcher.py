@@ -21,7 +21,7 @@ import msgspec
 import zmq
 
 from rill.asgi.http.auth import API_KEY_ENV, KeyFileError, collect_api_keys, digest
-from rill.asgi.prompt.vision import model_type_of
+from rill.asgi.prompt.vision import model_type_of, whole_image_tokens
 from rill.asgi.state import SETTINGS_ENV, WorkerSettings
 from rill.asgi.stores.open import StoreURLError, check_url, describe
 from rill.chat_flags import log_tool_parser
@@ -179,6 +179,10 @@ def serve(args) -> int:
     if args.mm_processor_kwargs and model_type_of(model_dir) not in PIXEL_BUDGET_TYPES:
         log.error("--mm-processor-kwargs: %s is not a Qwen2-VL or Qwen2.5-VL model, whose pixel budget is all it sets",
                   model_id)
+        return 2
+    if (image_tokens := whole_image_tokens(model_dir)) > args.max_num_batched_tokens:
+        log.error("--max-num-batched-tokens %d: an image of %s is %d tokens that attend both ways, which one step must "
+                  "hold", args.max_num_batched_tokens, model_id, image_tokens)
         return 2
     paths = RunPaths.create(str(os.getpid()))
     config = config_from_args(args, model_dir, model_id)

@@ -43,6 +43,14 @@ def accepts_images(model_dir: Path) -> bool:
             and any((model_dir / name).exists() for name in PROCESSOR_FILES))
 
 
+def whole_image_tokens(model_dir: Path) -> int:
+    """The tokens of one image of a served family whose image tokens attend both ways (Gemma 3's 256), which one
+    engine step must hold (engine_proc/sched/request.py chunk_end); 0 for any other model."""
+    if model_type_of(model_dir) not in BIDIRECTIONAL_MODEL_TYPES or not accepts_images(model_dir):
+        return 0
+    return int(json.loads((model_dir / "config.json").read_text()).get("mm_tokens_per_image") or 256)
+
+
 class ImagePrompts:
     def __init__(self, model_dir: Path, max_images: int, tokenizer: Tokenizer,
                  pixel_budget: dict[str, int] | None = None) -> None:

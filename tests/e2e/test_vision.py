@@ -1,6 +1,6 @@
-"""End to end: images in chat completions (docs/vision.md), a tiny random LLaVA and Qwen2.5-VL served in float32.
-With the OpenAI SDK: the greedy tokens are transformers' own generate over the same prompt ids and the processor's
-pixels, for a PNG and for a JPEG beside it, whole and streamed; the same text with the same image is a prefix-cache
+"""End to end: images in chat completions (docs/vision.md), a tiny random LLaVA, Qwen2.5-VL and Gemma 3 served in
+float32. With the OpenAI SDK: the greedy tokens are transformers' own generate over the same prompt ids and the
+processor's pixels, for a PNG and for a JPEG beside it, whole and streamed; the same text with the same image is a prefix-cache
 hit and with another image is not; and every bad image is a 400 naming its part, the server serving on after."""
 from __future__ import annotations
 
@@ -230,3 +230,19 @@ def test_the_operators_pixel_budget_sets_a_qwen_images_tokens(servers, model_dir
             tokens, image_tokens)
     finally:
         stop_server(qwen)
+
+
+@pytest.mark.parametrize("text", ["<start_of_image>", "two <image_soft_token><image_soft_token>"])
+def test_gemma3s_image_tokens_typed_as_text_are_400s(servers, text):
+    resp = httpx.post(f"{servers['gemma3'].base_url}/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": ask(text, data_url(image(1))), "max_tokens": 1})
+    check_error(resp, 400, "messages")
+    assert "only an image_url part may" in resp.json()["error"]["message"]
+
+
+def test_a_step_too_small_for_a_gemma3_image_stops_the_start(model_dirs, tmp_path_factory):
+    """Gemma 3's image tokens attend both ways, so a step holds an image whole: a budget below its 16 tokens is
+    refused at start, exit status 2."""
+    srv = launch_server(tmp_path_factory, "--model", str(model_dirs["gemma3"]), "--max-num-batched-tokens", "15")
+    assert srv.proc.wait(120) == 2 and "is 16 tokens that attend both ways" in srv.log()
+    srv.stop()

@@ -1,8 +1,9 @@
-"""Images on the paged transformers route (engine_proc/model/hf_vision.py), a tiny random LLaVA and Qwen2.5-VL
-(3-D rotary positions): through the real scheduler, every sampled row's logits are transformers' own forward over
-the whole sequence with its images, with the images' tokens split over prompt chunks and mixed with other
-requests' decodes, after a prefix-cache hit that ends inside an image, after preemption, and (Qwen) in compiled
-decode steps, whose positions run behind the tokens' index."""
+"""Images on the paged transformers route (engine_proc/model/hf_vision.py), a tiny random LLaVA, Qwen2-VL,
+Qwen2.5-VL (3-D rotary positions) and Gemma 3 (image tokens that attend both ways): through the real scheduler,
+every sampled row's logits are transformers' own forward over the whole sequence with its images, with the images'
+tokens split over prompt chunks (Gemma 3's never: chunks cut short before them) and mixed with other requests'
+decodes, after a prefix-cache hit that ends inside an image, after preemption, and (Qwen) in compiled decode steps,
+whose positions run behind the tokens' index."""
 from __future__ import annotations
 
 import queue

@@ -36,7 +36,7 @@ class PagedStep:
     meta: AttentionMetadata
     batch: Batch
     positions: torch.Tensor  # [T] each row's position
-    longest: int  # a window at least this long masks nothing
+    longest: int  # the step's longest sequence, its chunk's end: a window at least this long masks nothing
     # A model with window tables: each sliding group's view of the step (window_view), group 1 first
     window_batches: list[Batch] = dataclasses.field(default_factory=list)
     window_metas: list[AttentionMetadata] = dataclasses.field(default_factory=list)

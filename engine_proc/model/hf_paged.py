@@ -204,7 +204,9 @@ class PagedTransformersRunner(SamplingRunner):
         if self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
-        step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, self.max_model_len)
+        # A window at least as long as the step's longest sequence masks nothing: its layers take the kernels
+        longest = max(s.start_pos + s.num_new_tokens for s in batch.seqs)
+        step = PagedStep(self.attention, self.kv_cache, meta, batch, positions, longest)
         if self.layer_window is not None:  # the same rows over each sliding group's window tables
             step.window_batches = [window_view(batch, j) for j in range(self.kv_cache.num_window_groups)]
             step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]

@@ -90,19 +90,7 @@ class ImageEmbedder:
         return rope
 
     def key_limits(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor | None:
-        """[tokens]: the last key position each row of the step sees, in the step's row order (masked.py's
-        row_order), where a prompt chunk holds an image whose tokens attend both ways (Gemma 3): an image token
-        sees its whole image (the scheduler put it in this chunk whole, request.py chunk_end), every other row
-        up to itself. None in a step without such an image."""
-        limits, row = None, 0
-        for seq in row_order(batch, self.decodes_first):
-            start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
-            for first, last in seq.req.image_runs:
-                if max(first, start) < min(last, end):
-                    limits = positions.clone() if limits is None else limits
-                    limits[row + max(first, start) - start:row + min(last, end) - start] = last - 1
-            row += seq.num_new_tokens
-        return limits
+        return key_limits(batch, positions, self.decodes_first)
 
     @staticmethod
     def needed(batch: Batch) -> bool:
@@ -144,6 +132,22 @@ class ImageEmbedder:
             raise ValueError(f"request {req.req_id}: {len(positions)} image tokens for {rows.shape[0]} feature rows")
         features = self._features[req] = _Features(rows, positions)
         return features
+
+
+def key_limits(batch: Batch, positions: torch.Tensor, decodes_first: bool) -> torch.Tensor | None:
+    """[tokens]: the last key position each row of the step sees, in the step's row order (masked.py's row_order),
+    where a prompt chunk holds an image whose tokens attend both ways (Gemma 3): an image token sees its whole
+    image (the scheduler put it in this chunk whole, request.py chunk_end), every other row up to itself. None in a
+    step without such an image."""
+    limits, row = None, 0
+    for seq in row_order(batch, decodes_first):
+        start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
+        for first, last in seq.req.image_runs:
+            if max(first, start) < min(last, end):
+                limits = positions.clone() if limits is None else limits
+                limits[row + max(first, start) - start:row + min(last, end) - start] = last - 1
+        row += seq.num_new_tokens
+    return limits
 
 
 def _start_rows(batch: Batch, decodes_first: bool):

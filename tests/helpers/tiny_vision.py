@@ -1,7 +1,7 @@
 """Tiny random vision-language models with the bundled model's tokenizer plus their image tokens, their processors
 saved beside them: a LLaVA (a CLIP vision tower, a projector, a Llama), a Qwen2.5-VL (its windowed vision tower,
-3-D rotary positions) and a Gemma 3 (image tokens that attend both ways); their prompts as the server makes them;
-images as a client sends them."""
+3-D rotary positions), a Gemma 3 (image tokens that attend both ways) and an Idefics3 (SmolVLM: images in tiles);
+their prompts as the server makes them; images as a client sends them."""
 from __future__ import annotations
 
 import base64
@@ -13,13 +13,16 @@ import torch
 
 IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
-KINDS = ("llava", "qwen2_5_vl", "gemma3")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
+KINDS = ("llava", "qwen2_5_vl", "gemma3", "idefics3")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
 ROUTE_KINDS = (*KINDS, "qwen2_vl")
 PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>"}
+               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>",
+               "idefics3": "<image>"}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-PROCESSOR_KINDS = ("llava", "gemma3")  # whose own processor expands the placeholder (the others' image processor)
+IDEFICS3_TOKENS = {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
+                   "global_image_token": "<global-img>"}
+PROCESSOR_KINDS = ("llava", "gemma3", "idefics3")  # whose own processor expands the placeholder (the others' image processor)
 
 
 def save_tiny_vlm(kind: str, path: Path):
@@ -27,6 +30,8 @@ def save_tiny_vlm(kind: str, path: Path):
         return save_tiny_qwen2_vl(path)
     if kind == "gemma3":
         return save_tiny_gemma3(path)
+    if kind == "idefics3":
+        return save_tiny_idefics3(path)
     return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
 
 
@@ -110,6 +115,36 @@ def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_
     return model
 
 
+def save_tiny_idefics3(path: Path):
+    """Idefics3's shape (SmolVLM's: the bundled model's vision sibling), tiny: a SigLIP tower of 4 x 4 patches of 14
+    whose features are shuffled 2 x 2 into 4 tokens a tile, a two-layer Llama; its processor splits an image into
+    tiles of 56 pixels (longest edge 112: up to 4 tiles and the whole image, each a tile of tokens)."""
+    from transformers import (
+        AutoTokenizer,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
+
+    from rill.engine_proc.model.bundled import ensure_bundled_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_bundled_model(), extra_special_tokens=IDEFICS3_TOKENS)
+    tokenizer.add_tokens([f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)], special_tokens=True)  # as SmolVLM's
+    text = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    vision = dict(image_size=IMAGE_SIZE, patch_size=14, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2)
+    config = Idefics3Config(text_config=text, vision_config=vision, scale_factor=2, tie_word_embeddings=False,
+                            image_token_id=tokenizer.convert_tokens_to_ids(IDEFICS3_TOKENS["image_token"]))
+    model = _saved_wide(Idefics3ForConditionalGeneration, config, path)
+    tokenizer.save_pretrained(path)
+    images = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE})
+    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4).save_pretrained(path)
+    return model
+
+
 def _saved_wide(model_class, config, path: Path):
     """The model of `config`, its weights drawn wide (seeded) so that images move the logits, saved at `path`."""
     torch.manual_seed(0)
@@ -148,7 +183,7 @@ def forward_kwargs(model, ids: list[int], arrays: dict) -> dict:
     types = (torch.tensor([ids]) == model.config.image_token_id).int()
     if arrays and model.config.model_type == "gemma3":
         kwargs["token_type_ids"] = types
-    elif arrays and model.config.model_type != "llava":
+    elif arrays and model.config.model_type in ("qwen2_vl", "qwen2_5_vl"):
         kwargs["mm_token_type_ids"] = types
     return kwargs
 

@@ -17,8 +17,8 @@ from rill.asgi.errors import APIError
 from rill.asgi.prompt.images import decode_image_url
 from rill.ipc.images import (
     BIDIRECTIONAL_MODEL_TYPES,
-    DEFAULT_MAX_PIXELS,
-    PIXEL_BUDGET_TYPES,
+    DEFAULT_MAX_IMAGE_TOKENS,
+    MROPE_MODEL_TYPES,
     VISION_MODEL_TYPES,
     ImageInputs,
     image_inputs,
@@ -27,7 +27,7 @@ from rill.ipc.images import (
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # the rest go to the engine
 # The families whose image processor alone is used: an image part's text, and the token it expands.
-GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in PIXEL_BUDGET_TYPES}
+GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in MROPE_MODEL_TYPES}
 
 
 def model_type_of(model_dir: Path) -> str | None:
@@ -71,10 +71,13 @@ class ImagePrompts:
         else:
             self.processor = None
             self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
-            # The directory's own budget unless the operator set one, its max_pixels at most DEFAULT_MAX_PIXELS
+            # The directory's own budget unless the operator set one, at most DEFAULT_MAX_IMAGE_TOKENS an image
+            # (Qwen2-VL's and Qwen2.5-VL's DEFAULT_MAX_PIXELS)
             budget = dict(pixel_budget or {})
-            if "max_pixels" not in budget and (self.image_processor.size.longest_edge or 0) > DEFAULT_MAX_PIXELS:
-                budget["max_pixels"] = DEFAULT_MAX_PIXELS
+            side = self.image_processor.patch_size * getattr(self.image_processor, "merge_size", 2)
+            most = DEFAULT_MAX_IMAGE_TOKENS * side * side
+            if "max_pixels" not in budget and (self.image_processor.size.longest_edge or 0) > most:
+                budget["max_pixels"] = most
             if budget:
                 self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True, **budget)
             self.placeholder, self.image_token = family

@@ -213,8 +213,8 @@ class PagedTransformersRunner(SamplingRunner):
         with step_context(step):
             if self.images is not None:  # a vision model (hf_vision.py): images' features, 3-D rotary positions
                 step.key_limits = self.images.key_limits(batch, positions)
-                embeds = self.images(batch, input_ids) if self.images.needed(batch) else None
-                return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, embeds,
+                inputs = self.images(batch, input_ids) if self.images.needed(batch) else None
+                return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, inputs,
                                            self.images.positions(batch, positions))
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
 
@@ -230,12 +230,12 @@ class LogitsForward(torch.nn.Module):
         super().__init__()
         self.model, self.attention, self.config, self.final_soft_cap = model, attention, model.config, final_soft_cap
 
-    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, inputs_embeds=None,
+    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, image_inputs=None,
                 rope_positions=None) -> torch.Tensor:
-        """`inputs_embeds` [tokens, hidden]: the step's input embeddings, in place of its ids'; `rope_positions`
-        [3, tokens]: a 3-D rotary model's positions, in place of `positions` (hf_vision.py)."""
-        tokens = {"input_ids": input_ids.unsqueeze(0)} if inputs_embeds is None \
-            else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
+        """`image_inputs`: the forward's keywords for a step with images, in place of its ids (hf_vision.py: the input
+        embeddings, or a DeepStack model's ids and image outputs); `rope_positions` [3, tokens]: a 3-D rotary
+        model's positions, in place of `positions`."""
+        tokens = image_inputs or {"input_ids": input_ids.unsqueeze(0)}
         position_ids = positions.unsqueeze(0) if rope_positions is None else rope_positions.unsqueeze(1)
         out = self.model(**tokens, position_ids=position_ids, use_cache=False,
                          logits_to_keep=logits_indices, rill_graph=graph_meta)

@@ -48,12 +48,14 @@ class _Rope:
 
 @dataclass(eq=False)
 class _Features:
-    rows: torch.Tensor  # [image tokens, hidden]: every image's features in the prompt's order
+    # [image tokens, hidden] each: every image's features in the prompt's order, then a DeepStack model's features
+    # for its first layers' hidden states (Qwen3-VL), one per layer
+    rows: list[torch.Tensor]
     positions: list[int]  # the prompt positions of its image tokens, ascending
 
 
 class ImageEmbedder:
-    """The input embeddings of a prompt step whose chunks hold image tokens."""
+    """The inputs of a prompt step whose chunks hold image tokens: their features in place of their embeddings."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, decodes_first: bool) -> None:
         """`decodes_first`: the step's rows in that order (the attention backend's; masked.py row_order)."""
@@ -61,6 +63,8 @@ class ImageEmbedder:
         self.embed_tokens = model.get_input_embeddings()
         self._features: weakref.WeakKeyDictionary[EngineRequest, _Features] = weakref.WeakKeyDictionary()
         self.mrope = model.config.model_type in MROPE_MODEL_TYPES
+        # Qwen3-VL adds features of its vision tower's middle layers to its first layers' hidden states (DeepStack)
+        self.deepstack = bool(getattr(getattr(model.config, "vision_config", None), "deepstack_visual_indexes", None))
         self._ropes: weakref.WeakKeyDictionary[EngineRequest, _Rope] = weakref.WeakKeyDictionary()
 
     def rope_offset(self, req: EngineRequest) -> int:
@@ -96,9 +100,12 @@ class ImageEmbedder:
     def needed(batch: Batch) -> bool:
         return any(s.req.params.images is not None and s.start_pos < s.req.num_prompt_tokens for s in batch.seqs)
 
-    def __call__(self, batch: Batch, input_ids: torch.Tensor) -> torch.Tensor:
-        """[tokens, hidden]: the step's token embeddings, image tokens' rows replaced by their features."""
-        embeds = self.embed_tokens(input_ids)
+    def __call__(self, batch: Batch, input_ids: torch.Tensor) -> dict:
+        """The forward's keywords for the step's tokens, in place of its ids: their input embeddings, image tokens'
+        rows replaced by their features; for a DeepStack model (Qwen3-VL), the ids and the features of the step's
+        image tokens in their order as the model's own image outputs, which its forward puts in place and adds to
+        its first layers' hidden states."""
+        pieces = []  # (the image tokens' rows in the step, their rows of each of _Features.rows)
         for seq, row in _start_rows(batch, self.decodes_first):
             req, images = seq.req, seq.req.params.images
             end = seq.start_pos + seq.num_new_tokens
@@ -110,11 +117,20 @@ class ImageEmbedder:
                 continue
             features = self._features_of(req)
             first = bisect.bisect_left(features.positions, seq.start_pos)
-            rows = torch.as_tensor(offsets + row, device=embeds.device)
-            embeds[rows] = features.rows[first:first + len(offsets)].to(embeds.dtype)
+            pieces.append((offsets + row, [rows[first:first + len(offsets)] for rows in features.rows]))
             if end > features.positions[-1]:  # past its last image token: not needed again
                 del self._features[req]
-        return embeds
+        if self.deepstack:
+            inputs = {"input_ids": input_ids.unsqueeze(0)}
+            if pieces:
+                layers = [torch.cat([rows[i] for _, rows in pieces]) for i in range(len(pieces[0][1]))]
+                outputs = self._output_class(pooler_output=[layers[0]], deepstack_features=[[r] for r in layers[1:]])
+                inputs["mm_encoder_outputs"] = {"image": outputs}
+            return inputs
+        embeds = self.embed_tokens(input_ids)
+        for offsets, rows in pieces:
+            embeds[torch.as_tensor(offsets, device=embeds.device)] = rows[0].to(embeds.dtype)
+        return {"inputs_embeds": embeds.unsqueeze(0)}
 
     def _features_of(self, req: EngineRequest) -> _Features:
         if (features := self._features.get(req)) is not None:
@@ -124,14 +140,21 @@ class ImageEmbedder:
         if "pixel_values" in kwargs:
             kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
         out = self.model.get_image_features(**kwargs)
-        out = getattr(out, "pooler_output", out)  # transformers 5 answers a model output
-        rows = torch.cat([f.reshape(-1, f.shape[-1]) for f in out]) if isinstance(out, (list, tuple)) \
-            else out.reshape(-1, out.shape[-1])
+        self._output_class = type(out)  # a DeepStack model's image outputs are given back to its forward as such
+        rows = [_rows(getattr(out, "pooler_output", out))]  # transformers 5 answers a model output
+        rows += [_rows(layer) for layer in getattr(out, "deepstack_features", None) or ()]
         positions = np.flatnonzero(np.asarray(req.prompt_ids) == images.token_id).tolist()
-        if len(positions) != rows.shape[0]:  # the worker's processor and this model disagree
-            raise ValueError(f"request {req.req_id}: {len(positions)} image tokens for {rows.shape[0]} feature rows")
+        if len(positions) != rows[0].shape[0]:  # the worker's processor and this model disagree
+            raise ValueError(f"request {req.req_id}: {len(positions)} image tokens for {rows[0].shape[0]} feature rows")
         features = self._features[req] = _Features(rows, positions)
         return features
+
+
+def _rows(out) -> torch.Tensor:
+    """[image tokens, hidden]: features as get_image_features answers them, one tensor or one per image."""
+    if isinstance(out, (list, tuple)):
+        return torch.cat([f.reshape(-1, f.shape[-1]) for f in out])
+    return out.reshape(-1, out.shape[-1])
 
 
 def key_limits(batch: Batch, positions: torch.Tensor, decodes_first: bool) -> torch.Tensor | None:

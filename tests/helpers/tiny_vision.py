@@ -13,11 +13,12 @@ import torch
 
 IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
-KINDS = ("llava", "qwen2_5_vl", "gemma3", "idefics3")  # served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
+# served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
+KINDS = ("llava", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3")
 ROUTE_KINDS = (*KINDS, "qwen2_vl")
-PLACEHOLDER = {"llava": "<image>", "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-               "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>",
-               "idefics3": "<image>"}
+QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+PLACEHOLDER = {"llava": "<image>", "gemma3": "<start_of_image>", "idefics3": "<image>",
+               **{kind: "<|vision_start|><|image_pad|><|vision_end|>" for kind in QWEN_KINDS}}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 IDEFICS3_TOKENS = {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
@@ -32,6 +33,8 @@ def save_tiny_vlm(kind: str, path: Path):
         return save_tiny_gemma3(path)
     if kind == "idefics3":
         return save_tiny_idefics3(path)
+    if kind == "qwen3_vl":
+        return save_tiny_qwen3_vl(path)
     return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
 
 
@@ -90,9 +93,22 @@ def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
     return _save_tiny_qwen(Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, vision, path, hidden_size)
 
 
-def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_size: int):
+def save_tiny_qwen3_vl(path: Path):
+    """Qwen3-VL's shape, tiny: two vision blocks over patches of 16 merged 2 x 2, the first block's features added to
+    the text model's first layer's hidden states (DeepStack), interleaved 3-D rotary sections; images scaled to
+    128 x 128 pixels, 16 tokens each."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    return _save_tiny_qwen(Qwen3VLConfig, Qwen3VLForConditionalGeneration, vision, path, 64, patch=16,
+                           rope={"mrope_interleaved": True}, text={"head_dim": 16})
+
+
+def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_size: int, patch: int = 14,
+                    rope: dict | None = None, text: dict | None = None):
     """A tiny Qwen-VL of `vision`'s tower: the bundled tokenizer with Qwen's vision tokens, a two-layer text model
-    with 3-D rotary sections, its image processor at 112 x 112 pixels."""
+    with 3-D rotary sections, its image processor at 8 x 8 patches (112 x 112 pixels at Qwen2's 14)."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
     from rill.engine_proc.model.bundled import ensure_bundled_model
@@ -104,13 +120,15 @@ def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_
     text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
                 eos_token_id=2, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections})
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections, **(rope or {})},
+                **(text or {}))
     config = config_class(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                           vision_end_token_id=ids["<|vision_end|>"])
     model = _saved_wide(model_class, config, path)
     tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessorPil(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
+    side = 8 * patch
+    Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side, patch_size=patch, merge_size=2,
                              temporal_patch_size=2).save_pretrained(path)
     return model
 
@@ -183,7 +201,7 @@ def forward_kwargs(model, ids: list[int], arrays: dict) -> dict:
     types = (torch.tensor([ids]) == model.config.image_token_id).int()
     if arrays and model.config.model_type == "gemma3":
         kwargs["token_type_ids"] = types
-    elif arrays and model.config.model_type in ("qwen2_vl", "qwen2_5_vl"):
+    elif arrays and model.config.model_type in QWEN_KINDS:
         kwargs["mm_token_type_ids"] = types
     return kwargs
 

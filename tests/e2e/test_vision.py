@@ -1,8 +1,8 @@
-"""End to end: images in chat completions (docs/vision.md), a tiny random LLaVA, Qwen2.5-VL, Gemma 3 and Idefics3
-served in float32. With the OpenAI SDK: the greedy tokens are transformers' own generate over the same prompt ids and
-the processor's pixels, for a PNG and for a JPEG beside it, whole and streamed; the same text with the same image is a
-prefix-cache hit and with another image is not; and every bad image is a 400 naming its part, the server serving on
-after."""
+"""End to end: images in chat completions (docs/vision.md), a tiny random LLaVA, Qwen2.5-VL and Gemma 3 served in
+float32 (the other families' prompts are checked in tests/model/test_vision_route.py). With the OpenAI SDK: the greedy
+tokens are transformers' own generate over the same prompt ids and the processor's pixels, for a PNG and for a JPEG
+beside it, whole and streamed; the same text with the same image is a prefix-cache hit and with another image is
+not; and every bad image is a 400 naming its part, the server serving on after."""
 from __future__ import annotations
 
 import base64

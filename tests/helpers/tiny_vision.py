@@ -13,9 +13,10 @@ import torch
 
 IMAGE_SIZE = 56  # LLaVA's: 4 x 4 patches of 14, 16 image tokens an image
 TOKENS_PER_IMAGE = 16
-# served end to end; the model tests add Qwen2-VL (ROUTE_KINDS)
-KINDS = ("llava", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3")
-ROUTE_KINDS = (*KINDS, "qwen2_vl")
+# Served end to end: one of each way of prompting (a processor, Qwen's grid, images that attend both ways). The
+# model tests take every family (ROUTE_KINDS), the API worker's side too.
+KINDS = ("llava", "qwen2_5_vl", "gemma3")
+ROUTE_KINDS = (*KINDS, "qwen2_vl", "qwen3_vl", "idefics3")
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 PLACEHOLDER = {"llava": "<image>", "gemma3": "<start_of_image>", "idefics3": "<image>",
                **{kind: "<|vision_start|><|image_pad|><|vision_end|>" for kind in QWEN_KINDS}}
@@ -93,16 +94,17 @@ def save_tiny_qwen2_5_vl(path: Path, hidden_size: int = 64):
     return _save_tiny_qwen(Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, vision, path, hidden_size)
 
 
-def save_tiny_qwen3_vl(path: Path):
+def save_tiny_qwen3_vl(path: Path, hidden_size: int = 64):
     """Qwen3-VL's shape, tiny: two vision blocks over patches of 16 merged 2 x 2, the first block's features added to
     the text model's first layer's hidden states (DeepStack), interleaved 3-D rotary sections; images scaled to
-    128 x 128 pixels, 16 tokens each."""
+    128 x 128 pixels, 16 tokens each. `hidden_size` 256: heads of 64, as save_tiny_qwen2_5_vl's."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
-    return _save_tiny_qwen(Qwen3VLConfig, Qwen3VLForConditionalGeneration, vision, path, 64, patch=16,
-                           rope={"mrope_interleaved": True}, text={"head_dim": 16})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=hidden_size,
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0])
+    return _save_tiny_qwen(Qwen3VLConfig, Qwen3VLForConditionalGeneration, vision, path, hidden_size, patch=16,
+                           rope={"mrope_interleaved": True}, text={"head_dim": hidden_size // 4})
 
 
 def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_size: int, patch: int = 14,

@@ -26,6 +26,7 @@ from tests.helpers.tiny_vision import PLACEHOLDER, ROUTE_KINDS, forward_kwargs, 
 BLOCK_SIZE = 8
 NEW_TOKENS = 6
 PREEMPTING = {"gemma3": (17, NEW_TOKENS), "idefics3": (15, 14)}  # (blocks, new tokens); the others' (12, 6)
+MODEL_DIRS = {}  # kind: its tiny model's directory, as the llava fixture saved it
 TEXTS = {  # name: (prompt text, image seeds); {} an image's placeholder
     "two": ("A picture {} and another {} compared:", (1, 2)),
     "one": ("Describe {} briefly.", (3,)),
@@ -46,6 +47,7 @@ def llava(request, tmp_path_factory):
                                    [image(seed, width=40 + 8 * seed) for seed in seeds])
     runner = make_runner(model_dir, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[2])
+    MODEL_DIRS[kind] = model_dir
     return hf, runner, prompts
 
 
@@ -106,6 +108,32 @@ def test_prompts_hold_one_image_token_per_feature_row(llava):
             features = hf.get_image_features(**{k: torch.from_numpy(v) for k, v in arrays.items()})
             rows = sum(f.shape[0] for f in getattr(features, "pooler_output", features))
         assert ids.count(hf.config.image_token_id) == rows > 0 or not arrays
+
+
+def test_the_api_workers_prompts_are_the_processors(llava):
+    """asgi/prompt/vision.py, the API worker's side, for every family (those not served end to end too): the prompt
+    ids and image tensors it sends from images as a client sends them (PNG data URLs) are what the family's processor
+    makes of the pixels, and they say what the engine reads: the image token, and whether it attends both ways."""
+    import asyncio
+
+    from tokenizers import Tokenizer
+
+    from rill.asgi.prompt.vision import ImagePrompts
+    from rill.ipc.images import arrays_of
+    from tests.helpers.tiny_vision import data_url
+
+    hf, _, prompts = llava
+    kind = _kind(llava)
+    worker = ImagePrompts(MODEL_DIRS[kind], 8, Tokenizer.from_file(str(MODEL_DIRS[kind] / "tokenizer.json")))
+    text, seeds = TEXTS["two"]
+    urls = [(data_url(image(seed, width=40 + 8 * seed)), f"messages[0].content[{seed}]") for seed in seeds]
+    ids, images = asyncio.run(worker.encode(text.format(*[PLACEHOLDER[kind]] * len(seeds)), urls, True))
+    expected_ids, expected_arrays = prompts["two"]
+    assert ids == expected_ids
+    arrays = arrays_of(images)
+    assert set(expected_arrays) <= set(arrays)
+    assert all(np.array_equal(arrays[name], array) for name, array in expected_arrays.items())
+    assert (images.token_id, images.bidirectional) == (hf.config.image_token_id, _bidirectional(llava))
 
 
 def test_batched_requests_with_images_match_transformers(llava):
@@ -175,13 +203,14 @@ def test_preempted_request_recomputes_its_images(llava):
     assert sum(r.num_preemptions for r in reqs.values()) > 0
 
 
-def test_compiled_decode_steps_take_positions_behind_the_index(tmp_path):
-    """Qwen2.5-VL's tokens after an image sit at their index + delta (< 0): the compiled decode steps' positions
-    are offset so (decode_graphs.py's rope_offset), their slots not."""
-    from tests.helpers.tiny_vision import save_tiny_qwen2_5_vl
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_compiled_decode_steps_take_positions_behind_the_index(tmp_path, kind):
+    """Qwen2.5-VL's and Qwen3-VL's tokens after an image sit at their index + delta (< 0): the compiled decode
+    steps' positions are offset so (decode_graphs.py's rope_offset), their slots not."""
+    from tests.helpers.tiny_vision import save_tiny_qwen2_5_vl, save_tiny_qwen3_vl
 
-    hf = save_tiny_qwen2_5_vl(tmp_path, hidden_size=256)
-    prompts = {name: vlm_prompt("qwen2_5_vl", tmp_path, text.format(*[PLACEHOLDER["qwen2_5_vl"]] * len(seeds)),
+    hf = (save_tiny_qwen2_5_vl if kind == "qwen2_5_vl" else save_tiny_qwen3_vl)(tmp_path, hidden_size=256)
+    prompts = {name: vlm_prompt(kind, tmp_path, text.format(*[PLACEHOLDER[kind]] * len(seeds)),
                                 [image(seed, width=40 + 8 * seed) for seed in seeds])
                for name, (text, seeds) in TEXTS.items()}
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,

@@ -1,5 +1,6 @@
 """A Qwen2.5-VL directory's image processor is capped at DEFAULT_MAX_PIXELS (its own config allows 12.8M pixels: 16K
-tokens an image); a smaller setting is kept; --mm-processor-kwargs' budget wins over both."""
+tokens an image), a Qwen3-VL's at as many tokens; a smaller setting is kept; --mm-processor-kwargs' budget wins over
+both."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models
 
 from rill.asgi.prompt.vision import ImagePrompts
-from rill.ipc.images import DEFAULT_MAX_PIXELS
+from rill.ipc.images import DEFAULT_MAX_IMAGE_TOKENS, DEFAULT_MAX_PIXELS
 from tests.helpers.tiny_vision import image
 
 QWEN_PROCESSOR = {"min_pixels": 3136, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
@@ -16,11 +17,12 @@ QWEN_PROCESSOR = {"min_pixels": 3136, "patch_size": 14, "temporal_patch_size": 2
                   "image_processor_type": "Qwen2VLImageProcessor"}
 
 
-def grid_of(model_dir, max_pixels, budget=None, width=4000, height=3000):
-    """The merged grid [t, h, w] of one photo, through the ImagePrompts of a Qwen2.5-VL directory whose own
-    max_pixels is `max_pixels`, with --mm-processor-kwargs' `budget`."""
-    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    (model_dir / "preprocessor_config.json").write_text(json.dumps({**QWEN_PROCESSOR, "max_pixels": max_pixels}))
+def grid_of(model_dir, max_pixels, budget=None, width=4000, height=3000, model_type="qwen2_5_vl", patch_size=14):
+    """The merged grid [t, h, w] of one photo, through the ImagePrompts of a Qwen2.5-VL (or `model_type`) directory
+    whose own max_pixels is `max_pixels`, with --mm-processor-kwargs' `budget`."""
+    (model_dir / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (model_dir / "preprocessor_config.json").write_text(json.dumps({**QWEN_PROCESSOR, "max_pixels": max_pixels,
+                                                                     "patch_size": patch_size}))
     tokenizer = Tokenizer(models.WordLevel({"<|image_pad|>": 0, "[UNK]": 1}, unk_token="[UNK]"))
     prompts = ImagePrompts(model_dir, 8, tokenizer, budget)
     return prompts.image_processor([image(1, width=width, height=height)], return_tensors="np")["image_grid_thw"][0]
@@ -31,6 +33,18 @@ def test_qwen_images_are_scaled_to_the_cap(tmp_path, max_pixels, tokens):
     grid = grid_of(tmp_path, max_pixels)
     assert grid.prod() // 4 <= tokens and grid.prod() * 14 * 14 <= min(max_pixels, DEFAULT_MAX_PIXELS)
     assert grid.prod() // 4 > tokens // 2  # scaled to the cap, not far below it
+
+
+def test_qwen3_vl_images_are_scaled_to_as_many_tokens():
+    """Qwen3-VL's patches are 16 pixels a side (merged 2 x 2: 32): its cap is DEFAULT_MAX_IMAGE_TOKENS tokens too,
+    more pixels than Qwen2's."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = grid_of(Path(tmp), 16777216, model_type="qwen3_vl", patch_size=16)
+    assert DEFAULT_MAX_IMAGE_TOKENS // 2 < grid.prod() // 4 <= DEFAULT_MAX_IMAGE_TOKENS
+    assert grid.prod() * 16 * 16 > DEFAULT_MAX_PIXELS  # more pixels than Qwen2's cap at as many tokens
 
 
 @pytest.mark.parametrize("budget,tokens", [({"max_pixels": 2560 * 28 * 28}, 2560), ({"max_pixels": 224 * 224}, 64)])

@@ -51,12 +51,12 @@ def image_runs(prompt_ids: list[int], token_id: int) -> list[tuple[int, int]]:
 
 # Families whose images are served: one image token per feature row. Each is checked against transformers' forward
 # (tests/model/test_vision_route.py).
-VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3")
+VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "idefics3")
 # Of them, those whose image tokens attend both ways within each image (Gemma 3's token_type_ids mask); the others'
 # mask is causal over the images too.
 BIDIRECTIONAL_MODEL_TYPES = ("gemma3",)
 # Of them, those whose rotary positions are 3-D (time, height, width) over an image (engine_proc/model/hf_vision.py)
-MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 # Qwen2-VL's and Qwen2.5-VL's image processors scale an image to a budget of pixels (--mm-processor-kwargs'
 # min_pixels and max_pixels): patches of 14 merged 2 x 2, so at least one merged patch of 28 x 28 and at most the
 # models' own bound, 16,384 of them; 1,280 of them unless the operator says otherwise (Qwen's suggested

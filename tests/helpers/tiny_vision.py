@@ -16,8 +16,8 @@ TOKENS_PER_IMAGE = 16
 # Served end to end: one of each way of prompting (a processor, Qwen's grid, images that attend both ways). The
 # model tests take every family (ROUTE_KINDS), the API worker's side too.
 KINDS = ("llava", "qwen2_5_vl", "gemma3")
-ROUTE_KINDS = (*KINDS, "qwen2_vl", "qwen3_vl", "idefics3")
-QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+ROUTE_KINDS = (*KINDS, "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3")
+QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 PLACEHOLDER = {"llava": "<image>", "gemma3": "<start_of_image>", "idefics3": "<image>",
                **{kind: "<|vision_start|><|image_pad|><|vision_end|>" for kind in QWEN_KINDS}}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
@@ -36,6 +36,8 @@ def save_tiny_vlm(kind: str, path: Path):
         return save_tiny_idefics3(path)
     if kind == "qwen3_vl":
         return save_tiny_qwen3_vl(path)
+    if kind == "qwen3_vl_moe":
+        return save_tiny_qwen3_vl_moe(path)
     return save_tiny_llava(path) if kind == "llava" else save_tiny_qwen2_5_vl(path)
 
 
@@ -105,6 +107,19 @@ def save_tiny_qwen3_vl(path: Path, hidden_size: int = 64):
                   deepstack_visual_indexes=[0])
     return _save_tiny_qwen(Qwen3VLConfig, Qwen3VLForConditionalGeneration, vision, path, hidden_size, patch=16,
                            rope={"mrope_interleaved": True}, text={"head_dim": hidden_size // 4})
+
+
+def save_tiny_qwen3_vl_moe(path: Path):
+    """Qwen3-VL's mixture of experts (Qwen3-VL-30B-A3B's shape, tiny): save_tiny_qwen3_vl's, each text layer's MLP 4
+    experts of which 2 are routed to."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    return _save_tiny_qwen(Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration, vision, path, 64, patch=16,
+                           rope={"mrope_interleaved": True},
+                           text={"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                 "decoder_sparse_step": 1})
 
 
 def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_size: int, patch: int = 14,

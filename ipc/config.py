@@ -127,6 +127,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     trust_request_chat_template: bool = False
     default_chat_template_kwargs: dict[str, Any] = {}  # under each request's own chat_template_kwargs
     max_images_per_prompt: int = 8  # --limit-mm-per-prompt: a vision model's images per chat request
+    max_logprobs: int = 20  # --max-logprobs: most top logprobs a request asks per token; -1 the vocabulary's
     mm_processor_kwargs: dict[str, int] = {}  # --mm-processor-kwargs: a Qwen-VL image processor's pixel budget
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False

@@ -114,6 +114,9 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                        help="where the bundled model is converted once (default $RILL_CACHE or ~/.cache/rill)")
     engine = ap.add_argument_group("engine")
     engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    engine.add_argument("--max-logprobs", type=_logprobs_count, default=20,
+                        help="most top logprobs a request may ask for a token (top_logprobs, logprobs, prompt_logprobs, "
+                             "n_probs), as vLLM's: -1 the whole vocabulary")
     engine.add_argument("--kv-cache-memory", type=byte_size, default="1GiB", help="KV cache size on CPU")
     add_kv_cache_dtype_flag(engine)
     engine.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
@@ -168,6 +171,12 @@ def serve_parser(sub) -> argparse.ArgumentParser:
 def _positive_int(text: str) -> int:
     if not (text.isdigit() and int(text) >= 1):
         raise argparse.ArgumentTypeError(f"not a whole number >= 1: {text!r}")
+    return int(text)
+
+
+def _logprobs_count(text: str) -> int:
+    if not re.fullmatch(r"-1|[0-9]{1,7}", text):
+        raise argparse.ArgumentTypeError(f"not a whole number >= -1: {text!r}")
     return int(text)
 
 

@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         chat_template=args.chat_template, trust_request_chat_template=args.trust_request_chat_template,
         generation_config=args.generation_config, override_generation_config=args.override_generation_config,
         default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs),
-        max_images_per_prompt=images_per_prompt(args.limit_mm_per_prompt),
+        max_images_per_prompt=images_per_prompt(args.limit_mm_per_prompt), max_logprobs=args.max_logprobs,
         mm_processor_kwargs=processor_kwargs(args.mm_processor_kwargs),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser, protect_metrics=args.protect_metrics,

@@ -33,7 +33,7 @@ from tests.helpers.file_order import (  # noqa: E402
     write_shared_files,
 )
 from tests.helpers.redis_server import redis_server  # noqa: E402, F401 (a fixture)
-from tests.helpers.server import TINY_MODEL, sdk_client, start_server, stop_server  # noqa: E402
+from tests.helpers.server import TINY_MAX_LOGPROBS, TINY_MODEL, sdk_client, start_server, stop_server  # noqa: E402
 
 # Every process this session starts inherits this mark (servers, engines, workers, ranks, their
 # helpers), so the end of the session can find any of them still running: see pytest_sessionfinish.
@@ -107,13 +107,14 @@ def server(model_dir, tmp_path_factory):
 def tiny_server(model_dir, tmp_path_factory):
     """The hardening suite's server: bench's tiny random-weight model (each step costs almost
     nothing, so what is under test is the serving stack) behind two API workers, with a 12 MiB
-    body limit (a 10 MB string fits, 13 MB does not) and a 64 MiB KV cache."""
+    body limit (a 10 MB string fits, 13 MB does not), a 64 MiB KV cache and 40 top logprobs a
+    token at most (TINY_MAX_LOGPROBS, not the default 20)."""
     from rill.bench.serving.tiny_model import write_tiny_model
 
     tiny = write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     srv = start_server(tmp_path_factory, "--model", str(tiny), "--load-format", "dummy", "--served-model-name",
                        TINY_MODEL, "--max-model-len", "256", "--workers", "2", "--kv-cache-memory", "64MiB",
-                       "--max-request-body", "12MiB")
+                       "--max-request-body", "12MiB", "--max-logprobs", str(TINY_MAX_LOGPROBS))
     yield srv
     stop_server(srv)
 

@@ -36,8 +36,12 @@ MAX_CHAT_TEMPLATE_LEN = 256 * 1024  # a request's own chat template (real ones a
 # 10,000 (289 KB) 36 s.
 MAX_CONSTRAINT_LEN = 64 * 1024
 MAX_LORA_PATH_LEN = 4096  # PATH_MAX
+# Top logprobs a token: the server's --max-logprobs (20, vLLM's default; sampling.py checks it) is the real bound,
+# this one only what a body may spell (no vocabulary is as large).
+MAX_LOGPROBS_FIELD = 1 << 20
 
 Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
+LogprobsCount = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS_FIELD)]
 StopString = Annotated[str, Meta(max_length=MAX_STOP_LEN)]
 # vLLM's truncate_prompt_tokens: -1 (the context length) or k; 0 and k past the context refused in
 # asgi/prompt/truncation.py, where the context length is known

@@ -69,7 +69,8 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                              max_model_len=state.settings.limits.max_model_len, prompt_param=prompt_param,
                              vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
                              max_tokens_param=max_tokens_param, prompt_logprobs=prompt_logprobs,
-                             defaults=state.sampling_defaults, tokenizer=state.tokenizer)
+                             defaults=state.sampling_defaults, tokenizer=state.tokenizer,
+                             max_logprobs=http.max_logprobs, logprobs_param="top_logprobs")
     params.lora = lora
     params.images = images
     params.priority = request_priority(chat.priority, state.settings.limits)

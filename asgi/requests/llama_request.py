@@ -13,12 +13,10 @@ import msgspec
 from msgspec import Meta
 
 from rill.asgi.errors import unsupported
-from rill.asgi.requests.bounds import MAX_CONSTRAINT_LEN, MAX_STOP, StopString
+from rill.asgi.requests.bounds import MAX_CONSTRAINT_LEN, MAX_STOP, LogprobsCount, StopString
 from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import INT64_MAX, INT64_MIN, CompletionRequest, Penalty
-
-MAX_TOP_LOGPROBS = 20  # as chat's top_logprobs and vLLM's --max-logprobs default
 
 
 class LlamaSampling(msgspec.Struct, kw_only=True):
@@ -37,7 +35,7 @@ class LlamaSampling(msgspec.Struct, kw_only=True):
     stream: bool = False
     json_schema: Any = None  # the output follows this JSON schema (asgi/requests/structured.py checks it)
     grammar: Annotated[str, Meta(max_length=MAX_CONSTRAINT_LEN)] | None = None  # GBNF, as xgrammar reads it
-    n_probs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] = 0
+    n_probs: LogprobsCount = 0  # at most --max-logprobs (sampling.py)
     post_sampling_probs: bool = False
     return_tokens: bool = False  # each piece's token ids in `tokens`
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
@@ -51,7 +49,7 @@ class LlamaCompletionRequest(LlamaSampling, kw_only=True):
 completion_decoder = msgspec.json.Decoder(LlamaCompletionRequest)
 # A completion's fields as llama.cpp names them, for the 400s of the checks they share
 LLAMA_NAMES = {"guided_json": "json_schema", "guided_grammar": "grammar", "repetition_penalty": "repeat_penalty",
-               "max_tokens": "n_predict"}
+               "max_tokens": "n_predict", "logprobs": "n_probs"}
 
 
 def as_completion(req: LlamaSampling, model: str, prompt_ids: list[int], max_tokens: int) -> CompletionRequest:

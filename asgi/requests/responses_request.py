@@ -7,7 +7,7 @@ import msgspec
 from msgspec import Meta
 
 from rill.asgi.errors import APIError, unsupported
-from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, Name
+from rill.asgi.requests.bounds import MAX_MESSAGES, MAX_METADATA, MAX_SMALL_LIST, MAX_TOOLS, LogprobsCount, Name
 from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.priority import Priority
 from rill.asgi.requests.schemas import PositiveInt, Temperature, TopP
@@ -41,7 +41,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     max_output_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: LogprobsCount | None = None
     include: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = True

@@ -16,12 +16,20 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, prompt_len: 
                     max_model_len: int, prompt_param: str, vocab_size: int,
                     logprobs: int | None = None, max_tokens_param: str = "max_tokens",
                     prompt_logprobs: int | None = None, defaults: dict | None = None,
-                    tokenizer: Tokenizer | None = None) -> SamplingParams:
+                    tokenizer: Tokenizer | None = None, max_logprobs: int = 20,
+                    logprobs_param: str = "logprobs") -> SamplingParams:
     """`logprobs`: how many top logprobs per token the engine returns (None: no logprobs);
-    `prompt_logprobs`: the same for the prompt's tokens; `defaults`: the model's sampling defaults
-    for the fields the request leaves out (asgi/requests/sampling_defaults.py); `tokenizer`: for `bad_words`.
-    `prompt_param` and `max_tokens_param`: the names the caller's API gives the prompt and the
-    output limit (`input` and `max_output_tokens` in the Responses API), for its errors."""
+    `prompt_logprobs`: the same for the prompt's tokens; both at most `max_logprobs` (--max-logprobs,
+    -1 the vocabulary); `defaults`: the model's sampling defaults for the fields the request leaves
+    out (asgi/requests/sampling_defaults.py); `tokenizer`: for `bad_words`. `prompt_param`,
+    `max_tokens_param` and `logprobs_param`: the names the caller's API gives the prompt, the output
+    limit and the top logprobs (`input`, `max_output_tokens` and `top_logprobs` in the Responses
+    API), for its errors."""
+    most = vocab_size if max_logprobs < 0 else min(max_logprobs, vocab_size)
+    for count, param in ((logprobs, logprobs_param), (prompt_logprobs, "prompt_logprobs")):
+        if count is not None and count > most:
+            raise APIError(400, f"`{param}` asks for {count} top logprobs a token; this server gives at most {most} "
+                                "(--max-logprobs).", param=param)
     room = max_model_len - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f"{prompt_len} tokens in the prompt" + (f" and {max_tokens} to generate" if max_tokens else "")

@@ -31,6 +31,7 @@ from rill.asgi.requests.bounds import (
     MAX_TEMPLATE_KWARGS,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
+    LogprobsCount,
     Name,
     StopString,
     TruncatePromptTokens,
@@ -147,7 +148,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     structured_outputs: Any = None
     nvext: NvExt | None = None  # NVIDIA Dynamo's extension (asgi/requests/nvext.py)
     # vLLM's extension: each prompt token's logprob and the top k (not streamed, as vLLM).
-    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    prompt_logprobs: LogprobsCount | None = None
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's: lower runs first, under --scheduling-policy priority (asgi/requests/priority.py)
     # vLLM's: keep the prompt's last k tokens (-1: the context length; asgi/prompt/truncation.py)
@@ -172,7 +173,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     add_generation_prompt: bool | None = None  # None: true, unless continue_final_message
     chat_template_kwargs: Annotated[dict[str, Any], Meta(max_length=MAX_TEMPLATE_KWARGS)] | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: LogprobsCount | None = None
     tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Name | NamedToolChoice | None = None
     functions: Any = None
@@ -194,7 +195,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
     max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 with `echo`: score the prompt only
-    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    logprobs: LogprobsCount | None = None
     echo: bool | None = False
     best_of: PositiveInt | None = None
     suffix: str | None = None

@@ -62,7 +62,8 @@ async def completions(http: HTTPRequest) -> None:
     params = sampling_params(req, max_tokens=max_tokens, prompt_len=longest, max_model_len=max_model_len,
                              prompt_param="prompt", vocab_size=state.settings.limits.vocab_size,
                              logprobs=num_top, prompt_logprobs=max(wanted, default=None),
-                             defaults=state.sampling_defaults, tokenizer=state.tokenizer)
+                             defaults=state.sampling_defaults, tokenizer=state.tokenizer,
+                             max_logprobs=state.settings.http.max_logprobs)
     params.lora = lora
     params.priority = request_priority(req.priority, state.settings.limits)
     request_id = new_request_id("cmpl")

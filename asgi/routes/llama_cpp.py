@@ -58,8 +58,8 @@ async def _run(http: HTTPRequest, req: LlamaSampling, lora: str | None, prompt_i
         params = sampling_params(completion, max_tokens=max_tokens, prompt_len=len(prompt_ids),
                                  max_model_len=limits.max_model_len, prompt_param=prompt_param,
                                  max_tokens_param="n_predict", vocab_size=limits.vocab_size,
-                                 logprobs=req.n_probs or None,
-                                 defaults=state.sampling_defaults, tokenizer=state.tokenizer)
+                                 logprobs=req.n_probs or None, defaults=state.sampling_defaults,
+                                 tokenizer=state.tokenizer, max_logprobs=state.settings.http.max_logprobs)
     except APIError as exc:
         raise renamed(exc, LLAMA_NAMES) from None
     params.lora = lora

@@ -215,7 +215,7 @@ CHAT_BAD = [
     ({"logit_bias": {"5": "x"}}, "logit_bias"),
 ]
 COMPLETIONS_BAD = [
-    ({"logprobs": 6}, "logprobs"), ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),  # at most --max-logprobs (20), as vLLM
     ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo (score the prompt)
     ({"n": 0}, "n"), ({"logit_bias": {"x": 1}}, "logit_bias"), ({"best_of": 2}, "best_of"),
 ]

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.helpers.bad_bodies import problem
-from tests.helpers.server import TINY_MODEL
+from tests.helpers.server import TINY_MAX_LOGPROBS, TINY_MODEL
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]
@@ -106,3 +106,35 @@ def test_prompt_list_times_n_is_capped_before_any_work(tiny_server):
 def test_an_unknown_models_name_is_echoed_only_in_part(tiny_server):
     resp = post(tiny_server, CHAT, {"model": "m" * 100_000, "messages": HI, "max_tokens": 2})
     assert resp.status_code == 404 and len(resp.content) < 1000, resp.text[:300]
+
+
+@pytest.mark.parametrize("path, param, body", [
+    (CHAT, "top_logprobs", {"logprobs": True, "top_logprobs": TINY_MAX_LOGPROBS + 1}),
+    (CHAT, "prompt_logprobs", {"prompt_logprobs": TINY_MAX_LOGPROBS + 1}),
+    ("/v1/completions", "logprobs", {"prompt": "Hi", "logprobs": TINY_MAX_LOGPROBS + 1}),
+    ("/v1/responses", "top_logprobs", {"input": "Hi", "top_logprobs": TINY_MAX_LOGPROBS + 1,
+                                       "include": ["message.output_text.logprobs"]}),
+    ("/completion", "n_probs", {"prompt": "Hi", "n_probs": TINY_MAX_LOGPROBS + 1}),
+    (CHAT, "top_logprobs", {"logprobs": True, "top_logprobs": 1 << 21}),  # past what a body may spell at all
+])
+def test_top_logprobs_past_the_servers_max_logprobs_are_400s(tiny_server, path, param, body):
+    resp = post(tiny_server, path, {"model": TINY_MODEL, "messages": HI, "max_tokens": 2, **body})
+    assert_400(resp, param)
+    if body.get(param, body.get("top_logprobs")) == TINY_MAX_LOGPROBS + 1:
+        assert f"at most {TINY_MAX_LOGPROBS} (--max-logprobs)" in resp.json()["error"]["message"], resp.text[:300]
+
+
+def test_the_servers_max_logprobs_are_served(tiny_server):
+    """--max-logprobs 40 (the default is 20, vLLM's): a chat token's top_logprobs and a completion token's
+    logprobs as many as that, prompt logprobs too."""
+    chat = post(tiny_server, CHAT, {"model": TINY_MODEL, "messages": HI, "max_tokens": 2, "logprobs": True,
+                                    "top_logprobs": TINY_MAX_LOGPROBS, "prompt_logprobs": TINY_MAX_LOGPROBS})
+    assert chat.status_code == 200, chat.text[:300]
+    tokens = chat.json()["choices"][0]["logprobs"]["content"]
+    assert len(tokens) == 2 and all(len(t["top_logprobs"]) == TINY_MAX_LOGPROBS for t in tokens)
+    assert all(len(p) >= TINY_MAX_LOGPROBS for p in chat.json()["prompt_logprobs"][1:])
+    done = post(tiny_server, "/v1/completions", {"model": TINY_MODEL, "prompt": "Hi", "max_tokens": 2,
+                                                 "logprobs": TINY_MAX_LOGPROBS})
+    assert done.status_code == 200, done.text[:300]
+    counts = [len(top) for top in done.json()["choices"][0]["logprobs"]["top_logprobs"]]
+    assert len(counts) == 2 and all(TINY_MAX_LOGPROBS <= n <= TINY_MAX_LOGPROBS + 1 for n in counts)  # and the chosen

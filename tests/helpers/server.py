@@ -55,6 +55,7 @@ def session_pids(session_id: int) -> list[int]:
 
 
 TINY_MODEL = "tiny"  # the served model id of `tiny_server`
+TINY_MAX_LOGPROBS = 40  # `tiny_server`'s --max-logprobs
 
 
 def launch_server(tmp_path_factory, *flags: str, env: dict[str, str] | None = None,

@@ -36,6 +36,26 @@ def test_seed_reaches_the_engines_model_config(tmp_path):
     assert config_from_args(serve_args(), tmp_path, "m").engine.model.seed is None
 
 
+def test_max_logprobs_reaches_the_workers_and_bounds_a_request(tmp_path):
+    """vLLM's --max-logprobs: 20 by default, -1 the whole vocabulary; below -1 is refused at start."""
+    from rill.asgi.errors import APIError
+    from rill.asgi.requests.sampling import sampling_params
+    from rill.asgi.requests.schemas import CompletionRequest
+
+    assert config_from_args(serve_args(), tmp_path, "m").http.max_logprobs == 20
+    assert config_from_args(serve_args("--max-logprobs", "-1"), tmp_path, "m").http.max_logprobs == -1
+    with pytest.raises(SystemExit):
+        serve_args("--max-logprobs", "-2")
+    req = CompletionRequest(model="m", prompt="x")
+    params = lambda count, most: sampling_params(  # noqa: E731
+        req, max_tokens=1, prompt_len=1, max_model_len=8, prompt_param="prompt", vocab_size=100, logprobs=count,
+        max_logprobs=most)
+    assert params(100, -1).logprobs == 100 and params(20, 20).logprobs == 20
+    for count, most in ((101, -1), (21, 20), (101, 500)):  # never past the vocabulary
+        with pytest.raises(APIError, match="at most"):
+            params(count, most)
+
+
 def test_a_flag_rill_does_not_take_is_refused():
     with pytest.raises(SystemExit) as exc:
         serve_args("--tokenizer", "other/tokenizer")

@@ -31,8 +31,10 @@ from rill.bench.serving.servers import rill_server
 BOUNDED = ("--max-queued-requests", "1")
 
 
-async def stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> dict:
-    """One forced-length completion stream: its TTFT and its gaps between tokens, in ms."""
+async def stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+                 started_event: asyncio.Event | None = None) -> dict:
+    """One forced-length completion stream: its TTFT and its gaps between tokens, in ms. `started_event` is set at
+    its first token."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "stream": True}
     started = time.perf_counter()
@@ -42,6 +44,8 @@ async def stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens:
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.perf_counter())
+                if started_event is not None:
+                    started_event.set()
     gaps = [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])]
     return {"ttft_ms": (arrivals[0] - started) * 1000, "gaps_ms": gaps}
 
@@ -70,10 +74,15 @@ async def flood(client: httpx.AsyncClient, model: str, stop: asyncio.Event, rate
 async def overload_round(base_url: str, model: str, max_tokens: int, flood_kind: str | None, rate_hz: float) -> dict:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
-        measured = [asyncio.create_task(stream(client, model, f"Story number {i}:", max_tokens)) for i in range(4)]
-        await asyncio.sleep(0.5)  # the 4 are running before the waiting one and the flood come
+        running = [asyncio.Event() for _ in range(4)]
+        measured = [asyncio.create_task(stream(client, model, f"Story number {i}:", max_tokens, running[i]))
+                    for i in range(4)]
+        # The 4 run before the waiting one comes, and it waits in the queue before the flood comes: on a busy
+        # machine (2 cores, a test beside) fixed pauses let a measured one come late and find the queue full.
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in running)), 120)
+        await asyncio.sleep(0.5)  # the first second's gaps are not compared (below)
         waiting = asyncio.create_task(stream(client, model, "The one that waits:", 8))
-        await asyncio.sleep(0.5)
+        await wait_for_queued(client)
         stop = asyncio.Event()
         flooding = asyncio.create_task(flood(client, model, stop, rate_hz, flood_kind)) if flood_kind else None
         results = await asyncio.gather(*measured)
@@ -84,6 +93,18 @@ async def overload_round(base_url: str, model: str, max_tokens: int, flood_kind:
     gaps = [g for r in results for g in r["gaps_ms"][8:]]
     return {"flood": flood_kind or "none", "mean_itl_ms": statistics.fmean(gaps), "num_gaps": len(gaps),
             "status_counts": {str(k): v for k, v in sorted(counts.items())}}
+
+
+async def wait_for_queued(client: httpx.AsyncClient, timeout_s: float = 120) -> None:
+    """Until the server's /metrics say a request waits."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        text = (await client.get("/metrics")).text
+        if any(float(line.split()[-1]) > 0 for line in text.splitlines()
+               if not line.startswith("#") and line.split("{")[0].endswith(":num_requests_waiting")):
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError("no request waited in the queue")
 
 
 async def single_round(base_url: str, model: str, max_tokens: int, warm_up: bool = False) -> dict | None:

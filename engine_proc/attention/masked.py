@@ -11,6 +11,7 @@ goes on its own. One-token rows (the decodes) go through the backend's kernel wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,36 @@ class TokenTables:
     single_seqs: torch.Tensor  # [n] long: their rows of block_tables
     single_positions: tuple[int, int]  # the lowest and highest position of those rows
     spans: list[tuple[int, int, int, int]]  # (seq, first row, end row, first position) of each longer chunk
+
+
+class ImageSpan(NamedTuple):
+    """Rows of a prompt chunk that are an image's tokens attending both ways (Gemma 3): each sees every key of its
+    sequence up to the image's last (engine_proc/model/hf_vision.py whole_images)."""
+
+    seq: int  # its sequence's index in row order (TokenTables.block_tables' row)
+    first_row: int
+    end_row: int
+    last_key: int  # the position of the image's last token
+
+
+def key_limits(spans: list[ImageSpan], positions: torch.Tensor) -> torch.Tensor:
+    """[T] the last key each row sees: its own position, an image's rows their image's last."""
+    limits = positions.clone()
+    for span in spans:
+        limits[span.first_row:span.end_row] = span.last_key
+    return limits
+
+
+def attend_whole_images(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: TokenTables,
+                        scale: float, spans: list[ImageSpan], out: torch.Tensor) -> None:
+    """Writes into `out` [T, H, D] the attention of the spans' rows (the step's K/V already written), each over
+    every key of its sequence up to its image's last, unmasked: where no window masks, the rest of the step goes
+    through the backend's causal kernels and only these rows again."""
+    for span in spans:
+        rows = slice(span.first_row, span.end_row)
+        out[rows] = _attend(q[rows].unsqueeze(0), k_cache, v_cache, tables.block_tables[span.seq : span.seq + 1],
+                            tables.positions[rows].unsqueeze(0), None, (0, span.last_key), scale, None, None,
+                            None)[0]
 
 
 def row_order(batch: Batch, decodes_first: bool) -> list:
@@ -101,7 +132,8 @@ def masked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def _attend(q, k_cache, v_cache, block_table, query_pos, key_last, pos_range, scale, window, softcap,
             sinks) -> torch.Tensor:
     """q [B, n, H, D] at positions query_pos [B, n], each seeing keys up to key_last [B, n] (from query position
-    pos_range[0] to key position pos_range[1]), over the blocks of block_table [B, blocks]: [B, n, H, D]."""
+    pos_range[0] to key position pos_range[1]), over the blocks of block_table [B, blocks]: [B, n, H, D].
+    key_last None: every query sees every key up to pos_range[1], unmasked (no window, soft-cap or sinks)."""
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     context_len = pos_range[1] + 1
     first_key = 0
@@ -110,14 +142,18 @@ def _attend(q, k_cache, v_cache, block_table, query_pos, key_last, pos_range, sc
         block_table = block_table[:, first_key // block_size :]
     keys = gather_blocks(k_cache, block_table)[:, : context_len - first_key].transpose(1, 2)  # [B, Hkv, L, D]
     values = gather_blocks(v_cache, block_table)[:, : context_len - first_key].transpose(1, 2)
-    key_pos = torch.arange(first_key, context_len, device=q.device)
-    keep = key_pos.view(1, 1, -1) <= key_last.unsqueeze(-1)  # [B, n, L]
-    if window is not None:
-        keep &= key_pos.view(1, 1, -1) > query_pos.unsqueeze(-1) - window
     batch, n, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     # [B, Hkv, group * n, D]: the query heads that share a KV head side by side, so no K/V is repeated
     queries = q.permute(0, 2, 1, 3).reshape(batch, num_kv_heads, group * n, head_dim)
+    if key_last is None:
+        assert window is None and softcap is None and sinks is None
+        o = F.scaled_dot_product_attention(queries, keys, values, scale=scale)
+        return o.view(batch, num_heads, n, head_dim).transpose(1, 2)
+    key_pos = torch.arange(first_key, context_len, device=q.device)
+    keep = key_pos.view(1, 1, -1) <= key_last.unsqueeze(-1)  # [B, n, L]
+    if window is not None:
+        keep &= key_pos.view(1, 1, -1) > query_pos.unsqueeze(-1) - window
     # [B, 1, group * n, L]; one query a row (a decode) broadcasts over its group's heads
     mask = keep.unsqueeze(1) if n == 1 else keep.unsqueeze(1).repeat(1, 1, group, 1)
     if softcap is None and sinks is None:

@@ -4,10 +4,12 @@ and attends through the runner's backend, as vLLM's Transformers backend does.
 
 Transformers builds no mask for an implementation it has no mask function for: the step's
 sequences go as one row of tokens with their own positions, and the backend's metadata keeps
-them apart. A layer with a sliding window, soft-capped logits or attention sinks, and every layer
-in a step whose prompt chunk holds an image that attends both ways (Gemma 3), goes through the
+them apart. A layer with a sliding window, soft-capped logits or attention sinks goes through the
 backend's masked_decode for its decode rows (on the CPU, the C++ decode kernel), and
-engine_proc/attention/masked.py for the rest; every other layer through the backend's kernels.
+engine_proc/attention/masked.py for the rest; every other layer through the backend's kernels. In
+a step whose prompt chunk holds an image that attends both ways (Gemma 3) the image's rows see the
+whole image: masked.py's key limits, or where no window masks the kernels' rows and those rows again
+over the image's keys (attend_whole_images).
 """
 from __future__ import annotations
 
@@ -21,7 +23,15 @@ from transformers import AttentionInterface
 
 from rill.engine_proc.attention.backend import AttentionBackend
 from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, KVCache
-from rill.engine_proc.attention.masked import TokenTables, masked_attention, row_order, token_tables
+from rill.engine_proc.attention.masked import (
+    ImageSpan,
+    TokenTables,
+    attend_whole_images,
+    key_limits,
+    masked_attention,
+    row_order,
+    token_tables,
+)
 from rill.engine_proc.sched.batch import Batch
 
 IMPLEMENTATION = "rill_paged"
@@ -40,8 +50,13 @@ class PagedStep:
     # A model with window tables: each sliding group's view of the step (window_view), group 1 first
     window_batches: list[Batch] = dataclasses.field(default_factory=list)
     window_metas: list[AttentionMetadata] = dataclasses.field(default_factory=list)
-    # [T] the last key each row sees, where a prompt chunk holds an image that attends both ways (hf_vision.py)
-    key_limits: torch.Tensor | None = None
+    # The rows of a prompt chunk's images that attend both ways (hf_vision.py whole_images)
+    images: list[ImageSpan] = dataclasses.field(default_factory=list)
+
+    @functools.cached_property
+    def key_limits(self) -> torch.Tensor | None:
+        """[T] the last key each row sees (masked.py key_limits), in a step with such images; else None."""
+        return key_limits(self.images, self.positions) if self.images else None
 
     @functools.cached_property
     def rope_lens(self) -> torch.Tensor:
@@ -133,8 +148,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
     meta = step.window_metas[group - 1] if group else step.meta
     window = sliding_window if sliding_window and sliding_window < step.longest else None
-    limits = step.key_limits
-    if window is not None or softcap or s_aux is not None or limits is not None:
+    if window is not None or softcap or s_aux is not None:
+        limits = step.key_limits
         step.backend.write(k_cache, v_cache, k, v, meta.slot_mapping)
         # The decode rows through the backend's kernel where it has one (on the CPU, the C++ decode
         # kernel takes the window, the soft-cap and the sinks), the prompt chunks in torch.
@@ -149,6 +164,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                    limits)
     else:
         out = step.backend.forward(kernel_q, k, v, k_cache, v_cache, meta)
+        if step.images:  # an image's tokens see the rest of their image too: those rows again
+            tables = step.window_tables[group - 1] if group else step.tables
+            attend_whole_images(q, k_cache, v_cache, tables, scale, step.images, out)
     return out.unsqueeze(0), None
 
 

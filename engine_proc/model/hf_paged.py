@@ -212,7 +212,7 @@ class PagedTransformersRunner(SamplingRunner):
             step.window_metas = [self.attention.prepare(b)[2] for b in step.window_batches]
         with step_context(step):
             if self.images is not None:  # a vision model (hf_vision.py): images' features, 3-D rotary positions
-                step.key_limits = self.images.key_limits(batch, positions)
+                step.images = self.images.whole_images(batch)
                 inputs = self.images(batch, input_ids) if self.images.needed(batch) else None
                 return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, inputs,
                                            self.images.positions(batch, positions))

@@ -7,8 +7,8 @@ are computed at its first chunk that holds an image token and dropped after its 
 computes them again). Decode steps, and prompt steps without images, take the token ids as before.
 
 Gemma 3's image tokens attend to each other both ways (transformers' token_type_ids mask): a prompt chunk holds such
-an image whole (engine_proc/sched/request.py chunk_end), and in a step with one every layer attends through
-engine_proc/attention/masked.py, each image token seeing up to its image's last (key_limits).
+an image whole (engine_proc/sched/request.py chunk_end), and in a step with one each image token sees up to its
+image's last (whole_images; engine_proc/attention/masked.py).
 
 Qwen2-VL's rotary positions are 3-D over an image (its time, row and column in the grid) and the text after an
 image goes on from the largest of them, so a request's positions run `delta` (<= 0) behind its token count. The
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rill.engine_proc.attention.masked import row_order
+from rill.engine_proc.attention.masked import ImageSpan, row_order
 from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.images import MROPE_MODEL_TYPES, VISION_MODEL_TYPES, arrays_of
@@ -93,8 +93,8 @@ class ImageEmbedder:
             rope = self._ropes[req] = _Rope(table[:, 0].to(self.device), int(delta.reshape(-1)[0]))
         return rope
 
-    def key_limits(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor | None:
-        return key_limits(batch, positions, self.decodes_first)
+    def whole_images(self, batch: Batch) -> list[ImageSpan]:
+        return whole_images(batch, self.decodes_first)
 
     @staticmethod
     def needed(batch: Batch) -> bool:
@@ -157,20 +157,18 @@ def _rows(out) -> torch.Tensor:
     return out.reshape(-1, out.shape[-1])
 
 
-def key_limits(batch: Batch, positions: torch.Tensor, decodes_first: bool) -> torch.Tensor | None:
-    """[tokens]: the last key position each row of the step sees, in the step's row order (masked.py's row_order),
-    where a prompt chunk holds an image whose tokens attend both ways (Gemma 3): an image token sees its whole
-    image (the scheduler put it in this chunk whole, request.py chunk_end), every other row up to itself. None in a
-    step without such an image."""
-    limits, row = None, 0
-    for seq in row_order(batch, decodes_first):
+def whole_images(batch: Batch, decodes_first: bool) -> list[ImageSpan]:
+    """The rows of the step's prompt chunks that are tokens of an image attending both ways (Gemma 3), an ImageSpan
+    per image, in the step's row order (masked.py's row_order): each sees its whole image, which the scheduler put
+    in this chunk whole (request.py chunk_end). [] in a step without one."""
+    spans, row = [], 0
+    for i, seq in enumerate(row_order(batch, decodes_first)):
         start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
         for first, last in seq.req.image_runs:
             if max(first, start) < min(last, end):
-                limits = positions.clone() if limits is None else limits
-                limits[row + max(first, start) - start:row + min(last, end) - start] = last - 1
+                spans.append(ImageSpan(i, row + max(first, start) - start, row + min(last, end) - start, last - 1))
         row += seq.num_new_tokens
-    return limits
+    return spans
 
 
 def _start_rows(batch: Batch, decodes_first: bool):

@@ -51,7 +51,7 @@ def image_runs(prompt_ids: list[int], token_id: int) -> list[tuple[int, int]]:
 
 # Families whose images are served: one image token per feature row. Each is checked against transformers' forward
 # (tests/model/test_vision_route.py).
-VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "idefics3")
+VISION_MODEL_TYPES = ("llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "idefics3", "smolvlm")
 # Of them, those whose image tokens attend both ways within each image (Gemma 3's token_type_ids mask); the others'
 # mask is causal over the images too.
 BIDIRECTIONAL_MODEL_TYPES = ("gemma3",)

@@ -30,6 +30,23 @@ TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_
 GRID_FAMILIES = {name: ("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>") for name in MROPE_MODEL_TYPES}
 
 
+# SmolVLM2: its image processor alone tiles an image (the processor's own needs num2words, and torchvision for videos),
+# and each `<image>` is written out as its processor writes it, with these tokens (its tokenizer's).
+TILE_FAMILIES = ("smolvlm",)
+TILE_TOKENS = {"image": "<image>", "around": "<fake_token_around_image>", "global": "<global-img>"}
+
+
+def tile_tokens(model_dir: Path) -> int:
+    """SmolVLM's tokens a tile: its processor's image_seq_len, else its config's (patches a side / scale_factor)^2."""
+    processor = model_dir / "processor_config.json"
+    if processor.exists() and (count := json.loads(processor.read_text()).get("image_seq_len")):
+        return int(count)
+    config = json.loads((model_dir / "config.json").read_text())
+    vision = config.get("vision_config") or {}
+    side = vision.get("image_size", 512) // vision.get("patch_size", 16)
+    return int(side * side / config.get("scale_factor", 4) ** 2)
+
+
 def model_type_of(model_dir: Path) -> str | None:
     try:
         return json.loads((model_dir / "config.json").read_text()).get("model_type")
@@ -61,7 +78,13 @@ class ImagePrompts:
         model_type = model_type_of(model_dir)
         self.bidirectional = model_type in BIDIRECTIONAL_MODEL_TYPES
         family = GRID_FAMILIES.get(model_type)
-        if family is None:
+        self.tile_tokens = 0  # SmolVLM2's tokens a tile (TILE_FAMILIES)
+        if model_type in TILE_FAMILIES:  # its processor needs num2words and torchvision, for its videos
+            self.processor = None
+            self.image_processor = AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+            self.placeholder = self.image_token = TILE_TOKENS["image"]
+            self.tile_tokens = tile_tokens(model_dir)
+        elif family is None:
             self.processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
             self.placeholder = self.processor.image_token  # LLaVA's "<image>", Gemma 3's "<start_of_image>"
             # The token each feature row takes: LLaVA's placeholder itself; Gemma 3's processor writes its image's
@@ -102,6 +125,9 @@ class ImagePrompts:
                 out = self.processor(text=[text], images=images, return_tensors="np",
                                      add_special_tokens=add_special_tokens)
                 ids = out["input_ids"][0].tolist()
+            elif self.tile_tokens:  # one prompt's images
+                out = self.image_processor([images], return_tensors="np", return_row_col_info=True)
+                ids = self._expand_tiles(text, out.pop("rows")[0], out.pop("cols")[0], add_special_tokens)
             else:
                 out = self.image_processor(images, return_tensors="np")
                 ids = self._expand_grid(text, out["image_grid_thw"], add_special_tokens)
@@ -109,6 +135,18 @@ class ImagePrompts:
             raise APIError(400, f"The model's processor refused the images: {exc}", param="messages") from None
         arrays = {name: np.asarray(value) for name, value in out.items() if name not in TEXT_OUTPUTS}
         return ids, image_inputs(arrays, self.token_id, self.bidirectional)
+
+    def _expand_tiles(self, text: str, rows: list[int], cols: list[int], add_special_tokens: bool) -> list[int]:
+        """The text's ids, its k-th `<image>` written out as SmolVLM's processor writes image k's tiles: each tile's
+        `<row_i_col_j>` and tokens, then the whole image's (transformers' own get_image_prompt_string)."""
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+        pieces = text.split(TILE_TOKENS["image"])
+        tiles = [get_image_prompt_string(r, c, self.tile_tokens, fake_token_around_image=TILE_TOKENS["around"],
+                                         image_token=TILE_TOKENS["image"], global_image_token=TILE_TOKENS["global"])
+                 for r, c in zip(rows, cols)]
+        text = pieces[0] + "".join(tile + piece for tile, piece in zip(tiles, pieces[1:]))
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _expand_grid(self, text: str, grids: np.ndarray, add_special_tokens: bool) -> list[int]:
         """The text's ids, its k-th image token repeated as many times as image k's merged grid has cells."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,9 @@ TOKENS_PER_IMAGE = 16
 # Served end to end: one of each way of prompting (a processor, Qwen's grid, images that attend both ways). The
 # model tests take every family (ROUTE_KINDS), the API worker's side too.
 KINDS = ("llava", "qwen2_5_vl", "gemma3")
-ROUTE_KINDS = (*KINDS, "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3")
+ROUTE_KINDS = (*KINDS, "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm")
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
-PLACEHOLDER = {"llava": "<image>", "gemma3": "<start_of_image>", "idefics3": "<image>",
+PLACEHOLDER = {"llava": "<image>", "gemma3": "<start_of_image>", "idefics3": "<image>", "smolvlm": "<image>",
                **{kind: "<|vision_start|><|image_pad|><|vision_end|>" for kind in QWEN_KINDS}}
 QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
@@ -32,8 +33,8 @@ def save_tiny_vlm(kind: str, path: Path):
         return save_tiny_qwen2_vl(path)
     if kind == "gemma3":
         return save_tiny_gemma3(path)
-    if kind == "idefics3":
-        return save_tiny_idefics3(path)
+    if kind in ("idefics3", "smolvlm"):
+        return save_tiny_idefics3(path, smolvlm=kind == "smolvlm")
     if kind == "qwen3_vl":
         return save_tiny_qwen3_vl(path)
     if kind == "qwen3_vl_moe":
@@ -150,16 +151,21 @@ def _save_tiny_qwen(config_class, model_class, vision: dict, path: Path, hidden_
     return model
 
 
-def save_tiny_idefics3(path: Path):
+def save_tiny_idefics3(path: Path, smolvlm: bool = False):
     """Idefics3's shape (SmolVLM's: the bundled model's vision sibling), tiny: a SigLIP tower of 4 x 4 patches of 14
     whose features are shuffled 2 x 2 into 4 tokens a tile, a two-layer Llama; its processor splits an image into
-    tiles of 56 pixels (longest edge 112: up to 4 tiles and the whole image, each a tile of tokens)."""
+    tiles of 56 pixels (longest edge 112: up to 4 tiles and the whole image, each a tile of tokens). `smolvlm`:
+    SmolVLM2's (model_type smolvlm), whose processor needs num2words: its image processor and processor_config.json's
+    image_seq_len, as its hub directories have them."""
     from transformers import (
         AutoTokenizer,
         Idefics3Config,
         Idefics3ForConditionalGeneration,
         Idefics3ImageProcessorPil,
         Idefics3Processor,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
     )
 
     from rill.engine_proc.model.bundled import ensure_bundled_model
@@ -171,12 +177,19 @@ def save_tiny_idefics3(path: Path):
                 bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     vision = dict(image_size=IMAGE_SIZE, patch_size=14, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=2)
-    config = Idefics3Config(text_config=text, vision_config=vision, scale_factor=2, tie_word_embeddings=False,
-                            image_token_id=tokenizer.convert_tokens_to_ids(IDEFICS3_TOKENS["image_token"]))
-    model = _saved_wide(Idefics3ForConditionalGeneration, config, path)
+    config_class, model_class = (SmolVLMConfig, SmolVLMForConditionalGeneration) if smolvlm else \
+        (Idefics3Config, Idefics3ForConditionalGeneration)
+    config = config_class(text_config=text, vision_config=vision, scale_factor=2, tie_word_embeddings=False,
+                          image_token_id=tokenizer.convert_tokens_to_ids(IDEFICS3_TOKENS["image_token"]))
+    model = _saved_wide(model_class, config, path)
     tokenizer.save_pretrained(path)
-    images = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE})
-    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4).save_pretrained(path)
+    sizes = dict(size={"longest_edge": 2 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE})
+    if smolvlm:
+        SmolVLMImageProcessorPil(**sizes).save_pretrained(path)
+        (path / "processor_config.json").write_text(json.dumps({"image_seq_len": 4, "processor_class": "SmolVLMProcessor"}))
+    else:
+        Idefics3Processor(image_processor=Idefics3ImageProcessorPil(**sizes), tokenizer=tokenizer,
+                          image_seq_len=4).save_pretrained(path)
     return model
 
 
@@ -201,6 +214,8 @@ def vlm_prompt(kind: str, model_dir: Path, text: str, images: list) -> tuple[lis
         out = AutoProcessor.from_pretrained(model_dir)(text=[text], images=images or None, return_tensors="np")
         return out["input_ids"][0].tolist(), {k: v for k, v in out.items() if k == "pixel_values"}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if kind == "smolvlm":  # as SmolVLM's processor writes an image's tiles (its own needs num2words)
+        return _smolvlm_prompt(model_dir, tokenizer, text, images)
     ids = tokenizer(text)["input_ids"]
     if not images:
         return ids, {}
@@ -208,6 +223,21 @@ def vlm_prompt(kind: str, model_dir: Path, text: str, images: list) -> tuple[lis
     counts = iter(int(np.prod(grid)) // 4 for grid in arrays["image_grid_thw"])
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     return [t for token in ids for t in ([token] * next(counts) if token == pad else [token])], arrays
+
+
+def _smolvlm_prompt(model_dir: Path, tokenizer, text: str, images: list) -> tuple[list[int], dict]:
+    from transformers import AutoImageProcessor
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    if not images:
+        return tokenizer(text)["input_ids"], {}
+    out = dict(AutoImageProcessor.from_pretrained(model_dir)([images], return_tensors="np", return_row_col_info=True))
+    tiles = [get_image_prompt_string(r, c, 4, fake_token_around_image=IDEFICS3_TOKENS["fake_image_token"],
+                                     image_token="<image>", global_image_token=IDEFICS3_TOKENS["global_image_token"])
+             for r, c in zip(out.pop("rows")[0], out.pop("cols")[0])]
+    pieces = text.split("<image>")
+    text = pieces[0] + "".join(tile + piece for tile, piece in zip(tiles, pieces[1:]))
+    return tokenizer(text)["input_ids"], out
 
 
 def forward_kwargs(model, ids: list[int], arrays: dict) -> dict:

@@ -25,7 +25,7 @@ from tests.helpers.tiny_vision import PLACEHOLDER, ROUTE_KINDS, forward_kwargs, 
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 6
-PREEMPTING = {"gemma3": (17, NEW_TOKENS), "idefics3": (15, 14)}  # (blocks, new tokens); the others' (12, 6)
+PREEMPTING = {"gemma3": (17, NEW_TOKENS), "idefics3": (15, 14), "smolvlm": (15, 14)}  # (blocks, new tokens); the others' (12, 6)
 MODEL_DIRS = {}  # kind: its tiny model's directory, as the llava fixture saved it
 TEXTS = {  # name: (prompt text, image seeds); {} an image's placeholder
     "two": ("A picture {} and another {} compared:", (1, 2)),

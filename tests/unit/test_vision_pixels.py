@@ -56,3 +56,14 @@ def test_the_operators_max_pixels_wins_over_the_cap_and_the_directory(tmp_path, 
 def test_the_operators_min_pixels_scales_a_small_image_up(tmp_path):
     assert grid_of(tmp_path, 12845056, width=56, height=56).prod() // 4 == 4  # Qwen's own min_pixels: 56 x 56
     assert grid_of(tmp_path, 12845056, {"min_pixels": 112 * 112}, width=56, height=56).prod() // 4 == 16
+
+
+def test_smolvlm2s_tokens_a_tile_are_its_processors_or_its_configs(tmp_path):
+    """SmolVLM2's processor (which needs num2words) is not loaded: its image_seq_len, else the config's rule."""
+    from rill.asgi.prompt.vision import tile_tokens
+
+    config = {"model_type": "smolvlm", "scale_factor": 3, "vision_config": {"image_size": 384, "patch_size": 14}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert tile_tokens(tmp_path) == 81  # SmolVLM2-2.2B's: (384 / 14 = 27)^2 / 3^2
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 64}))
+    assert tile_tokens(tmp_path) == 64

@@ -22,15 +22,18 @@ _encode = msgspec.json.encode
 class ChatFormatter(ChunkFormatter):
     def __init__(self, request_id: str, model: str, num_choices: int, include_usage: bool, *,
                  make_parser: Callable[[], OutputParser] = PlainText, logprobs: ChatLogprobs | None = None,
-                 prompt_scores: tuple[TokenTexts, int] | None = None, prompt_token_ids: list[int] | None = None):
+                 prompt_scores: tuple[TokenTexts, int] | None = None, prompt_token_ids: list[int] | None = None,
+                 echo: str = ""):
         """`prompt_token_ids`: vLLM's return_token_ids, the prompt's ids, in the stream's first chunk and the
-        body; each choice's `token_ids` ride on its chunks (those its parser held back on the next one sent)."""
+        body; each choice's `token_ids` ride on its chunks (those its parser held back on the next one sent).
+        `echo`: vLLM's chat echo, the text each choice's content opens with (in the stream's first chunks)."""
         super().__init__(request_id, "chat.completion.chunk", model, include_usage)
         self.num_choices = num_choices
         self.logprobs = logprobs  # None: the request did not ask for logprobs
         self.parsers = [make_parser() for _ in range(num_choices)]
         # The non-streamed answer, built by add(): merged delta fields, logprobs, finish per choice.
-        self._merged: list[dict] = [{} for _ in range(num_choices)]
+        self.echo = echo
+        self._merged: list[dict] = [{"content": echo} if echo else {} for _ in range(num_choices)]
         self._logprobs: list[list[dict]] = [[] for _ in range(num_choices)]
         self._finish_reasons: list[str | None] = [None] * num_choices
         # vLLM's `prompt_logprobs` (texts, top k): one list in the body, the choices sharing the prompt.
@@ -43,7 +46,7 @@ class ChatFormatter(ChunkFormatter):
 
     def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
         first = {} if self.prompt_token_ids is None else {"prompt_token_ids": self.prompt_token_ids}
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": self.echo}, "logprobs": None,
                               "finish_reason": None}], usage, **(first if i == 0 else {}))
                 for i in range(self.num_choices)]
 

@@ -180,6 +180,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     function_call: Any = None
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
+    echo: bool = False  # vLLM's: the answer opens with the last message's text, if that message is the assistant's
     chat_template: Annotated[str, Meta(max_length=MAX_CHAT_TEMPLATE_LEN)] | None = None
     # vLLM's: documents a RAG chat template renders (Granite's, Command R's), each a few named strings
     documents: Annotated[list[Annotated[dict[Name, str], Meta(max_length=MAX_SMALL_LIST)]],
@@ -190,6 +191,16 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     modalities: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     prediction: Prediction | None = None  # asgi/requests/prediction.py
     web_search_options: Any = None
+
+
+def echoed_text(req: ChatCompletionRequest) -> str:
+    """vLLM's chat `echo`: the text of the last message when it is the assistant's (the answer's role), else ""."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant":
+        return ""
+    if isinstance(last.content, list):
+        return "\n".join(part.text for part in last.content if part.type == "text" and part.text)
+    return last.content or ""
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -12,7 +12,7 @@ from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.prediction import prediction_ids
-from rill.asgi.requests.schemas import chat_decoder, decode_request, stop_strings, stream_usage
+from rill.asgi.requests.schemas import chat_decoder, decode_request, echoed_text, stop_strings, stream_usage
 from rill.asgi.state import WorkerState
 
 
@@ -39,7 +39,7 @@ async def chat_completions(http: HTTPRequest) -> None:
     fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=plan.make_parser,
                         logprobs=None if num_top is None else ChatLogprobs(token_names, num_top),
                         prompt_scores=None if req.prompt_logprobs is None else (state.token_texts, req.prompt_logprobs),
-                        prompt_token_ids=prompt_ids if with_ids else None)
+                        prompt_token_ids=prompt_ids if with_ids else None, echo=echoed_text(req))
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,

@@ -136,3 +136,25 @@ def test_constraints_that_leave_no_token_end_the_choice_as_a_stop(server, client
                                                   "bad_words": [" yes yes", " yes no", " no yes", " no no"]})
     choice = pairs.choices[0]
     assert choice.finish_reason == "stop" and choice.text in (" yes", " no"), choice
+
+
+def test_chat_echo_opens_the_answer_with_the_last_assistant_message(server, client):
+    """vLLM's chat `echo`: with the assistant's own last message continued, the answer opens with that text, in the
+    body and in the stream's first chunk; the rest is what the same request without echo writes. After a user's
+    message nothing is echoed."""
+    start = "Once upon a time, in a small village,"
+    messages = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": start}]
+    flags = {"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True}
+    ask = lambda **extra: client.chat.completions.create(  # noqa: E731
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, extra_body={**flags, **extra})
+    plain, echoed = ask().choices[0].message.content, ask(echo=True).choices[0].message.content
+    assert echoed == start + plain and plain
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True, "echo": True,
+            **flags}
+    chunks = [c for c in stream_chunks(server, "/v1/chat/completions", body) if c["choices"]]
+    assert chunks[0]["choices"][0]["delta"]["content"] == start
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == echoed
+    after_user = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0,
+                                                extra_body={"echo": True})
+    assert after_user.choices[0].message.content == client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=4, temperature=0).choices[0].message.content

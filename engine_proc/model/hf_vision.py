@@ -123,14 +123,30 @@ class ImageEmbedder:
         if self.deepstack:
             inputs = {"input_ids": input_ids.unsqueeze(0)}
             if pieces:
-                layers = [torch.cat([rows[i] for _, rows in pieces]) for i in range(len(pieces[0][1]))]
-                outputs = self._output_class(pooler_output=[layers[0]], deepstack_features=[[r] for r in layers[1:]])
-                inputs["mm_encoder_outputs"] = {"image": outputs}
+                inputs["mm_encoder_outputs"] = {"image": self._step_outputs(input_ids, pieces)}
             return inputs
         embeds = self.embed_tokens(input_ids)
         for offsets, rows in pieces:
             embeds[torch.as_tensor(offsets, device=embeds.device)] = rows[0].to(embeds.dtype)
         return {"inputs_embeds": embeds.unsqueeze(0)}
+
+    def _step_outputs(self, input_ids: torch.Tensor, pieces: list):
+        """A DeepStack model's image outputs for the step: a row for every row of the step whose id is the image
+        token, as its forward takes them (input_ids == image_token_id). One that is no image's (a client's prompt
+        of token ids, or a generated token, that holds the image token) gets the token's own embedding and no
+        DeepStack features: it stays that token, and the other requests' images still match their rows."""
+        token_id = self.model.config.image_token_id
+        all_rows = torch.nonzero(input_ids == token_id).flatten().tolist()
+        index = {row: i for i, row in enumerate(all_rows)}
+        own = self.embed_tokens(torch.tensor([token_id], device=input_ids.device))
+        layers = [own.expand(len(all_rows), -1).clone()]
+        layers += [torch.zeros(len(all_rows), rows.shape[-1], dtype=rows.dtype, device=rows.device)
+                   for rows in pieces[0][1][1:]]
+        for offsets, rows in pieces:
+            at = torch.tensor([index[int(row)] for row in offsets], device=input_ids.device)
+            for layer, piece in zip(layers, rows):
+                layer[at] = piece.to(layer.dtype)
+        return self._output_class(pooler_output=[layers[0]], deepstack_features=[[r] for r in layers[1:]])
 
     def _features_of(self, req: EngineRequest) -> _Features:
         if (features := self._features.get(req)) is not None:

@@ -195,6 +195,16 @@ def test_prefix_hit_ending_inside_an_image_matches_transformers(llava):
     assert cached > image_positions[0] and cached % BLOCK_SIZE == 0
 
 
+def test_a_text_prompt_holding_the_image_token_beside_images_is_that_token(llava):
+    """A client's token-id prompt may hold the image token with no image (and a model may generate it): it is that
+    token's embedding, as in transformers' forward without pixels, and the images of the requests beside it in the
+    same steps keep theirs (Qwen3-VL's forward matches features to every image token of the step)."""
+    hf, runner, prompts = llava
+    text_ids = prompts["text"][0]
+    stray = (text_ids[:3] + [hf.config.image_token_id] * 2 + text_ids[3:], {})
+    run((hf, runner, {**prompts, "stray": stray}), {"two": 0, "stray": 0, "one": 1})
+
+
 def test_preempted_request_recomputes_its_images(llava):
     # blocks too few for all three as they grow (Gemma 3's window tables besides); Idefics3's "two" fills its last
     # block with 6 new tokens, so it makes more

@@ -177,13 +177,12 @@ def whole_images(batch: Batch, decodes_first: bool) -> list[ImageSpan]:
     """The rows of the step's prompt chunks that are tokens of an image attending both ways (Gemma 3), an ImageSpan
     per image, in the step's row order (masked.py's row_order): each sees its whole image, which the scheduler put
     in this chunk whole (request.py chunk_end). [] in a step without one."""
-    spans, row = [], 0
-    for i, seq in enumerate(row_order(batch, decodes_first)):
+    spans = []
+    for i, (seq, row) in enumerate(_start_rows(batch, decodes_first)):
         start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
         for first, last in seq.req.image_runs:
             if max(first, start) < min(last, end):
                 spans.append(ImageSpan(i, row + max(first, start) - start, row + min(last, end) - start, last - 1))
-        row += seq.num_new_tokens
     return spans
 
 

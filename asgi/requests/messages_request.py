@@ -3,6 +3,7 @@
 Taken: `system`, `messages` (asgi/requests/messages_content.py: text, tool_use, tool_result and
 thinking blocks), `max_tokens` (required), `temperature`, `top_p`, `top_k`, `stop_sequences`,
 `metadata`, `stream`, and `tools`, `tool_choice`, `thinking` (asgi/requests/messages_tools.py).
+A final assistant turn of text is continued, as Anthropic's "prefill": the answer takes up where it ends.
 `service_tier`, `container` and `mcp_servers` are refused with a 400 naming the field.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from msgspec import Meta
 from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
 from rill.asgi.requests.cache_salt import CacheSalt
-from rill.asgi.requests.messages_content import chat_messages
+from rill.asgi.requests.messages_content import bad, chat_messages
 from rill.asgi.requests.messages_tools import (
     AnthropicTool,
     Thinking,
@@ -76,15 +77,35 @@ def prompt_body(req: PromptFields, max_tokens: int | None = None, images: bool =
     count_tokens, so that the count is the prompt a create would build. `images`: the model takes them."""
     check_unsupported(req)
     tools = chat_tools(req.tools)
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req.system, req.messages, images),
-                            **chat_tool_choice(req.tool_choice, tools)}
+    messages = chat_messages(req.system, req.messages, images)
+    body: dict[str, Any] = {"model": req.model, "messages": messages, **chat_tool_choice(req.tool_choice, tools)}
     if tools is not None:
         body["tools"] = tools
     thinking = thinking_enabled(req.thinking, req.tool_choice, max_tokens)
+    if _prefilled(req, messages, thinking):
+        body |= {"continue_final_message": True, "add_generation_prompt": False}
     if thinking is not None:
         # Templates that can switch thinking on and off (Qwen3's) read this; others ignore it.
         body["chat_template_kwargs"] = {"enable_thinking": thinking}
     return body
+
+
+def _prefilled(req: PromptFields, messages: list[dict[str, Any]], thinking: bool | None) -> bool:
+    """Whether the answer continues the final turn: Anthropic's prefill, a final assistant turn of text (one with a
+    tool_use is a turn like the others). An empty one is left out: the answer starts afresh, as Anthropic's does."""
+    final = messages[-1]
+    if req.messages[-1].get("role") != "assistant" or "tool_calls" in final:
+        return False
+    where = f"messages[{len(req.messages) - 1}].content"
+    if not final["content"]:
+        messages.pop()
+        return False
+    if final["content"] != final["content"].rstrip():
+        raise bad(where, "final assistant content cannot end with trailing whitespace.")
+    if thinking:
+        raise bad(where, "is a final assistant turn to continue, which thinking does not allow: with thinking "
+                         "enabled the answer starts its own turn.")
+    return True
 
 
 def chat_request(req: MessagesRequest, images: bool = False) -> ChatCompletionRequest:

@@ -78,6 +78,33 @@ def test_count_tokens_matches_the_prompt(claude):
                                         thinking=thinking).input_tokens == counted.input_tokens
 
 
+def test_a_final_assistant_turn_is_continued(claude, server):
+    """Anthropic's prefill: the answer takes up where a final assistant turn of text ends (chat's
+    continue_final_message gives the same tokens), and holds only what follows it; count_tokens counts that
+    prompt. An empty final turn is left out; trailing whitespace and thinking are 400s, as Anthropic's."""
+    start = "The sea is"
+    prefilled = [*ASK, {"role": "assistant", "content": [{"type": "text", "text": start}]}]
+    message = claude.messages.create(model=MODEL, max_tokens=12, messages=prefilled, **GREEDY)
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [*ASK, {"role": "assistant", "content": start}], "max_tokens": 12,
+        "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}).json()
+    [block] = message.content
+    assert block.text == chat["choices"][0]["message"]["content"] and block.text
+    assert not block.text.lstrip().startswith(start)
+    fresh = claude.messages.create(model=MODEL, max_tokens=12, messages=ASK, **GREEDY)
+    assert block.text != fresh.content[0].text
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == \
+        claude.messages.count_tokens(model=MODEL, messages=prefilled).input_tokens == chat["usage"]["prompt_tokens"]
+    assert blocks(sdk_stream(claude, server, {"max_tokens": 12, "messages": prefilled})) == blocks(message)
+    empty = claude.messages.create(model=MODEL, max_tokens=12, messages=[*ASK, {"role": "assistant", "content": ""}],
+                                   **GREEDY)
+    assert blocks(empty) == blocks(fresh)
+    for text, extra in (("The sea is ", {}), (start, {"thinking": {"type": "enabled", "budget_tokens": 1024}})):
+        r = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
+            "model": MODEL, "max_tokens": 2000, "messages": [*ASK, {"role": "assistant", "content": text}], **extra})
+        assert r.status_code == 400 and "`messages[1].content`" in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.parametrize("body, status, kind", [
     ({"messages": ASK}, 400, "invalid_request_error"),  # max_tokens is required
     ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "f", "input_schema": {}}]}, 400, "invalid_request_error"),

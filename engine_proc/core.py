@@ -334,4 +334,5 @@ def spec_figures(speculator) -> dict:
         return {}
     s = speculator.stats
     return {"num_spec_drafts": s.num_drafts, "num_spec_draft_tokens": s.num_draft_tokens,
-            "num_spec_accepted_tokens": s.num_accepted_tokens, "spec_accepted_per_pos": list(s.accepted_per_pos)}
+            "num_spec_accepted_tokens": s.num_accepted_tokens, "spec_accepted_per_pos": list(s.accepted_per_pos),
+            "num_jump_forward_tokens": s.num_jump_forward_tokens, "num_jump_forward_accepted": s.num_jump_forward_accepted}

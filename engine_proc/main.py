@@ -176,7 +176,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         ", decode steps compiled" if runner.info.compiled_decode else ", eager",
         f", {runner.info.attention_backend} attention" if runner.info.attention_backend else "",
     )
-    speculator, speculative = build_speculator(model.speculative_config, runner)
+    speculator, speculative = build_speculator(model.speculative_config, runner, model.jump_forward_tokens)
     scheduler = Scheduler(blocks, max_num_seqs=model.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                           max_model_len=max_model_len, eos_token_ids=eos_ids, speculator=speculator,
                           priority=priority_order(limits.scheduling_policy, limits.priority_aging_s))

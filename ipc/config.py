@@ -49,6 +49,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_loras: int = 0  # --enable-lora: slots for LoRA adapters (engine_proc/lora/); 0 off
     max_lora_rank: int = 16
     speculative_config: str = ""  # --speculative-config's JSON (engine_proc/spec/config.py); "" off
+    jump_forward_tokens: int = 8  # drafts a step from what a structured output's grammar forces; 0 off
     num_threads: int | None = None  # torch threads; None: torch's
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; int8: rows and their scales (attention/kv_int8.py)
 

@@ -226,6 +226,9 @@ class EngineStats(msgspec.Struct, tag=True, array_like=True, gc=False):
     num_spec_draft_tokens: int = 0
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
+    # Of those, the tokens structured outputs' grammars forced (--jump-forward-tokens), and those accepted.
+    num_jump_forward_tokens: int = 0
+    num_jump_forward_accepted: int = 0
     lora_modules: dict[str, str] = {}  # --enable-lora: the adapters loaded now, name -> path
     # A model with sliding and global layers: of the blocks held, those the sliding layers' window
     # tables hold (engine_proc/sched/window_tables.py; 0 for any other model)

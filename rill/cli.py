@@ -98,6 +98,10 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5} drafts '
                             'from the request\'s own text; {"method": "draft_model", "model": DIR, '
                             '"num_speculative_tokens": 4} from a smaller model (see docs/speculative-decoding.md)')
+    model.add_argument("--jump-forward-tokens", type=_non_negative(int), default=8,
+                       help="drafts a step, at most, from the text a structured output's grammar forces next (a "
+                            "JSON key, its quotes and colon), verified by the model as speculative drafts; 0 off "
+                            "(see docs/structured-outputs.md)")
     model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                        help="auto: cuda when torch sees a GPU, else cpu")
     model.add_argument("--attention-backend", default="auto", choices=["auto", "cpu", "torch", "triton"],

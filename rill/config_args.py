@@ -21,7 +21,8 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         seed=args.seed,
         max_num_seqs=args.max_num_seqs, enable_embeddings=args.enable_embeddings, task=args.task,
         max_loras=args.max_loras if args.enable_lora else 0, max_lora_rank=args.max_lora_rank,
-        speculative_config=args.speculative_config, num_threads=args.num_threads,
+        speculative_config=args.speculative_config, jump_forward_tokens=args.jump_forward_tokens,
+        num_threads=args.num_threads,
         kv_cache_dtype=args.kv_cache_dtype,
     )
     scheduler = SchedulerConfig(

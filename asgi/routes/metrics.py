@@ -220,6 +220,10 @@ class EngineFigures:
              s.num_prefix_hit_tokens),
             (CounterMetricFamily, "num_preemptions", "Cumulative number of preemption from the engine.",
              s.num_preemptions),
+            (CounterMetricFamily, "jump_forward_draft_tokens",
+             "Draft tokens that structured outputs' grammars forced (--jump-forward-tokens).", s.num_jump_forward_tokens),
+            (CounterMetricFamily, "jump_forward_accepted_tokens", "Of those, the tokens the model accepted.",
+             s.num_jump_forward_accepted),
         ) + (() if not s.spec_accepted_per_pos else (
             (CounterMetricFamily, "spec_decode_num_drafts", "Number of spec decoding drafts.", s.num_spec_drafts),
             (CounterMetricFamily, "spec_decode_num_draft_tokens", "Number of draft tokens.",

@@ -6,12 +6,13 @@ from rill.ipc.protocol import FinishReason
 
 
 def finish_after(req: EngineRequest, token_id: int, *, eos_token_ids: frozenset[int], max_model_len: int,
-                 cache_len: int) -> FinishReason | None:
-    """Why `req` ends now that it sampled `token_id` (already in its output_ids), or None."""
+                 cache_len: int, last: bool = True) -> FinishReason | None:
+    """Why `req` ends now that it sampled `token_id` (already in its output_ids), or None. `last`: the step's
+    last token kept (its grammar has taken them all: a token that ends it is the last, drafts being none)."""
     params = req.params
     # A complete grammar ends the request (its bitmask then allows only a stop token, which
     # min_tokens or ignore_eos would otherwise turn into text outside the grammar).
-    if req.grammar is not None and req.grammar.finish is not None:
+    if last and req.grammar is not None and req.grammar.finish is not None:
         return req.grammar.finish
     if req.no_token_left:
         return FinishReason.STOP
@@ -36,6 +37,6 @@ def append_outputs(req: EngineRequest, token_ids: list[int], **limits) -> tuple[
     may keep several): those appended, and why it ends (None: it goes on)."""
     for num_new, token_id in enumerate(token_ids, 1):
         req.output_ids.append(token_id)
-        if (finish := finish_after(req, token_id, **limits)) is not None:
+        if (finish := finish_after(req, token_id, last=num_new == len(token_ids), **limits)) is not None:
             return token_ids[:num_new], finish
     return token_ids, None

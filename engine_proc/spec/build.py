@@ -10,13 +10,14 @@ from rill.engine_proc.spec.speculator import Speculator
 log = logging.getLogger("rill.engine")
 
 
-def build_speculator(text: str, runner) -> tuple[Speculator | None, str]:
+def build_speculator(text: str, runner, jump_forward_tokens: int = 8) -> tuple[Speculator | None, str]:
     """(the speculator, what /stats says of it). With no config, the native runner's speculator drafts only
-    from predicted outputs (engine_proc/spec/prediction.py), and other runners have none. A draft model is
-    the runner's own (engine_proc/model/runner.py builds it beside its model)."""
+    from predicted outputs (engine_proc/spec/prediction.py) and grammars (jump-forward), and other runners have
+    none. A draft model is the runner's own (engine_proc/model/runner.py builds it beside its model)."""
     config = parse_speculative_config(text)
     if config is None:
-        return (Speculator(None, 0) if runner.info.kind == "native" else None), ""
+        native = runner.info.kind == "native"
+        return (Speculator(None, 0, jump_forward_tokens=jump_forward_tokens) if native else None), ""
     if runner.info.kind != "native":
         raise ValueError("--speculative-config needs the native runner (a Llama-family model)")
     if config.method == "ngram":
@@ -25,7 +26,8 @@ def build_speculator(text: str, runner) -> tuple[Speculator | None, str]:
         proposer = runner.drafter
     speculative = describe(config)
     log.info("speculative decoding: %s", speculative)
-    return Speculator(proposer, config.num_speculative_tokens, config.disable_by_batch_size), speculative
+    return Speculator(proposer, config.num_speculative_tokens, config.disable_by_batch_size,
+                      jump_forward_tokens=jump_forward_tokens), speculative
 
 
 def describe(config: SpeculativeConfig) -> str:

@@ -37,6 +37,8 @@ class DraftState:
 
 
 class DraftModelProposer:
+    drafts_later = True  # propose() reserves slots; fill() writes the drafts once the step's blocks are allocated
+
     def __init__(self, config: SpeculativeConfig, runner) -> None:
         self.num_speculative_tokens = config.num_speculative_tokens
         draft_config = load_config(config.model)

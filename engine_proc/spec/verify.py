@@ -12,6 +12,10 @@ distributions (n-gram lookup, or a draft model's argmax): this is rejection samp
 mass as the proposal, which accepts d[j] with probability p(d[j]) and otherwise samples
 p(x | x != d[j]), as the coupled sample does. A greedy or seeded request's output is the one it
 gets without speculation, token for token.
+
+A request with a grammar has each draft row masked by what its grammar allows after the drafts before it
+(RequestGrammar.draft_masks, filled before the sampler runs); its own row is masked, and its sample taken, by the
+grammar in the sampler as in any step, and the grammar takes the other tokens kept here.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rill.engine_proc.grammar.matcher import DraftRowMask
 from rill.engine_proc.sample.sampler import Sampler, SamplerOutput
 from rill.engine_proc.sched.batch import ScheduledSeq
 from rill.ipc.logprobs import TokenLogprobs
@@ -48,20 +53,28 @@ def sample(sampler: Sampler, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> 
     if not any(s.draft_ids for s in seqs):
         return sampler.sample(logits, seqs)
     rows: list[ScheduledSeq | _Row] = []
+    usable = []  # per seq, the drafts that may be kept (a grammar's dead end cuts them)
     for s in seqs:
         rows.append(s)
         req = s.req
+        masks, num = (None, len(s.draft_ids)) if req.grammar is None or not s.draft_ids else \
+            req.grammar.draft_masks(s.draft_ids, logits.shape[1])
+        usable.append(num)
         for j in range(1, len(s.draft_ids) + 1):
             rows.append(_Row(_RowRequest(req.params, req.prompt_ids, req.output_ids + s.draft_ids[:j],
+                                          grammar=None if masks is None else DraftRowMask(masks[j - 1]),
                                           sample_prep=req.sample_prep)))
     row_out = sampler.sample(logits, rows)
     out = SamplerOutput([])
     out.spec_ids = []
     logprobs: list[TokenLogprobs | None] | None = [] if row_out.logprobs is not None else None
     first = 0
-    for s in seqs:
+    for s, num in zip(seqs, usable):
         samples = row_out[first : first + 1 + len(s.draft_ids)]
-        kept = accepted(s.draft_ids, samples)
+        kept = accepted(s.draft_ids[:num], samples)
+        if s.req.grammar is not None:  # the first was taken in the sampler
+            for token in kept[1:]:
+                s.req.grammar.accept(token)
         out.append(kept[0])
         out.spec_ids.append(kept)
         if logprobs is not None:

@@ -102,6 +102,15 @@ def test_json_schema_streamed(results):
     jsonschema.validate(json.loads("".join(e["choices"][0]["delta"].get("content") or "" for e in events)), PERSON)
 
 
+def test_the_keys_a_schema_forces_were_drafted_and_accepted(server, results):
+    """Jump-forward (--jump-forward-tokens, on by default): the schemas' keys were drafted from the grammar and the
+    model kept some (every output above still meets its schema); /metrics counts them as /stats does."""
+    stats = httpx.get(f"{server.base_url}/stats", timeout=30).json()
+    assert 0 < stats["num_jump_forward_accepted"] <= stats["num_jump_forward_tokens"], stats
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    assert re.search(r":jump_forward_accepted_tokens_total\{[^}]*\} [1-9]", metrics), metrics[-2000:]
+
+
 def test_json_object_is_an_object(results):
     resp = results["object"]
     assert resp.choices[0].finish_reason == "stop"

@@ -14,12 +14,15 @@ COPY = ("Repeat this text exactly, word for word: The quick brown fox jumps over
 
 
 
-def serve(runner, prompts, params: SamplingParams, speculator=None, num_blocks: int | None = None):
+def serve(runner, prompts, params: SamplingParams, speculator=None, num_blocks: int | None = None, grammar=None):
     """Runs the prompts to their end through a real scheduler; (outputs, logprobs, steps).
-    `num_blocks`: fewer KV blocks than the runner's, to force preemptions."""
+    `num_blocks`: fewer KV blocks than the runner's, to force preemptions. `grammar()`: each request's
+    RequestGrammar."""
     sched = Scheduler(BlockManager(num_blocks or runner.kv_cache.num_blocks, BLOCK_SIZE), max_num_seqs=8,
                       max_num_batched_tokens=512, max_model_len=1024, eos_token_ids=[EOS_ID], speculator=speculator)
     reqs = [EngineRequest(f"r{i}", "w", list(p), params) for i, p in enumerate(prompts)]
+    for r in reqs:
+        r.grammar = grammar() if grammar is not None else None
     logprobs = {r.req_id: [] for r in reqs}
     for r in reqs:
         sched.add(r)

@@ -9,7 +9,8 @@ from rill.ipc.protocol import FinishReason
 log = logging.getLogger("rill.engine")
 
 # A grammar whose forced text takes longer than this to find (a schema's constant of many kilobytes: xgrammar
-# covers all of it with tokens, about 1 us a token here) drafts no more: no one request may slow every step.
+# covers all of it with tokens, about 1 us a token here), or its drafts' masks to fill (0.3 ms for 8 JSON key
+# tokens here), drafts from it no more: no one request may slow every step.
 JUMP_BUDGET_S = 0.002
 
 
@@ -109,6 +110,7 @@ class RequestGrammar:
         must not give a token. The row for the token before the drafts is fill_bitmask's, in the step."""
         import xgrammar as xgr
 
+        started = time.perf_counter()
         bitmask = xgr.allocate_token_bitmask(len(drafts), vocab_size)
         matcher, num, usable = self._matcher, 0, len(drafts)
         for j, token in enumerate(drafts):
@@ -122,6 +124,8 @@ class RequestGrammar:
                 break
         if num:
             matcher.rollback(num)
+        if time.perf_counter() - started > JUMP_BUDGET_S:  # masks slow to fill: its forced tokens are drafted no more
+            self._jumps = False
         return bitmask, usable
 
 

@@ -162,3 +162,14 @@ def test_a_thinking_budget_still_gets_no_drafts():
     req = make_req("a", max_tokens=100, thinking=ThinkingBudget(10, [5]))
     req.grammar = FixedGrammar([100, 101])
     assert Speculator(None, 0).drafts(req, req.num_tokens - 1, 512, 1, 1024) == []
+
+
+def test_masks_slow_to_fill_stop_the_drafts(compiled, ids, monkeypatch):
+    from rill.engine_proc.grammar import matcher
+
+    grammar = grammar_after(compiled, ids('{"'))
+    drafts = grammar.forced_ids(8)
+    monkeypatch.setattr(matcher, "JUMP_BUDGET_S", 0.0)
+    _, usable = grammar.draft_masks(drafts, VOCAB)
+    assert usable == len(drafts)  # this step's drafts are verified all the same
+    assert grammar.forced_ids(8) == []

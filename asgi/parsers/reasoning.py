@@ -1,57 +1,110 @@
-"""Reasoning parsers (vLLM's `--reasoning-parser` names): `<think>...</think>` becomes `reasoning_content`."""
+"""Reasoning parsers (vLLM's `--reasoning-parser` names): `<think>...</think>` (or a format's own tags) becomes
+`reasoning_content`."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rill.asgi.parsers.chat_output import BufferedParser
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail
 from rill.asgi.parsers.tools.harmony import HarmonyParser
 
-OPEN, CLOSE = "<think>", "</think>"
+
+@dataclass(frozen=True)
+class ThinkFormat:
+    """A thinking model's tags. `opening_optional`: the output starts in its thinking without the opening tag (the
+    template writes it into the prompt, or the model never writes it); else an output without it is all content
+    (thinking switched off). `reads_special_tokens`: the tags are special tokens, which the text must keep."""
+
+    open: str
+    close: str
+    opening_optional: bool
+    reads_special_tokens: bool = False
+
+
+R1 = ThinkFormat("<think>", "</think>", opening_optional=True)
+QWEN3 = ThinkFormat("<think>", "</think>", opening_optional=False)
+THINK_FORMATS = {
+    "deepseek_r1": R1,
+    "minimax_m2": R1,  # MiniMax-M2 never writes the opening tag
+    "step3": R1,  # Step3 neither
+    "qwen3": QWEN3,
+    "glm45": QWEN3,  # GLM-4.5 and 4.6: `<think>` opens the answer; thinking off, the template closed it already
+    "mimo": QWEN3,
+    "seed_oss": ThinkFormat("<seed:think>", "</seed:think>", opening_optional=False),
+    "mistral": ThinkFormat("[THINK]", "[/THINK]", opening_optional=False, reads_special_tokens=True),  # Magistral
+}
 
 
 class ThinkParser(BufferedParser):
-    """Text up to `</think>` is reasoning, the rest content. An opening `<think>` is recognised
-    only at the start of the output (leading whitespace dropped with it).
+    """Text up to the closing tag is reasoning, the rest content. An opening tag is recognised only at the start of
+    the output (leading whitespace dropped with it).
 
-    opening_optional (deepseek_r1): without the opening tag the output still starts in reasoning
-    (R1's template writes `<think>` into the prompt); with no `</think>` at all it is all
-    reasoning, as in vLLM (an answer cut short while thinking). Else (qwen3): without the
-    opening tag it is all content (Qwen3 with thinking off).
+    With `opening_optional` (deepseek_r1), without the opening tag the output still starts in reasoning (R1's
+    template writes `<think>` into the prompt); with no closing tag at all it is all reasoning, as in vLLM (an
+    answer cut short while thinking). Else (qwen3): without the opening tag it is all content (Qwen3 with
+    thinking off).
     """
 
     called_tools = False
 
-    def __init__(self, opening_optional: bool):
-        self.opening_optional = opening_optional
+    def __init__(self, fmt: ThinkFormat = QWEN3):
+        self.fmt = fmt
         self.state = "start"  # start, reasoning, content
         self.pending = ""
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()
+        opening, closing = self.fmt.open, self.fmt.close
         if self.state == "start":
             head = self.pending.lstrip()
-            if head.startswith(OPEN):
-                self.pending, self.state = head[len(OPEN):], "reasoning"
-            elif not final and OPEN.startswith(head):
+            if head.startswith(opening):
+                self.pending, self.state = head[len(opening):], "reasoning"
+            elif not final and opening.startswith(head):
                 return {}
             else:
-                self.state = "reasoning" if self.opening_optional else "content"
+                self.state = "reasoning" if self.fmt.opening_optional else "content"
         if self.state == "reasoning":
-            at = self.pending.find(CLOSE)
+            at = self.pending.find(closing)
             if at < 0:
-                end = len(self.pending) - (0 if final else held_tail(self.pending, (CLOSE,)))
+                end = len(self.pending) - (0 if final else held_tail(self.pending, (closing,)))
                 delta.add_reasoning(self.pending[:end])
                 self.pending = self.pending[end:]
                 return delta.build()
             delta.add_reasoning(self.pending[:at])
-            self.pending, self.state = self.pending[at + len(CLOSE):], "content"
+            self.pending, self.state = self.pending[at + len(closing):], "content"
         delta.add_content(self.pending)
         self.pending = ""
         return delta.build()
 
 
-# The <think> parsers: whether each one's output may start in its reasoning without the opening tag (the
-# grammar's think-then-constrain and the thinking budgets need it too: asgi/requests/structural_tags.py, thinking.py).
-OPENING_OPTIONAL = {"deepseek_r1": True, "qwen3": False}
-REASONING_PARSERS = {name: (lambda optional=optional: ThinkParser(opening_optional=optional))
-                     for name, optional in OPENING_OPTIONAL.items()}
+class ThinkParsers:
+    """Makes a format's ThinkParser; says whether its text keeps special tokens (asgi/parsers/chat_parsing.py)."""
+
+    def __init__(self, fmt: ThinkFormat) -> None:
+        self.fmt = fmt
+        self.reads_special_tokens = fmt.reads_special_tokens
+
+    def __call__(self) -> ThinkParser:
+        return ThinkParser(self.fmt)
+
+
+class PrependedThinking(BufferedParser):
+    """vLLM's `minimax_m2_append_think`: no split; the content is the whole output after the `<think>` that
+    MiniMax-M2's template wrote into the prompt, so that a client that reads thinking from the text finds it."""
+
+    called_tools = False
+
+    def __init__(self) -> None:
+        self.pending, self.opened = "", False
+
+    def _drain(self, final: bool) -> dict:
+        delta = DeltaBuilder()
+        delta.add_content(("" if self.opened else "<think>") + self.pending)
+        self.pending, self.opened = "", True
+        return delta.build()
+
+
+# The grammar's think-then-constrain and the thinking budgets read the same formats (asgi/parsers/thinking_markers.py).
+REASONING_PARSERS = {name: ThinkParsers(fmt) for name, fmt in THINK_FORMATS.items()}
+REASONING_PARSERS["minimax_m2_append_think"] = PrependedThinking
 REASONING_PARSERS["openai_gptoss"] = HarmonyParser  # GPT-OSS's analysis channel (asgi/parsers/tools/harmony.py)

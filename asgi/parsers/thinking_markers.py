@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rill.asgi.parsers.reasoning import CLOSE, OPEN, OPENING_OPTIONAL
+from rill.asgi.parsers.reasoning import THINK_FORMATS
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class ThinkingMarkers:
 
 
 # With an `open`, an output that does not open with it does not think (qwen3 with thinking off).
-THINK = {name: ThinkingMarkers("" if optional else OPEN, CLOSE, CLOSE)
-         for name, optional in OPENING_OPTIONAL.items()}
+THINK = {name: ThinkingMarkers("" if fmt.opening_optional else fmt.open, fmt.close, fmt.close)
+         for name, fmt in THINK_FORMATS.items()}
 HARMONY_PARSER = "openai"  # the tool parser that reads harmony, reasoning included
 HARMONY = ThinkingMarkers("<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>",
                           "<|end|>", answer="<|channel|>final<|message|>")

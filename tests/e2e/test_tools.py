@@ -282,10 +282,10 @@ def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_serv
     assert json.loads(call.arguments) == {"city": "Rome"}
 
 
-# Five formats of different kinds (XML typed by the schema, a marker and a name, special markers with a fenced block,
-# Python calls, harmony's channels); every parser reads every split of its format in tests/unit, and hermes runs
-# through this server above.
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "mistral", "deepseek_v3", "pythonic", "openai"])
+# Seven formats of different kinds (XML typed by the schema, GLM's keys and values, a marker and a name, special
+# markers with a fenced block, Kimi's with the model's own ids, Python calls, harmony's channels); every parser reads
+# every split of its format in tests/unit, and hermes runs through this server above.
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "mistral", "deepseek_v3", "kimi_k2", "pythonic", "openai"])
 def test_auto_reads_each_format_its_request_template_writes(sdk, fmt):
     """--tool-call-parser auto picks the parser from the request's own chat template (the served one's
     is hermes); the grammar writes the format's calls, after an empty thinking. Harmony's channels carry the
@@ -298,6 +298,8 @@ def test_auto_reads_each_format_its_request_template_writes(sdk, fmt):
     choice = sdk.chat.completions.create(model=MODEL, **body).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == content
     assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == calls
+    if fmt == "kimi_k2":  # the ids the model wrote, which Kimi's template writes back into the next turn
+        assert [c.id for c in choice.message.tool_calls] == ["functions.get_weather:0", "functions.get_time:1"]
     reasoning = choice.message.model_extra.get("reasoning_content")
     assert reasoning == ("Two calls." if fmt == "openai" else None)
     if fmt in ("mistral", "openai"):  # streamed too (every split of each is a unit test)

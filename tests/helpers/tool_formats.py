@@ -9,6 +9,10 @@ CALL_RENDERINGS = {
               "</tool_call>",
     "qwen3_coder": "<tool_call>\n<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments | items %}"
                    "<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n</tool_call>",
+    "glm45": "<tool_call>{{ tc.function.name }}\n{% for k, v in tc.function.arguments | items %}<arg_key>{{ k }}"
+             "</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}</tool_call>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
+               "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>",
     "mistral": "[TOOL_CALLS]{{ tc.function.name }}[ARGS]{{ tc.function.arguments | tojson }}",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ tc.function.name }}\n"
                    "```json\n{{ tc.function.arguments | tojson }}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
@@ -51,6 +55,11 @@ OUTPUTS = {
     "qwen3_coder": ("Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                     "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
                     "Let me check.\n", [PARIS, NONE]),
+    "glm45": ("Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+              "</tool_call>\n<tool_call>get_time\n</tool_call>", "Let me check.\n", [PARIS, NONE]),
+    "kimi_k2": ("Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "Let me check.", [PARIS, NONE]),
     "mistral": ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
                 "Let me check.", [PARIS, NONE]),
     "deepseek_v3": ("Let me check.<｜tool▁calls▁begin｜>"

@@ -32,6 +32,36 @@ def test_think_tags(make, text, reasoning, content):
     assert (message["reasoning_content"], message["content"], message["tool_calls"]) == (reasoning, content, None)
 
 
+@pytest.mark.parametrize("name,text,reasoning,content", [
+    ("minimax_m2", "Plan it.</think>\nParis.", "Plan it.", "\nParis."),  # opened in the prompt
+    ("step3", "<think>x</think>y", "x", "y"),
+    ("glm45", "<think>Hmm.</think>Paris.", "Hmm.", "Paris."),
+    ("glm45", "Paris, thinking off.", None, "Paris, thinking off."),
+    ("mimo", "<think>a</think>b", "a", "b"),
+    ("seed_oss", "<seed:think>Budget left.</seed:think>Paris.", "Budget left.", "Paris."),
+    ("seed_oss", "<think>not its tag</think>", None, "<think>not its tag</think>"),
+    ("mistral", "[THINK]Check units.[/THINK]42 km.", "Check units.", "42 km."),
+    ("mistral", "42 km.", None, "42 km."),
+    ("minimax_m2_append_think", "Plan it.</think>\nParis.", None, "<think>Plan it.</think>\nParis."),
+])
+def test_other_families_tags(name, text, reasoning, content):
+    message = check_every_split(REASONING_PARSERS[name], text)
+    assert (message["reasoning_content"], message["content"]) == (reasoning, content)
+
+
+def test_thinking_markers_follow_each_format():
+    """Budgets and think-then-constrain (asgi/parsers/thinking_markers.py) read the same tags; Magistral's are
+    special tokens, which the text keeps for its parser."""
+    from rill.asgi.parsers.chat_parsing import keeps_special_tokens
+    from rill.asgi.parsers.thinking_markers import thinking_markers
+
+    assert thinking_markers("seed_oss").open == "<seed:think>" and thinking_markers("seed_oss").close == "</seed:think>"
+    assert thinking_markers("minimax_m2").open == "" and thinking_markers("minimax_m2").close == "</think>"
+    assert thinking_markers("minimax_m2_append_think") is None  # nothing splits its thinking off
+    plain = ToolPlan(ToolMode.NONE, [])
+    assert keeps_special_tokens(plain, None, "mistral") and not keeps_special_tokens(plain, None, "qwen3")
+
+
 def test_reasoning_then_tool_calls():
     text = ('<think>The user wants weather; call the tool.</think>\n\nChecking.\n<tool_call>\n'
             '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')

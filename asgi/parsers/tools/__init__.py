@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from rill.asgi.parsers.tools.deepseek_v3 import DeepSeekV3Parser, DeepSeekV31Parser
+from rill.asgi.parsers.tools.glm45 import Glm45Parser
 from rill.asgi.parsers.tools.granite import GraniteParser, Phi4MiniJsonParser
 from rill.asgi.parsers.tools.harmony import HarmonyParser
 from rill.asgi.parsers.tools.hermes import HermesParser
+from rill.asgi.parsers.tools.kimi_k2 import KimiK2Parser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
 from rill.asgi.parsers.tools.mistral import MistralParser
 from rill.asgi.parsers.tools.pythonic import PythonicParser
@@ -13,8 +15,11 @@ from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
 TOOL_PARSERS = {
     "deepseek_v3": DeepSeekV3Parser,
     "deepseek_v31": DeepSeekV31Parser,
+    "glm45": Glm45Parser,
+    "glm47": Glm45Parser,
     "granite": GraniteParser,
     "hermes": HermesParser,
+    "kimi_k2": KimiK2Parser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
     "openai": HarmonyParser,

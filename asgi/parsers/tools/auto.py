@@ -13,6 +13,8 @@ import functools
 FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("openai", ("<|channel|>", "<|call|>")),  # GPT-OSS's harmony
     ("qwen3_coder", ("<tool_call>", "<function=")),
+    ("glm45", ("<tool_call>", "<arg_key>", "<arg_value>")),  # GLM-4.5 to 4.7: keys and values inside <tool_call>
+    ("kimi_k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
     ("deepseek_v3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json")),  # type, sep, name, a fenced block
     ("deepseek_v31", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>")),  # name, sep, the arguments as written
     ("mistral", ("[TOOL_CALLS]",)),

@@ -36,6 +36,7 @@ class DeepSeekV3Parser(StateParser):
     """V3 (and R1): `function<｜tool▁sep｜>NAME`, a newline, then the arguments in a ```json fence."""
 
     fenced = True
+    calls_begin, calls_end, call_begin, call_end, sep = CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP
     call_tag = (CALL_BEGIN, CALL_BEGIN + "function" + SEP + "NAME\n```json\n", "\n```" + CALL_END)  # as HermesParser's
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
@@ -50,7 +51,7 @@ class DeepSeekV3Parser(StateParser):
     # -- states: each reads what it can of `pending` and says whether to go on -----------------
 
     def _at_text(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((CALLS_BEGIN,), final)
+        text, tag = self._take((self.calls_begin,), final)
         self.content.add(text, delta)
         if tag:
             self.content.before_call_or_end(delta, self.num_calls)
@@ -58,8 +59,8 @@ class DeepSeekV3Parser(StateParser):
         return tag is not None
 
     def _at_calls(self, delta: DeltaBuilder, final: bool) -> bool:
-        _, tag = self._take((CALL_BEGIN, CALLS_END), final)
-        if tag == CALL_BEGIN:
+        _, tag = self._take((self.call_begin, self.calls_end), final)
+        if tag == self.call_begin:
             self.name = []
             self.state = "type" if self.fenced else "name"
         elif tag:
@@ -67,22 +68,22 @@ class DeepSeekV3Parser(StateParser):
         return tag is not None
 
     def _at_type(self, delta: DeltaBuilder, final: bool) -> bool:
-        _, tag = self._take((SEP, CALL_END, CALLS_END), final)  # always "function"
-        if tag == SEP:
+        _, tag = self._take((self.sep, self.call_end, self.calls_end), final)  # always "function"
+        if tag == self.sep:
             self.state = "name"
         elif tag:
             self._after_call(tag)
         return tag is not None
 
     def _at_name(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take(("\n" if self.fenced else SEP, CALL_END, CALLS_END), final)
+        text, tag = self._take(("\n" if self.fenced else self.sep, self.call_end, self.calls_end), final)
         self.name.append(text)
         name = "".join(self.name).strip()
-        if tag in (CALL_END, CALLS_END) or (tag and not name):
+        if tag in (self.call_end, self.calls_end) or (tag and not name):
             self._after_call(tag)  # the name never completed: nothing went out, and nothing will
         elif tag:
             self.num_calls += 1
-            delta.open_call(self.num_calls - 1, self.make_id(), name)
+            delta.open_call(self.num_calls - 1, *self._named(name))
             self.sent_args = False
             self.state = "fence" if self.fenced else "args"
         return tag is not None
@@ -99,7 +100,7 @@ class DeepSeekV3Parser(StateParser):
         return True
 
     def _at_args(self, delta: DeltaBuilder, final: bool) -> bool:
-        at, tag = self._find((CALL_END, CALLS_END))
+        at, tag = self._find((self.call_end, self.calls_end))
         if tag is None and not final:
             end = len(self.pending) - self._held_args()
             self._send_args(delta, self.pending[:end])
@@ -113,26 +114,16 @@ class DeepSeekV3Parser(StateParser):
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _find(self, tags: tuple[str, ...]) -> tuple[int, str | None]:
-        """Where the first of `tags` begins in `pending`, and which ((len(pending), None) for none)."""
-        return min(((at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0),
-                   default=(len(self.pending), None))
-
-    def _take(self, tags: tuple[str, ...], final: bool) -> tuple[str, str | None]:
-        """Removes from `pending` the text before the first of `tags`, and that tag; with none of them,
-        all the text that cannot be the start of one (all of it when final)."""
-        at, tag = self._find(tags)
-        if tag is None and not final:
-            at -= held_tail(self.pending, tags)
-        text, self.pending = self.pending[:at], self.pending[at + len(tag or ""):]
-        return text, tag
+    def _named(self, name: str) -> tuple[str, str]:
+        """(the call's id, its function's name) from the name as written."""
+        return self.make_id(), name
 
     def _held_args(self) -> int:
         """How much of the arguments' end to hold back: what may be the start of an end marker, and the
         whitespace (and in V3 the closing fence's backticks) before it, which the arguments lose if it ends
         them. The arguments sent so far then never end in what the end trims, so the pieces join into the
         arguments as the whole text gives them."""
-        tag = held_tail(self.pending, (CALL_END, CALLS_END))
+        tag = held_tail(self.pending, (self.call_end, self.calls_end))
         rest = self.pending[:len(self.pending) - tag]
         return tag + len(rest) - len(rest.rstrip(self._trailing))
 
@@ -147,7 +138,7 @@ class DeepSeekV3Parser(StateParser):
             self.sent_args = True
 
     def _after_call(self, tag: str | None) -> None:
-        self.state = "text" if tag == CALLS_END else "calls"
+        self.state = "text" if tag == self.calls_end else "calls"
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):

@@ -63,6 +63,8 @@ class StateParser(BufferedParser):
     num_calls: int
     state: str
 
+    pending: str
+
     @property
     def called_tools(self) -> bool:
         return self.num_calls > 0
@@ -74,6 +76,20 @@ class StateParser(BufferedParser):
         if final:
             self.content.before_call_or_end(delta, self.num_calls)
         return delta.build()
+
+    def _find(self, tags: tuple[str, ...]) -> tuple[int, str | None]:
+        """Where the first of `tags` begins in `pending`, and which ((len(pending), None) for none)."""
+        return min(((at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0),
+                   default=(len(self.pending), None))
+
+    def _take(self, tags: tuple[str, ...], final: bool) -> tuple[str, str | None]:
+        """Removes from `pending` the text before the first of `tags`, and that tag; with none of them,
+        all the text that cannot be the start of one (all of it when final)."""
+        at, tag = self._find(tags)
+        if tag is None and not final:
+            at -= held_tail(self.pending, tags)
+        text, self.pending = self.pending[:at], self.pending[at + len(tag or ""):]
+        return text, tag
 
 
 class HermesParser(BufferedParser):

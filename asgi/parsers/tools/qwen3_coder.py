@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable
 
-from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
+from rill.asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
 from rill.asgi.parsers.tools.hermes import ContentAroundCalls, StateParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -89,7 +89,7 @@ class Qwen3CoderParser(StateParser):
         self.num_calls += 1
         delta.open_call(self.num_calls - 1, self.make_id(), name)
         delta.add_arguments(self.num_calls - 1, "{")
-        self.properties = _properties(self.tools, name)
+        self.properties = tool_properties(self.tools, name)
         self.num_params = 0
         self.state = "params"
         return True
@@ -138,16 +138,6 @@ class Qwen3CoderParser(StateParser):
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _take(self, tags: tuple[str, ...], final: bool) -> tuple[str, str | None]:
-        """Removes from `pending` the text before the first of `tags`, and that tag; with none of them,
-        all the text that cannot be the start of one (all of it when final)."""
-        at, tag = min(((at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0),
-                      default=(len(self.pending), None))
-        if tag is None and not final:
-            at -= held_tail(self.pending, tags)
-        text, self.pending = self.pending[:at], self.pending[at + len(tag or ""):]
-        return text, tag
-
     def _ends(self, *tags: str) -> tuple[str, ...]:
         """`tags` and the tags that end the current function."""
         return (*tags, FUNCTION_END, CLOSE) if self.wrapped else (*tags, FUNCTION_END)
@@ -174,7 +164,7 @@ class Qwen3CoderParser(StateParser):
             self.wrapped = False
 
 
-def _properties(tools: list[dict] | None, name: str) -> dict:
+def tool_properties(tools: list[dict] | None, name: str) -> dict:
     """The parameter schemas of the request's function `name` ({} when it has none or is not there)."""
     for tool in tools or ():
         function = tool.get("function") or {}

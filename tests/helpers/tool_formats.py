@@ -13,6 +13,8 @@ CALL_RENDERINGS = {
              "</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}</tool_call>",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
                "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>",
+    "minimax_m2": '<minimax:tool_call>\n<invoke name="{{ tc.function.name }}">\n{% for k, v in tc.function.arguments '
+                  '| items %}<parameter name="{{ k }}">{{ v }}</parameter>\n{% endfor %}</invoke>\n</minimax:tool_call>',
     "mistral": "[TOOL_CALLS]{{ tc.function.name }}[ARGS]{{ tc.function.arguments | tojson }}",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ tc.function.name }}\n"
                    "```json\n{{ tc.function.arguments | tojson }}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
@@ -60,6 +62,9 @@ OUTPUTS = {
     "kimi_k2": ("Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                 '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "Let me check.", [PARIS, NONE]),
+    "minimax_m2": ('Let me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+                   '</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
+                   "Let me check.\n", [PARIS, NONE]),
     "mistral": ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
                 "Let me check.", [PARIS, NONE]),
     "deepseek_v3": ("Let me check.<｜tool▁calls▁begin｜>"

@@ -8,6 +8,7 @@ from rill.asgi.parsers.tools.harmony import HarmonyParser
 from rill.asgi.parsers.tools.hermes import HermesParser
 from rill.asgi.parsers.tools.kimi_k2 import KimiK2Parser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
+from rill.asgi.parsers.tools.minimax_m2 import MiniMaxM2Parser
 from rill.asgi.parsers.tools.mistral import MistralParser
 from rill.asgi.parsers.tools.pythonic import PythonicParser
 from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
@@ -21,6 +22,7 @@ TOOL_PARSERS = {
     "hermes": HermesParser,
     "kimi_k2": KimiK2Parser,
     "llama3_json": Llama3JsonParser,
+    "minimax_m2": MiniMaxM2Parser,
     "mistral": MistralParser,
     "openai": HarmonyParser,
     "phi4_mini_json": Phi4MiniJsonParser,

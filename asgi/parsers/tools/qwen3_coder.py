@@ -36,6 +36,9 @@ _NOT = object()  # a value that does not read as the type asked for
 
 
 class Qwen3CoderParser(StateParser):
+    open, close = OPEN, CLOSE
+    function, function_end, parameter, parameter_end = FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END
+
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.make_id = make_id
         self.tools = tools
@@ -53,25 +56,25 @@ class Qwen3CoderParser(StateParser):
     # -- states: each reads what it can of `pending` and says whether to go on -----------------
 
     def _at_text(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((OPEN, FUNCTION, CLOSE) if self.wrapped else (OPEN, FUNCTION), final)
+        text, tag = self._take((self.open, self.function, self.close) if self.wrapped else (self.open, self.function), final)
         self.content.add(text, delta)
-        if tag == CLOSE:  # the </tool_call> after a </function>: the layout before it is no content either
+        if tag == self.close:  # the </tool_call> after a </function>: the layout before it is no content either
             self.content.before_call_or_end(delta, self.num_calls)
             self.wrapped = False
         elif tag:
             self.content.before_call_or_end(delta, self.num_calls)
             self.raw = [tag]
-            self.wrapped = self.wrapped or tag == OPEN
-            self.state = "head" if tag == OPEN else "name"
+            self.wrapped = self.wrapped or tag == self.open
+            self.state = "head" if tag == self.open else "name"
         return tag is not None
 
     def _at_head(self, delta: DeltaBuilder, final: bool) -> bool:
         body = self.pending.lstrip()
-        if body.startswith(FUNCTION):
-            self.raw.append(self.pending[:len(self.pending) - len(body) + len(FUNCTION)])
-            self.pending = body[len(FUNCTION):]
+        if body.startswith(self.function):
+            self.raw.append(self.pending[:len(self.pending) - len(body) + len(self.function)])
+            self.pending = body[len(self.function):]
             self.state = "name"
-        elif not final and FUNCTION.startswith(body):
+        elif not final and self.function.startswith(body):
             return False
         else:
             self._not_a_call(delta)
@@ -81,7 +84,7 @@ class Qwen3CoderParser(StateParser):
         end = _NAME_END.search(self.pending)
         if end is None and not final:
             return False
-        name = self.pending[:end.start()].strip() if end and end.group() == ">" else ""
+        name = self._unquoted(self.pending[:end.start()]) if end and end.group() == ">" else ""
         if not name:
             self._not_a_call(delta)
             return True
@@ -95,15 +98,15 @@ class Qwen3CoderParser(StateParser):
         return True
 
     def _at_not_call(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((CLOSE,), final)
+        text, tag = self._take((self.close,), final)
         self.content.add(text + (tag or ""), delta)
         if tag:
             self.state = "text"
         return tag is not None
 
     def _at_params(self, delta: DeltaBuilder, final: bool) -> bool:
-        _, tag = self._take(self._ends(PARAMETER), final)  # text between parameters is layout
-        if tag == PARAMETER:
+        _, tag = self._take(self._ends(self.parameter), final)  # text between parameters is layout
+        if tag == self.parameter:
             self.state = "key"
         elif tag or final:
             self._end_call(delta, tag)
@@ -116,21 +119,21 @@ class Qwen3CoderParser(StateParser):
                 self.pending = ""
                 self._end_call(delta, None)
             return False
-        self.key = self.pending[:at].strip()
+        self.key = self._unquoted(self.pending[:at])
         self.pending = self.pending[at + 1:]
         self.value = []
         self.state = "value"
         return True
 
     def _at_value(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take(self._ends(PARAMETER_END, PARAMETER), final)
+        text, tag = self._take(self._ends(self.parameter_end, self.parameter), final)
         self.value.append(text)
         if tag is None and not final:
             return False
         self._end_parameter(delta)
-        if tag == PARAMETER:
+        if tag == self.parameter:
             self.state = "key"
-        elif tag == PARAMETER_END:
+        elif tag == self.parameter_end:
             self.state = "params"
         else:
             self._end_call(delta, tag)
@@ -140,7 +143,15 @@ class Qwen3CoderParser(StateParser):
 
     def _ends(self, *tags: str) -> tuple[str, ...]:
         """`tags` and the tags that end the current function."""
-        return (*tags, FUNCTION_END, CLOSE) if self.wrapped else (*tags, FUNCTION_END)
+        return (*tags, self.function_end, self.close) if self.wrapped else (*tags, self.function_end)
+
+    @staticmethod
+    def _unquoted(name: str) -> str:
+        return name.strip()
+
+    @staticmethod
+    def _value(text: str) -> str:
+        return text.removeprefix("\n").removesuffix("\n")
 
     def _not_a_call(self, delta: DeltaBuilder) -> None:
         """The tags read so far began no call: they are content as written, up to the `</tool_call>`
@@ -150,7 +161,7 @@ class Qwen3CoderParser(StateParser):
         self.wrapped = False
 
     def _end_parameter(self, delta: DeltaBuilder) -> None:
-        value = "".join(self.value).removeprefix("\n").removesuffix("\n")
+        value = self._value("".join(self.value))
         typed = convert(value, self.properties.get(self.key))
         piece = json.dumps(self.key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
         # json.dumps' own separators, so that the pieces join into json.dumps of the whole object
@@ -160,7 +171,7 @@ class Qwen3CoderParser(StateParser):
     def _end_call(self, delta: DeltaBuilder, tag: str | None) -> None:
         delta.add_arguments(self.num_calls - 1, "}")
         self.state = "text"
-        if tag == CLOSE:
+        if tag == self.close:
             self.wrapped = False
 
 

@@ -1,4 +1,4 @@
-"""Tool-call parsers as pure units: glm45 (GLM-4.5 to 4.7: keys and values, typed by the tools' schemas) and
+"""Tool-call parsers as pure units: glm45 (GLM-4.5 to 4.7: keys and values, typed by the tools' schemas), minimax_m2 and
 kimi_k2 (Kimi K2's special markers, the model's own call ids)."""
 from __future__ import annotations
 
@@ -90,3 +90,13 @@ def test_kimi_calls_keep_the_models_ids():
 ])
 def test_kimi_cut_off_and_bare_names(text, expected):
     assert calls(check_every_split(KimiK2Parser, text)) == expected
+
+
+def test_minimax_names_and_keys_lose_their_quotes_and_values_are_typed():
+    from rill.asgi.parsers.tools.minimax_m2 import MiniMaxM2Parser
+
+    text = ("Ok.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"days\">\n 3 \n</parameter>\n"
+            "<parameter name='city'>  New York  </parameter>\n</invoke>\n</minimax:tool_call> after")
+    message = check_every_split(lambda: MiniMaxM2Parser(tools=TOOLS), text)
+    assert calls(message) == [("get_weather", '{"days": 3, "city": "New York"}')]
+    assert message["content"] == "Ok.\n after"

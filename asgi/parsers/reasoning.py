@@ -19,6 +19,7 @@ class ThinkFormat:
     close: str
     opening_optional: bool
     reads_special_tokens: bool = False
+    answer_opens: str = ""  # also ends the thinking, without `close`, and begins the content (Kimi's tool calls)
 
 
 R1 = ThinkFormat("<think>", "</think>", opening_optional=True)
@@ -32,6 +33,9 @@ THINK_FORMATS = {
     "mimo": QWEN3,
     "seed_oss": ThinkFormat("<seed:think>", "</seed:think>", opening_optional=False),
     "mistral": ThinkFormat("[THINK]", "[/THINK]", opening_optional=False, reads_special_tokens=True),  # Magistral
+    # Kimi K2 Thinking: its calls' section may follow the thinking with no `</think>` (the tags are special tokens)
+    "kimi_k2": ThinkFormat("<think>", "</think>", opening_optional=True, reads_special_tokens=True,
+                           answer_opens="<|tool_calls_section_begin|>"),
 }
 
 
@@ -54,7 +58,7 @@ class ThinkParser(BufferedParser):
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()
-        opening, closing = self.fmt.open, self.fmt.close
+        opening, closing, answer = self.fmt.open, self.fmt.close, self.fmt.answer_opens
         if self.state == "start":
             head = self.pending.lstrip()
             if head.startswith(opening):
@@ -64,14 +68,15 @@ class ThinkParser(BufferedParser):
             else:
                 self.state = "reasoning" if self.fmt.opening_optional else "content"
         if self.state == "reasoning":
-            at = self.pending.find(closing)
-            if at < 0:
-                end = len(self.pending) - (0 if final else held_tail(self.pending, (closing,)))
+            ends = (closing, answer) if answer else (closing,)
+            at, tag = min(((at, tag) for tag in ends if (at := self.pending.find(tag)) >= 0), default=(-1, None))
+            if tag is None:
+                end = len(self.pending) - (0 if final else held_tail(self.pending, ends))
                 delta.add_reasoning(self.pending[:end])
                 self.pending = self.pending[end:]
                 return delta.build()
             delta.add_reasoning(self.pending[:at])
-            self.pending, self.state = self.pending[at + len(closing):], "content"
+            self.pending, self.state = self.pending[at + (len(closing) if tag == closing else 0):], "content"
         delta.add_content(self.pending)
         self.pending = ""
         return delta.build()

@@ -66,7 +66,8 @@ def thinking_budget(max_tokens: int | None, markers: ThinkingMarkers | None, enc
     if max_tokens is None or markers is None:
         if max_tokens is not None and param is not None:
             raise APIError(400, f"`{param}` needs the server started with a --reasoning-parser (qwen3, deepseek_r1, "
-                                "openai_gptoss), which says where the thinking ends.", param=param, code="invalid_value")
+                                "openai_gptoss, ...), which says where the thinking ends.", param=param,
+                           code="invalid_value")
         return None
     return ThinkingBudget(max_tokens, encode(markers.close), encode(markers.open) if markers.open else [],
                           encode(markers.closed_by) if markers.closed_by != markers.close else [])

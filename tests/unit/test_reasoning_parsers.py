@@ -43,6 +43,9 @@ def test_think_tags(make, text, reasoning, content):
     ("mistral", "[THINK]Check units.[/THINK]42 km.", "Check units.", "42 km."),
     ("mistral", "42 km.", None, "42 km."),
     ("minimax_m2_append_think", "Plan it.</think>\nParis.", None, "<think>Plan it.</think>\nParis."),
+    ("kimi_k2", "Look it up.</think>Paris.", "Look it up.", "Paris."),
+    ("kimi_k2", "<think>Look it up.<|tool_calls_section_begin|>calls", "Look it up.", "<|tool_calls_section_begin|>calls"),
+    ("kimi_k2", "Still thinking <|tool_calls_sec", "Still thinking <|tool_calls_sec", None),
 ])
 def test_other_families_tags(name, text, reasoning, content):
     message = check_every_split(REASONING_PARSERS[name], text)
@@ -89,3 +92,13 @@ def test_factory_picks_parsers():
     assert isinstance(parser_factory(named, tool_parser=None, reasoning_parser="deepseek_r1")(), NamedCall)
     required = ToolPlan(ToolMode.REQUIRED, [], schema={})
     assert isinstance(parser_factory(required, tool_parser=None, reasoning_parser=None)(), RequiredCalls)
+
+
+def test_kimi_thinking_then_its_calls_without_a_closing_tag():
+    text = ("I need the weather.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+            '<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|><|tool_calls_section_end|>')
+    make = parser_factory(ToolPlan(ToolMode.AUTO, []), tool_parser="kimi_k2", reasoning_parser="kimi_k2")
+    message = check_every_split(make, text)
+    assert message["reasoning_content"] == "I need the weather." and message["content"] is None
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("functions.get_weather:0", "get_weather", '{"city": "Oslo"}')]

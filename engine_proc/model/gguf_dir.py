@@ -5,7 +5,8 @@ to float32, the tokenizer with its special tokens and chat template) and Rill wr
 as a safetensors directory, which every route serves as it serves any other. The directory is
 named after the file and a key of its path, size and modification time: a changed file converts
 again, and the conversion happens once whatever the number of engines starting together (a lock,
-then an atomic rename). Split files (`-00001-of-0000N.gguf`) are refused: transformers reads one.
+then an atomic rename). A split file (`-00001-of-0000N.gguf`) is named by its first part, whose reader shows
+transformers every part's tensors (gguf_reader.py); its key covers every part.
 """
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 from rill.engine_proc.model.cache_lock import cache_lock
+from rill.engine_proc.model.gguf_reader import SPLIT, read_gguf, split_parts
 
 # What a conversion writes: a new one when this changes (2: general.sampling.* into generation_config.json;
 # 3: SOURCE_FILE_NAME).
@@ -30,7 +31,6 @@ log = logging.getLogger("rill.model")
 # Present only in a finished directory: everything is written before the final rename.
 SOURCE_FILE_NAME = "rill_gguf.json"  # the GGUF converted: --quantization int4 keeps its 4-bit blocks (gguf_int4.py)
 REQUIRED_FILE_NAMES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE_NAME)
-SPLIT = re.compile(r"-\d{5}-of-(\d{5})\.gguf$")
 
 
 def is_complete(model_dir: Path) -> bool:
@@ -40,11 +40,14 @@ def is_complete(model_dir: Path) -> bool:
 def ensure_gguf_model(gguf_path: Path, cache_dir: Path) -> Path:
     """The converted directory of `gguf_path` under `cache_dir`/gguf, converting it on first use."""
     gguf_path = gguf_path.resolve()
-    if (split := SPLIT.search(gguf_path.name)) and int(split.group(1)) > 1:
-        raise ValueError(f"{gguf_path.name} is one part of a split GGUF: merge it into one file first "
-                         "(llama.cpp's llama-gguf-split --merge)")
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{CONVERSION}\n{gguf_path}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    parts = [gguf_path]
+    if (split := SPLIT.search(gguf_path.name)) and int(split.group(2)) > 1:
+        if int(split.group(1)) != 1:
+            raise ValueError(f"{gguf_path.name} is one part of a split GGUF: pass its first part, "
+                             f"{gguf_path.name[:split.start()]}-00001-of-{split.group(2)}.gguf")
+        parts = split_parts(gguf_path)
+    stats = "\n".join(f"{(stat := part.stat()).st_size}\n{stat.st_mtime_ns}" for part in parts)
+    key = hashlib.sha256(f"{CONVERSION}\n{gguf_path}\n{stats}".encode()).hexdigest()[:12]
     return ensure_converted(gguf_path, cache_dir / "gguf" / f"{gguf_path.stem}-{key}")
 
 
@@ -172,15 +175,13 @@ def _one_reader():
     model), and gguf builds it anew from every architecture's names each time (8 s of a 20 s conversion)."""
     import gguf
 
-    from rill.engine_proc.model.gguf_reader import FastGGUFReader
-
     readers: dict[str, gguf.GGUFReader] = {}
     original, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
 
     def shared(path, *args, **kwargs):
         key = str(Path(path).resolve())
         if key not in readers:
-            readers[key] = FastGGUFReader(path, *args, **kwargs)
+            readers[key] = read_gguf(path)
         return readers[key]
 
     gguf.GGUFReader = shared

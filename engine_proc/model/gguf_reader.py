@@ -9,6 +9,7 @@ the package's reader returns (a test compares every field and tensor), as plain 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import gguf
@@ -56,5 +57,40 @@ class FastGGUFReader(gguf.GGUFReader):
         return offs - orig_offs, parts, data_idxs, [GGUFValueType.ARRAY] + ([itype] if count else [])
 
 
-def read_gguf(path: str | Path) -> gguf.GGUFReader:
+# llama.cpp's split files (llama-gguf-split): NAME-00001-of-00003.gguf, ...; the first holds the metadata.
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+class SplitGGUFReader:
+    """A split GGUF's parts read as one file: the first part's fields, every part's tensors in order. What
+    transformers' loader reads of a reader (`fields`, `tensors`) and Rill's (`get_field`)."""
+
+    def __init__(self, first: Path) -> None:
+        parts = split_parts(first)
+        readers = [FastGGUFReader(str(part)) for part in parts]
+        self.fields = readers[0].fields
+        self.get_field = readers[0].get_field
+        self.tensors = [tensor for reader in readers for tensor in reader.tensors]
+        declared = self.get_field("split.tensors.count")
+        if declared is not None and int(declared.contents()) != len(self.tensors):
+            raise ValueError(f"{first.name}: its parts hold {len(self.tensors)} tensors, the file says "
+                             f"{int(declared.contents())}")
+
+
+def split_parts(first: Path) -> list[Path]:
+    """Every part's path from the first's name; a missing one is an error naming it."""
+    match = SPLIT.search(first.name)
+    count = int(match.group(2))
+    stem = first.name[:match.start()]
+    parts = [first.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    if missing := [part.name for part in parts if not part.is_file()]:
+        raise ValueError(f"{first.name} is the first of {count} parts: {', '.join(missing)} not found beside it")
+    return parts
+
+
+def read_gguf(path: str | Path) -> gguf.GGUFReader | SplitGGUFReader:
+    """The file's reader; for the first part of a split file, all its parts as one."""
+    path = Path(path)
+    if (match := SPLIT.search(path.name)) and int(match.group(2)) > 1:
+        return SplitGGUFReader(path)
     return FastGGUFReader(str(path))

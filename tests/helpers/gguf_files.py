@@ -92,12 +92,14 @@ def quantize(array: np.ndarray, quantization: gguf.GGMLQuantizationType) -> np.n
 
 def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                name: str = "tiny", sampling: dict[str, float | int] | None = None,
-               types: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+               types: dict[str, gguf.GGMLQuantizationType] | None = None, split_max_tensors: int = 0) -> Path:
     """`model` (a transformers Llama or Qwen3 with the bundled tokenizer's vocabulary) as a GGUF at `path`;
     `sampling`: general.sampling.* fields by their last part (temp, top_k, ...), as llama.cpp writes them;
-    `types`: GGUF tensor name -> its type, where it is not `quantization` (a Q4_K_M file's Q6_K layers)."""
+    `types`: GGUF tensor name -> its type, where it is not `quantization` (a Q4_K_M file's Q6_K layers);
+    `split_max_tensors`: parts of that many tensors, as llama.cpp's convert script splits (PATH-00001-of-0000N.gguf,
+    the path returned the first's)."""
     config = model.config
-    writer = gguf.GGUFWriter(str(path), config.model_type)
+    writer = gguf.GGUFWriter(str(path), config.model_type, split_max_tensors=split_max_tensors)
     writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -129,7 +131,8 @@ def write_gguf(model, path: Path, quantization: gguf.GGMLQuantizationType = gguf
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    parts = writer.format_shard_names(Path(path))
+    return parts[0]
 
 
 def tiny_model(family: str = "llama", seed: int = 0):

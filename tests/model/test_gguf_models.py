@@ -89,8 +89,19 @@ def test_a_file_converts_once_and_again_when_it_changes(converted):
     assert second != first and gguf_dir.is_complete(second)
 
 
-def test_a_split_file_is_refused_with_how_to_merge_it(tmp_path):
-    part = tmp_path / "big-00001-of-00003.gguf"
-    part.write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="one part of a split GGUF: merge it"):
-        gguf_dir.ensure_gguf_model(part, tmp_path / "cache")
+def test_a_split_file_converts_from_its_first_part(model, converted, tmp_path):
+    """llama.cpp's split files (here 7 tensors a part, as its convert script writes them): the first part names
+    the model, and the converted weights are the one file's; another part, or a missing one, is an error that
+    says which to pass or which is missing."""
+    first = write_gguf(model, tmp_path / "tiny.Q4_0.gguf", Q.Q4_0, split_max_tensors=7)
+    parts = sorted(tmp_path.glob("tiny.Q4_0-*-of-*.gguf"))
+    assert first == parts[0] and len(parts) == 3 and first.name == "tiny.Q4_0-00001-of-00003.gguf"
+    split = AutoModelForCausalLM.from_pretrained(gguf_dir.ensure_gguf_model(first, tmp_path / "cache"))
+    whole = AutoModelForCausalLM.from_pretrained(converted[Q.Q4_0][2])
+    for (name, a), (_, b) in zip(split.state_dict().items(), whole.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+    with pytest.raises(ValueError, match="pass its first part, tiny.Q4_0-00001-of-00003.gguf"):
+        gguf_dir.ensure_gguf_model(parts[1], tmp_path / "cache")
+    parts[2].unlink()
+    with pytest.raises(ValueError, match="tiny.Q4_0-00003-of-00003.gguf not found"):
+        gguf_dir.ensure_gguf_model(first, tmp_path / "cache2")

@@ -165,6 +165,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's: words never written (asgi/requests/bad_words.py)
     bad_words: Annotated[list[Annotated[str, Meta(min_length=1, max_length=MAX_BAD_WORD_LEN)]],
                          Meta(max_length=MAX_BAD_WORDS)] | None = None
+    # vLLM's, not served: a 400 rather than an answer that silently is not what was asked
+    use_beam_search: bool | None = None
+    logits_processors: Any = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -234,7 +237,8 @@ def unknown_model(model: str) -> APIError:
 
 def reject_unsupported(req: SamplingFields) -> None:
     """400 for every parameter this server does not implement yet, naming it."""
-    checks: list[tuple[str, bool]] = []
+    checks: list[tuple[str, bool]] = [("use_beam_search", bool(req.use_beam_search)),
+                                      ("logits_processors", bool(req.logits_processors))]
     if isinstance(req, ChatCompletionRequest):
         checks += [
             ("functions", bool(req.functions)),

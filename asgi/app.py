@@ -33,7 +33,7 @@ from rill.asgi.routes import stored_responses as stored
 from rill.asgi.routes.chat import chat_completions
 from rill.asgi.routes.classify import classify, pool
 from rill.asgi.routes.completions import completions
-from rill.asgi.routes.embeddings import create_embeddings
+from rill.asgi.routes.embeddings import create_embeddings, llama_embedding
 from rill.asgi.routes.llama_cpp import completion, infill
 from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from rill.asgi.routes.rerank import rerank, score
@@ -163,6 +163,8 @@ ROUTER = Router([
     ("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter),
     ("POST", "/infill", generative(infill)),  # llama.cpp's fill-in-the-middle with context (asgi/routes/llama_cpp.py)
     ("POST", "/completion", generative(completion)),  # llama.cpp's native completion
+    ("POST", "/completions", generative(completion)),  # its other name in llama-server
+    ("POST", "/embedding", llama_embedding),  # llama.cpp's native embeddings (asgi/routes/embeddings.py)
     ("GET", "/props", generative(llama_cpp.props)),
     ("POST", "/apply-template", generative(llama_cpp.apply_template)),
     ("POST", "/generate", generative(sglang.generate)),  # SGLang's native generation, or TGI's (asgi/routes/tgi.py)

@@ -6,6 +6,7 @@ vectors come back as float32 bytes with each input's last delta.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -50,9 +51,45 @@ class EmbeddingList:
                                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
+class LlamaEmbeddings(EmbeddingList):
+    """llama.cpp's POST /embedding answer: `[{"index": i, "embedding": [vector]}]` (a pooled input's one vector)."""
+
+    def body(self, gen: Generation) -> bytes | None:
+        if gen.disconnected:
+            return None
+        if any(choice.embedding is None for choice in gen.mailbox.choices):
+            raise GenerationFailed("The engine returned no embedding.")
+        return msgspec.json.encode([{"index": i, "embedding": [np.frombuffer(choice.embedding, dtype="<f4").tolist()]}
+                                    for i, choice in enumerate(gen.mailbox.choices)])
+
+
+class LlamaEmbeddingRequest(msgspec.Struct, kw_only=True):
+    content: str | list[Any]  # llama.cpp's: a text, texts, token ids or lists of them
+    model: str | None = None
+
+
+llama_embedding_decoder = msgspec.json.Decoder(LlamaEmbeddingRequest)
+
+
 async def create_embeddings(http: HTTPRequest) -> None:
     state: WorkerState = http.state
     req: EmbeddingsRequest = decode_json(embeddings_decoder, http.body)
+    gen = await embedding_generation(state, req)
+    await respond(gen, EmbeddingList(state.model_id, req.encoding_format == "base64"), stream=False,
+                  receive=http.receive, send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)
+
+
+async def llama_embedding(http: HTTPRequest) -> None:
+    """llama.cpp's POST /embedding: `content` as /v1/embeddings' `input` (its checks and 400s naming `input`)."""
+    state: WorkerState = http.state
+    req = decode_json(llama_embedding_decoder, http.body)
+    gen = await embedding_generation(state, EmbeddingsRequest(model=req.model or state.model_id, input=req.content))
+    await respond(gen, LlamaEmbeddings(state.model_id, False), stream=False, receive=http.receive, send=http.send,
+                  keepalive_s=state.settings.http.sse_keepalive_s)
+
+
+async def embedding_generation(state: WorkerState, req: EmbeddingsRequest) -> Generation:
+    """The engine requests of an embeddings request, once its model and inputs are checked."""
     await resolve_model(state, req.model, adapters=False)  # the served model's embeddings only
     limits = state.settings.limits
     if limits.scorer:
@@ -71,6 +108,4 @@ async def create_embeddings(http: HTTPRequest) -> None:
         raise APIError(400, "`input` must not hold an empty string.", param="input")
     if len(batch) > MAX_INPUTS:
         raise APIError(400, f"`input` holds {len(batch)} inputs; at most {MAX_INPUTS} per request.", param="input")
-    gen = pooling(state, req, await input_prompts(state, req, batch), "embd")
-    await respond(gen, EmbeddingList(state.model_id, req.encoding_format == "base64"), stream=False,
-                  receive=http.receive, send=http.send, keepalive_s=state.settings.http.sse_keepalive_s)
+    return pooling(state, req, await input_prompts(state, req, batch), "embd")

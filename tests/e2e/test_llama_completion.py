@@ -119,3 +119,23 @@ def test_props_and_apply_template(server, client, tokenizer):
     assert len(tokenizer.encode(text, add_special_tokens=False).ids) == usage.prompt_tokens
     bad = httpx.post(f"{server.base_url}/apply-template", json={"messages": []}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_the_completions_alias_and_embedding(server):
+    """llama-server's other name for /completion, and its native /embedding: each input's pooled vector (as
+    /v1/embeddings gives it) in llama.cpp's `[{"index", "embedding": [vector]}]`; /v1/embeddings' 400s."""
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "cache_salt": salt()}
+    assert httpx.post(f"{server.base_url}/completions", json=body, timeout=120).json()["content"] == \
+        post(server, {**body, "cache_salt": salt()}).json()["content"]
+    texts = ["Paris is large.", "Rome is old."]
+    r = httpx.post(f"{server.base_url}/embedding", json={"content": texts}, timeout=120)
+    assert r.status_code == 200, r.text
+    expected = sdk_client(server).embeddings.create(model=MODEL, input=texts, encoding_format="float").data
+    assert [item["index"] for item in r.json()] == [0, 1]
+    for item, want in zip(r.json(), expected):
+        [vector] = item["embedding"]
+        assert vector == pytest.approx(want.embedding, abs=1e-5)
+    one = httpx.post(f"{server.base_url}/embedding", json={"content": texts[0]}, timeout=120).json()
+    assert one[0]["embedding"][0] == pytest.approx(expected[0].embedding, abs=1e-5)
+    for bad in ({"content": ""}, {}, {"content": "x", "model": "nope"}):
+        assert httpx.post(f"{server.base_url}/embedding", json=bad, timeout=60).status_code in (400, 404)

@@ -103,6 +103,8 @@ class PagedTransformersRunner(SamplingRunner):
     """transformers' own modules and weights; attention through Rill's backends (`--model-impl
     transformers`, or `auto` for a family without a native implementation)."""
 
+    verifies_drafts = True  # a draft's row as a prompt chunk's (tests/model/test_transformers_route.py)
+
     def __init__(self, model: ModelConfig, *, dtype: torch.dtype, device: torch.device | str, num_kv_blocks: int,
                  eos_token_ids: list[int], max_model_len: int | None = None) -> None:
         """`max_model_len`: the server's --max-model-len (None: the model's context)."""

@@ -26,6 +26,8 @@ log = logging.getLogger("rill.model")
 class ModelRunner(SamplingRunner):
     """Owns the model, its KV cache and the sampler; `execute(batch)` is one engine step."""
 
+    verifies_drafts = True
+
     def __init__(
         self,
         model: ModelConfig,

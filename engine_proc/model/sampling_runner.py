@@ -14,6 +14,7 @@ class SamplingRunner:
 
     sampler: Sampler
     drafter = None  # a draft model that fills the draft slots before the step (the native runner's)
+    verifies_drafts = False  # a step's decodes may carry drafts, each with its row (engine_proc/spec/verify.py)
     embeddings = False  # embedding requests too: rows pooled from the final hidden states
     lora = None  # --enable-lora's adapters (engine_proc/lora/manager.py): the native runner's
     sliding_window = None  # every layer's window, where the model has one (the paged transformers route's)

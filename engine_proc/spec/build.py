@@ -11,15 +11,19 @@ log = logging.getLogger("rill.engine")
 
 
 def build_speculator(text: str, runner, jump_forward_tokens: int = 8) -> tuple[Speculator | None, str]:
-    """(the speculator, what /stats says of it). With no config, the native runner's speculator drafts only
-    from predicted outputs (engine_proc/spec/prediction.py) and grammars (jump-forward), and other runners have
-    none. A draft model is the runner's own (engine_proc/model/runner.py builds it beside its model)."""
+    """(the speculator, what /stats says of it). With no config, the speculator of a runner that verifies drafts
+    (the native one, the paged transformers route) drafts only from predicted outputs (engine_proc/spec/prediction.py)
+    and grammars (jump-forward), and other runners have none. A draft model is the native runner's own
+    (engine_proc/model/runner.py builds it beside its model)."""
     config = parse_speculative_config(text)
+    verifies = getattr(runner, "verifies_drafts", False)
     if config is None:
-        native = runner.info.kind == "native"
-        return (Speculator(None, 0, jump_forward_tokens=jump_forward_tokens) if native else None), ""
-    if runner.info.kind != "native":
-        raise ValueError("--speculative-config needs the native runner (a Llama-family model)")
+        return (Speculator(None, 0, jump_forward_tokens=jump_forward_tokens) if verifies else None), ""
+    if not verifies:
+        raise ValueError("--speculative-config needs the native runner or the paged transformers route "
+                         "(a model run one sequence at a time verifies no drafts)")
+    if config.method == "draft_model" and runner.info.kind != "native":
+        raise ValueError("--speculative-config's draft_model needs the native runner (a Llama-family model)")
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     else:

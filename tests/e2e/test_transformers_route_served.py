@@ -85,6 +85,19 @@ def test_greedy_tokens_are_transformers_own(gemma, tokenizer):
     assert resp.choices[0].logprobs.tokens == expected and resp.usage.completion_tokens == 24
 
 
+def test_a_grammar_drafts_what_it_forces_on_the_route(gemma):
+    """Jump-forward (and so predicted outputs and n-grams: drafts) on the paged route: a choice of one text forces
+    all of it, drafted and verified; the answer is that text (tests/model/test_transformers_route.py checks every
+    draft's row against transformers)."""
+    _, srv, _ = gemma
+    before = stats(srv)["num_jump_forward_tokens"]
+    choice = "the keeper of the lighthouse wrote in his log every night"
+    r = post(srv, "/v1/completions", {"model": MODEL, "prompt": TEXT, "max_tokens": 40, "temperature": 0,
+                                      "structured_outputs": {"choice": [choice]}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == choice, r.text
+    assert stats(srv)["num_jump_forward_tokens"] > before
+
+
 def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
     _, srv, _ = gemma
     ids = tokenizer.encode(TEXT.upper()).ids  # a prefix no earlier test sent

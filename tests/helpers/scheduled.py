@@ -40,27 +40,31 @@ def hf_continuations(hf_model, num_tokens: int = NUM_NEW_TOKENS) -> dict[str, li
 
 def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int = 64,
                   max_num_batched_tokens: int = 2048, caching: bool = False, atol: float = 1e-4,
-                  num_new_tokens: int = NUM_NEW_TOKENS, on_step=None, reference=None) -> dict[str, EngineRequest]:
+                  num_new_tokens: int = NUM_NEW_TOKENS, on_step=None, reference=None,
+                  speculator=None) -> dict[str, EngineRequest]:
     """Greedy generation of PROMPTS through the real scheduler and engine step, each prompt arriving
     at its step. `on_step(running requests)` after each step.
 
     Every sampled row is also checked against transformers' logits over the request's whole
     sequence: tiny random models are nearly bigram models, so their greedy tokens alone would
     hardly notice a cache that holds the wrong context. `reference(req_id, index of the output
-    token)`: the logits to check the row against instead.
+    token)`: the logits to check the row against instead. With a `speculator`, each draft's row is checked too.
     """
     mismatches: list[str] = []
     compute_logits = type(runner).compute_logits
 
     def checked_compute_logits(batch: Batch, *args, **kwargs) -> torch.Tensor:
         logits = compute_logits(runner, batch, *args, **kwargs)
+        rows = iter(logits)
         with torch.inference_mode():
-            for row, seq in zip(logits, batch.sampled_seqs):
-                ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
-                expected = (hf_model(torch.tensor([ids])).logits[0, -1] if reference is None
-                            else reference(seq.req.req_id, len(ids) - seq.req.num_prompt_tokens))
-                if not torch.allclose(row.float().cpu(), expected, atol=atol, rtol=atol):
-                    mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
+            for seq in batch.sampled_seqs:
+                before = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens - len(seq.draft_ids))
+                for j in range(seq.num_logits_rows):  # the last token's row, then one after each draft
+                    row, ids = next(rows), before + seq.draft_ids[:j]
+                    expected = (hf_model(torch.tensor([ids])).logits[0, -1] if reference is None
+                                else reference(seq.req.req_id, len(ids) - seq.req.num_prompt_tokens))
+                    if not torch.allclose(row.float().cpu(), expected, atol=atol, rtol=atol):
+                        mismatches.append(f"{seq.req.req_id} at {len(ids)} tokens: {(row - expected).abs().max():.3g}")
         return logits
 
     # A model whose every layer slides: its out-of-window blocks released as in the engine (main.py).
@@ -69,6 +73,7 @@ def run_scheduled(runner, hf_model, arrivals: dict[str, int], *, num_blocks: int
         BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching,
                      sliding_window=runner.sliding_window, window=window_tables_of(runner)),
         max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256, eos_token_ids=[EOS_ID],
+        speculator=speculator,
     )
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
     params = SamplingParams(max_tokens=num_new_tokens, temperature=0.0, min_tokens=num_new_tokens)

@@ -15,6 +15,7 @@ import torch
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.spec.speculator import Speculator
 from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BlockAllocator
 from tests.helpers.runners import make_runner
@@ -66,6 +67,28 @@ def test_prefix_cache_hit_matches_transformers(zoo):
     reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "a2": 6}, caching=True)
     assert reqs["a2"].num_cached_tokens == len(SHARED) // BLOCK_SIZE * BLOCK_SIZE
     assert outputs(reqs) == {k: zoo.expected[k] for k in ("a", "b", "a2")}
+
+
+class OracleProposer:
+    """Drafts transformers' own next tokens for each request, the third one wrong: drafts kept and refused."""
+
+    def __init__(self, expected: dict[str, list[int]]) -> None:
+        self.expected = expected
+
+    def propose(self, req, max_drafts: int) -> list[int]:
+        ahead = self.expected[req.req_id][len(req.output_ids):][:max_drafts]
+        return [max(token - 1, 1) if j == 2 and token != 1 else token for j, token in enumerate(ahead)]
+
+
+def test_drafts_are_verified_as_transformers_would(zoo):
+    """Speculative drafts (and so predicted outputs, jump-forward and n-grams) on the route: every draft's row is
+    transformers' logits after the drafts before it, beside other requests' prompts and decodes."""
+    speculator = Speculator(OracleProposer(zoo.expected), 4)
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 2, "c": 3}, max_num_batched_tokens=16,
+                         speculator=speculator)
+    assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
+    stats = speculator.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
 
 
 def test_preempted_requests_match_transformers(zoo):

@@ -52,26 +52,29 @@ def llava(request, tmp_path_factory):
 
 
 def run(llava, arrivals: dict[str, int], *, num_blocks: int = 64, budget: int = 2048, caching: bool = False,
-        new_tokens: int = NEW_TOKENS):
+        new_tokens: int = NEW_TOKENS, speculator=None):
     hf, runner, prompts = llava
     mismatches = []
     compute_logits = type(runner).compute_logits
 
     def checked(batch, *args, **kwargs):
         logits = compute_logits(runner, batch, *args, **kwargs)
+        rows = iter(logits)
         with torch.inference_mode():
-            for row, seq in zip(logits, batch.sampled_seqs):
-                ids = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens)
-                kwargs = forward_kwargs(hf, ids, prompts[seq.req.req_id][1])
-                expected = hf(input_ids=torch.tensor([ids]), **kwargs).logits[0, -1]
-                if not torch.allclose(row, expected, atol=1e-4, rtol=1e-4):
-                    mismatches.append(f"{seq.req.req_id} at {len(ids)}: {(row - expected).abs().max():.3g}")
+            for seq in batch.sampled_seqs:
+                before = seq.req.token_ids(0, seq.start_pos + seq.num_new_tokens - len(seq.draft_ids))
+                for j in range(seq.num_logits_rows):  # the last token's row, then one after each draft
+                    row, ids = next(rows), before + seq.draft_ids[:j]
+                    kwargs = forward_kwargs(hf, ids, prompts[seq.req.req_id][1])
+                    expected = hf(input_ids=torch.tensor([ids]), **kwargs).logits[0, -1]
+                    if not torch.allclose(row, expected, atol=1e-4, rtol=1e-4):
+                        mismatches.append(f"{seq.req.req_id} at {len(ids)}: {(row - expected).abs().max():.3g}")
         return logits
 
     # Gemma 3's sliding layer: window tables of its own, as in the engine (main.py)
     blocks = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching, window=window_tables_of(runner))
-    scheduler = Scheduler(blocks, max_num_seqs=8,
-                          max_num_batched_tokens=budget, max_model_len=256, eos_token_ids=[2])
+    scheduler = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=256, eos_token_ids=[2],
+                          speculator=speculator)
     core = EngineCore(scheduler, runner, queue.SimpleQueue(), lambda out: None)
     reqs = {}
     for name in arrivals:
@@ -147,6 +150,23 @@ def test_batched_requests_with_images_match_transformers(llava):
                                    max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
                        for a in (arrays, negated))
     assert reqs["one"].output_ids == seen != other
+
+
+def test_drafts_after_images_match_transformers(llava):
+    """Drafts (predicted outputs, jump-forward, n-grams) of requests with images: each draft's row is transformers'
+    logits over the images and the drafts before it (Qwen's positions behind the index, Gemma 3's window)."""
+    from rill.engine_proc.spec.speculator import Speculator
+
+    plain = {name: r.output_ids for name, r in run(llava, {"two": 0, "text": 1}).items()}
+
+    class Oracle:  # the model's own next tokens, the third one wrong
+        def propose(self, req, max_drafts):
+            ahead = plain[req.req_id][len(req.output_ids):][:max_drafts]
+            return [max(token - 1, 3) if j == 2 and token != 3 else token for j, token in enumerate(ahead)]
+
+    speculator = Speculator(Oracle(), 4)
+    assert {name: r.output_ids for name, r in run(llava, {"two": 0, "text": 1}, speculator=speculator).items()} == plain
+    assert 0 < speculator.stats.num_accepted_tokens < speculator.stats.num_draft_tokens, speculator.stats
 
 
 def test_image_tokens_split_over_chunks_match_transformers(llava):

@@ -173,3 +173,26 @@ def test_masks_slow_to_fill_stop_the_drafts(compiled, ids, monkeypatch):
     _, usable = grammar.draft_masks(drafts, VOCAB)
     assert usable == len(drafts)  # this step's drafts are verified all the same
     assert grammar.forced_ids(8) == []
+
+
+def test_which_runners_get_a_speculator():
+    """The native runner and the paged transformers route verify drafts (a speculator for predictions and
+    jump-forward even without --speculative-config); a draft model needs the native one; a runner of one sequence
+    at a time gets none, and a config stops its start."""
+    from types import SimpleNamespace
+
+    from rill.engine_proc.spec.build import build_speculator
+
+    def runner(kind, verifies):
+        return SimpleNamespace(info=SimpleNamespace(kind=kind), verifies_drafts=verifies)
+
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    paged = runner("transformers", True)
+    assert build_speculator("", paged, 5)[0].jump_forward_tokens == 5
+    assert build_speculator(ngram, paged)[0].num_speculative_tokens == 3
+    with pytest.raises(ValueError, match="draft_model needs the native runner"):
+        build_speculator('{"method": "draft_model", "model": "/m", "num_speculative_tokens": 2}', paged)
+    one_at_a_time = runner("transformers", False)
+    assert build_speculator("", one_at_a_time) == (None, "")
+    with pytest.raises(ValueError, match="verifies no drafts"):
+        build_speculator(ngram, one_at_a_time)

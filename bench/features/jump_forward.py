@@ -93,7 +93,8 @@ def report_markdown(report: dict) -> str:
     machine = report["machine"]
     return (f"# Jump-forward drafts in structured outputs against none\n\n`{report['command']}` on "
             f"{machine.get('cpu_model', '?')} ({machine.get('cpu_count', '?')} cores; {machine.get('cpu_flags', '')}), "
-            f"{report['date']}; the bundled model ({on['dtype']}), `rill serve` with its defaults "
+            f"{report['date']}; the bundled model ({on['dtype']}, `--model-impl {report.get('model_impl', 'auto')}`), "
+            f"`rill serve` with its defaults "
             f"(--jump-forward-tokens 8) and with --jump-forward-tokens 0; {len(ratios)} record extractions under two "
             f"JSON schemas.\n\n"
             + table(["figure", "off", "jump-forward", "on / off"], rows)
@@ -108,15 +109,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--machine", default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--quick", action="store_true", help="two requests, eager servers: checks the bench runs")
+    ap.add_argument("--model-impl", default="auto", choices=["auto", "transformers"],
+                    help="transformers: the bundled model on the paged transformers route (Gemma's, GPT-OSS's, ...)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="rill-bench-jump-forward-"))
-    eager = ["--enforce-eager"] if args.quick else []
-    report = {**provenance("rill.bench.features.jump_forward", argv, args.machine),
-              "off": measure([*eager, "--jump-forward-tokens", "0"], tmp / "off.log", args.quick),
-              "on": measure(eager, tmp / "on.log", args.quick)}
+    flags = (["--enforce-eager"] if args.quick else []) + ["--model-impl", args.model_impl]
+    report = {**provenance("rill.bench.features.jump_forward", argv, args.machine), "model_impl": args.model_impl,
+              "off": measure([*flags, "--jump-forward-tokens", "0"], tmp / "off.log", args.quick),
+              "on": measure(flags, tmp / "on.log", args.quick)}
     md = report_markdown(report)
     if not args.quick:
-        save_results(args.out / f"jump_forward-{report['machine']['name']}.json", report, md)
+        route = "" if args.model_impl == "auto" else f"{args.model_impl}-"
+        save_results(args.out / f"jump_forward-{route}{report['machine']['name']}.json", report, md)
     print(md)
 
 

@@ -75,9 +75,8 @@ def check_request(req: ResponsesRequest) -> None:
         raise APIError(400, "`conversation` and `previous_response_id` cannot both be set.", param="conversation")
     if req.prompt is not None:
         raise unsupported("prompt")
-    if req.truncation not in (None, "disabled"):
-        raise APIError(400, "Only `truncation: disabled` is supported: a prompt longer than the context "
-                            "gets a 400.", param="truncation", code="unsupported_parameter")
+    if req.truncation not in (None, "disabled", "auto"):
+        raise APIError(400, "`truncation` must be auto or disabled.", param="truncation")
     if req.input is None and req.previous_response_id is None and req.conversation is None:
         raise APIError(400, "`input` is required.", param="input")
     check_metadata(req.metadata)

@@ -14,6 +14,7 @@ from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
 from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
 from rill.asgi.prompt.chat_messages import render_chat
+from rill.asgi.prompt.oldest_dropped import fitting
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
@@ -50,6 +51,11 @@ async def prepare(state: WorkerState, req: ResponsesRequest):
                                     images)
     items = input_items(req)
     messages = [*history, *items_to_messages(items, images=images)]
+    if req.truncation == "auto":  # the oldest items dropped until the prompt fits (asgi/prompt/oldest_dropped.py)
+        limit = state.settings.limits.max_model_len - (req.max_output_tokens or 1)
+        messages, prompt = await fitting(messages, lambda kept: render_chat(state, chat_request(req, kept)),
+                                         lambda ids: len(ids) <= limit)
+        return items, messages, chat_request(req, messages), prompt
     chat = chat_request(req, messages)
     prompt = await render_chat(state, chat)
     return items, messages, chat, prompt
@@ -72,7 +78,7 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState,
             "top_logprobs": req.top_logprobs,
             "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": tools,
-            "truncation": "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",
+            "truncation": req.truncation or "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",
             "conversation": {"id": cid} if (cid := conversation_id_of(req.conversation)) else None,
             "moderation": None,
             # Required by the spec, whose only ttl value is 30m; this server's prefix cache is implicit.

@@ -75,3 +75,28 @@ def test_reasoning_effort_is_a_budget_and_the_response_says_it(flagged):
     assert [i["type"] for i in none["output"]] == ["message"] and json.loads(none["output_text"])["city"]
     low = create(flagged, input="Hi", reasoning={"effort": "low", "summary": "auto"}, temperature=0).json()
     assert low["reasoning"] == {"effort": "low", "summary": "auto"} and low["output"][0]["type"] == "reasoning"
+
+
+def test_truncation_auto_drops_the_oldest_items_to_fit(flagged):
+    """A conversation longer than the context (1,024 here): with `truncation: "auto"` the oldest items go, a call's
+    output with its call, and the newest stay; disabled (the default), a 400 naming `input`. input_tokens counts
+    the same truncated prompt."""
+    call = [{"type": "function_call", "call_id": "call_old", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_old", "output": "an old answer"}]
+    turns = [{"role": "user" if i % 2 == 0 else "assistant",
+              "content": f"Turn {i}: " + "the lighthouse keeper logs the ships and the weather " * 6}
+             for i in range(40)]
+    items = [*call, *turns, {"role": "user", "content": "Now say hi."}]
+    too_long = create(flagged, input=items)
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "input", too_long.text
+    r = create(flagged, input=items, truncation="auto")
+    assert r.status_code == 200, r.text
+    response = r.json()
+    assert response["truncation"] == "auto" and response["status"] in ("completed", "incomplete")
+    used = response["usage"]["input_tokens"]
+    assert 1024 - 4 - 120 < used <= 1024 - 4  # as many of the newest as fit: fewer than one turn's room is left
+    counted = httpx.post(f"{flagged.base_url}/v1/responses/input_tokens",
+                         json={"model": MODEL, "input": items, "truncation": "auto", "max_output_tokens": 4},
+                         timeout=60).json()["input_tokens"]
+    assert counted == used
+    assert create(flagged, input=items, truncation="sometimes").json()["error"]["param"] == "truncation"

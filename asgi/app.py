@@ -37,7 +37,7 @@ from rill.asgi.routes.embeddings import create_embeddings, llama_embedding
 from rill.asgi.routes.llama_cpp import completion, infill
 from rill.asgi.routes.metrics import METRICS_PATH, metrics_endpoint
 from rill.asgi.routes.rerank import rerank, score
-from rill.asgi.routes.responses import count_input_tokens, create_response
+from rill.asgi.routes.responses import count_input_tokens, create_response, stop_background
 from rill.asgi.routes.tokenize import detokenize, get_version, tokenize
 from rill.asgi.state import WorkerSettings, WorkerState, dumps
 from rill.asgi.stores.base import StoreUnavailable
@@ -236,6 +236,7 @@ class App:
                 if self.runner is not None:
                     await self.runner.stop()  # lets go of its batch before the store closes
                 if self.state is not None:
+                    await stop_background(self.state)  # their responses end stored, before the store closes
                     if self.state.traces is not None:
                         await self.state.traces.close()  # the spans still queued, bounded in time
                     self.state.client.close()

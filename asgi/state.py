@@ -76,6 +76,8 @@ class WorkerState:
     files: FileDisk | None = None  # the Batch API's files
     # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
+    # `background: true` responses running on this worker, after their create was answered (asgi/routes/responses.py)
+    background: set = field(default_factory=set)
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
     # engine (asgi/requests/model_choice.py refreshes it when a request names one it does not know).
     lora_names: dict[str, str] = field(default_factory=dict)

@@ -52,16 +52,17 @@ class Shape(Protocol):
 
 
 async def respond(gen: Generation, shape: Shape, *, stream: bool, receive, send, keepalive_s: float,
-                  before_last: BeforeLast | None = None) -> bool:
+                  before_last: BeforeLast | None = None, started: bool = False) -> bool:
     """Returns whether the engine failed the request (an error event went out mid-stream); a
     failure before any byte was sent raises APIError. `before_last(failed)` runs once the answer
     is whole and before its last bytes go out (the Responses API stores it there, so a client
-    that has read the end finds it stored)."""
+    that has read the end finds it stored). `started`: the caller submitted the generation already."""
     watcher = DisconnectWatcher(receive, on_disconnect=gen.on_disconnect)
     failed = True
     last = before_last or _nothing
     try:
-        await gen.start()
+        if not started:
+            await gen.start()
         if stream:
             failed = await _stream(gen, shape, send, keepalive_s, last)
         else:

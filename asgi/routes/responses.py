@@ -1,6 +1,7 @@
 """POST /v1/responses (OpenAI's Responses API) through the chat path, streamed as typed events or one body."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -78,7 +79,7 @@ def echoed_fields(req: ResponsesRequest, response_id: str, state: WorkerState,
             "top_logprobs": req.top_logprobs,
             "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": tools,
-            "truncation": req.truncation or "disabled", "metadata": req.metadata or {}, "background": False, "service_tier": "default",
+            "truncation": req.truncation or "disabled", "metadata": req.metadata or {}, "background": bool(req.background), "service_tier": "default",
             "conversation": {"id": cid} if (cid := conversation_id_of(req.conversation)) else None,
             "moderation": None,
             # Required by the spec, whose only ttl value is 30m; this server's prefix cache is implicit.
@@ -106,6 +107,9 @@ async def create_response(http: HTTPRequest) -> None:
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
     gen.on_cancel = lambda: _cancel(gen, builder)  # a cancel from another API worker, through the engine
     entry = None
+    if req.background and not state.store.responses.enabled:
+        raise APIError(400, "A `background` response must be stored, and this server's response store is disabled.",
+                       param="background")
     if req.store is not False and state.store.responses.enabled:
         entry = StoredResponse(id=response_id, response=builder.response(), input_items=items, messages=messages)
         await state.store.put_response(entry)  # acknowledged only once stored: a GET anywhere finds it
@@ -118,13 +122,46 @@ async def create_response(http: HTTPRequest) -> None:
         state.in_progress.pop(response_id, None)
         await _finish(state, req, items, entry, builder, failed)
 
-    failed = True
-    try:
-        failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=http.receive, send=http.send,
-                               keepalive_s=settings.http.sse_keepalive_s, before_last=before_last)
-    finally:
-        if not finished:  # the client left, or it failed before a byte went out
-            await before_last(failed)
+    async def run(receive, send, started: bool = False) -> None:
+        failed = True
+        try:
+            failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=receive, send=send,
+                                   keepalive_s=settings.http.sse_keepalive_s, before_last=before_last, started=started)
+        finally:
+            if not finished:  # the client left, or it failed before a byte went out (in the background: shutdown)
+                await before_last(failed)
+
+    if not req.background:
+        await run(http.receive, http.send)
+        return
+    try:  # a 429 or 503 now, while the client still waits for the create's answer
+        await gen.start()
+    except BaseException:
+        await before_last(True)
+        raise
+    task = asyncio.create_task(run(_never, _discard, started=True))  # the answer is the store's, polled by id
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
+    await send_response(http.send, 200, msgspec.json.encode(entry.response))
+
+
+async def _never() -> dict:
+    """A background response's client: it never disconnects (POST .../cancel ends it)."""
+    await asyncio.Event().wait()
+    return {}
+
+
+async def _discard(message: dict) -> None:
+    """Where a background response's body goes: nowhere, the store has it."""
+
+
+async def stop_background(state: WorkerState) -> None:
+    """At the worker's shutdown (after the launcher's drain): background responses still running end, each stored
+    as failed, before the store closes."""
+    tasks = list(state.background)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _cancel(gen: Generation, builder: ResponseBuilder) -> None:

@@ -189,14 +189,43 @@ def test_cancel(server, client):
     assert client.responses.retrieve(response["id"]).status == "cancelled"
 
 
+def poll(client, response_id: str, seconds: float = 120):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, response
+        time.sleep(0.05)
+    return response
+
+
+def test_background_responses_are_polled_and_cancelled(client):
+    """`background: true`: the create answers at once (stored, in progress) and the response runs on; polling GET
+    finds it completed with the text the same request gives in the foreground; a cancel ends a running one."""
+    body = dict(model=MODEL, input="Name three colors.", max_output_tokens=12, temperature=0)
+    plain = client.responses.create(**body)
+    started = client.responses.create(**body, background=True)
+    assert started.background is True and started.status in ("queued", "in_progress") and started.output == []
+    done = poll(client, started.id)
+    assert (done.status, done.output_text, done.usage.output_tokens) == \
+        (plain.status, plain.output_text, plain.usage.output_tokens)
+    assert done.background is True
+    long = client.responses.create(model=MODEL, input="Count to a thousand.", max_output_tokens=1500, temperature=0,
+                                   background=True)
+    assert client.responses.cancel(long.id).status == "cancelled"
+    cancelled = poll(client, long.id)
+    assert cancelled.status == "cancelled" and cancelled.usage.output_tokens < 1500
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [WEATHER_TOOL, {"type": "file_search"}]}, "tools[1].type"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k" * 65: "v"}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata"),
-    ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"),
+    ({"background": True, "store": False}, "background"),
+    ({"background": True, "stream": True}, "stream"),
+    ({"truncation": "sometimes"}, "truncation"),
     ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
     ({"conversation": 5}, "conversation"),
     ({"max_output_tokens": 0}, "max_output_tokens"),

@@ -20,6 +20,10 @@ class ThinkFormat:
     opening_optional: bool
     reads_special_tokens: bool = False
     answer_opens: str = ""  # also ends the thinking, without `close`, and begins the content (Kimi's tool calls)
+    # The chat_template_kwargs key that switches the template's thinking on or off, and its default: switched off,
+    # the output is all content (a format whose thinking opens in the prompt would otherwise read it all as thinking)
+    switch: str = ""
+    on_by_default: bool = True
 
 
 R1 = ThinkFormat("<think>", "</think>", opening_optional=True)
@@ -35,8 +39,17 @@ THINK_FORMATS = {
     "mistral": ThinkFormat("[THINK]", "[/THINK]", opening_optional=False, reads_special_tokens=True),  # Magistral
     # Kimi K2 Thinking: its calls' section may follow the thinking with no `</think>` (the tags are special tokens)
     "kimi_k2": ThinkFormat("<think>", "</think>", opening_optional=True, reads_special_tokens=True,
-                           answer_opens="<|tool_calls_section_begin|>"),
+                           answer_opens="<|tool_calls_section_begin|>", switch="thinking"),
+    # DeepSeek V3.1 and later: R1's thinking where the template is asked for it (`thinking: true`), else none
+    "deepseek_v3": ThinkFormat("<think>", "</think>", opening_optional=True, switch="thinking", on_by_default=False),
 }
+
+
+def thinking_switched_off(name: str | None, template_kwargs: dict) -> bool:
+    """Whether a request's chat_template_kwargs turn its format's thinking off (Kimi's and DeepSeek V3.1's
+    `thinking`): its output is then read as content only, as vLLM reads it."""
+    fmt = THINK_FORMATS.get(name or "")
+    return fmt is not None and bool(fmt.switch) and not template_kwargs.get(fmt.switch, fmt.on_by_default)
 
 
 class ThinkParser(BufferedParser):

@@ -16,6 +16,7 @@ from typing import Any
 from rill.asgi.errors import APIError
 from rill.asgi.parsers.chat_output import OutputParser
 from rill.asgi.parsers.chat_parsing import keeps_special_tokens, parser_factory
+from rill.asgi.parsers.reasoning import thinking_switched_off
 from rill.asgi.parsers.thinking_markers import HARMONY_PARSER, thinking_markers
 from rill.asgi.prompt.chat_messages import render_chat, template_source, tool_parser_name
 from rill.asgi.prompt.truncation import truncate
@@ -77,7 +78,9 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     constraint = text_format_spec(text_format) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.
-    markers = thinking_markers(http.reasoning_parser, harmony_calls=tool_plan.mode is ToolMode.AUTO and
+    template_kwargs = {**http.default_chat_template_kwargs, **(chat.chat_template_kwargs or {})}
+    reasoning_parser = None if thinking_switched_off(http.reasoning_parser, template_kwargs) else http.reasoning_parser
+    markers = thinking_markers(reasoning_parser, harmony_calls=tool_plan.mode is ToolMode.AUTO and
                                parser_name == HARMONY_PARSER)
     encode = state.encode_markers
     params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, markers, encode))
@@ -86,8 +89,8 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
             "thinking_token_budget" if chat.thinking_token_budget is not None else None))
     else:
         params.thinking = thinking_budget(thinking_tokens, markers, encode)
-    make_parser = parser_factory(tool_plan, tool_parser=parser_name, reasoning_parser=http.reasoning_parser)
-    keeps = keeps_special_tokens(tool_plan, parser_name, http.reasoning_parser)
+    make_parser = parser_factory(tool_plan, tool_parser=parser_name, reasoning_parser=reasoning_parser)
+    keeps = keeps_special_tokens(tool_plan, parser_name, reasoning_parser)
     make_detok = state.detokenizer(stop=stop or [], include_stop=include_stop,
                                    skip_special_tokens=skip_special_tokens and not keeps)
     effort = honoured_effort(chat.reasoning_effort, markers, template_source(state, chat))

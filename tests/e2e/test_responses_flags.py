@@ -15,11 +15,12 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def flagged(model_dir, tmp_path_factory):
-    # deepseek_r1 takes text up to `</think>` as reasoning, and all of it when no tag comes: this
-    # model never writes one, so every output is reasoning. A 10 ms keep-alive fires between tokens.
+    # kimi_k2 (as deepseek_r1) takes text up to `</think>` as reasoning, and all of it when no tag comes: this
+    # model never writes one, so every output is reasoning, unless `thinking: false` switches it off. A 10 ms
+    # keep-alive fires between tokens.
     srv = start_server(tmp_path_factory, "--max-model-len", "1024", "--responses-store-max-entries", "2",
                        "--conversations-store-max-entries", "1", "--sse-keepalive", "0.01",
-                       "--reasoning-parser", "deepseek_r1", "--workers", "2")
+                       "--reasoning-parser", "kimi_k2", "--workers", "2")
     yield srv
     stop_server(srv)
 
@@ -62,6 +63,18 @@ def test_reasoning_items_and_keepalives(flagged):
     kinds = [line[len("event: "):] for line in lines if line.startswith("event: ")]
     assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
     assert response["output"][0]["type"] == "reasoning" and response["status"] == "incomplete"
+
+
+def test_the_templates_thinking_switch_turns_the_reasoning_parser_off(flagged):
+    """Kimi's `thinking: false` (chat_template_kwargs): that request's output is content; without it, reasoning."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Think about the sea."}], "max_tokens": 6,
+            "temperature": 0}
+    url = f"{flagged.base_url}/v1/chat/completions"
+    thinking = httpx.post(url, json=body, timeout=60).json()["choices"][0]["message"]
+    off = httpx.post(url, json={**body, "chat_template_kwargs": {"thinking": False}}, timeout=60).json()
+    message = off["choices"][0]["message"]
+    assert thinking["reasoning_content"] and not thinking["content"]
+    assert message["content"] == thinking["reasoning_content"] and not message.get("reasoning_content")
 
 
 def test_reasoning_effort_is_a_budget_and_the_response_says_it(flagged):

@@ -102,3 +102,16 @@ def test_kimi_thinking_then_its_calls_without_a_closing_tag():
     assert message["reasoning_content"] == "I need the weather." and message["content"] is None
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
         ("functions.get_weather:0", "get_weather", '{"city": "Oslo"}')]
+
+
+def test_a_template_switch_turns_a_formats_thinking_off():
+    """Kimi K2's `thinking` (on unless false) and DeepSeek V3.1's (off unless true), read from chat_template_kwargs
+    as vLLM reads them: switched off, the request's output is all content (generation_plan drops the parser)."""
+    from rill.asgi.parsers.reasoning import thinking_switched_off
+
+    assert not thinking_switched_off("kimi_k2", {}) and thinking_switched_off("kimi_k2", {"thinking": False})
+    assert thinking_switched_off("deepseek_v3", {}) and not thinking_switched_off("deepseek_v3", {"thinking": True})
+    assert not thinking_switched_off("qwen3", {"enable_thinking": False, "thinking": False})  # its output says
+    assert not thinking_switched_off(None, {"thinking": False})
+    message = check_every_split(REASONING_PARSERS["deepseek_v3"], "Weigh it.</think>Paris.")
+    assert (message["reasoning_content"], message["content"]) == ("Weigh it.", "Paris.")

@@ -127,6 +127,16 @@ def test_a_family_on_the_transformers_route_serves_from_both_engines(tmp_path_fa
     assert log.count("transformers runner on cpu") == 2
 
 
+def outliving(session_id: int, seconds: float = 5.0) -> list[int]:
+    """The server's processes still alive after `seconds` at most. The engines are killed and reaped before the
+    launcher exits, but what they and the launcher started (multiprocessing's resource tracker, a compile worker)
+    leaves on its own once its parent is gone: it may still be there for a moment (seen once in a clean clone)."""
+    deadline = time.monotonic() + seconds
+    while (pids := session_pids(session_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids
+
+
 def test_engines_that_fail_at_start_stop_the_server_with_a_failure(tmp_path_factory, tiny_dir):
     """The engines start at once; one that fails (here both: a KV cache too small for one block) stops the
     launcher with status 1 and the reason, and the other, whether still starting or failed too, goes with it."""
@@ -134,5 +144,5 @@ def test_engines_that_fail_at_start_stop_the_server_with_a_failure(tmp_path_fact
                         "2", "--kv-cache-memory", "1KiB")
     assert srv.proc.wait(120) == 1, srv.log()
     assert "holds no KV block" in srv.log() and "the engine failed to start" in srv.log()
-    assert session_pids(srv.proc.pid) == []  # no engine outlived it
+    assert outliving(srv.proc.pid) == []  # no engine outlived it
     assert leftovers(srv.proc.pid) == []

@@ -110,6 +110,10 @@ async def create_response(http: HTTPRequest) -> None:
     if req.background and not state.store.responses.enabled:
         raise APIError(400, "A `background` response must be stored, and this server's response store is disabled.",
                        param="background")
+    if req.background and len(state.background) >= settings.limits.max_num_seqs:  # no connection holds them
+        raise APIError(429, f"This worker runs at most {settings.limits.max_num_seqs} background responses at once "
+                            "(--max-num-seqs); retry once one has ended.", type="requests", param="background",
+                       code="rate_limit_exceeded", headers=[(b"retry-after", b"1")])
     if req.store is not False and state.store.responses.enabled:
         entry = StoredResponse(id=response_id, response=builder.response(), input_items=items, messages=messages)
         await state.store.put_response(entry)  # acknowledged only once stored: a GET anywhere finds it

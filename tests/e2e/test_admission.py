@@ -273,3 +273,16 @@ def timeout_count(server) -> float:
     line = next((line for line in text.splitlines() if line.startswith("rill:request_success_total{")
                  and 'finished_reason="timeout"' in line), None)
     return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
+def test_background_responses_have_a_bound_of_their_own(timeout_srv):
+    """No connection holds a background response: a worker runs at most --max-num-seqs (1 here) at once, and past
+    it the create is a 429 naming `background`, before anything is stored or queued."""
+    url = f"{timeout_srv.base_url}/v1/responses"
+    body = {"model": MODEL, "input": "Write a very long story about the sea.", "max_output_tokens": 1500,
+            "temperature": 0, "background": True}
+    first = httpx.post(url, json=body, timeout=60)
+    assert first.status_code == 200 and first.json()["status"] == "in_progress", first.text
+    second = httpx.post(url, json=body, timeout=60)
+    assert second.status_code == 429 and second.json()["error"]["param"] == "background", second.text
+    httpx.post(f"{url}/{first.json()['id']}/cancel", timeout=30)

@@ -18,12 +18,11 @@ that GLM's tokenizers may count as special: the text keeps special tokens (reads
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, new_call_id
 from rill.asgi.parsers.tools.hermes import ContentAroundCalls, StateParser
-from rill.asgi.parsers.tools.qwen3_coder import convert, tool_properties
+from rill.asgi.parsers.tools.qwen3_coder import tool_properties, typed_argument
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -118,10 +117,8 @@ class Glm45Parser(StateParser):
         self.value.append(text)
         if tag is None and not final:
             return False
-        key, value = "".join(self.key).strip(), "".join(self.value)
-        typed = convert(value, self.properties.get(key))
-        piece = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        delta.add_arguments(self.num_calls - 1, (", " if self.num_params else "") + piece)
+        piece = typed_argument("".join(self.key).strip(), "".join(self.value), self.properties, first=not self.num_params)
+        delta.add_arguments(self.num_calls - 1, piece)
         self.num_params += 1
         if tag == VALUE_END:
             self.state = "params"

@@ -161,11 +161,8 @@ class Qwen3CoderParser(StateParser):
         self.wrapped = False
 
     def _end_parameter(self, delta: DeltaBuilder) -> None:
-        value = self._value("".join(self.value))
-        typed = convert(value, self.properties.get(self.key))
-        piece = json.dumps(self.key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        # json.dumps' own separators, so that the pieces join into json.dumps of the whole object
-        delta.add_arguments(self.num_calls - 1, (", " if self.num_params else "") + piece)
+        piece = typed_argument(self.key, self._value("".join(self.value)), self.properties, first=not self.num_params)
+        delta.add_arguments(self.num_calls - 1, piece)
         self.num_params += 1
 
     def _end_call(self, delta: DeltaBuilder, tag: str | None) -> None:
@@ -182,6 +179,13 @@ def tool_properties(tools: list[dict] | None, name: str) -> dict:
         if function.get("name") == name:
             return (function.get("parameters") or {}).get("properties") or {}
     return {}
+
+
+def typed_argument(key: str, text: str, properties: dict, first: bool) -> str:
+    """One argument of a call's JSON object: `"key": value`, the value typed by its property's schema (`convert`),
+    after ", " unless `first`: json.dumps' own separators, so that the pieces join into json.dumps of the object."""
+    typed = convert(text, properties.get(key))
+    return ("" if first else ", ") + json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
 
 
 def convert(text: str, schema: object) -> object:

@@ -165,8 +165,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's: words never written (asgi/requests/bad_words.py)
     bad_words: Annotated[list[Annotated[str, Meta(min_length=1, max_length=MAX_BAD_WORD_LEN)]],
                          Meta(max_length=MAX_BAD_WORDS)] | None = None
-    # vLLM's, not served: a 400 rather than an answer that silently is not what was asked
+    # vLLM's beam search: `n` beams, scored by summed logprob over length ** length_penalty (asgi/requests/beam_search.py)
     use_beam_search: bool | None = None
+    length_penalty: Annotated[float, Meta(ge=-10, le=10)] = 1.0
+    early_stopping: bool = False
+    # vLLM's, not served: a 400 rather than an answer that silently is not what was asked
     logits_processors: Any = None
 
 
@@ -237,8 +240,7 @@ def unknown_model(model: str) -> APIError:
 
 def reject_unsupported(req: SamplingFields) -> None:
     """400 for every parameter this server does not implement yet, naming it."""
-    checks: list[tuple[str, bool]] = [("use_beam_search", bool(req.use_beam_search)),
-                                      ("logits_processors", bool(req.logits_processors))]
+    checks: list[tuple[str, bool]] = [("logits_processors", bool(req.logits_processors))]
     if isinstance(req, ChatCompletionRequest):
         checks += [
             ("functions", bool(req.functions)),

@@ -32,7 +32,7 @@ _RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _WHAT = {StructuredKind.JSON_SCHEMA: "JSON schema", StructuredKind.STRUCTURAL_TAG: "structural tag"}
 
 
-_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param, _ in _GUIDED))
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *(param for param, _ in _GUIDED))
 _checker_loaded = False
 
 
@@ -51,7 +51,7 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     if text_format is not None and text_format.get("type") == "text":
         text_format = None  # plain text: nothing to compile
     constrained = constrained or forced_schema is not None or text_format is not None or strict is not None or \
-        any(getattr(req, f) is not None for f in _CONSTRAINT_FIELDS) or \
+        any(getattr(req, f) is not None for f in CONSTRAINT_FIELDS) or \
         getattr(req, "tool_choice", None) not in (None, "none", "auto")  # required or named: forced
     if not constrained:
         return

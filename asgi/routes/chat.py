@@ -8,6 +8,7 @@ from rill.asgi.output.chat_format import ChatFormatter
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import ChunkStream, respond
 from rill.asgi.output.token_text import logprob_texts
+from rill.asgi.requests.beam_search import beam_search
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
@@ -32,8 +33,9 @@ async def chat_completions(http: HTTPRequest) -> None:
     request_id = new_request_id("chatcmpl")
     n = req.n or 1
     with_ids = bool(req.return_token_ids)
-    gen = Generation(state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt,
-                     return_token_ids=with_ids)
+    gen = beam_search(state, req, params, [prompt_ids], plan.make_detok, request_id) or Generation(
+        state.client, request_id, [prompt_ids], params, plan.make_detok, n=n, cache_salt=req.cache_salt,
+        return_token_ids=with_ids)
     include_usage, continuous_usage = stream_usage(req)
     token_names = logprob_texts(state.token_texts, req.return_tokens_as_token_ids)
     fmt = ChatFormatter(request_id, req.model, n, include_usage, make_parser=plan.make_parser,

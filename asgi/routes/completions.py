@@ -12,6 +12,7 @@ from rill.asgi.output.token_text import logprob_texts
 from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
 from rill.asgi.prompt.truncation import truncated_prompts
+from rill.asgi.requests.beam_search import beam_search
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.priority import request_priority
@@ -71,8 +72,8 @@ async def completions(http: HTTPRequest) -> None:
                                    include_stop=req.include_stop_str_in_output)
     n = req.n or 1
     with_ids = bool(req.return_token_ids)
-    gen = Generation(state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt,
-                     return_token_ids=with_ids)
+    gen = beam_search(state, req, params, prompts, make_detok, request_id) or Generation(
+        state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt, return_token_ids=with_ids)
     include_usage, continuous_usage = stream_usage(req)
     echo = None
     if req.echo:  # a text prompt as sent; token ids decoded as the output is

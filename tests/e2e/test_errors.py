@@ -51,7 +51,7 @@ def test_integers_past_int64_are_400(server, field, value, param):
 
 @pytest.mark.parametrize("extra,param", [
     ({"audio": {"voice": "alloy"}}, "audio"), ({"web_search_options": {}}, "web_search_options"),
-    ({"use_beam_search": True}, "use_beam_search"), ({"logits_processors": ["my.Processor"]}, "logits_processors"),
+    ({"logits_processors": ["my.Processor"]}, "logits_processors"),
 ])
 def test_later_parameters_are_refused_not_ignored(server, extra, param):
     check_error(chat(server, {"model": MODEL, "messages": MSGS, **extra}), 400, param, "unsupported_parameter")
@@ -62,8 +62,7 @@ def test_completions_bad_prompts(server):
     for prompt in ([], [1, "a"], [[1], []], [10**9], ""):
         param = "prompt[0]" if prompt == [10**9] else "prompt"
         check_error(httpx.post(url, json={"model": MODEL, "prompt": prompt}), 400, param)
-    for extra, param in (({"max_tokens": 0}, "max_tokens"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"),
-                         ({"use_beam_search": True}, "use_beam_search")):
+    for extra, param in (({"max_tokens": 0}, "max_tokens"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix")):
         check_error(httpx.post(url, json={"model": MODEL, "prompt": "a", **extra}), 400, param)
 
 

@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="rill-peers-") as scratch, contextlib.ExitStack() as stack:
         gguf = at_shape.gguf if at_shape and at_shape.gguf else bundled_gguf_path()
         started = start_sides(stack, args.peers, Path(scratch), flags=flags, model_dir=model_dir, gguf=gguf,
-                              vllm_flags=vllm_flags, llama_flags=llama_flags, num_threads=args.num_threads)
+                              vllm_flags=vllm_flags, llama_flags=llama_flags, num_threads=args.num_threads,
+                              overlap=args.quick)
         servers, unavailable = started.servers, started.unavailable
         try:
             warm_up(servers, model, model_dir, sizes)

@@ -38,16 +38,16 @@ class Started:
     llamacpp: dict | None = None
 
 
-def start_quantized(stack: contextlib.ExitStack, flags: list[str], log_path: Path) -> ServerProcess | str:
-    """A quantized Rill, or why it is unavailable: a rill serve without that --quantization exits on it."""
-    server = rill_server(*flags, log_path=log_path)
+def unavailable_flag(server: ServerProcess) -> str | None:
+    """Waits for a quantized Rill; None once ready, or why it is unavailable: a rill serve without that
+    --quantization exits on it. Any other failure to start stops the run."""
     try:
-        return stack.enter_context(server)
+        server.wait_ready()
     except RuntimeError as exc:
-        server.stop()
         if "unrecognized arguments" not in str(exc) and "invalid choice" not in str(exc):
             raise
         return next((line.strip() for line in str(exc).splitlines() if "error:" in line), "unknown argument")
+    return None
 
 
 def died_of_a_signal(exc: Exception) -> str | None:
@@ -66,30 +66,32 @@ def start_sides(stack: contextlib.ExitStack, peers: list[str], scratch: Path, *,
                 gguf: Path, vllm_flags: list[str], llama_flags: list[str], num_threads: int | None,
                 overlap: bool = False) -> Started:
     """Every served side asked for, one after another (each timed from launch to ready). `overlap` (--quick,
-    where nothing is measured): `transformers serve`, whose start is the longest (17 s of the 38 s quick run
-    on a 2-core VM), launched first and waited for last, so that it starts while Rill's servers do."""
+    where nothing is measured): Rill's sides and `transformers serve` (the longest start: 17 s of the 38 s quick
+    run on a 2-core VM) launched at once, and then waited for."""
     out = Started()
-    early = None
-    if overlap and "transformers_serve" in peers:
-        early = transformers_serve(model_dir, scratch, num_threads)
-        stack.push(early.__exit__)
-    started_s = time.monotonic()
-    out.servers["rill"] = stack.enter_context(rill_server(*flags, log_path=scratch / "rill.log"))
-    out.startup_s["rill"] = time.monotonic() - started_s
-    for side, side_flags in QUANTIZED_SIDES.items():
-        if side in peers:
-            started_s = time.monotonic()
-            server = start_quantized(stack, [*flags, *side_flags], scratch / f"{side}.log")
-            if isinstance(server, str):
-                out.unavailable[side] = server
-                print(f"{side} unavailable: {server}", flush=True)
-            else:
-                out.servers[side] = server
-                out.startup_s[side] = time.monotonic() - started_s
-    if early is not None:
-        out.servers["transformers_serve"] = early.wait_ready()
-    elif "transformers_serve" in peers:
-        out.servers["transformers_serve"] = stack.enter_context(transformers_serve(model_dir, scratch, num_threads))
+    launched: dict[str, ServerProcess] = {}
+
+    def launch(side: str) -> ServerProcess:  # stopped by the stack however the run ends
+        server = launched[side] = (transformers_serve(model_dir, scratch, num_threads) if side == "transformers_serve"
+                                   else rill_server(*flags, *QUANTIZED_SIDES.get(side, ()),
+                                                    log_path=scratch / f"{side}.log"))
+        stack.callback(server.stop)
+        return server
+
+    wanted = [side for side in ("rill", *QUANTIZED_SIDES, "transformers_serve") if side == "rill" or side in peers]
+    if overlap:
+        for side in sorted(wanted, key=lambda side: side != "transformers_serve"):  # the longest start first
+            launch(side)
+    for side in wanted:
+        started_s = time.monotonic()
+        server = launched.get(side) or launch(side)
+        if side in QUANTIZED_SIDES and (why := unavailable_flag(server)) is not None:
+            out.unavailable[side] = why
+            print(f"{side} unavailable: {why}", flush=True)
+            continue
+        out.servers[side] = server.wait_ready()
+        if side != "transformers_serve":
+            out.startup_s[side] = time.monotonic() - started_s
     if "llamacpp" in peers:
         start_llamacpp(stack, out, gguf, scratch, llama_flags)
     if "vllm" in peers:

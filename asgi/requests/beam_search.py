@@ -19,6 +19,10 @@ from rill.asgi.requests.structured import CONSTRAINT_FIELDS
 from rill.asgi.state import WorkerState
 from rill.ipc.protocol import SamplingParams
 
+# Every step sends each beam's whole sequence to the engine again (the prefix cache spares its compute, not its
+# bytes): beams in all, prompts x n, are bounded so that one request's steps cannot crowd an API worker's loop.
+MAX_BEAMS = 64
+
 
 def _refused(req: SamplingFields, params: SamplingParams) -> str | None:
     """The first field of the request a beam search cannot honour, or None."""
@@ -57,6 +61,9 @@ def beam_search(state: WorkerState, req: SamplingFields, params: SamplingParams,
                             "own logprobs.", param=name)
     limits = state.settings.limits
     width = req.n or 1
+    if len(prompts) * width > MAX_BEAMS:
+        raise APIError(400, f"A beam search takes at most {MAX_BEAMS} beams in all (prompts x n); this one asks for "
+                            f"{len(prompts) * width}.", param="n" if len(prompts) == 1 else "prompt")
     end_ids = frozenset() if params.ignore_eos else frozenset(limits.eos_token_ids) | frozenset(params.stop_token_ids)
     top = BeamSet.top_k(width, len(end_ids))
     most = state.settings.http.max_logprobs

@@ -115,6 +115,15 @@ def test_what_a_beam_search_cannot_honour_is_a_400_naming_it(beam_server, extra,
     assert r.json()["error"]["param"] == param
 
 
+def test_beams_in_all_are_bounded(beam_server):
+    """prompts x n past 64 beams is a 400 naming the prompt list, before any step runs."""
+    body = {"model": MODEL, "prompt": ["a"] * 9, "n": 8, "max_tokens": 2, "use_beam_search": True}
+    r = httpx.post(f"{beam_server.base_url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    ok = httpx.post(f"{beam_server.base_url}/v1/completions", json={**body, "prompt": ["a"] * 8}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 64, ok.text
+
+
 
 def test_a_client_that_leaves_ends_the_search(beam_server):
     """The search stops at the step the client left in: no step runs after, none is left queued."""

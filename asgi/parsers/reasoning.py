@@ -24,6 +24,20 @@ class ThinkFormat:
     # the output is all content (a format whose thinking opens in the prompt would otherwise read it all as thinking)
     switch: str = ""
     on_by_default: bool = True
+    alt_open: tuple[str, ...] = ()  # other spellings of `open` and `close` (Granite's "Here's")
+    alt_close: tuple[str, ...] = ()
+    # Tags around the answer, dropped with the newlines before the opening one: ERNIE 4.5's `<response>`, Hunyuan's
+    # `</answer>` (whose `<answer>` closes the thinking). The closing tag ends the answer: what follows is dropped.
+    answer_open: str = ""
+    answer_close: str = ""
+
+    @property
+    def opens(self) -> tuple[str, ...]:
+        return (self.open, *self.alt_open)
+
+    @property
+    def closes(self) -> tuple[str, ...]:
+        return (self.close, *self.alt_close)
 
 
 R1 = ThinkFormat("<think>", "</think>", opening_optional=True)
@@ -42,6 +56,13 @@ THINK_FORMATS = {
                            answer_opens="<|tool_calls_section_begin|>", switch="thinking"),
     # DeepSeek V3.1 and later: R1's thinking where the template is asked for it (`thinking: true`), else none
     "deepseek_v3": ThinkFormat("<think>", "</think>", opening_optional=True, switch="thinking", on_by_default=False),
+    "olmo3": R1,  # OLMo 3 Think: its template opens the thinking
+    "ernie45": ThinkFormat("<think>", "</think>", opening_optional=True, answer_open="<response>",
+                           answer_close="</response>"),
+    "hunyuan_a13b": ThinkFormat("<think>\n", "\n</think>\n<answer>\n", opening_optional=False, answer_close="\n</answer>"),
+    # Granite 3.2 and 3.3 with `thinking: true` in chat_template_kwargs: plain-text markers, in two spellings
+    "granite": ThinkFormat("Here is my thought process:", "Here is my response:", opening_optional=False,
+                           alt_open=("Here's my thought process:",), alt_close=("Here's my response:",)),
 }
 
 
@@ -66,22 +87,23 @@ class ThinkParser(BufferedParser):
 
     def __init__(self, fmt: ThinkFormat = QWEN3):
         self.fmt = fmt
-        self.state = "start"  # start, reasoning, content
+        self.state = "start"  # start, reasoning, answer (before its opening tag), content, done
         self.pending = ""
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()
-        opening, closing, answer = self.fmt.open, self.fmt.close, self.fmt.answer_opens
+        fmt = self.fmt
         if self.state == "start":
             head = self.pending.lstrip()
-            if head.startswith(opening):
+            opening = next((tag for tag in fmt.opens if head.startswith(tag)), None)
+            if opening is not None:
                 self.pending, self.state = head[len(opening):], "reasoning"
-            elif not final and opening.startswith(head):
+            elif not final and any(tag.startswith(head) for tag in fmt.opens):
                 return {}
             else:
-                self.state = "reasoning" if self.fmt.opening_optional else "content"
+                self.state = "reasoning" if fmt.opening_optional else "answer"
         if self.state == "reasoning":
-            ends = (closing, answer) if answer else (closing,)
+            ends = (*fmt.closes, fmt.answer_opens) if fmt.answer_opens else fmt.closes
             at, tag = min(((at, tag) for tag in ends if (at := self.pending.find(tag)) >= 0), default=(-1, None))
             if tag is None:
                 end = len(self.pending) - (0 if final else held_tail(self.pending, ends))
@@ -89,10 +111,34 @@ class ThinkParser(BufferedParser):
                 self.pending = self.pending[end:]
                 return delta.build()
             delta.add_reasoning(self.pending[:at])
-            self.pending, self.state = self.pending[at + (len(closing) if tag == closing else 0):], "content"
-        delta.add_content(self.pending)
-        self.pending = ""
+            self.pending, self.state = self.pending[at + (0 if tag == fmt.answer_opens else len(tag)):], "answer"
+        if self.state == "answer":
+            if fmt.answer_open:
+                head = self.pending.lstrip("\n")
+                if not final and (not head or fmt.answer_open.startswith(head) and head != fmt.answer_open):
+                    return delta.build()
+                self.pending = head[len(fmt.answer_open):] if head.startswith(fmt.answer_open) else head
+            self.state = "content"
+        if self.state == "content":
+            self._content(delta, final)
+        else:  # done: the answer's closing tag came
+            self.pending = ""
         return delta.build()
+
+    def _content(self, delta: DeltaBuilder, final: bool) -> None:
+        close = self.fmt.answer_close
+        if not close:
+            delta.add_content(self.pending)
+            self.pending = ""
+            return
+        at = self.pending.find(close)
+        if at >= 0:
+            delta.add_content(self.pending[:at])
+            self.pending, self.state = "", "done"
+            return
+        end = len(self.pending) - (0 if final else held_tail(self.pending, (close,)))
+        delta.add_content(self.pending[:end])
+        self.pending = self.pending[end:]
 
 
 class ThinkParsers:

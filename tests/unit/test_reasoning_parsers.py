@@ -46,6 +46,22 @@ def test_think_tags(make, text, reasoning, content):
     ("kimi_k2", "Look it up.</think>Paris.", "Look it up.", "Paris."),
     ("kimi_k2", "<think>Look it up.<|tool_calls_section_begin|>calls", "Look it up.", "<|tool_calls_section_begin|>calls"),
     ("kimi_k2", "Still thinking <|tool_calls_sec", "Still thinking <|tool_calls_sec", None),
+    ("olmo3", "Opened in the prompt.</think>Paris.", "Opened in the prompt.", "Paris."),
+    # ERNIE 4.5: the answer in <response> tags after newlines, or bare; its closing tag ends it
+    ("ernie45", "abc\n</think>\n\n<response>\ndef\n</response>\n", "abc\n", "\ndef\n"),
+    ("ernie45", "<think>abc\n</think>\ndef", "abc\n", "def"),
+    ("ernie45", "abc</think>\n\n<resp", "abc", "<resp"),
+    ("ernie45", "still thinking", "still thinking", None),
+    # Hunyuan-A13B: thinking, then the answer in <answer> tags; its fast mode's empty thinking; no thinking at all
+    ("hunyuan_a13b", "<think>\nWeigh it.\n</think>\n<answer>\nParis.\n</answer>", "Weigh it.", "Paris."),
+    ("hunyuan_a13b", "<think>\n\n</think>\n<answer>\nParis.\n</answer>trailing", None, "Paris."),
+    ("hunyuan_a13b", "Paris.\n</answer>", None, "Paris."),
+    ("hunyuan_a13b", "<think>\nCut off", "Cut off", None),
+    # Granite 3.2/3.3: plain-text markers, "Here is" or "Here's"
+    ("granite", "Here is my thought process:\nAdd.\nHere is my response:\n4", "\nAdd.\n", "\n4"),
+    ("granite", "Here's my thought process: Add. Here's my response: 4", " Add. ", " 4"),
+    ("granite", "4, without thinking.", None, "4, without thinking."),
+    ("granite", "Here is my thought process: still going", " still going", None),
 ])
 def test_other_families_tags(name, text, reasoning, content):
     message = check_every_split(REASONING_PARSERS[name], text)
@@ -61,6 +77,8 @@ def test_thinking_markers_follow_each_format():
     assert thinking_markers("seed_oss").open == "<seed:think>" and thinking_markers("seed_oss").close == "</seed:think>"
     assert thinking_markers("minimax_m2").open == "" and thinking_markers("minimax_m2").close == "</think>"
     assert thinking_markers("minimax_m2_append_think") is None  # nothing splits its thinking off
+    assert thinking_markers("hunyuan_a13b").close == "\n</think>\n<answer>\n"  # a spent budget opens the answer
+    assert thinking_markers("granite").open == "Here is my thought process:"
     plain = ToolPlan(ToolMode.NONE, [])
     assert keeps_special_tokens(plain, None, "mistral") and not keeps_special_tokens(plain, None, "qwen3")
 

@@ -214,7 +214,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 with `echo`: score the prompt only
     logprobs: LogprobsCount | None = None
     echo: bool | None = False
-    best_of: PositiveInt | None = None
+    best_of: Annotated[int, Meta(ge=1, le=20)] | None = None  # OpenAI's legacy field (asgi/requests/best_of.py)
     suffix: str | None = None
 
 
@@ -248,10 +248,6 @@ def reject_unsupported(req: SamplingFields) -> None:
             ("audio", req.audio is not None),
             ("modalities", req.modalities not in (None, ["text"])),
             ("web_search_options", req.web_search_options is not None),
-        ]
-    else:
-        checks += [
-            ("best_of", req.best_of not in (None, 1)),
         ]
     for param, used in checks:
         if used:

@@ -1,6 +1,7 @@
 """POST /v1/completions: a prompt (text or token ids, one or a batch) -> engine -> text."""
 from __future__ import annotations
 
+from rill.asgi.engine_link.best_of import BestOfGeneration
 from rill.asgi.engine_link.generate import Generation, new_request_id
 from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
@@ -13,6 +14,7 @@ from rill.asgi.prompt.encoding import tokenize_prompts
 from rill.asgi.prompt.fim import fim_prompts
 from rill.asgi.prompt.truncation import truncated_prompts
 from rill.asgi.requests.beam_search import beam_search
+from rill.asgi.requests.best_of import candidates_per_prompt
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.priority import request_priority
@@ -38,7 +40,8 @@ async def completions(http: HTTPRequest) -> None:
     log_request_content(state.settings.http.log_requests, req)
     stop = stop_strings(req)
     batch = prompt_batch(req.prompt)
-    check_choices(len(batch), req.n or 1)
+    best_of = candidates_per_prompt(req)
+    check_choices(len(batch), best_of)
     vocab_size = state.settings.limits.vocab_size
     max_model_len = state.settings.limits.max_model_len
     if req.suffix is not None and (req.suffix or state.fim_tokens is not None):  # fill in the middle
@@ -62,7 +65,8 @@ async def completions(http: HTTPRequest) -> None:
     wanted = [k for k in (num_top if echo_logprobs else None, req.prompt_logprobs) if k is not None]
     params = sampling_params(req, max_tokens=max_tokens, prompt_len=longest, max_model_len=max_model_len,
                              prompt_param="prompt", vocab_size=state.settings.limits.vocab_size,
-                             logprobs=num_top, prompt_logprobs=max(wanted, default=None),
+                             logprobs=0 if num_top is None and best_of > (req.n or 1) else num_top,
+                             prompt_logprobs=max(wanted, default=None),
                              defaults=state.sampling_defaults, tokenizer=state.tokenizer,
                              max_logprobs=state.settings.http.max_logprobs)
     params.lora = lora
@@ -73,7 +77,10 @@ async def completions(http: HTTPRequest) -> None:
     n = req.n or 1
     with_ids = bool(req.return_token_ids)
     gen = beam_search(state, req, params, prompts, make_detok, request_id) or Generation(
-        state.client, request_id, prompts, params, make_detok, n=n, cache_salt=req.cache_salt, return_token_ids=with_ids)
+        state.client, request_id, prompts, params, make_detok, n=best_of, cache_salt=req.cache_salt,
+        return_token_ids=with_ids)
+    if best_of > n:  # the n best of best_of candidates a prompt
+        gen = BestOfGeneration(gen, n, keep_logprobs=num_top is not None)
     include_usage, continuous_usage = stream_usage(req)
     echo = None
     if req.echo:  # a text prompt as sent; token ids decoded as the output is

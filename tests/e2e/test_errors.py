@@ -62,7 +62,7 @@ def test_completions_bad_prompts(server):
     for prompt in ([], [1, "a"], [[1], []], [10**9], ""):
         param = "prompt[0]" if prompt == [10**9] else "prompt"
         check_error(httpx.post(url, json={"model": MODEL, "prompt": prompt}), 400, param)
-    for extra, param in (({"max_tokens": 0}, "max_tokens"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix")):
+    for extra, param in (({"max_tokens": 0}, "max_tokens"), ({"best_of": 3, "n": 4}, "best_of"), ({"suffix": "x"}, "suffix")):
         check_error(httpx.post(url, json={"model": MODEL, "prompt": "a", **extra}), 400, param)
 
 

@@ -117,13 +117,15 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     hf_config = load_config(model_dir)
     runner_class = choose_runner(model.model_impl, hf_config)
     native = runner_class is ModelRunner
-    if not native and (model.enable_embeddings or model.max_loras):
-        raise ValueError("--enable-embeddings and --enable-lora need the native runner (a Llama-family model)")
+    if not native and model.enable_embeddings:
+        raise ValueError("--enable-embeddings needs the native runner (a Llama-family model)")
     paged_transformers = False
     if not native:  # transformers' model: imported here, as the native runner needs none of its 2 s of imports
         from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
 
         paged_transformers = runner_class is PagedTransformersRunner
+    if not (native or paged_transformers) and model.max_loras:
+        raise ValueError("--enable-lora needs the native runner or the paged transformers route")
     enable_prefix_caching = limits.enable_prefix_caching
     if not (native or paged_transformers) and enable_prefix_caching:  # transformers' model one sequence at a time
         # Its per-request caches share nothing: a prefix "hit" would still be recomputed,

@@ -16,11 +16,15 @@ no mask, and its layers are their base linears alone (which the compiled decode 
 from __future__ import annotations
 
 import itertools
+import re
 
 import torch
 from torch import nn
 
-from rill.engine_proc.lora.adapter import LoRAAdapter, module_shapes
+from rill.engine_proc.lora.adapter import ATTENTION, MLP, LoRAAdapter, module_shapes
+
+# A linear of transformers' own decoder layer, by its module path (the paged transformers route)
+_HF_LINEAR = re.compile(rf"layers\.(\d+)\.(?:self_attn|mlp)\.({'|'.join(ATTENTION + MLP)})$")
 
 
 class LoRAState:
@@ -89,4 +93,24 @@ def wrap_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: i
             setattr(parent, attr, module)
             wrapped.append(module)
     model.bind_kernels()  # the wrapped layers: no fused epilogues, none takes the prefill operator
+    return wrapped
+
+
+def wrap_transformers_linears(model: nn.Module, state: LoRAState, max_loras: int, max_rank: int,
+                              device) -> list[LoRALinear]:
+    """transformers' own model (the paged route): each of a decoder layer's `self_attn` and `mlp` linears that PEFT
+    names (q_proj ... down_proj) becomes a LoRALinear of one part. A mixture of experts' MLP has none (its experts
+    are not targetable): an adapter of those is refused at load (LoRAManager.load)."""
+    shapes = module_shapes(model.config.get_text_config())
+    wrapped = []
+    for path, module in list(model.named_modules()):
+        match = _HF_LINEAR.search(path)
+        if match is None:
+            continue
+        layer, name = int(match.group(1)), match.group(2)
+        parent_path, _, attr = path.rpartition(".")
+        wrapper = LoRALinear(module, layer, shapes[name][0], [(name, 0, shapes[name][1])], state, max_loras, max_rank,
+                             device)
+        setattr(model.get_submodule(parent_path), attr, wrapper)
+        wrapped.append(wrapper)
     return wrapped

@@ -6,20 +6,25 @@ import logging
 
 import torch
 
-from rill.engine_proc.lora.adapter import AdapterError, LoRAAdapter, load_adapter
+from rill.engine_proc.lora.adapter import ATTENTION, MLP, AdapterError, LoRAAdapter, load_adapter
 from rill.engine_proc.lora.layers import LoRAState, wrap_linears
 
 log = logging.getLogger("rill.engine")
 
 
 class LoRAManager:
-    def __init__(self, model, config, max_loras: int, max_rank: int, device) -> None:
+    def __init__(self, model, config, max_loras: int, max_rank: int, device, wrap=wrap_linears) -> None:
+        """`wrap`: what makes the model's LoRALinears (the native model's, or wrap_transformers_linears)."""
         self.config = config
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.device = device
         self.state = LoRAState()
-        self.layers = wrap_linears(model, self.state, max_loras, max_rank, device)
+        self.layers = wrap(model, self.state, max_loras, max_rank, device)
+        if not self.layers:
+            raise ValueError(f"--enable-lora: model_type {config.model_type!r} has no linear LoRA can target "
+                             f"({', '.join(ATTENTION + MLP)} under each layer's self_attn or mlp)")
+        self.targets = {(layer.layer, name) for layer in self.layers for name, _, _ in layer.parts}
         # Per layer width, the slot each rank column belongs to: row masks compare against it.
         self.column_slots = {width: (torch.arange(max_loras * width) // width).unsqueeze(0)
                              for width in {layer.width for layer in self.layers}}
@@ -40,6 +45,10 @@ class LoRAManager:
         if not replacing and len(self.slots) >= self.max_loras:
             raise AdapterError(f"--max-loras {self.max_loras} adapters are loaded already; unload one first")
         adapter = load_adapter(name, path, self.config, self.max_rank)
+        if missing := sorted(set(adapter.weights) - self.targets):
+            layer, module = missing[0]
+            raise AdapterError(f"LoRA adapter {name!r}: layer {layer} has no {module} linear to adapt (a mixture "
+                               "of experts' MLP is not served)")
         adapter.load_id = next(self._load_ids)
         slot = self.slots[name] if replacing else min(set(range(self.max_loras)) - set(self.slots.values()))
         try:
@@ -65,6 +74,12 @@ class LoRAManager:
         for layer in self.layers:
             layer.set_slot(slot, None)
         log.info("LoRA adapter %s unloaded", name)
+
+    def set_step_rows(self, batch, flat: bool) -> None:
+        """The row masks of `batch`'s step: a flat step keeps the batch's order of token rows, the other puts
+        one-token decodes first (engine_proc/attention's prepare)."""
+        self.set_rows(batch.seqs if flat else ([s for s in batch.seqs if s.num_new_tokens == 1]
+                                               + [s for s in batch.seqs if s.num_new_tokens > 1]))
 
     def set_rows(self, seqs) -> None:
         """The step's row masks, `seqs` (some using an adapter) in the order of their token rows:

@@ -2,7 +2,6 @@
 prefix caching for a family with no native implementation (engine_proc/model/hf_attention.py)."""
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -11,13 +10,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, 
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
 from rill.engine_proc.attention.kv_cache import KVCache
-from rill.engine_proc.kernels import extension
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
+from rill.engine_proc.model.hf_logits import LogitsForward, final_soft_cap
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
 from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
@@ -148,6 +147,14 @@ class PagedTransformersRunner(SamplingRunner):
             self._pack_experts(model.quantization, int4_options)
         if model.batch_invariant:  # the matmuls too: fixed-size row tiles (attention is the backend's)
             tile_linears(self.model)
+        if model.max_loras:  # adapters on transformers' own linears, per row (engine_proc/lora/layers.py)
+            if is_vision_model(self.config):
+                raise ValueError("--enable-lora is not served for vision models")
+            from rill.engine_proc.lora.layers import wrap_transformers_linears
+            from rill.engine_proc.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, text_config, model.max_loras, model.max_lora_rank, self.device,
+                                    wrap=wrap_transformers_linears)
         self.forward_logits = LogitsForward(self.model, self.attention, final_soft_cap(self.model, self.device, dtype))
         self.sliding_window = uniform_window(text_config, self.max_model_len)
         self.images = None
@@ -203,8 +210,19 @@ class PagedTransformersRunner(SamplingRunner):
         step's sequences as one row of tokens, the LM head (and the family's logit scaling or
         soft-capping, in its own forward) on the rows asked for only."""
         assert not hidden_only, "the transformers route does not embed (refused at start)"
-        if self.decode_graphs is not None and not eager and self.decode_graphs.can_run(batch):
+        # A step with an adapter runs eagerly: the compiled graph holds the base linears alone.
+        uses_lora = self.lora is not None and any(s.req.lora for s in batch.seqs)
+        if self.decode_graphs is not None and not eager and not uses_lora and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
+        if uses_lora:
+            self.lora.set_step_rows(batch, self.attention.flat)
+        try:
+            return self._eager_logits(batch)
+        finally:
+            if uses_lora:
+                self.lora.clear()
+
+    def _eager_logits(self, batch: Batch) -> torch.Tensor:
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)
         # A window at least as long as the step's longest sequence masks nothing: its layers take the kernels
         longest = max(s.start_pos + s.num_new_tokens for s in batch.seqs)
@@ -219,45 +237,6 @@ class PagedTransformersRunner(SamplingRunner):
                 return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices, inputs,
                                            self.images.positions(batch, positions))
             return self.forward_logits(input_ids, positions, None, self.kv_cache, logits_indices)
-
-
-class LogitsForward(torch.nn.Module):
-    """transformers' model under the native model's forward signature (input ids, positions, a
-    compiled decode step's metadata or None, the cache, the rows to keep): the logits of those rows,
-    the final soft-capping applied. The compiled decode steps call it with their metadata, which goes
-    down to each attention layer (hf_attention.py's rill_graph); an eager step with None, inside its
-    step_context."""
-
-    def __init__(self, model: torch.nn.Module, attention, final_soft_cap) -> None:
-        super().__init__()
-        self.model, self.attention, self.config, self.final_soft_cap = model, attention, model.config, final_soft_cap
-
-    def forward(self, input_ids, positions, graph_meta, kv_cache, logits_indices, image_inputs=None,
-                rope_positions=None) -> torch.Tensor:
-        """`image_inputs`: the forward's keywords for a step with images, in place of its ids (hf_vision.py: the input
-        embeddings, or a DeepStack model's ids and image outputs); `rope_positions` [3, tokens]: a 3-D rotary
-        model's positions, in place of `positions`."""
-        tokens = image_inputs or {"input_ids": input_ids.unsqueeze(0)}
-        position_ids = positions.unsqueeze(0) if rope_positions is None else rope_positions.unsqueeze(1)
-        out = self.model(**tokens, position_ids=position_ids, use_cache=False,
-                         logits_to_keep=logits_indices, rill_graph=graph_meta)
-        logits = out.logits[0]
-        return logits if self.final_soft_cap is None else self.final_soft_cap(logits)
-
-
-def final_soft_cap(model: torch.nn.Module, device: torch.device, dtype: torch.dtype):
-    """The family's final logit soft-capping (Gemma 2: cap * tanh(logits / cap)) taken out of its
-    forward, as a function of the logits that the runner applies (None without one): torch's tanh is
-    slow on the CPU. A compiled 16-row decode step of Gemma 2's bench shape took 5.40 ms with the
-    family's tanh, 4.37 ms with the C++ kernel, 4.32 ms without the cap (Zen 4, one run). Elsewhere
-    the sigmoid form, which Inductor and Triton vectorize."""
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if not cap:
-        return None
-    model.config.final_logit_softcapping = None
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and extension.available():
-        return functools.partial(torch.ops.rill_cpu.soft_cap, cap=float(cap))
-    return lambda logits: torch.sigmoid(logits * (2.0 / cap)) * (2.0 * cap) - cap
 
 
 def _num_experts(config) -> int:

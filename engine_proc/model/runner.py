@@ -192,11 +192,7 @@ class ModelRunner(SamplingRunner):
             if self.compiled_prefill is not None and not hidden_only:  # on a GPU (compiled_prefill.py)
                 return self.compiled_prefill.run(input_ids, positions, meta, logits_indices)
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
-        # Token rows in the order the step laid them out: the flat step keeps the batch's order,
-        # prepare_step puts one-token decodes first.
-        ordered = batch.seqs if self.attention.flat else ([s for s in batch.seqs if s.num_new_tokens == 1]
-                                           + [s for s in batch.seqs if s.num_new_tokens > 1])
-        self.lora.set_rows(ordered)
+        self.lora.set_step_rows(batch, self.attention.flat)
         try:
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
         finally:

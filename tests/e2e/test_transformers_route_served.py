@@ -47,11 +47,33 @@ def save_servable(kind: str, model_dir, tmp_path_factory, **overrides):
 
 @pytest.fixture(scope="module")
 def gemma(model_dir, tmp_path_factory):
+    """(the model, its server, its directory, the merged model of the LoRA adapter `tuned` it serves too)."""
+    from rill.bench.features.lora_adapters import make_adapter
+
     hf, path = save_servable("gemma3_text", model_dir, tmp_path_factory)
+    adapter, merged = make_adapter(path, tmp_path_factory.mktemp("tuned"), 4, 8, ["q_proj", "v_proj", "down_proj"], 3,
+                                   b_std=1.0)
     srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32",
-                       "--log-level", "info")
-    yield hf, srv, path
+                       "--log-level", "info", "--enable-lora", "--lora-modules", f"tuned={adapter}",
+                       "--max-lora-rank", "8")
+    yield hf, srv, path, merged
     stop_server(srv)
+
+
+def test_a_lora_adapter_on_the_route_gives_the_merged_models_logprobs(gemma, tokenizer):
+    """`tuned`, a PEFT adapter of the tiny Gemma 3, served by name beside the base model: its prompt logprobs are
+    PEFT's merged model's, and the base model's stay its own."""
+    hf, srv, _, merged = gemma
+    ids = tokenizer.encode(TEXT).ids
+    for name, model in (("tuned", merged), (MODEL, hf)):
+        r = post(srv, "/v1/completions", {"model": name, "prompt": TEXT, "max_tokens": 1, "echo": True,
+                                          "logprobs": 0})
+        assert r.status_code == 200, r.text
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        want = [float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids))]
+        assert r.json()["choices"][0]["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=1e-3), name
+    assert "tuned" in [m.id for m in sdk_client(srv).models.list().data]
 
 
 def test_it_runs_on_the_paged_route_with_prefix_caching(gemma):
@@ -61,7 +83,7 @@ def test_it_runs_on_the_paged_route_with_prefix_caching(gemma):
 
 
 def test_prompt_logprobs_are_transformers_own(gemma, tokenizer):
-    hf, srv, _ = gemma
+    hf, srv, *_ = gemma
     ids = tokenizer.encode(TEXT).ids
     assert len(ids) > 2 * WINDOW  # the sliding layers' window matters
     r = post(srv, "/v1/completions", {"model": MODEL, "prompt": TEXT, "max_tokens": 0, "echo": True, "logprobs": 1})
@@ -75,7 +97,7 @@ def test_prompt_logprobs_are_transformers_own(gemma, tokenizer):
 
 
 def test_greedy_tokens_are_transformers_own(gemma, tokenizer):
-    hf, srv, _ = gemma
+    hf, srv, *_ = gemma
     ids = tokenizer.encode(TEXT).ids
     resp = sdk_client(srv).completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0, logprobs=1,
                                               extra_body={"ignore_eos": True})
@@ -89,7 +111,7 @@ def test_a_grammar_drafts_what_it_forces_on_the_route(gemma):
     """Jump-forward (and so predicted outputs and n-grams: drafts) on the paged route: a choice of one text forces
     all of it, drafted and verified; the answer is that text (tests/model/test_transformers_route.py checks every
     draft's row against transformers)."""
-    _, srv, _ = gemma
+    _, srv, *_ = gemma
     before = stats(srv)["num_jump_forward_tokens"]
     choice = "the keeper of the lighthouse wrote in his log every night"
     r = post(srv, "/v1/completions", {"model": MODEL, "prompt": TEXT, "max_tokens": 40, "temperature": 0,
@@ -99,7 +121,7 @@ def test_a_grammar_drafts_what_it_forces_on_the_route(gemma):
 
 
 def test_a_shared_prefix_is_served_from_the_cache(gemma, tokenizer):
-    _, srv, _ = gemma
+    _, srv, *_ = gemma
     ids = tokenizer.encode(TEXT.upper()).ids  # a prefix no earlier test sent
     client = sdk_client(srv)
     first = client.completions.create(model=MODEL, prompt=ids + [1000], max_tokens=8, temperature=0)

@@ -6,6 +6,8 @@ import queue
 import resource
 import time
 
+import msgspec
+
 from rill.engine_proc.grammar.compiler import GrammarCompiled
 from rill.engine_proc.grammar.gate import GrammarGate
 from rill.engine_proc.model.memory import release_free_heap, resident_bytes, weight_bytes
@@ -159,7 +161,7 @@ class EngineCore:
         elif isinstance(item, p.AbortAll):
             self.abort_all(item.worker_id)
         elif isinstance(item, p.LoRAUpdate):
-            self.publish((item.worker_id, self.update_lora(item)))
+            self.publish((item.worker_id, msgspec.structs.replace(self.update_lora(item), data_parallel_rank=self.rank)))
         elif isinstance(item, p.CacheReset):
             num_blocks = self.scheduler.block_manager.reset_prefix_cache()
             log.info("prefix cache reset: %d blocks forgotten", num_blocks)
@@ -212,7 +214,7 @@ class EngineCore:
         elif isinstance(item, p.LoRAUpdate):
             self.publish((item.worker_id, p.LoRAResult(
                 item.name, f"The engine failed to {'load' if item.path else 'unload'} LoRA adapter '{item.name}' "
-                           "(see the server log); the engine goes on.", 500)))
+                           "(see the server log); the engine goes on.", 500, self.rank)))
 
     def update_lora(self, item: p.LoRAUpdate) -> p.LoRAResult:
         """Loads or unloads an adapter between two steps; never one that a live request uses."""

@@ -267,6 +267,7 @@ class LoRAResult(msgspec.Struct, tag=True, array_like=True, gc=False):
     name: str
     error: str = ""  # "": done
     status: int = 200  # the HTTP status of the error: 400, or 404 for an adapter not loaded
+    data_parallel_rank: int = 0  # the engine that answers (--data-parallel-size: every engine does)
 
 
 class CacheResetResult(msgspec.Struct, tag=True, array_like=True, gc=False):

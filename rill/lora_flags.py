@@ -38,8 +38,6 @@ def check_lora_flags(args, parser: argparse.ArgumentParser) -> None:
     """Exit 2 naming the flag for adapters that cannot be served."""
     if args.lora_modules and not args.enable_lora:
         parser.error("--lora-modules needs --enable-lora")
-    if args.enable_lora and args.data_parallel_size > 1:
-        parser.error("--enable-lora is not served with --data-parallel-size > 1 yet")
     if args.allow_runtime_lora_updating and not args.enable_lora:
         args.allow_runtime_lora_updating = False  # the env switch alone (vLLM's) does nothing without adapters
     if args.max_loras < 1 or args.max_lora_rank < 1:

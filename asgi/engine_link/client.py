@@ -53,7 +53,8 @@ class EngineClient:
         # Questions every engine answers (a StatsQuery, a CacheReset): each waiter with the answers so far, by rank
         self._stats_waiters: list[tuple[asyncio.Future, dict[int, p.EngineStats]]] = []
         self._reset_waiters: list[tuple[asyncio.Future, dict[int, p.CacheResetResult]]] = []
-        self._lora_waiters: dict[str, asyncio.Future] = {}  # adapter name -> its LoRAResult
+        # adapter name -> (its future, the engines' LoRAResults so far by rank, how many engines answer)
+        self._lora_waiters: dict[str, tuple[asyncio.Future, dict[int, p.LoRAResult], int]] = {}
         self.chooser = EngineChooser(len(self.engine_pids), block_size)
         self._ctx = zmq.asyncio.Context()
         self._outs = [make_socket(self._ctx, zmq.PUSH, paths.engine_input_for(rank), bind=False)
@@ -142,12 +143,28 @@ class EngineClient:
             raise EngineDead
         if name in self._lora_waiters:
             return p.LoRAResult(name, f"The lora adapter '{name}' is being loaded or unloaded already.", 400)
-        fut = self._lora_waiters[name] = asyncio.get_running_loop().create_future()
+        results = await self._lora_everywhere(p.LoRAUpdate(self.worker_id, name, path, load_inplace), timeout_s)
+        failed = [r for r in results if r.error]
+        if failed and path and not load_inplace and len(failed) < len(results):
+            # Loaded by some engines only (a file changed meanwhile, memory): taken back, so every engine serves the
+            # same adapters and any may take a request for it.
+            await self._lora_everywhere(p.LoRAUpdate(self.worker_id, name), timeout_s,
+                                        ranks=[r.data_parallel_rank for r in results if not r.error])
+        return failed[0] if failed else results[0]
+
+    async def _lora_everywhere(self, update: p.LoRAUpdate, timeout_s: float, ranks: list[int] | None = None
+                               ) -> list[p.LoRAResult]:
+        """`update` sent to each engine of `ranks` (all of them by default): their answers, by rank."""
+        ranks = list(range(len(self._outs))) if ranks is None else ranks
+        fut = asyncio.get_running_loop().create_future()
+        self._lora_waiters[update.name] = (fut, {}, len(ranks))
         try:
-            await self._outs[0].send(p.input_encoder.encode(p.LoRAUpdate(self.worker_id, name, path, load_inplace)))
-            return await asyncio.wait_for(fut, timeout_s)
+            for rank in ranks:
+                await self._outs[rank].send(p.input_encoder.encode(update))
+            answers = await asyncio.wait_for(fut, timeout_s)
+            return [answers[rank] for rank in sorted(answers)]
         finally:
-            self._lora_waiters.pop(name, None)
+            self._lora_waiters.pop(update.name, None)
 
     async def _read_outputs(self) -> None:
         while True:
@@ -165,8 +182,11 @@ class EngineClient:
                 self._reset_waiters = self._answer(self._reset_waiters, msg)
                 continue
             if isinstance(msg, p.LoRAResult):
-                if (fut := self._lora_waiters.get(msg.name)) is not None and not fut.done():
-                    fut.set_result(msg)
+                if (waiter := self._lora_waiters.get(msg.name)) is not None:
+                    fut, answers, expected = waiter
+                    answers[msg.data_parallel_rank] = msg
+                    if len(answers) == expected and not fut.done():
+                        fut.set_result(answers)
                 continue
             self.chooser.reported(msg.data_parallel_rank, msg.num_running, msg.num_waiting)
             ids = msg.ids

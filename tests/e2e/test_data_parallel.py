@@ -30,8 +30,18 @@ def dp_server(tmp_path_factory, tiny_dir, *flags: str):
 
 
 @pytest.fixture(scope="module")
-def dp(tmp_path_factory, tiny_dir):
-    srv = dp_server(tmp_path_factory, tiny_dir, "--workers", "2")
+def adapters(tmp_path_factory) -> dict[str, str]:
+    """Two hand-written LoRA adapters of the tiny model: name -> directory."""
+    from tests.helpers.tiny_lora import write_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: str(write_adapter(root / name, seed=seed)) for seed, name in enumerate(("hand", "later"))}
+
+
+@pytest.fixture(scope="module")
+def dp(tmp_path_factory, tiny_dir, adapters):
+    srv = dp_server(tmp_path_factory, tiny_dir, "--workers", "2", "--enable-lora", "--lora-modules",
+                    f"hand={adapters['hand']}", "--allow-runtime-lora-updating", "--max-loras", "2")
     yield srv
     stop_server(srv)
 
@@ -146,3 +156,34 @@ def test_engines_that_fail_at_start_stop_the_server_with_a_failure(tmp_path_fact
     assert "holds no KV block" in srv.log() and "the engine failed to start" in srv.log()
     assert outliving(srv.proc.pid) == []  # no engine outlived it
     assert leftovers(srv.proc.pid) == []
+
+
+def answers_from_both_engines(server, model: str) -> set[str]:
+    """The texts of concurrent greedy requests for `model`, which both engines served (checked)."""
+    before = [e["num_finished"] for e in engines(server)]
+    with httpx.Client() as one_connection, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        def run(_):
+            r = one_connection.post(f"{server.base_url}/v1/completions", timeout=120, json={
+                "model": model, "prompt": [7, 8, 9], "max_tokens": 24, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        texts = set(pool.map(run, range(4)))
+    assert min(e["num_finished"] - b for e, b in zip(engines(server), before)) >= 1
+    return texts
+
+
+def test_lora_adapters_are_served_by_every_engine_and_loaded_into_each(dp, adapters):
+    """An adapter of --lora-modules, and one loaded at runtime, answer alike from either engine (and unlike the
+    base model); unloaded, it is gone from both."""
+    (base,) = answers_from_both_engines(dp, TINY_MODEL)
+    (hand,) = answers_from_both_engines(dp, "hand")
+    r = httpx.post(f"{dp.base_url}/v1/load_lora_adapter", json={"lora_name": "later", "lora_path": adapters["later"]},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    (later,) = answers_from_both_engines(dp, "later")
+    assert len({base, hand, later}) == 3
+    r = httpx.post(f"{dp.base_url}/v1/unload_lora_adapter", json={"lora_name": "later"}, timeout=60)
+    assert r.status_code == 200, r.text
+    again = httpx.post(f"{dp.base_url}/v1/unload_lora_adapter", json={"lora_name": "later"}, timeout=60)
+    assert again.status_code == 404, again.text  # neither engine holds it

@@ -5,8 +5,10 @@ Blocks taken: `text` anywhere; in assistant turns `tool_use` (an assistant tool 
 it is opaque); in user turns `tool_result` (a `tool` message answering the call with that id,
 which must be a tool_use of the assistant turn just before, as Anthropic requires). A user turn's
 tool results come first, as their own messages, then its text as one user message. A vision model's
-user turns take `image` blocks too (base64 sources: docs/vision.md), as image_url parts among the text's.
-Documents and other blocks are refused with a 400 naming `messages[i].content[j].type`.
+user turns take `image` blocks too (base64 sources: docs/vision.md), as image_url parts among the text's. A user
+turn's `document` blocks of text (a `text` or `content` source) become text in its place, in the tags Anthropic's
+prompting guide uses for documents; a PDF, a URL or a file is refused naming its `source.type`, and `citations` (which
+this server does not write) naming it. Other blocks are refused with a 400 naming `messages[i].content[j].type`.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
 
-BLOCKS = {"user": ("text", "tool_result", "image"),
+BLOCKS = {"user": ("text", "tool_result", "image", "document"),
           "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 # A tool_result's text says it reports an error this way: chat's tool message has no such field.
 ERROR_PREFIX = "Error: "
@@ -81,6 +83,7 @@ _FIELDS = {
     "tool_use": [("id", str, "a string"), ("name", str, "a string"), ("input", dict, "an object")],
     "tool_result": [("tool_use_id", str, "a string")],
     "image": [("source", dict, "an object")],
+    "document": [("source", dict, "an object")],
 }
 
 
@@ -98,6 +101,7 @@ def _assistant(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _user(blocks: list[dict[str, Any]], where: str, tool_use_ids: set[str], images: bool) -> list[dict[str, Any]]:
     out = []
+    blocks = [_document(b, f"{where}[{j}]") if b["type"] == "document" else b for j, b in enumerate(blocks)]
     for j, block in enumerate(blocks):
         if block["type"] != "tool_result":
             continue
@@ -138,3 +142,27 @@ def _image_url(block: dict[str, Any], where: str, images: bool) -> str:
     if not isinstance(data, str):
         raise bad(f"{where}.source.data", "must be a string (base64).")
     return f"data:{media_type};base64,{data}"
+
+
+def _document(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """A document block of text as a text block: its title and context, then its text, in tags."""
+    source, kind = block["source"], block["source"].get("type")
+    if kind == "text":
+        if not isinstance(source.get("data"), str):
+            raise bad(f"{where}.source.data", "must be a string.")
+        text = source["data"]
+    elif kind == "content":
+        text = text_of(source.get("content"), f"{where}.source.content")
+    else:
+        raise bad(f"{where}.source.type", f"{kind!r} is not read here: send the document's text (a source of type "
+                                          "text or content); this server reads no PDFs, URLs or files.")
+    if isinstance(block.get("citations"), dict) and block["citations"].get("enabled"):
+        raise bad(f"{where}.citations", "are not written by this server: send the document without them.")
+    head = []
+    for field, tag in (("title", "source"), ("context", "context")):
+        if (value := block.get(field)) is not None:
+            if not isinstance(value, str):
+                raise bad(f"{where}.{field}", "must be a string.")
+            head.append(f"<{tag}>{value}</{tag}>\n")
+    return {"type": "text", "text": f"<document>\n{''.join(head)}<document_content>\n{text}\n</document_content>\n"
+                                    "</document>\n"}

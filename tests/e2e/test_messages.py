@@ -135,7 +135,8 @@ def test_errors_take_anthropics_shape(server, body, status, kind):
      "tool_choice.name"),
     ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking.budget_tokens"),  # not below max_tokens
-    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+     "messages[0].content[0].source.type"),
     ({"messages": [ASK[0], {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
                                                               "input": []}]}]}, "messages[1].content[0].input"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},

@@ -108,7 +108,16 @@ def test_disable_parallel_tool_use_and_thinking():
     ({"thinking": {"type": "on"}}, "thinking.type"),
     ({"thinking": {"type": "adaptive"}, "tools": [WEATHER], "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
-    ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "search_result"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "messages[0].content[0].source"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}]}]}, "messages[0].content[0].source.type"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": 7}}]}]},
+     "messages[0].content[0].source.data"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"},
+                                                 "citations": {"enabled": True}}]}]}, "messages[0].content[0].citations"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {
+        "type": "content", "content": [{"type": "image"}]}}]}]}, "messages[0].content[0].source.content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [USER[0], {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]},
@@ -138,3 +147,17 @@ def test_bad_requests_name_the_field(fields, param):
         create(**fields)
     assert info.value.status == 400 and info.value.param == param, info.value.message
     assert f"`{param}`" in info.value.message or f"$.{param}" in info.value.message
+
+
+def test_text_documents_become_the_turns_text_in_their_place():
+    """A document of text (a text or content source) is text of its turn, in order, with its title and context."""
+    blocks = [{"type": "text", "text": "Summarise:"},
+              {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Tides rise."},
+               "title": "notes.txt", "context": "From the harbour log"},
+              {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "Ships dock."}]}},
+              {"type": "text", "text": "Thanks."}]
+    chat = create(messages=[{"role": "user", "content": blocks}])
+    (message,) = chat.messages
+    assert message.content == ("Summarise:<document>\n<source>notes.txt</source>\n<context>From the harbour log</context>\n"
+                               "<document_content>\nTides rise.\n</document_content>\n</document>\n<document>\n"
+                               "<document_content>\nShips dock.\n</document_content>\n</document>\nThanks.")

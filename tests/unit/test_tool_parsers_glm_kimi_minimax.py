@@ -1,5 +1,5 @@
-"""Tool-call parsers as pure units: glm45 (GLM-4.5 to 4.7: keys and values, typed by the tools' schemas), minimax_m2 and
-kimi_k2 (Kimi K2's special markers, the model's own call ids)."""
+"""Tool-call parsers as pure units: glm45 (GLM-4.5 to 4.7: keys and values, typed by the tools' schemas), minimax_m2,
+seed_oss and kimi_k2 (Kimi K2's special markers, the model's own call ids)."""
 from __future__ import annotations
 
 import json
@@ -100,3 +100,17 @@ def test_minimax_names_and_keys_lose_their_quotes_and_values_are_typed():
     message = check_every_split(lambda: MiniMaxM2Parser(tools=TOOLS), text)
     assert calls(message) == [("get_weather", '{"days": 3, "city": "New York"}')]
     assert message["content"] == "Ok.\n after"
+
+
+def test_seed_oss_calls_in_its_own_tags_with_typed_values():
+    from rill.asgi.parsers.tools.auto import pick_tool_parser
+    from rill.asgi.parsers.tools.seed_oss import SeedOssParser
+
+    text = ("Checking.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+            "<parameter=days>2</parameter>\n</function>\n</seed:tool_call>")
+    message = check_every_split(lambda: SeedOssParser(tools=TOOLS), text)
+    assert calls(message) == [("get_weather", '{"city": "Paris", "days": 2}')]
+    assert message["content"] == "Checking.\n"  # as qwen3_coder keeps the text before a call
+    plain = check_every_split(lambda: SeedOssParser(tools=TOOLS), "<tool_call>not its tag</tool_call>")
+    assert calls(plain) == [] and plain["content"] == "<tool_call>not its tag</tool_call>"
+    assert pick_tool_parser("{{ '<seed:tool_call>\\n<function=' + name }}") == "seed_oss"

@@ -12,10 +12,12 @@ from rill.asgi.parsers.tools.minimax_m2 import MiniMaxM2Parser
 from rill.asgi.parsers.tools.mistral import MistralParser
 from rill.asgi.parsers.tools.pythonic import PythonicParser
 from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
+from rill.asgi.parsers.tools.seed_oss import SeedOssParser
 
 TOOL_PARSERS = {
     "deepseek_v3": DeepSeekV3Parser,
     "deepseek_v31": DeepSeekV31Parser,
+    "ernie45": HermesParser,  # ERNIE 4.5: hermes' JSON calls in <tool_call>
     "glm45": Glm45Parser,
     "glm47": Glm45Parser,
     "granite": GraniteParser,
@@ -28,4 +30,5 @@ TOOL_PARSERS = {
     "phi4_mini_json": Phi4MiniJsonParser,
     "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser,
+    "seed_oss": SeedOssParser,
 }

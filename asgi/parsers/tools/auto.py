@@ -13,6 +13,7 @@ import functools
 FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("openai", ("<|channel|>", "<|call|>")),  # GPT-OSS's harmony
     ("minimax_m2", ("<minimax:tool_call>", "<invoke name=")),
+    ("seed_oss", ("<seed:tool_call>", "<function=")),
     ("qwen3_coder", ("<tool_call>", "<function=")),
     ("glm45", ("<tool_call>", "<arg_key>", "<arg_value>")),  # GLM-4.5 to 4.7: keys and values inside <tool_call>
     ("kimi_k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),

@@ -217,7 +217,7 @@ CHAT_BAD = [
 COMPLETIONS_BAD = [
     ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),  # at most --max-logprobs (20), as vLLM
     ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo (score the prompt)
-    ({"n": 0}, "n"), ({"logit_bias": {"x": 1}}, "logit_bias"), ({"best_of": 2}, "best_of"),
+    ({"n": 0}, "n"), ({"logit_bias": {"x": 1}}, "logit_bias"), ({"best_of": 2, "n": 3}, "best_of"),  # best_of < n
 ]
 
 

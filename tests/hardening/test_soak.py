@@ -12,13 +12,13 @@ import httpx
 
 from tests.helpers.server import TINY_MODEL, stats
 
-NUM_WARMUP = 1000
-NUM_SOAK = 3000
+NUM_WARMUP = 600
+NUM_SOAK = 2000
 CONCURRENCY = 16
 # A leak of any per-request state in an API worker (a mailbox, a detokenizer, a route, a prompt's
-# ids and text: a few KiB) would add 3 MiB or more over the ~1,500 requests each worker serves;
+# ids and text: a few KiB) would add 2 MiB or more over the ~1,000 requests each worker serves;
 # after the warm-up a worker's RSS (and the launcher's) moves by well under 1 MiB here.
-MAX_GROWTH_KIB = 3 * 1024
+MAX_GROWTH_KIB = 2 * 1024
 # The engine also holds, by design, memory that grows with new content up to a fixed size: the
 # prefix cache's index (at most one entry of about 1 KiB per KV block: 8 MiB for the tiny
 # server's 8,191 blocks) and oneDNN's per-shape caches (engine_proc/main.py caps them: at their

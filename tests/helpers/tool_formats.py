@@ -15,6 +15,10 @@ CALL_RENDERINGS = {
                "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>",
     "minimax_m2": '<minimax:tool_call>\n<invoke name="{{ tc.function.name }}">\n{% for k, v in tc.function.arguments '
                   '| items %}<parameter name="{{ k }}">{{ v }}</parameter>\n{% endfor %}</invoke>\n</minimax:tool_call>',
+    "seed_oss": "<seed:tool_call>\n<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments | items %}"
+                "<parameter={{ k }}>{{ v }}</parameter>\n{% endfor %}</function>\n</seed:tool_call>",
+    "hunyuan_a13b": '<tool_calls>[{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}]'
+                    "</tool_calls>",
     "mistral": "[TOOL_CALLS]{{ tc.function.name }}[ARGS]{{ tc.function.arguments | tojson }}",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ tc.function.name }}\n"
                    "```json\n{{ tc.function.arguments | tojson }}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
@@ -65,6 +69,11 @@ OUTPUTS = {
     "minimax_m2": ('Let me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
                    '</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
                    "Let me check.\n", [PARIS, NONE]),
+    "seed_oss": ("Let me check.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+                 "</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=get_time>\n</function>\n"
+                 "</seed:tool_call>", "Let me check.\n", [PARIS, NONE]),
+    "hunyuan_a13b": ('Let me check.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                     '{"name": "get_time", "arguments": {}}]</tool_calls>', "Let me check.", [PARIS, NONE]),
     "mistral": ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
                 "Let me check.", [PARIS, NONE]),
     "deepseek_v3": ("Let me check.<｜tool▁calls▁begin｜>"

@@ -114,3 +114,26 @@ def test_seed_oss_calls_in_its_own_tags_with_typed_values():
     plain = check_every_split(lambda: SeedOssParser(tools=TOOLS), "<tool_call>not its tag</tool_call>")
     assert calls(plain) == [] and plain["content"] == "<tool_call>not its tag</tool_call>"
     assert pick_tool_parser("{{ '<seed:tool_call>\\n<function=' + name }}") == "seed_oss"
+
+
+@pytest.mark.parametrize("text,expected,content", [
+    ('Let me check.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+     '{"name": "get_weather", "arguments": {"days": 2}}]</tool_calls>',
+     [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"days": 2}')], "Let me check."),
+    ('<tool_calls>\n[{"name": "get_weather", "arguments": {}}]\n</tool_calls> done', [("get_weather", "{}")], " done"),
+    ("No calls, <tool_calls> is just text here.", [], "No calls, <tool_calls> is just text here."),
+    ('<tool_calls>[{"name": "get_weather", "arguments": {"city": "Pa', [("get_weather", '{"city": "Pa')], None),
+])
+def test_hunyuan_calls_follow_any_text_in_their_tags(text, expected, content):
+    from rill.asgi.parsers.tools.hunyuan import HunyuanParser
+
+    message = check_every_split(lambda: HunyuanParser(tools=TOOLS), text)
+    assert calls(message) == expected
+    assert message["content"] == content
+
+
+def test_auto_tells_hunyuans_tag_from_hermes():
+    from rill.asgi.parsers.tools.auto import pick_tool_parser
+
+    assert pick_tool_parser("{{ '<tool_calls>' + calls | tojson + '</tool_calls>' }}") == "hunyuan_a13b"
+    assert pick_tool_parser("{{ '<tool_call>' + call | tojson + '</tool_call>' }}") == "hermes"

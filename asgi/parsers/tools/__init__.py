@@ -6,6 +6,7 @@ from rill.asgi.parsers.tools.glm45 import Glm45Parser
 from rill.asgi.parsers.tools.granite import GraniteParser, Phi4MiniJsonParser
 from rill.asgi.parsers.tools.harmony import HarmonyParser
 from rill.asgi.parsers.tools.hermes import HermesParser
+from rill.asgi.parsers.tools.hunyuan import HunyuanParser
 from rill.asgi.parsers.tools.kimi_k2 import KimiK2Parser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
 from rill.asgi.parsers.tools.minimax_m2 import MiniMaxM2Parser
@@ -22,6 +23,7 @@ TOOL_PARSERS = {
     "glm47": Glm45Parser,
     "granite": GraniteParser,
     "hermes": HermesParser,
+    "hunyuan_a13b": HunyuanParser,
     "kimi_k2": KimiK2Parser,
     "llama3_json": Llama3JsonParser,
     "minimax_m2": MiniMaxM2Parser,

@@ -22,6 +22,7 @@ FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mistral", ("[TOOL_CALLS]",)),
     ("granite", ("<|tool_call|>",)),  # Granite 3.0
     ("granite", ("<|start_of_role|>", "<tool_call>")),  # Granite 3.1+: a JSON list after <tool_call>
+    ("hunyuan_a13b", ("<tool_calls>", "</tool_calls>")),  # Hunyuan-A13B: a JSON array in <tool_calls>
     ("hermes", ("<tool_call>",)),
     ("pythonic", ("[func_name1(",)),  # vLLM's pythonic templates (Llama 3.2, Llama 4) spell the form out
     ("llama3_json", ("<|python_tag|>",)),

@@ -27,6 +27,8 @@ CALL_RENDERINGS = {
     "granite": '<|tool_call|>[{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}]',
     "pythonic": "[{{ tc.function.name }}({% for k, v in tc.function.arguments | items %}{{ k }}={{ v | tojson }}"
                 "{% endfor %})]",
+    "olmo3": "<function_calls>\n{{ tc.function.name }}({% for k, v in tc.function.arguments | items %}{{ k }}="
+             "{{ v | tojson }}{% endfor %})\n</function_calls>",
     "llama3_json": '<|python_tag|>{"name": "{{ tc.function.name }}", "parameters": '
                    "{{ tc.function.arguments | tojson }}}",
     "openai": "<|start|>assistant to=functions.{{ tc.function.name }}<|channel|>commentary json<|message|>"
@@ -85,6 +87,7 @@ OUTPUTS = {
     "granite": ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "get_time", "arguments": {}}]', None, [PARIS, NONE]),
     "pythonic": ('[get_weather(city="Paris"), get_time()]', None, [PARIS, NONE]),
+    "olmo3": ('<function_calls>\nget_weather(city="Paris")\nget_time()\n</function_calls>', None, [PARIS, NONE]),
     "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                     '{"name": "get_time", "parameters": {}}', None, [PARIS, NONE]),
     "openai": ("<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>commentary "

@@ -271,3 +271,21 @@ def test_phi4_mini_json_reads_functools_lists():
     for plain in ("functools are handy", "Sure, here it is."):
         assert check_every_split(Phi4MiniJsonParser, plain) == {"content": plain, "reasoning_content": None,
                                                                   "tool_calls": None}
+
+
+@pytest.mark.parametrize("text,expected,content", [
+    ('<function_calls>\nget_weather(city="Paris", metric=true, where=null)\nget_time()\n</function_calls>',
+     [("get_weather", '{"city": "Paris", "metric": true, "where": null}'), ("get_time", "{}")], None),
+    ("<function_calls>get_weather(city='Oslo')</function_calls> Done.", [("get_weather", '{"city": "Oslo"}')],
+     " Done."),
+    ("get_weather(city='Oslo')", [], "get_weather(city='Oslo')"),  # no tag: content, as pythonic without its list
+    ("<function_calls>\nnot a call at all\n</function_calls>", [], "<function_calls>\nnot a call at all\n</function_calls>"),
+    ('<function_calls>\nget_weather(city="true")\nget_weather(days=x)\n</function_calls>',
+     [("get_weather", '{"city": "true"}')], "get_weather(days=x)\n</function_calls>"),
+])
+def test_olmo3_calls_one_a_line_with_json_literals(text, expected, content):
+    from rill.asgi.parsers.tools.olmo3 import Olmo3Parser
+
+    message = check_every_split(Olmo3Parser, text)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"] or []] == expected
+    assert message["content"] == content

@@ -11,6 +11,7 @@ from rill.asgi.parsers.tools.kimi_k2 import KimiK2Parser
 from rill.asgi.parsers.tools.llama3_json import Llama3JsonParser
 from rill.asgi.parsers.tools.minimax_m2 import MiniMaxM2Parser
 from rill.asgi.parsers.tools.mistral import MistralParser
+from rill.asgi.parsers.tools.olmo3 import Olmo3Parser
 from rill.asgi.parsers.tools.pythonic import PythonicParser
 from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
 from rill.asgi.parsers.tools.seed_oss import SeedOssParser
@@ -28,6 +29,7 @@ TOOL_PARSERS = {
     "llama3_json": Llama3JsonParser,
     "minimax_m2": MiniMaxM2Parser,
     "mistral": MistralParser,
+    "olmo3": Olmo3Parser,
     "openai": HarmonyParser,
     "phi4_mini_json": Phi4MiniJsonParser,
     "pythonic": PythonicParser,

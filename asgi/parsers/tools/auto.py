@@ -24,6 +24,7 @@ FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("granite", ("<|start_of_role|>", "<tool_call>")),  # Granite 3.1+: a JSON list after <tool_call>
     ("hunyuan_a13b", ("<tool_calls>", "</tool_calls>")),  # Hunyuan-A13B: a JSON array in <tool_calls>
     ("hermes", ("<tool_call>",)),
+    ("olmo3", ("<function_calls>", "</function_calls>")),  # OLMo 3: pythonic calls, one a line, in these tags
     ("pythonic", ("[func_name1(",)),  # vLLM's pythonic templates (Llama 3.2, Llama 4) spell the form out
     ("llama3_json", ("<|python_tag|>",)),
     ("llama3_json", ('"parameters": dictionary of argument name and its value',)),  # Llama 3.2's own template

@@ -39,6 +39,8 @@ def call_arguments(text: str) -> tuple[str, str] | None:
 
 
 class PythonicParser(BufferedParser):
+    arguments_of = staticmethod(call_arguments)  # a call's (name, arguments as JSON), or None
+
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.make_id = make_id
         self.num_calls = 0
@@ -136,7 +138,7 @@ class PythonicParser(BufferedParser):
             if final:  # a call cut off before its ")" is content, as written
                 self._not_calls(self.call_start)
             return False
-        call = call_arguments(self.pending[self.call_start:end])
+        call = self.arguments_of(self.pending[self.call_start:end])
         if call is None:
             self._not_calls(self.call_start)
             return True

@@ -76,19 +76,9 @@ def test_requests_sharing_a_prefix_go_to_the_engine_that_holds_it(dp):
 
 
 def test_concurrent_requests_spread_over_both_engines_and_answer_alike(dp):
-    """Prompts shorter than a block carry no prefix: the least-loaded engine takes each."""
-    before = [e["num_finished"] for e in engines(dp)]
-    with httpx.Client() as one_connection, concurrent.futures.ThreadPoolExecutor(4) as pool:
-        def run(_):
-            r = one_connection.post(f"{dp.base_url}/v1/completions", timeout=120, json={
-                "model": TINY_MODEL, "prompt": [7, 8, 9], "max_tokens": 48, "temperature": 0, "ignore_eos": True})
-            assert r.status_code == 200
-            return r.json()["choices"][0]["text"]
-
-        texts = list(pool.map(run, range(4)))
-    served = [e["num_finished"] - b for e, b in zip(engines(dp), before)]
-    assert min(served) >= 1 and sum(served) == 4, served
-    assert len(set(texts)) == 1  # the same weights and greedy: whichever engine answered
+    """Prompts shorter than a block carry no prefix: the least-loaded engine takes each; the same weights and
+    greedy answer alike whichever engine answered."""
+    assert len(answers_from_both_engines(dp, TINY_MODEL, max_tokens=48)) == 1
 
 
 def test_metrics_label_each_engine(dp):
@@ -158,18 +148,19 @@ def test_engines_that_fail_at_start_stop_the_server_with_a_failure(tmp_path_fact
     assert leftovers(srv.proc.pid) == []
 
 
-def answers_from_both_engines(server, model: str) -> set[str]:
-    """The texts of concurrent greedy requests for `model`, which both engines served (checked)."""
+def answers_from_both_engines(server, model: str, max_tokens: int = 24) -> set[str]:
+    """The texts of four concurrent greedy requests for `model`, which both engines served (checked)."""
     before = [e["num_finished"] for e in engines(server)]
     with httpx.Client() as one_connection, concurrent.futures.ThreadPoolExecutor(4) as pool:
         def run(_):
             r = one_connection.post(f"{server.base_url}/v1/completions", timeout=120, json={
-                "model": model, "prompt": [7, 8, 9], "max_tokens": 24, "temperature": 0, "ignore_eos": True})
+                "model": model, "prompt": [7, 8, 9], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["text"]
 
         texts = set(pool.map(run, range(4)))
-    assert min(e["num_finished"] - b for e, b in zip(engines(server), before)) >= 1
+    served = [e["num_finished"] - b for e, b in zip(engines(server), before)]
+    assert min(served) >= 1 and sum(served) == 4, served
     return texts
 
 

@@ -32,8 +32,9 @@ def call_text(parser: str, name: str, arguments: str) -> str:
 
 
 def test_the_formats_with_a_fixed_call_text():
-    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "mistral"]
-    for parser in ("qwen3_coder", "pythonic", "granite", "glm45", "minimax_m2", "kimi_k2"):
+    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "hermes", "llama3_json", "mistral"]  # ernie45: hermes'
+    for parser in ("qwen3_coder", "pythonic", "granite", "glm45", "minimax_m2", "kimi_k2", "seed_oss", "olmo3",
+                   "hunyuan_a13b"):
         assert strict_calls(plan(), parser) is None
     assert strict_calls(plan(strict=()), "hermes") is None  # nothing strict: no grammar
     assert strict_calls(ToolPlan(ToolMode.NONE, [CITY]), "hermes") is None

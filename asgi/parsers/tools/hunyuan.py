@@ -10,25 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rill.asgi.parsers.chat_output import BufferedParser
 from rill.asgi.parsers.tools.call_array import CallArray
 from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
-from rill.asgi.parsers.tools.hermes import CallCounter, ContentAroundCalls
+from rill.asgi.parsers.tools.granite import GraniteParser
 
 OPEN, CLOSE = "<tool_calls>", "</tool_calls>"
 
 
-class HunyuanParser(BufferedParser):
-    def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
-        self.calls = CallCounter(make_id)
-        self.content = ContentAroundCalls()
-        self.pending = ""
-        self.state = "text"  # text; array (after <tool_calls>); close (after the array: its tag expected)
-        self.array: CallArray | None = None
+class HunyuanParser(GraniteParser):
+    """Granite's counter, content and array, after any text."""
 
-    @property
-    def called_tools(self) -> bool:
-        return self.calls.called_tools
+    reads_special_tokens = False
+
+    def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
+        super().__init__(make_id, tools)
+        self.state = "text"  # text; array (after <tool_calls>); close (after the array: its tag expected)
 
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()
@@ -44,12 +40,8 @@ class HunyuanParser(BufferedParser):
                 self.array = CallArray(self.calls, OPEN)
                 self.pending, self.state = self.pending[len(OPEN):], "array"
             if self.state == "array":
-                used = self.array.feed(self.pending, delta)
-                self.pending = self.pending[used:]
-                if not self.array.done:
-                    if not final:
-                        return delta.build()
-                    self.array.finish(delta)
+                if not self._array_read(delta, final):
+                    return delta.build()
                 self.content.add(self.array.leftover, delta)
                 self.state = "close" if self.array.called else "text"
             if self.state == "close":

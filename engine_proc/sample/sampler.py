@@ -12,6 +12,7 @@ from rill.engine_proc.sample.no_token import end_rows_without_a_token
 from rill.engine_proc.sample.penalties import penalize, uses_penalties
 from rill.engine_proc.sample.prepared import SamplePrep, prepared
 from rill.engine_proc.sample.thinking import force_thinking_ends
+from rill.engine_proc.sample.top_logprobs import gather_logprobs
 from rill.engine_proc.sched.batch import ScheduledSeq
 from rill.ipc.logprobs import TokenLogprobs
 
@@ -263,27 +264,3 @@ def _triton_sample_tokens():
     from rill.engine_proc.sample.triton import sample_tokens_triton  # needs triton's driver
 
     return sample_tokens_triton
-
-
-def gather_logprobs(
-    raw_logprobs: torch.Tensor, token_ids: torch.Tensor, nums_top: list[int]
-) -> list[TokenLogprobs]:
-    """Per row: the chosen token's logprob and rank, and the top `nums_top[i]` ids and logprobs.
-
-    raw_logprobs [n, V]; token_ids [n] the chosen ids. The rank is 1-based and counts every
-    token whose logprob is >= the chosen one's, so a tie ranks the chosen token last (as vLLM).
-    """
-    max_top = min(max(nums_top), raw_logprobs.shape[1])
-    # A stable sort, not topk: among tied logprobs (common with bfloat16 logits) the lowest id comes
-    # first, as greedy argmax picks it, so a greedy token is its own top entry.
-    top_logprobs, top_ids = raw_logprobs.sort(dim=-1, descending=True, stable=True)
-    top_logprobs, top_ids = top_logprobs[:, :max_top], top_ids[:, :max_top]
-    chosen = token_ids.unsqueeze(1)
-    chosen_logprobs = raw_logprobs.gather(1, chosen)
-    ranks = (raw_logprobs >= chosen_logprobs).sum(dim=-1).to(torch.int32).cpu().numpy()
-    ids = torch.cat([chosen, top_ids], dim=1).to(torch.int32).cpu().numpy()
-    logprobs = torch.cat([chosen_logprobs, top_logprobs], dim=1).cpu().numpy()
-    return [
-        TokenLogprobs(ids[i : i + 1, : 1 + k], logprobs[i : i + 1, : 1 + k], ranks[i : i + 1])
-        for i, k in enumerate(min(k, max_top) for k in nums_top)
-    ]

@@ -155,3 +155,22 @@ def test_tied_top_logprobs_list_the_lowest_id_first_as_greedy_picks_it():
     (lp,) = gather_logprobs(raw, greedy, [3])
     assert greedy.item() == 7
     assert lp.token_ids[0, 1:].tolist() == [7, 1500, 3000]
+
+
+def test_the_top_k_is_the_stable_sorts_first_k():
+    """top_stable sorts only the entries at or above the k-th: the same ids, in the same order, as a stable
+    descending sort of the whole row, with bfloat16's ties, -inf entries, and a row all alike."""
+    import torch
+
+    from rill.engine_proc.sample.top_logprobs import top_stable
+
+    torch.manual_seed(0)
+    rows = torch.randn(6, 3000).to(torch.bfloat16).float()
+    rows[1, ::3] = float("-inf")
+    rows[2] = 0.0
+    rows[3, :50] = rows[3].max()  # fifty tied at the top
+    raw = rows.log_softmax(dim=-1)
+    for k in (1, 5, 20, 64):
+        values, ids = top_stable(raw, k)
+        want_values, want_ids = raw.sort(dim=-1, descending=True, stable=True)
+        assert torch.equal(ids, want_ids[:, :k]) and torch.equal(values, want_values[:, :k]), k

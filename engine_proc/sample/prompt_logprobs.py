@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rill.engine_proc.sample.top_logprobs import top_stable
 from rill.engine_proc.sched.batch import ScheduledSeq
 from rill.ipc.logprobs import TokenLogprobs
 
@@ -48,6 +49,6 @@ def score_rows(logits: torch.Tensor, targets: torch.Tensor, num_top: int) -> Tok
     ranks = (raw >= chosen_logprobs).sum(dim=-1).to(torch.int32)
     ids, logprobs = chosen, chosen_logprobs
     if num_top:
-        top_logprobs, top_ids = raw.topk(min(num_top, raw.shape[1]), dim=-1)
+        top_logprobs, top_ids = top_stable(raw, min(num_top, raw.shape[1]))  # ties ordered as the sampled rows
         ids, logprobs = torch.cat([chosen, top_ids], dim=1), torch.cat([chosen_logprobs, top_logprobs], dim=1)
     return TokenLogprobs(ids.to(torch.int32).cpu().numpy(), logprobs.cpu().numpy(), ranks.cpu().numpy())

@@ -51,7 +51,6 @@ class BeamGeneration:
         self.include_stop = make_detokenizer().include_stop
         self.cache_salt = cache_salt
         self.return_token_ids = return_token_ids
-        self.end_ids = end_ids
         self.searches = [BeamSet(width, params.max_tokens, end_ids, length_penalty=length_penalty,
                                  early_stopping=early_stopping, min_tokens=params.min_tokens) for _ in prompts]
         top = max(BeamSet.top_k(width, len(end_ids)), params.logprobs or 0)

@@ -1,6 +1,7 @@
 """The engine's adapters: names to slots (at most --max-loras), loaded at start or at runtime."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 
@@ -75,11 +76,16 @@ class LoRAManager:
             layer.set_slot(slot, None)
         log.info("LoRA adapter %s unloaded", name)
 
-    def set_step_rows(self, batch, flat: bool) -> None:
-        """The row masks of `batch`'s step: a flat step keeps the batch's order of token rows, the other puts
-        one-token decodes first (engine_proc/attention's prepare)."""
+    @contextlib.contextmanager
+    def step_rows(self, batch, flat: bool):
+        """The row masks of `batch`'s step while it runs: a flat step keeps the batch's order of token rows, the
+        other puts one-token decodes first (engine_proc/attention's prepare)."""
         self.set_rows(batch.seqs if flat else ([s for s in batch.seqs if s.num_new_tokens == 1]
                                                + [s for s in batch.seqs if s.num_new_tokens > 1]))
+        try:
+            yield
+        finally:
+            self.clear()
 
     def set_rows(self, seqs) -> None:
         """The step's row masks, `seqs` (some using an adapter) in the order of their token rows:

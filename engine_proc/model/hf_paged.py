@@ -2,6 +2,7 @@
 prefix caching for a family with no native implementation (engine_proc/model/hf_attention.py)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -214,13 +215,8 @@ class PagedTransformersRunner(SamplingRunner):
         uses_lora = self.lora is not None and any(s.req.lora for s in batch.seqs)
         if self.decode_graphs is not None and not eager and not uses_lora and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
-        if uses_lora:
-            self.lora.set_step_rows(batch, self.attention.flat)
-        try:
+        with self.lora.step_rows(batch, self.attention.flat) if uses_lora else contextlib.nullcontext():
             return self._eager_logits(batch)
-        finally:
-            if uses_lora:
-                self.lora.clear()
 
     def _eager_logits(self, batch: Batch) -> torch.Tensor:
         input_ids, positions, meta, logits_indices = self.attention.prepare(batch)

@@ -192,9 +192,6 @@ class ModelRunner(SamplingRunner):
             if self.compiled_prefill is not None and not hidden_only:  # on a GPU (compiled_prefill.py)
                 return self.compiled_prefill.run(input_ids, positions, meta, logits_indices)
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
-        self.lora.set_step_rows(batch, self.attention.flat)
-        try:
+        with self.lora.step_rows(batch, self.attention.flat):
             return self.model(input_ids, positions, meta, self.kv_cache, logits_indices, hidden_only=hidden_only)
-        finally:
-            self.lora.clear()
 

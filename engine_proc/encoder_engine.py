@@ -44,6 +44,9 @@ def build_encoder_engine(config: EngineConfig, paths: RunPaths, rank: int, dtype
     from rill.engine_proc.sched.block_manager import BlockManager
     from rill.engine_proc.sched.priority import priority_order
     from rill.engine_proc.sched.scheduler import Scheduler
+    from rill.ipc.logs import route_transformers_logs
+
+    route_transformers_logs()  # the runners' modules imported transformers
 
     model, limits = config.model, config.scheduler
     model_dir = Path(model.model_dir)

@@ -16,7 +16,7 @@ from rill.ipc import protocol as p
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import EngineConfig
 from rill.ipc.lifetime import die_with_parent
-from rill.ipc.logs import configure_logging
+from rill.ipc.logs import configure_logging, route_transformers_logs
 
 log = logging.getLogger("rill.engine")
 
@@ -45,11 +45,12 @@ def run_engine(config: EngineConfig, paths: RunPaths, ready_conn, rank: int = 0)
     # hangup (SIGHUP) that reaches the whole process group must not kill in-flight requests.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    configure_logging(config.log.level, config.log.format, with_transformers=True)
+    configure_logging(config.log.level, config.log.format)
     for name, value in ONEDNN_CACHE_CAPACITY.items():
         os.environ.setdefault(name, value)
     try:
         core, threads, limits = build_engine(config, paths, rank)
+        route_transformers_logs()  # where start-up imported it (a scaled RoPE's functions, say)
     except Exception as exc:
         log.exception("engine failed to start")
         ready_conn.send_bytes(msgspec.json.encode(f"{type(exc).__name__}: {exc}"))
@@ -89,7 +90,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
-    from rill.engine_proc.model.loader import load_config
+    from rill.engine_proc.model.config_json import JsonConfig
+    from rill.engine_proc.model.loader import load_config, transformers_config
     from rill.engine_proc.model.runner import ModelRunner
     from rill.engine_proc.model.task import Served, choose_served
     from rill.engine_proc.sched.block_manager import BlockManager
@@ -117,6 +119,8 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     hf_config = load_config(model_dir)
     runner_class = choose_runner(model.model_impl, hf_config)
     native = runner_class is ModelRunner
+    if not native and isinstance(hf_config, JsonConfig):  # transformers' model: its config as transformers reads it
+        hf_config = transformers_config(model_dir)
     if not native and model.enable_embeddings:
         raise ValueError("--enable-embeddings needs the native runner (a Llama-family model)")
     paged_transformers = False

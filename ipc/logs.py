@@ -11,6 +11,7 @@ import json
 import logging
 import logging.config
 import os
+import sys
 import time
 
 LOG_FORMATS = ("text", "json")
@@ -93,19 +94,21 @@ def log_config(level: str, log_format: str = "text", log_requests: bool = False)
     }
 
 
-def configure_logging(level: str, log_format: str = "text", log_requests: bool = False, *,
-                      with_transformers: bool = False) -> dict:
-    """Apply the run's logging config in this process; returns it (for Granian's workers).
-
-    with_transformers: the process uses transformers (the engine), which prints through a
-    handler of its own; its records then go through ours instead.
-    """
+def configure_logging(level: str, log_format: str = "text", log_requests: bool = False) -> dict:
+    """Apply the run's logging config in this process; returns it (for Granian's workers)."""
     config = log_config(level, log_format, log_requests)
     logging.config.dictConfig(config)
     logging.captureWarnings(True)  # warnings.warn(...) as log records, in the same format
-    if with_transformers:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_default_handler()
-        hf_logging.enable_propagation()
     return config
+
+
+def route_transformers_logs() -> None:
+    """transformers prints through a handler of its own: its records go through ours instead, once it is imported.
+    Called where the engine imports it (its config reader's fallback, its models, the grammar compiler's tokenizer)
+    and after start-up; not before, as the native runner needs none of its 1.5 s of imports."""
+    if "transformers" not in sys.modules:
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()

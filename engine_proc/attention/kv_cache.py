@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PretrainedConfig
 
 from rill.engine_proc.attention import kv_int8
 from rill.engine_proc.model.memory import resident_zeros
 from rill.engine_proc.sched.window_tables import layer_groups
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def head_dim_of(config: PretrainedConfig) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rill.ipc.grammar_spec import GrammarError, error_text, spec_key, to_grammar
+from rill.ipc.logs import route_transformers_logs
 from rill.ipc.protocol import StructuredSpec
 
 log = logging.getLogger("rill.engine")
@@ -106,6 +107,7 @@ class GrammarCompiler:
         import xgrammar as xgr
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+        route_transformers_logs()
         started = time.perf_counter()
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_dir)

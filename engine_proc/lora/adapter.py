@@ -15,12 +15,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
-from transformers import PretrainedConfig
 
 from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # The linears LoRA may target, by PEFT's module name: where each lies in Rill's fused layers.
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -1,29 +1,34 @@
 """What the engine builds for a model directory, chosen once at start: runner, dtype, EOS ids."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 from rill.engine_proc.cpu_features import auto_cpu_dtype
+from rill.engine_proc.model.config_json import JsonConfig
 
 log = logging.getLogger("rill.engine")
 
 
 def eos_token_ids(model_dir: Path, config) -> list[int]:
     ids: set[int] = set()
-    for source in (config, _generation_config(model_dir)):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
+    for eos in (getattr(config, "eos_token_id", None), _generation_config(model_dir).get("eos_token_id")):
         ids.update([eos] if isinstance(eos, int) else (eos or []))
     return sorted(ids)
 
 
-def _generation_config(model_dir: Path):
-    from transformers import GenerationConfig
-
+def _generation_config(model_dir: Path) -> dict:
+    """generation_config.json as a JSON object (transformers' GenerationConfig reads the same file, after 1 s of
+    imports); empty where there is none."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
     try:
-        return GenerationConfig.from_pretrained(model_dir)
-    except OSError:
-        return None
+        config = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    return config if isinstance(config, dict) else {}
 
 
 def choose_dtype(requested: str, device) -> tuple[str, str]:
@@ -61,7 +66,10 @@ def choose_runner(model_impl: str, hf_config):
 def _transformers_runner(hf_config, why: str):
     from rill.engine_proc.model.hf_paged import PagedTransformersRunner, paged_unsupported
     from rill.engine_proc.model.hf_runner import TransformersRunner
+    from rill.engine_proc.model.loader import transformers_config
 
+    if isinstance(hf_config, JsonConfig):  # transformers' own models: the config as transformers reads it
+        hf_config = transformers_config(hf_config.name_or_path)
     reason = paged_unsupported(hf_config)
     if reason is None:
         log.info("model_type %r: transformers' model over the paged KV cache (%s)", hf_config.model_type, why)

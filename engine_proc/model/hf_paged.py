@@ -20,7 +20,7 @@ from rill.engine_proc.model.hf_experts import pack_experts
 from rill.engine_proc.model.hf_logits import LogitsForward, final_soft_cap
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
-from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
+from rill.engine_proc.model.loader import LOAD_FORMATS, transformers_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
 from rill.engine_proc.sample.sampler import Sampler
@@ -112,7 +112,7 @@ class PagedTransformersRunner(SamplingRunner):
             raise ValueError(f"load_format {model.load_format!r}: expected one of {LOAD_FORMATS}")
         check_quantization(model.quantization, torch.device(device), model.int4_group_size, model.int4_symmetric)
         int4_options = {"group_size": model.int4_group_size, "symmetric": model.int4_symmetric}
-        self.config = load_config(model.model_dir)
+        self.config = transformers_config(model.model_dir)
         if reason := paged_unsupported(self.config):
             raise ValueError(f"the paged transformers route cannot run this model: {reason}")
         text_config = self.config.get_text_config()

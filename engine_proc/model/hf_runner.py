@@ -10,7 +10,7 @@ import torch
 
 from rill.engine_proc.attention.kv_cache import bytes_per_block
 from rill.engine_proc.model.hf_paged import load_hf_model
-from rill.engine_proc.model.loader import LOAD_FORMATS, load_config
+from rill.engine_proc.model.loader import LOAD_FORMATS, transformers_config
 from rill.engine_proc.model.runner_api import RunnerInfo
 from rill.engine_proc.model.sampling_runner import SamplingRunner
 from rill.engine_proc.sample.sampler import Sampler
@@ -70,7 +70,7 @@ class TransformersRunner(SamplingRunner):
             raise ValueError(f"--quantization {quantization} is implemented for the native model only, "
                              "not the transformers runner (--model-impl transformers or an architecture "
                              "without a native implementation); use --quantization none")
-        self.config = load_config(model_dir)
+        self.config = transformers_config(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)
         self.block_size = block_size

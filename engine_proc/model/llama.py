@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from rill.engine_proc.attention.backend import AttentionBackend, TorchBackend
 from rill.engine_proc.attention.kv_cache import (
@@ -24,6 +24,9 @@ from rill.engine_proc.model import llama_weights
 from rill.engine_proc.model.rope import ROPE_TYPES, rope_inv_freq, rope_parameters
 from rill.engine_proc.parallel.collectives import tp_all_reduce, tp_gather_vocab
 from rill.engine_proc.parallel.sharding import Shard
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3")
 

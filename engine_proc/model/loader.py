@@ -6,28 +6,42 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, PretrainedConfig
 
 from rill.engine_proc.attention.backend import AttentionBackend
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu
 from rill.engine_proc.kernels.quantization import check_quantization, quantize_linears
+from rill.engine_proc.model.config_json import JsonConfig, read_config_json
 from rill.engine_proc.model.llama import LlamaForCausalLM
 from rill.engine_proc.parallel.sharding import Shard
+from rill.ipc.logs import route_transformers_logs
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 log = logging.getLogger("rill.model")
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
-def load_config(model_dir: str | Path) -> PretrainedConfig:
-    """The Hugging Face config of a local directory (never a hub name: nothing is downloaded)."""
+def load_config(model_dir: str | Path) -> PretrainedConfig | JsonConfig:
+    """The Hugging Face config of a local directory (never a hub name: nothing is downloaded): read from its
+    config.json where a plain native family's is (config_json.py), else by transformers."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json (give a local Hugging Face model directory)")
-    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return read_config_json(path) or transformers_config(path)
+
+
+def transformers_config(model_dir: str | Path) -> PretrainedConfig:
+    """The config as transformers reads it, for its own models and where config_json.py leaves it."""
+    from transformers import AutoConfig
+
+    route_transformers_logs()
+    return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:

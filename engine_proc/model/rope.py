@@ -1,10 +1,14 @@
 """RoPE's frequencies for the native model: the default, or a scaling fixed at load, from transformers' own functions."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PretrainedConfig
 
 from rill.engine_proc.attention.kv_cache import head_dim_of
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:

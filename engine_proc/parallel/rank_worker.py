@@ -39,12 +39,12 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     from rill.engine_proc.parallel.step_broadcast import GlooBroadcast
     from rill.engine_proc.parallel.step_message import decoder, replica_batch
     from rill.ipc.lifetime import die_with_parent
-    from rill.ipc.logs import configure_logging
+    from rill.ipc.logs import configure_logging, route_transformers_logs
 
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGHUP):  # the launcher (or rank 0) decides when we stop
         signal.signal(sig, signal.SIG_IGN)
-    configure_logging(args.log.level, args.log.format, with_transformers=True)
+    configure_logging(args.log.level, args.log.format)
     if all_reduce is not None:
         from rill.engine_proc.parallel.collectives import use_shm_all_reduce
 
@@ -62,6 +62,7 @@ def run_rank(args: RankArgs, reader=None, all_reduce=None) -> None:
     runner = ModelRunner(model, dtype=getattr(torch, setup.dtype), device=device, num_kv_blocks=setup.num_kv_blocks,
                          eos_token_ids=setup.eos_token_ids, tp_rank=args.rank, tp_size=world_size)
     channel = reader if reader is not None else GlooBroadcast(group=remote)
+    route_transformers_logs()  # where loading imported it (a scaled RoPE's functions, say)
     log.info("tensor-parallel rank %d of %d ready", args.rank, world_size)
     steps = 0
     while True:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PretrainedConfig
 
 from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def split_range(total: int, size: int, rank: int) -> tuple[int, int]:

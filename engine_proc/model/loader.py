@@ -16,6 +16,7 @@ from rill.engine_proc.kernels.linear import pack_linears_for_cpu
 from rill.engine_proc.kernels.quantization import check_quantization, quantize_linears
 from rill.engine_proc.model.config_json import JsonConfig, read_config_json
 from rill.engine_proc.model.llama import LlamaForCausalLM
+from rill.engine_proc.model.memory import empty_like_on
 from rill.engine_proc.parallel.sharding import Shard
 from rill.ipc.logs import route_transformers_logs
 
@@ -93,7 +94,7 @@ def load_model(
     # initialisation that the checkpoint overwrites anyway.
     with torch.device("meta"):
         model = LlamaForCausalLM(config, shard, attention)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = empty_like_on(model, dtype, device)
     model.inv_freq = model.inv_freq.to(device)
     if load_format == "dummy":
         model.init_dummy_weights()

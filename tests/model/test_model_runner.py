@@ -89,15 +89,21 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
 
 
 
-def test_an_eager_runner_does_not_import_the_compiler(model_dir):
-    """Building the eager runner (as `rill serve --enforce-eager` does) imports no torch._dynamo: a random init of
-    the embedding on the meta device once did, 0.8 s of every eager engine's start."""
-    code = ("import sys, torch; from tests.helpers.runners import make_runner; "
-            f"make_runner({str(model_dir)!r}, num_kv_blocks=16, eos_token_ids=[{EOS_ID}], dtype=torch.bfloat16); "
-            "print('torch._dynamo' in sys.modules)")
+def test_an_eager_runner_imports_neither_the_compiler_nor_transformers(model_dir):
+    """Choosing and building the eager runner (as `rill serve --enforce-eager` does) imports no torch._dynamo (a random
+    init of the embedding on the meta device once did, 0.8 s of every eager engine's start), no transformers (its
+    config classes' 1.4 s: engine_proc/model/config_json.py reads the bundled model's config) and no sympy (torch's
+    Python meta kernels, which to_empty ran: memory.empty_like_on)."""
+    code = ("import sys, torch; from pathlib import Path; from tests.helpers.runners import make_runner; "
+            "from rill.engine_proc.model.choice import choose_runner, eos_token_ids; "
+            "from rill.engine_proc.model.loader import load_config; "
+            f"d = Path({str(model_dir)!r}); config = load_config(d); runner_class = choose_runner('auto', config); "
+            f"assert eos_token_ids(d, config) == [{EOS_ID}]; "
+            f"make_runner(d, num_kv_blocks=16, eos_token_ids=[{EOS_ID}], dtype=torch.bfloat16); "
+            "print(runner_class.__name__, *(name in sys.modules for name in ('torch._dynamo', 'transformers', 'sympy')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == "False"
+    assert done.stdout.split()[-4:] == ["ModelRunner", "False", "False", "False"]
 
 # ---- other architectures: tiny random models saved by transformers ------------------------
 

@@ -11,21 +11,23 @@ from rill.ipc.protocol import StructuredKind, StructuredSpec
 
 def strict_calls(plan: ToolPlan, tool_parser: str | None) -> StructuredSpec | None:
     """With `tool_choice: auto` and functions marked `strict`: free text, until the model opens a call (the
-    parser's trigger); then the call is one of the tools', written the parser's way, its arguments JSON held to
-    the function's schema where it is strict (any object where not). With parallel_tool_calls false, the
-    output ends at the first call. None where no function is strict, or the parser's format has no fixed
-    call text (qwen3_coder's XML, the pythonic and granite lists)."""
+    parser's trigger); then the call is one of the tools', written the parser's way, its arguments (JSON, or the
+    XML formats' parameters: qwen3_coder's and seed_oss's, glm45's, minimax_m2's) held to the function's schema
+    where it is strict (any object where not). With parallel_tool_calls false, the output ends at the first
+    call. None where no function is strict, or the parser's format has no fixed call text (the pythonic and
+    granite lists, kimi_k2's ids, olmo3's and hunyuan_a13b's)."""
     parser = TOOL_PARSERS.get(tool_parser) if tool_parser else None
     call_tag = getattr(parser, "call_tag", None)
     if plan.mode is not ToolMode.AUTO or not plan.strict or call_tag is None:
         return None
     trigger, begin, end = call_tag
+    style = getattr(parser, "call_style", "json")  # the XML formats' parameters: xgrammar's style of each
     tags = []
     for tool in plan.tools or []:
         function = tool["function"]
         schema = (function.get("parameters") or EMPTY_PARAMETERS) if function["name"] in plan.strict \
             else {"type": "object"}
         tags.append({"begin": begin.replace("NAME", json.dumps(function["name"])[1:-1]),
-                     "content": {"type": "json_schema", "json_schema": schema}, "end": end})
+                     "content": {"type": "json_schema", "json_schema": schema, "style": style}, "end": end})
     fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": plan.max_calls == 1}
     return StructuredSpec(StructuredKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt}))

@@ -13,7 +13,7 @@ from tests.helpers.grammar_checks import admits
 from tests.helpers.parser_checks import check_every_split
 
 CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "days": {"type": "integer"}},
     "required": ["city"], "additionalProperties": False}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 WITH_TAGS = sorted(name for name, parser in TOOL_PARSERS.items() if getattr(parser, "call_tag", None) is not None)
@@ -23,18 +23,31 @@ def plan(strict=("get_weather",), max_calls=None) -> ToolPlan:
     return ToolPlan(ToolMode.AUTO, [CITY, TIME], max_calls=max_calls, strict=strict)
 
 
-def call_text(parser: str, name: str, arguments: str) -> str:
+def arguments_text(parser: str, arguments: dict) -> str:
+    """A call's arguments written the parser's way: JSON, or one of the XML formats' parameters."""
+    style = getattr(TOOL_PARSERS[parser], "call_style", "json")
+    plain = {key: value if isinstance(value, str) else json.dumps(value) for key, value in arguments.items()}
+    if style == "qwen_xml":
+        return "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in plain.items())
+    if style == "glm_xml":
+        return "".join(f"<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n" for key, value in plain.items())
+    if style == "minimax_xml":
+        return "".join(f'<parameter name="{key}">{value}</parameter>\n' for key, value in plain.items())
+    return json.dumps(arguments)
+
+
+def call_text(parser: str, name: str, arguments: dict) -> str:
     _, begin, end = TOOL_PARSERS[parser].call_tag
-    text = begin.replace("NAME", name) + arguments + end
+    text = begin.replace("NAME", name) + arguments_text(parser, arguments) + end
     if parser.startswith("deepseek"):  # the calls' block around the call: free text to the grammar
         text = "<｜tool▁calls▁begin｜>" + text + "<｜tool▁calls▁end｜>"
     return text
 
 
 def test_the_formats_with_a_fixed_call_text():
-    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "hermes", "llama3_json", "mistral"]  # ernie45: hermes'
-    for parser in ("qwen3_coder", "pythonic", "granite", "glm45", "minimax_m2", "kimi_k2", "seed_oss", "olmo3",
-                   "hunyuan_a13b"):
+    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "glm45", "glm47", "hermes", "llama3_json",
+                         "minimax_m2", "mistral", "qwen3_coder", "seed_oss"]  # ernie45: hermes'; glm47: glm45's
+    for parser in ("pythonic", "granite", "kimi_k2", "olmo3", "hunyuan_a13b"):
         assert strict_calls(plan(), parser) is None
     assert strict_calls(plan(strict=()), "hermes") is None  # nothing strict: no grammar
     assert strict_calls(ToolPlan(ToolMode.NONE, [CITY]), "hermes") is None
@@ -43,20 +56,22 @@ def test_the_formats_with_a_fixed_call_text():
 @pytest.mark.parametrize("parser", WITH_TAGS)
 def test_a_strict_call_follows_its_schema_and_reads_back(parser):
     spec = strict_calls(plan(), parser)
-    good = call_text(parser, "get_weather", '{"city": "Paris"}')
+    good = call_text(parser, "get_weather", {"city": "Paris", "days": 3})
     lead = "" if parser == "llama3_json" else "Let me look. "  # llama3_json reads only an output that is calls
     assert admits(spec, lead + good) and admits(spec, "No call needed.")
-    assert not admits(spec, lead + call_text(parser, "get_weather", '{"city": "Berlin"}'))  # not in the enum
-    assert not admits(spec, lead + call_text(parser, "get_weather", '{"town": "Paris"}'))
-    assert not admits(spec, lead + call_text(parser, "get_news", "{}"))  # not a tool
-    assert admits(spec, lead + call_text(parser, "get_time", '{"anything": [1]}'))  # not strict: any object
-    message = check_every_split(TOOL_PARSERS[parser], lead + good)
+    assert not admits(spec, lead + call_text(parser, "get_weather", {"city": "Berlin"}))  # not in the enum
+    assert not admits(spec, lead + call_text(parser, "get_weather", {"city": "Rome", "days": "three"}))
+    assert not admits(spec, lead + call_text(parser, "get_weather", {"town": "Paris"}))
+    assert not admits(spec, lead + call_text(parser, "get_news", {}))  # not a tool
+    assert admits(spec, lead + call_text(parser, "get_time", {"anything": [1]}))  # not strict: any object
+    message = check_every_split(lambda: TOOL_PARSERS[parser](tools=[CITY, TIME]), lead + good)
     [call] = message["tool_calls"]
-    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
 
 
 def test_parallel_tool_calls_false_ends_at_the_first_call():
-    one = call_text("hermes", "get_weather", '{"city": "Rome"}')
+    one = call_text("hermes", "get_weather", {"city": "Rome"})
     assert admits(strict_calls(plan(), "hermes"), one + one)
     assert admits(strict_calls(plan(max_calls=1), "hermes"), one)
     assert not admits(strict_calls(plan(max_calls=1), "hermes"), one + one)

@@ -30,6 +30,8 @@ KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</ar
 
 class Glm45Parser(StateParser):
     reads_special_tokens = True
+    call_tag = (OPEN, f"{OPEN}NAME\n", CLOSE)  # a strict call, its arguments in xgrammar's "glm_xml" style
+    call_style = "glm_xml"
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.make_id = make_id

@@ -19,6 +19,8 @@ class MiniMaxM2Parser(Qwen3CoderParser):
     reads_special_tokens = True
     open, close = "<minimax:tool_call>", "</minimax:tool_call>"
     function, function_end, parameter, parameter_end = "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"
+    call_tag = (open, f'{open}\n<invoke name="NAME">\n', f"</invoke>\n{close}")  # one call a block when strict
+    call_style = "minimax_xml"
 
     @staticmethod
     def _unquoted(name: str) -> str:

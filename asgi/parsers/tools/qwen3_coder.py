@@ -38,6 +38,10 @@ _NOT = object()  # a value that does not read as the type asked for
 class Qwen3CoderParser(StateParser):
     open, close = OPEN, CLOSE
     function, function_end, parameter, parameter_end = FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END
+    # A strict call as Qwen3-Coder's template writes one, its parameters in xgrammar's "qwen_xml" style
+    # (requests/strict_calls.py)
+    call_tag = (OPEN, f"{OPEN}\n{FUNCTION}NAME>\n", f"{FUNCTION_END}\n{CLOSE}")
+    call_style = "qwen_xml"
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.make_id = make_id

@@ -18,3 +18,4 @@ from rill.asgi.parsers.tools.qwen3_coder import Qwen3CoderParser
 class SeedOssParser(Qwen3CoderParser):
     reads_special_tokens = True
     open, close = "<seed:tool_call>", "</seed:tool_call>"
+    call_tag = (open, f"{open}\n<function=NAME>\n", f"</function>\n{close}")

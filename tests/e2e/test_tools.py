@@ -249,14 +249,16 @@ def weather_shots(*cities: str) -> list[dict]:
     return [*messages, {"role": "user", "content": "What is the weather in Lisbon?"}]
 
 
+def weather(strict: bool) -> dict:
+    """get_weather, whose city may only be Rome where `strict`."""
+    city = {"type": "string", "enum": ["Rome"]} if strict else {"type": "string"}
+    return {"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters": {
+        "type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}}}
+
+
 def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_server):
     """tool_choice auto: the model opens a call by itself; with `strict` its arguments follow the schema from
     there on (a grammar triggered by `<tool_call>`), which allows only Rome; without, it writes Lisbon."""
-    def weather(strict: bool) -> dict:
-        city = {"type": "string", "enum": ["Rome"]} if strict else {"type": "string"}
-        return {"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters": {
-            "type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}}}
-
     body = dict(messages=weather_shots("Paris", "Berlin"), temperature=0, max_tokens=60)
     free = sdk.chat.completions.create(model=MODEL, tools=[weather(False)], **body).choices[0]
     assert [json.loads(c.function.arguments) for c in free.message.tool_calls] == [{"city": "Lisbon"}]
@@ -280,6 +282,19 @@ def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_serv
                                     tools=[{"type": "function", **tool}])
     [call] = [i for i in response.output if i.type == "function_call"]
     assert json.loads(call.arguments) == {"city": "Rome"}
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_a_strict_function_holds_an_xml_call(sdk, fmt):
+    """The same where the request's template writes calls in an XML format: from the model's `<tool_call>` on, the
+    call is the template's text and its parameters are held to the schema in that format."""
+    body = dict(messages=weather_shots("Paris", "Berlin"), temperature=0, max_tokens=60,
+                extra_body={"chat_template": chat_template(fmt)})
+    free = sdk.chat.completions.create(model=MODEL, tools=[weather(False)], **body).choices[0]
+    assert [json.loads(c.function.arguments) for c in free.message.tool_calls] == [{"city": "Lisbon"}]
+    held = sdk.chat.completions.create(model=MODEL, tools=[weather(True)], **body).choices[0]
+    assert held.finish_reason == "tool_calls"
+    assert [json.loads(c.function.arguments) for c in held.message.tool_calls] == [{"city": "Rome"}]
 
 
 # Seven formats of different kinds (XML typed by the schema, GLM's keys and values, a marker and a name, special

@@ -83,6 +83,28 @@ def test_a_null_transformers_refuses_is_left_to_it(tmp_path, family, field):
         AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
 
 
+# As the hub's Qwen2.5-0.5B-Instruct and Mistral-7B-Instruct-v0.3 ship them (their shapes cut down).
+QWEN25 = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+          "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 96,
+          "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 4,
+          "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+          "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+          "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+MISTRAL_V03 = {"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+               "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 96,
+               "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 4,
+               "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+               "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+               "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 32768}
+
+
+@pytest.mark.parametrize("config", [QWEN25, MISTRAL_V03], ids=["qwen2.5", "mistral-v0.3"])
+def test_configs_as_the_hub_ships_them(tmp_path, config):
+    ours = _same_reading(_write(tmp_path, config))
+    assert ours.sliding_window is None and rope_parameters(ours)["rope_theta"] == 1000000.0
+    check_supported(ours)
+
+
 def test_mistrals_default_window_is_kept_for_the_native_runner_to_refuse(tmp_path):
     ours = _same_reading(_write(tmp_path, {"model_type": "mistral", **SHAPE, "max_position_embeddings": 8192}))
     assert ours.sliding_window == 4096

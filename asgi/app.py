@@ -26,6 +26,7 @@ from rill.asgi.routes import (
     messages,
     ollama,
     router_probes,
+    sagemaker,
     sglang,
     tgi,
 )
@@ -113,7 +114,7 @@ def generative(handler):
     return guarded
 
 
-ROUTER = Router([
+ROUTES = [
     ("GET", "/health", health),
     ("GET", "/ready", ready),
     ("GET", "/stats", engine_stats),
@@ -188,8 +189,14 @@ ROUTER = Router([
     ("GET", "/get_server_info", router_probes.server_info),
     ("GET", "/model_info", router_probes.model_info),
     ("GET", "/get_model_info", router_probes.model_info),
-], shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID,  # the ids the store mints and keeps
-           "file": FILE_ID, "batch": BATCH_ID})
+]
+ROUTES += [  # SageMaker's (asgi/routes/sagemaker.py): its probe, and every body through the route its keys name
+    ("GET", "/ping", ready),
+    ("POST", "/ping", ready),
+    ("POST", "/invocations", sagemaker.make_invocations({path: h for method, path, h in ROUTES if method == "POST"})),
+]
+ROUTER = Router(ROUTES, shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID,  # the ids the store
+                                "file": FILE_ID, "batch": BATCH_ID})  # mints and keeps
 NEEDS_BODY = {"POST"}
 
 

@@ -17,7 +17,7 @@ API_KEY_ENV = "RILL_API_KEY"
 # Default deny: with keys, every path needs one but these (normalised paths, asgi.http.paths), so
 # an unknown path is a 401 too and a new route is guarded without anyone having to remember it.
 # A load balancer's or orchestrator's probes, sent without a key:
-OPEN_PATHS = frozenset({"/health", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/ping"})  # /ping: SageMaker's
 # What scrapers and gateways poll (figures, load, version): open unless --protect-metrics.
 # /server_info and /model_info are not among them: they show the model's absolute path.
 METRICS_PATHS = frozenset({"/metrics", "/stats", "/version", "/loads", "/v1/loads"})

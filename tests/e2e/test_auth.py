@@ -71,6 +71,7 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/detokenize", {"tokens": [1, 2]}),
     ("POST", "/infill", {"input_prefix": "def f():", "n_predict": 2}),  # llama.cpp's; this model has no FIM: a 400
     ("POST", "/completion", {"prompt": "Hi", "n_predict": 2}),  # llama.cpp's native completion
+    ("POST", "/invocations", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),  # SageMaker's: a completion
     # A generating model serves no rerank or score: a 400 naming `model` once the key is good.
     ("POST", "/v1/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),
     ("POST", "/v2/rerank", {"model": MODEL, "query": "Hi", "documents": ["Hello"]}),
@@ -140,6 +141,7 @@ def test_anthropic_clients_send_x_api_key(srv):
 def test_probes_stay_open_and_metrics_are_protected(srv):
     assert httpx.get(f"{srv.base_url}/health").status_code == 200
     assert httpx.get(f"{srv.base_url}/ready").status_code == 200
+    assert httpx.get(f"{srv.base_url}/ping").status_code == 200  # SageMaker's probe
     for path in ("/stats", "/metrics", "/version"):  # what a scraper polls: keyed under --protect-metrics
         check_401(httpx.get(f"{srv.base_url}{path}"))
         check_401(httpx.get(f"{srv.base_url}{path}", headers=bearer("sk-wrong")))

@@ -29,5 +29,9 @@ def strict_calls(plan: ToolPlan, tool_parser: str | None) -> StructuredSpec | No
             else {"type": "object"}
         tags.append({"begin": begin.replace("NAME", json.dumps(function["name"])[1:-1]),
                      "content": {"type": "json_schema", "json_schema": schema, "style": style}, "end": end})
+    if (block := getattr(parser, "call_block", None)) is not None:  # MiniMax's: the calls one after another in a block
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
+                 "stop_after_first": plan.max_calls == 1}
+        tags = [{"begin": block[0], "content": calls, "end": block[1]}]
     fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": plan.max_calls == 1}
     return StructuredSpec(StructuredKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt}))

@@ -39,6 +39,8 @@ def arguments_text(parser: str, arguments: dict) -> str:
 def call_text(parser: str, name: str, arguments: dict) -> str:
     _, begin, end = TOOL_PARSERS[parser].call_tag
     text = begin.replace("NAME", name) + arguments_text(parser, arguments) + end
+    if block := getattr(TOOL_PARSERS[parser], "call_block", None):  # MiniMax's block around its calls
+        text = block[0] + text + block[1]
     if parser.startswith("deepseek"):  # the calls' block around the call: free text to the grammar
         text = "<｜tool▁calls▁begin｜>" + text + "<｜tool▁calls▁end｜>"
     return text
@@ -68,6 +70,22 @@ def test_a_strict_call_follows_its_schema_and_reads_back(parser):
     [call] = message["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_minimax_blocks_hold_several_calls_and_glm_takes_either_versions_newline():
+    two = "<minimax:tool_call>\n" + "".join(
+        f'<invoke name="get_weather">\n<parameter name="city">{city}</parameter>\n</invoke>\n' for city in ("Paris", "Rome")
+    ) + "</minimax:tool_call>"
+    assert admits(strict_calls(plan(), "minimax_m2"), two)
+    assert not admits(strict_calls(plan(max_calls=1), "minimax_m2"), two)
+    message = check_every_split(lambda: TOOL_PARSERS["minimax_m2"](tools=[CITY, TIME]), two)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in message["tool_calls"]] == ["Paris", "Rome"]
+    glm = strict_calls(plan(), "glm45")
+    for newline in ("\n", ""):  # GLM-4.5 writes one after the name, GLM-4.7 none
+        text = f"<tool_call>get_weather{newline}<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>"
+        assert admits(glm, text)
+        [call] = check_every_split(lambda: TOOL_PARSERS["glm45"](tools=[CITY, TIME]), text)["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
 
 
 def test_parallel_tool_calls_false_ends_at_the_first_call():

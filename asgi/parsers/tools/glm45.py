@@ -30,7 +30,9 @@ KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</ar
 
 class Glm45Parser(StateParser):
     reads_special_tokens = True
-    call_tag = (OPEN, f"{OPEN}NAME\n", CLOSE)  # a strict call, its arguments in xgrammar's "glm_xml" style
+    # A strict call, its arguments in xgrammar's "glm_xml" style, which takes GLM-4.5's newline after the name or
+    # GLM-4.7's none
+    call_tag = (OPEN, f"{OPEN}NAME", CLOSE)
     call_style = "glm_xml"
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):

@@ -19,7 +19,9 @@ class MiniMaxM2Parser(Qwen3CoderParser):
     reads_special_tokens = True
     open, close = "<minimax:tool_call>", "</minimax:tool_call>"
     function, function_end, parameter, parameter_end = "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"
-    call_tag = (open, f'{open}\n<invoke name="NAME">\n', f"</invoke>\n{close}")  # one call a block when strict
+    # A strict call: each <invoke> in xgrammar's "minimax_xml" style, one or more in a <minimax:tool_call> block
+    call_tag = (open, '<invoke name="NAME">\n', "</invoke>\n")
+    call_block = (f"{open}\n", close)
     call_style = "minimax_xml"
 
     @staticmethod

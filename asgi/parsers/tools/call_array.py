@@ -54,6 +54,14 @@ class CallArray:
             i += 1
         return i
 
+    def read(self, text: str, delta: DeltaBuilder, final: bool) -> int:
+        """`feed`, and at the end of the output (`final`) `finish` an array still open; how many characters were
+        used (the parser's caller goes on once `done`)."""
+        used = self.feed(text, delta)
+        if final and not self.done:
+            self.finish(delta)
+        return used
+
     def finish(self, delta: DeltaBuilder) -> None:
         """The text ended inside the array: a cut-off call goes out as far as written (its name, and
         its arguments so far); a cut-off item that is not a call yet is left over."""

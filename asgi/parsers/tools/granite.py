@@ -31,16 +31,6 @@ class GraniteParser(BufferedParser):
     def called_tools(self) -> bool:
         return self.calls.called_tools
 
-    def _array_read(self, delta: DeltaBuilder, final: bool) -> bool:
-        """Feeds `pending` to the array; whether it is done (at the end of the text, a cut-off call finished)."""
-        used = self.array.feed(self.pending, delta)
-        self.pending = self.pending[used:]
-        if not self.array.done:
-            if not final:
-                return False
-            self.array.finish(delta)
-        return True
-
     def _drain(self, final: bool) -> dict:
         delta = DeltaBuilder()
         if self.state == "start":
@@ -55,7 +45,8 @@ class GraniteParser(BufferedParser):
             else:
                 self.state = "content"
         if self.state == "array":
-            if not self._array_read(delta, final):
+            self.pending = self.pending[self.array.read(self.pending, delta, final):]
+            if not self.array.done:
                 return delta.build()
             self.pending, self.state = self.array.leftover + self.pending, "content"
         if self.calls.called_tools:  # whitespace after the calls is dropped

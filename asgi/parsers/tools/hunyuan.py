@@ -40,7 +40,8 @@ class HunyuanParser(GraniteParser):
                 self.array = CallArray(self.calls, OPEN)
                 self.pending, self.state = self.pending[len(OPEN):], "array"
             if self.state == "array":
-                if not self._array_read(delta, final):
+                self.pending = self.pending[self.array.read(self.pending, delta, final):]
+                if not self.array.done:
                     return delta.build()
                 self.content.add(self.array.leftover, delta)
                 self.state = "close" if self.array.called else "text"

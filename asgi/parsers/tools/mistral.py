@@ -141,12 +141,9 @@ class MistralParser(BufferedParser):
                 return False
             self.state = "text"
         else:
-            used = self.array.feed(self.pending, delta)
-            self.pending = self.pending[used:]
+            self.pending = self.pending[self.array.read(self.pending, delta, final):]
             if not self.array.done:
-                if not final:
-                    return False
-                self.array.finish(delta)
+                return False
             self.content.add(self.array.leftover, delta)
             self.state = "text"
         return True

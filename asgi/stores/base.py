@@ -38,6 +38,10 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     # page at a time (page_response_items); get_response leaves it empty.
     input_items: list[dict[str, Any]]
     messages: list[dict[str, Any]]  # the chat messages of the whole chain (input + output), for chaining
+    # A streamed background response's events (append_response_events): None when none are kept; else how many the
+    # store holds, written with the final Response, and whether they run to its terminal event (`events_whole`).
+    events: int | None = None
+    events_whole: bool = False
 
 
 class Conversation(msgspec.Struct, kw_only=True):
@@ -114,7 +118,8 @@ class StateStore(abc.ABC):
         evicted at once, as the count bound would: the client has its answer already."""
         _minted(is_response_id, record.id)
         items = _encoded(stored_items(record.input_items, "input"), "input")
-        body = encode(StoredResponse(id=record.id, response=record.response, input_items=[], messages=record.messages))
+        body = encode(StoredResponse(id=record.id, response=record.response, input_items=[], messages=record.messages,
+                                     events=record.events, events_whole=record.events_whole))
         num_bytes = len(body) + sum(len(raw) for _, raw in items)
         if num_bytes > self.responses.max_entry_bytes:
             if record.response.get("status") != "in_progress":
@@ -139,6 +144,19 @@ class StateStore(abc.ABC):
         if not is_response_id(response_id):
             return None
         return await self._paged(self._page_response_items, response_id, limit, order, after)
+
+    async def append_response_events(self, response_id: str, first: int, events: list[bytes]) -> bool:
+        """Appends a streamed background response's events (whole SSE frames) numbered from `first`, the number it
+        holds already. They count in its bytes and expire with it. False: the response is gone, or they would take
+        it past its bytes (and no later ones are kept either: a reader gets the stored Response's end instead)."""
+        _minted(is_response_id, response_id)
+        return bool(events) and await self._append_events(response_id, first, events, sum(map(len, events)))
+
+    async def response_events(self, response_id: str, after: int, limit: int) -> list[bytes] | None:
+        """Up to `limit` events after sequence number `after`, in order; None if the response is gone."""
+        if not is_response_id(response_id):
+            return None
+        return await self._read_events(response_id, max(after, -1), limit)
 
     # ---- conversations ----
     async def put_conversation(self, conv: Conversation, items: list[dict[str, Any]] | None = None) -> None:
@@ -240,6 +258,13 @@ class StateStore(abc.ABC):
     async def _page_response_items(self, response_id: str, limit: int, order: Order,
                                    after: str | None) -> tuple[list[bytes], bool] | None:
         """`limit` items after `after` in `order` and whether more follow; AfterNotFound."""
+
+    @abc.abstractmethod
+    async def _append_events(self, response_id: str, first: int, events: list[bytes], num_bytes: int) -> bool:
+        """Appends if the response is alive, holds `first` events and has room for `num_bytes` more."""
+
+    @abc.abstractmethod
+    async def _read_events(self, response_id: str, after: int, limit: int) -> list[bytes] | None: ...
 
     @abc.abstractmethod
     async def _put_conversation(self, conversation_id: str, body: bytes, items: list[tuple[str, bytes]]) -> None: ...

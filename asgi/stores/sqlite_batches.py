@@ -9,7 +9,8 @@ from __future__ import annotations
 import sqlite3
 
 from rill.asgi.stores.batch_store import ACTIVE_VALUES, FINAL, BatchStore, Order, RecordPage
-from rill.asgi.stores.sqlite_store import SQLiteStore, _checkpoint, _fetch_one, _transaction
+from rill.asgi.stores.sqlite_store import SQLiteStore
+from rill.asgi.stores.sqlite_tables import checkpoint, fetch_one, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -32,7 +33,7 @@ class SQLiteBatches(BatchStore):
 
     def _with_tables(self, conn: sqlite3.Connection, fn, *args):
         if self._ready is not conn:  # the first call on this (or a reopened) connection
-            with _transaction(conn):
+            with transaction(conn):
                 for statement in SCHEMA.split(";"):
                     conn.execute(statement)
             self._ready = conn
@@ -44,7 +45,7 @@ class SQLiteBatches(BatchStore):
         return await self._run(_insert_file, file_id, created_at, purpose, body, max_files)
 
     async def _get_file(self, file_id: str) -> bytes | None:
-        row = await self._run(_fetch_one, "SELECT body FROM files WHERE id = ?", (file_id,))
+        row = await self._run(fetch_one, "SELECT body FROM files WHERE id = ?", (file_id,))
         return row[0] if row else None
 
     async def _delete_file(self, file_id: str) -> bool:
@@ -59,7 +60,7 @@ class SQLiteBatches(BatchStore):
         return await self._run(_insert_batch, batch_id, status, body, max_batches)
 
     async def _get_batch(self, batch_id: str) -> bytes | None:
-        row = await self._run(_fetch_one, "SELECT body FROM batches WHERE id = ?", (batch_id,))
+        row = await self._run(fetch_one, "SELECT body FROM batches WHERE id = ?", (batch_id,))
         return row[0] if row else None
 
     async def _list_batches(self, limit: int, after: str | None) -> RecordPage | None:
@@ -79,7 +80,7 @@ class SQLiteBatches(BatchStore):
         free = f"SELECT id FROM batches WHERE status IN ({marks}) AND lease_until <= ? ORDER BY seq LIMIT 1"
         if not conn.execute(free, (*ACTIVE_VALUES, now)).fetchall():
             return None  # the common case, read without the write lock (every idle worker polls)
-        with _transaction(conn):
+        with transaction(conn):
             rows = conn.execute(free, (*ACTIVE_VALUES, now)).fetchall()
             if not rows:
                 return None
@@ -95,13 +96,13 @@ class SQLiteBatches(BatchStore):
 
 
 def _write(conn: sqlite3.Connection, sql: str, args: tuple) -> bool:
-    with _transaction(conn):
+    with transaction(conn):
         return conn.execute(sql, args).rowcount > 0
 
 
 def _insert_file(conn: sqlite3.Connection, file_id: str, created_at: int, purpose: str, body: bytes,
                  max_files: int | None) -> bool:
-    with _transaction(conn):
+    with transaction(conn):
         if max_files is not None and conn.execute("SELECT COUNT(*) FROM files").fetchall()[0][0] >= max_files:
             return False
         conn.execute("INSERT INTO files (id, created_at, purpose, body) VALUES (?, ?, ?, ?)",
@@ -111,7 +112,7 @@ def _insert_file(conn: sqlite3.Connection, file_id: str, created_at: int, purpos
 
 def _insert_batch(conn: sqlite3.Connection, batch_id: str, status: str, body: bytes, max_batches: int) -> bool:
     marks = ", ".join("?" * len(FINAL))
-    with _transaction(conn):
+    with transaction(conn):
         if conn.execute("SELECT COUNT(*) FROM batches").fetchall()[0][0] >= max_batches:
             oldest = conn.execute(f"SELECT seq FROM batches WHERE status IN ({marks}) ORDER BY seq LIMIT 1",
                                   FINAL).fetchall()
@@ -123,17 +124,17 @@ def _insert_batch(conn: sqlite3.Connection, batch_id: str, status: str, body: by
 
 
 def _delete(conn: sqlite3.Connection, table: str, record_id: str) -> bool:
-    with _transaction(conn):
+    with transaction(conn):
         found = conn.execute(f"DELETE FROM {table} WHERE id = ?", (record_id,)).rowcount > 0
     if found:
-        _checkpoint(conn)
+        checkpoint(conn)
     return found
 
 
 def _page(conn: sqlite3.Connection, table: str, limit: int, order: Order, after: str | None,
           purpose: str | None) -> RecordPage | None:
     where, args = [], []
-    with _transaction(conn, "BEGIN"):
+    with transaction(conn, "BEGIN"):
         if after is not None:
             rows = conn.execute(f"SELECT seq FROM {table} WHERE id = ?", (after,)).fetchall()
             if not rows:

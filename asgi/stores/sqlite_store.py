@@ -28,38 +28,20 @@ from rill.asgi.stores.base import (
     StoreUnavailable,
 )
 from rill.asgi.stores.sqlite_migrate import migrate
+from rill.asgi.stores.sqlite_tables import (
+    CONVERSATIONS,
+    RESPONSES,
+    SCHEMA,
+    Kind,
+    checkpoint,
+    drop,
+    fetch_one,
+    insert_items,
+    seq_of,
+    transaction,
+)
 
 log = logging.getLogger("rill.store")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY, stored_at REAL NOT NULL, body BLOB NOT NULL, num_bytes INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at);
-CREATE TABLE IF NOT EXISTS response_items (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT NOT NULL, item_id TEXT NOT NULL, body BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS response_items_by_owner ON response_items (response_id, seq);
-CREATE INDEX IF NOT EXISTS response_items_by_id ON response_items (response_id, item_id);
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY, stored_at REAL NOT NULL, body BLOB NOT NULL, num_bytes INTEGER NOT NULL DEFAULT 0,
-    num_items INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (stored_at);
-CREATE TABLE IF NOT EXISTS conversation_items (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id TEXT NOT NULL, item_id TEXT NOT NULL, body BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS items_by_conversation ON conversation_items (conversation_id, seq);
-CREATE INDEX IF NOT EXISTS items_by_id ON conversation_items (conversation_id, item_id);
-"""
-
-
-class _Kind:
-    """A kind of entry: its table, its items' table and the column that names the owner."""
-
-    def __init__(self, table: str, items: str, owner: str):
-        self.table, self.items, self.owner = table, items, owner
-
-
-RESPONSES = _Kind("responses", "response_items", "response_id")
-CONVERSATIONS = _Kind("conversations", "conversation_items", "conversation_id")
-
 
 class SQLiteStore(StateStore):
     """`durable`: fsync every commit (a store that outlives the server); else only the OS's
@@ -96,7 +78,7 @@ class SQLiteStore(StateStore):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA secure_delete=ON")
-            with _transaction(conn):  # idempotent: every worker runs it on its first call
+            with transaction(conn):  # idempotent: every worker runs it on its first call
                 for statement in SCHEMA.split(";"):
                     conn.execute(statement)
                 migrate(conn)  # a file written before the bounds in bytes
@@ -118,10 +100,10 @@ class SQLiteStore(StateStore):
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown(wait=True)
 
-    def _born_after(self, kind: _Kind) -> float:
+    def _born_after(self, kind: Kind) -> float:
         return self.clock() - (self.responses if kind is RESPONSES else self.conversations).ttl_s
 
-    def _evict(self, conn: sqlite3.Connection, kind: _Kind, keep_id: str) -> None:
+    def _evict(self, conn: sqlite3.Connection, kind: Kind, keep_id: str) -> None:
         """What is past its TTL, then the oldest past the count or the total bytes, with their
         items; `keep_id` (the entry just written) counts first, so it is never the one to go."""
         bounds = self.responses if kind is RESPONSES else self.conversations
@@ -131,9 +113,9 @@ class SQLiteStore(StateStore):
             f"FROM {kind.table} WHERE stored_at > ?2 WINDOW w AS (ORDER BY id = ?1 DESC, stored_at DESC, rowid DESC)) "
             f"WHERE n > ?3 OR running > ?4",
             (keep_id, self._born_after(kind), bounds.max_entries, bounds.max_bytes)).fetchall()
-        _drop(conn, kind, [row[0] for row in gone])
+        drop(conn, kind, [row[0] for row in gone])
 
-    def _alive(self, conn: sqlite3.Connection, kind: _Kind, owner_id: str) -> tuple | None:
+    def _alive(self, conn: sqlite3.Connection, kind: Kind, owner_id: str) -> tuple | None:
         rows = conn.execute(f"SELECT num_items, num_bytes FROM {kind.table} WHERE id = ? AND stored_at > ?"
                             if kind is CONVERSATIONS else
                             f"SELECT 0, num_bytes FROM {kind.table} WHERE id = ? AND stored_at > ?",
@@ -147,41 +129,43 @@ class SQLiteStore(StateStore):
 
     def _write_response(self, conn: sqlite3.Connection, response_id: str, body: bytes,
                         items: list[tuple[str, bytes]], num_bytes: int) -> None:
-        with _transaction(conn):
+        with transaction(conn):
+            (events,) = conn.execute("SELECT COALESCE(SUM(length(body)), 0) FROM response_events WHERE "
+                                     "response_id = ?", (response_id,)).fetchall()[0]  # kept, and counted
             conn.execute("INSERT OR REPLACE INTO responses (id, stored_at, body, num_bytes) VALUES (?, ?, ?, ?)",
-                         (response_id, self.clock(), body, num_bytes))
+                         (response_id, self.clock(), body, num_bytes + events))
             conn.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
-            _insert_items(conn, RESPONSES, response_id, items)
+            insert_items(conn, RESPONSES, response_id, items)
             self._evict(conn, RESPONSES, response_id)
 
     async def _get_response(self, response_id: str) -> bytes | None:
-        row = await self._run(_fetch_one, "SELECT body FROM responses WHERE id = ? AND stored_at > ?",
+        row = await self._run(fetch_one, "SELECT body FROM responses WHERE id = ? AND stored_at > ?",
                               (response_id, self._born_after(RESPONSES)))
         return row[0] if row else None
 
     async def _delete_response(self, response_id: str) -> bool:
         return await self._run(self._delete_entry, RESPONSES, response_id)
 
-    def _delete_entry(self, conn: sqlite3.Connection, kind: _Kind, owner_id: str) -> bool:
+    def _delete_entry(self, conn: sqlite3.Connection, kind: Kind, owner_id: str) -> bool:
         """A client's DELETE: the rows go, and so do the copies of them in the WAL."""
-        with _transaction(conn):
-            found = _drop(conn, kind, [owner_id]) > 0
+        with transaction(conn):
+            found = drop(conn, kind, [owner_id]) > 0
         if found:
-            _checkpoint(conn)
+            checkpoint(conn)
         return found
 
     async def _page_response_items(self, response_id: str, limit: int, order: Order,
                                    after: str | None) -> tuple[list[bytes], bool] | None:
         return await self._run(self._page, RESPONSES, response_id, limit, order, after)
 
-    def _page(self, conn: sqlite3.Connection, kind: _Kind, owner_id: str, limit: int, order: Order,
+    def _page(self, conn: sqlite3.Connection, kind: Kind, owner_id: str, limit: int, order: Order,
               after: str | None) -> tuple[list[bytes], bool] | None:
-        with _transaction(conn, "BEGIN"):  # one snapshot: the owner and its items
+        with transaction(conn, "BEGIN"):  # one snapshot: the owner and its items
             if self._alive(conn, kind, owner_id) is None:
                 return None
             where, args = f"{kind.owner} = ?", [owner_id]
             if after is not None:
-                if (seq := _seq_of(conn, kind, owner_id, after)) is None:
+                if (seq := seq_of(conn, kind, owner_id, after)) is None:
                     raise AfterNotFound
                 where += " AND seq > ?" if order == "asc" else " AND seq < ?"
                 args.append(seq)
@@ -189,13 +173,44 @@ class SQLiteStore(StateStore):
                                 (*args, limit + 1)).fetchall()
         return [body for (body,) in rows[:limit]], len(rows) > limit
 
+    async def _append_events(self, response_id: str, first: int, events: list[bytes], num_bytes: int) -> bool:
+        return await self._run(self._append_response_events, response_id, first, events, num_bytes)
+
+    def _append_response_events(self, conn: sqlite3.Connection, response_id: str, first: int, events: list[bytes],
+                                num_bytes: int) -> bool:
+        with transaction(conn):
+            alive = self._alive(conn, RESPONSES, response_id)
+            if alive is None or alive[1] + num_bytes > self.responses.max_entry_bytes:
+                return False
+            (last,) = conn.execute("SELECT MAX(seq) FROM response_events WHERE response_id = ?",
+                                   (response_id,)).fetchall()[0]
+            if (-1 if last is None else last) != first - 1:
+                return False
+            conn.executemany("INSERT INTO response_events (response_id, seq, body) VALUES (?, ?, ?)",
+                             [(response_id, first + i, body) for i, body in enumerate(events)])
+            conn.execute("UPDATE responses SET num_bytes = num_bytes + ? WHERE id = ?", (num_bytes, response_id))
+            self._evict(conn, RESPONSES, response_id)
+        return True
+
+    async def _read_events(self, response_id: str, after: int, limit: int) -> list[bytes] | None:
+        return await self._run(self._read_response_events, response_id, after, limit)
+
+    def _read_response_events(self, conn: sqlite3.Connection, response_id: str, after: int,
+                              limit: int) -> list[bytes] | None:
+        with transaction(conn, "BEGIN"):
+            if self._alive(conn, RESPONSES, response_id) is None:
+                return None
+            rows = conn.execute("SELECT body FROM response_events WHERE response_id = ? AND seq > ? ORDER BY seq "
+                                "LIMIT ?", (response_id, after, limit)).fetchall()
+        return [body for (body,) in rows]
+
     # ---- conversations ----
     async def _put_conversation(self, conversation_id: str, body: bytes, items: list[tuple[str, bytes]]) -> None:
         await self._run(self._write_conversation, conversation_id, body, items)
 
     def _write_conversation(self, conn: sqlite3.Connection, conversation_id: str, body: bytes,
                             items: list[tuple[str, bytes]]) -> None:
-        with _transaction(conn):
+        with transaction(conn):
             updated = conn.execute("UPDATE conversations SET num_bytes = num_bytes - length(body) + ?, body = ? "
                                    "WHERE id = ?", (len(body), body, conversation_id)).rowcount
             if not updated:
@@ -205,12 +220,12 @@ class SQLiteStore(StateStore):
             self._evict(conn, CONVERSATIONS, conversation_id)
 
     def _append(self, conn: sqlite3.Connection, conversation_id: str, items: list[tuple[str, bytes]]) -> None:
-        _insert_items(conn, CONVERSATIONS, conversation_id, items)
+        insert_items(conn, CONVERSATIONS, conversation_id, items)
         conn.execute("UPDATE conversations SET num_items = num_items + ?, num_bytes = num_bytes + ? WHERE id = ?",
                      (len(items), sum(len(raw) for _, raw in items), conversation_id))
 
     async def _get_conversation(self, conversation_id: str) -> bytes | None:
-        row = await self._run(_fetch_one, "SELECT body FROM conversations WHERE id = ? AND stored_at > ?",
+        row = await self._run(fetch_one, "SELECT body FROM conversations WHERE id = ? AND stored_at > ?",
                               (conversation_id, self._born_after(CONVERSATIONS)))
         return row[0] if row else None
 
@@ -221,7 +236,7 @@ class SQLiteStore(StateStore):
         return await self._run(self._add, conversation_id, items)
 
     def _add(self, conn: sqlite3.Connection, conversation_id: str, items: list[tuple[str, bytes]]) -> AddResult:
-        with _transaction(conn):
+        with transaction(conn):
             if (alive := self._alive(conn, CONVERSATIONS, conversation_id)) is None:
                 return "gone"
             num_items, num_bytes = alive
@@ -237,7 +252,7 @@ class SQLiteStore(StateStore):
         return await self._run(self._read_all, conversation_id)
 
     def _read_all(self, conn: sqlite3.Connection, conversation_id: str) -> list[bytes] | None:
-        with _transaction(conn, "BEGIN"):
+        with transaction(conn, "BEGIN"):
             if self._alive(conn, CONVERSATIONS, conversation_id) is None:
                 return None
             rows = conn.execute("SELECT body FROM conversation_items WHERE conversation_id = ? ORDER BY seq",
@@ -249,7 +264,7 @@ class SQLiteStore(StateStore):
         return await self._run(self._page, CONVERSATIONS, conversation_id, limit, order, after)
 
     async def _get_item(self, conversation_id: str, item_id: str) -> bytes | None:
-        row = await self._run(_fetch_one, "SELECT body FROM conversation_items WHERE conversation_id = ? AND "
+        row = await self._run(fetch_one, "SELECT body FROM conversation_items WHERE conversation_id = ? AND "
                                           "item_id = ? ORDER BY seq LIMIT 1", (conversation_id, item_id))
         return row[0] if row else None
 
@@ -257,60 +272,13 @@ class SQLiteStore(StateStore):
         return await self._run(self._delete_one_item, conversation_id, item_id)
 
     def _delete_one_item(self, conn: sqlite3.Connection, conversation_id: str, item_id: str) -> bool:
-        with _transaction(conn):
-            if (seq := _seq_of(conn, CONVERSATIONS, conversation_id, item_id)) is None:
+        with transaction(conn):
+            if (seq := seq_of(conn, CONVERSATIONS, conversation_id, item_id)) is None:
                 return False
             (num_bytes,) = conn.execute("SELECT length(body) FROM conversation_items WHERE seq = ?",
                                         (seq,)).fetchall()[0]
             conn.execute("DELETE FROM conversation_items WHERE seq = ?", (seq,))
             conn.execute("UPDATE conversations SET num_items = num_items - 1, num_bytes = num_bytes - ? "
                          "WHERE id = ?", (num_bytes, conversation_id))
-        _checkpoint(conn)
+        checkpoint(conn)
         return True
-
-
-class _transaction:
-    """BEGIN IMMEDIATE (a writer waits for the lock up front, never fails half-way) ... COMMIT."""
-
-    def __init__(self, conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE"):
-        self.conn, self.begin = conn, begin
-
-    def __enter__(self) -> None:
-        self.conn.execute(self.begin)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
-
-
-def _insert_items(conn: sqlite3.Connection, kind: _Kind, owner_id: str, items: list[tuple[str, bytes]]) -> None:
-    conn.executemany(f"INSERT INTO {kind.items} ({kind.owner}, item_id, body) VALUES (?, ?, ?)",
-                     [(owner_id, item_id, body) for item_id, body in items])
-
-
-def _drop(conn: sqlite3.Connection, kind: _Kind, ids: list[str]) -> int:
-    """Entries and their items; how many entries there were."""
-    found = 0
-    for owner_id in ids:
-        conn.execute(f"DELETE FROM {kind.items} WHERE {kind.owner} = ?", (owner_id,))
-        found += conn.execute(f"DELETE FROM {kind.table} WHERE id = ?", (owner_id,)).rowcount
-    return found
-
-
-def _seq_of(conn: sqlite3.Connection, kind: _Kind, owner_id: str, item_id: str) -> int | None:
-    rows = conn.execute(f"SELECT seq FROM {kind.items} WHERE {kind.owner} = ? AND item_id = ? ORDER BY seq LIMIT 1",
-                        (owner_id, item_id)).fetchall()
-    return rows[0][0] if rows else None
-
-
-def _fetch_one(conn: sqlite3.Connection, sql: str, args: tuple) -> tuple | None:
-    """fetchall, never fetchone: a statement not stepped to its end keeps its read transaction
-    open, and this connection would go on reading that old snapshot of the WAL (other workers'
-    writes unseen)."""
-    rows = conn.execute(sql, args).fetchall()
-    return rows[0] if rows else None
-
-
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    """Copies the WAL into the file (where secure_delete zeroed the freed cells) and truncates it;
-    if another worker is reading, its copy goes at a later delete's checkpoint."""
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

@@ -57,9 +57,13 @@ class Backend:
     def count(self, what: str) -> int:
         """Rows or keys that hold responses, conversations or conversation items."""
         if self.kind == "sqlite":
-            table = {"responses": "responses", "conversations": "conversations", "items": "conversation_items"}[what]
+            table = {"responses": "responses", "conversations": "conversations", "items": "conversation_items",
+                     "events": "response_events"}[what]
             with sqlite3.connect(self.tmp_path / "state.db") as conn:
                 return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        if what == "events":
+            return sum(int(self.redis.command("LLEN", f"rill:resp-events:{rid}")[1:].split(b"\r")[0])
+                       for rid in self._ids("rill:resp-events:*"))
         if what == "items":
             return sum(int(self.redis.command("LLEN", f"rill:conv-items:{cid}")[1:].split(b"\r")[0])
                        for cid in self._ids("rill:conv-items:*"))

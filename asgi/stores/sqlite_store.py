@@ -73,6 +73,18 @@ class SQLiteStore(StateStore):
             raise StoreUnavailable(f"the state store failed ({type(exc).__name__}: {exc})") from None
 
     def _open(self) -> sqlite3.Connection:
+        """Workers that start together open the file together: switching a new file to WAL can then find it locked
+        at once (SQLite does not wait where waiting could deadlock), so a locked open is tried again."""
+        for attempt in range(40):
+            try:
+                return self._open_once()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 39:
+                    raise
+                time.sleep(0.05)  # on the store's own thread
+        raise AssertionError("unreachable")
+
+    def _open_once(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")

@@ -308,3 +308,31 @@ def test_a_conversation_body_is_bounded_naming_the_field():
         assert (err.value.status, err.value.param) == (400, param), err.value.message
     ok = _decode(json.dumps({"metadata": {"k" * 64: "v" * 512}, "items": [{**message, "junk": 1}] * 20}).encode())
     assert len(ok.items) == 20 and "junk" not in ok.items[0]
+
+
+def test_workers_that_open_a_new_file_together_all_get_it(tmp_path):
+    """API workers start together: the first store call of each opens the file (WAL, schema) at the same moment, and
+    none may find it locked (an ERROR in the log, and that call's 503)."""
+    import threading
+
+    from rill.asgi.stores.base import StoreUnavailable
+    failed = []
+
+    def first_call(store: SQLiteStore, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            store.call(lambda conn: conn.execute("SELECT COUNT(*) FROM responses").fetchall())
+        except StoreUnavailable as exc:
+            failed.append(exc)
+
+    for i in range(40):
+        stores = [SQLiteStore(tmp_path / f"state{i}.db", ROOMY, ROOMY, durable=False) for _ in range(4)]
+        barrier = threading.Barrier(len(stores))
+        threads = [threading.Thread(target=first_call, args=(store, barrier)) for store in stores]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for store in stores:
+            store._close()
+    assert failed == []

@@ -78,6 +78,8 @@ class WorkerState:
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
     # `background: true` responses running on this worker, after their create was answered (asgi/routes/responses.py)
     background: set = field(default_factory=set)
+    # The events of those also streamed, by id, while they run (asgi/output/event_log.py)
+    event_logs: dict = field(default_factory=dict)
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
     # engine (asgi/requests/model_choice.py refreshes it when a request names one it does not know).
     lora_names: dict[str, str] = field(default_factory=dict)

@@ -70,9 +70,6 @@ def check_request(req: ResponsesRequest) -> None:
     """400s naming the parameter for what this server refuses."""
     if req.background and req.store is False:
         raise APIError(400, "A `background` response must be stored: `store` cannot be false.", param="background")
-    if req.background and req.stream:
-        raise APIError(400, "A `background` response cannot be streamed by this server yet: poll it with GET "
-                            "/v1/responses/{id}.", param="stream", code="unsupported_parameter")
     if req.conversation is not None and req.previous_response_id is not None:
         raise APIError(400, "`conversation` and `previous_response_id` cannot both be set.", param="conversation")
     if req.prompt is not None:

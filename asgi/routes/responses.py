@@ -11,6 +11,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.http.access_log import log_request_content
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.event_log import EventLog, Recorded, send_events
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.output.respond import respond
 from rill.asgi.output.responses_format import ResponseBuilder, ResponseStream
@@ -114,8 +115,11 @@ async def create_response(http: HTTPRequest) -> None:
         raise APIError(429, f"This worker runs at most {settings.limits.max_num_seqs} background responses at once "
                             "(--max-num-seqs); retry once one has ended.", type="requests", param="background",
                        code="rate_limit_exceeded", headers=[(b"retry-after", b"1")])
+    # A background stream's events are kept (asgi/output/event_log.py): its client may leave and come back.
+    events = EventLog(state.store, response_id) if req.background and req.stream else None
     if req.store is not False and state.store.responses.enabled:
-        entry = StoredResponse(id=response_id, response=builder.response(), input_items=items, messages=messages)
+        entry = StoredResponse(id=response_id, response=builder.response(), input_items=items, messages=messages,
+                               events=None if events is None else 0)
         await state.store.put_response(entry)  # acknowledged only once stored: a GET anywhere finds it
         state.in_progress[response_id] = gen.on_cancel
     finished = False
@@ -124,12 +128,22 @@ async def create_response(http: HTTPRequest) -> None:
         nonlocal finished
         finished = True
         state.in_progress.pop(response_id, None)
-        await _finish(state, req, items, entry, builder, failed)
+        if events is None:
+            await _finish(state, req, items, entry, builder, failed)
+            return
+        try:
+            await events.end()  # all in the store before the final Response
+            entry.events, entry.events_whole = events.stored, events.whole
+            await _finish(state, req, items, entry, builder, failed)
+        finally:
+            state.event_logs.pop(response_id, None)
+            events.close()
 
     async def run(receive, send, started: bool = False) -> None:
         failed = True
+        shape = ResponseStream(builder) if events is None else Recorded(ResponseStream(builder), events)
         try:
-            failed = await respond(gen, ResponseStream(builder), stream=req.stream, receive=receive, send=send,
+            failed = await respond(gen, shape, stream=req.stream, receive=receive, send=send,
                                    keepalive_s=settings.http.sse_keepalive_s, before_last=before_last, started=started)
         finally:
             if not finished:  # the client left, or it failed before a byte went out (in the background: shutdown)
@@ -143,10 +157,15 @@ async def create_response(http: HTTPRequest) -> None:
     except BaseException:
         await before_last(True)
         raise
+    if events is not None:
+        state.event_logs[response_id] = events
     task = asyncio.create_task(run(_never, _discard, started=True))  # the answer is the store's, polled by id
     state.background.add(task)
     task.add_done_callback(state.background.discard)
-    await send_response(http.send, 200, msgspec.json.encode(entry.response))
+    if events is None:
+        await send_response(http.send, 200, msgspec.json.encode(entry.response))
+    else:  # its events as they come, as any reader of them (GET .../{id}?stream=true) gets them
+        await send_events(http, response_id, -1)
 
 
 async def _never() -> dict:

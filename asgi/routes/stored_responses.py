@@ -1,20 +1,47 @@
 """The stored responses' routes: GET and DELETE /v1/responses/{id}, its input_items, and cancel."""
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 import msgspec
 
 from rill.asgi.engine_link.generate import engine_id
 from rill.asgi.errors import APIError
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
+from rill.asgi.output.event_log import send_events
 from rill.asgi.routes.conversations import page, page_query
 from rill.asgi.routes.responses import stored_or_404
 from rill.asgi.stores.base import Page
 
 
 async def retrieve(http: HTTPRequest) -> None:
-    entry = await stored_or_404(http.state, http.params["response_id"])
-    await send_response(http.send, 200, msgspec.json.encode(entry.response))
+    """The Response; with `stream=true`, a background stream's events after `starting_after` (from the first
+    without), and the rest as they come (asgi/output/event_log.py)."""
+    response_id = http.params["response_id"]
+    stream, after = stream_query(http.query)
+    entry = await stored_or_404(http.state, response_id)
+    if not stream:
+        await send_response(http.send, 200, msgspec.json.encode(entry.response))
+        return
+    if entry.events is None:
+        raise APIError(400, f"The response `{response_id}` was not created with `background` and `stream`: only such "
+                            "a response's events are kept, to be streamed again. GET it without `stream`.",
+                       param="stream")
+    await send_events(http, response_id, after)
+
+
+def stream_query(query: bytes) -> tuple[bool, int]:
+    """`stream` (true or false) and `starting_after` (a sequence number, -1 when absent: from the first event);
+    `include_obfuscation` is taken and ignored (no padding is added)."""
+    args = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
+    stream = args.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise APIError(400, "`stream` must be true or false.", param="stream")
+    after = args.get("starting_after")
+    if after is not None and not (after.isascii() and after.isdigit() and len(after) <= 12):
+        raise APIError(400, "`starting_after` must be a sequence number: an integer from 0.", param="starting_after")
+    return stream in ("true", "1"), -1 if after is None else int(after)
 
 
 async def delete(http: HTTPRequest) -> None:

@@ -80,6 +80,7 @@ class WorkerState:
     background: set = field(default_factory=set)
     # The events of those also streamed, by id, while they run (asgi/output/event_log.py)
     event_logs: dict = field(default_factory=dict)
+    event_readers: int = 0  # GET /v1/responses/{id}?stream=true streams open (asgi/routes/stored_responses.py)
     # LoRA adapters, name -> path: those loaded at start, then as this worker last heard from the
     # engine (asgi/requests/model_choice.py refreshes it when a request names one it does not know).
     lora_names: dict[str, str] = field(default_factory=dict)

@@ -14,6 +14,10 @@ from rill.asgi.routes.conversations import page, page_query
 from rill.asgi.routes.responses import stored_or_404
 from rill.asgi.stores.base import Page
 
+# GET ?stream=true readers a worker serves at once, for each of --max-num-seqs: each holds a connection and, off the
+# worker that runs its response, polls the store (asgi/output/event_log.py).
+READERS_PER_SEQ = 4
+
 
 async def retrieve(http: HTTPRequest) -> None:
     """The Response; with `stream=true`, a background stream's events after `starting_after` (from the first
@@ -28,7 +32,16 @@ async def retrieve(http: HTTPRequest) -> None:
         raise APIError(400, f"The response `{response_id}` was not created with `background` and `stream`: only such "
                             "a response's events are kept, to be streamed again. GET it without `stream`.",
                        param="stream")
-    await send_events(http, response_id, after)
+    state = http.state
+    if state.event_readers >= (bound := READERS_PER_SEQ * state.settings.limits.max_num_seqs):
+        raise APIError(429, f"This worker streams at most {bound} stored responses at once (4 for each of "
+                            "--max-num-seqs); retry once one has ended.", type="requests", param="stream",
+                       code="rate_limit_exceeded", headers=[(b"retry-after", b"1")])
+    state.event_readers += 1
+    try:
+        await send_events(http, response_id, after)
+    finally:
+        state.event_readers -= 1
 
 
 def stream_query(query: bytes) -> tuple[bool, int]:

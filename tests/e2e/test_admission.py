@@ -7,6 +7,7 @@ default) or httpx where the raw bytes matter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -286,3 +287,35 @@ def test_background_responses_have_a_bound_of_their_own(timeout_srv):
     second = httpx.post(url, json=body, timeout=60)
     assert second.status_code == 429 and second.json()["error"]["param"] == "background", second.text
     httpx.post(f"{url}/{first.json()['id']}/cancel", timeout=30)
+
+
+def test_streams_of_a_stored_response_have_a_bound(timeout_srv):
+    """GET ?stream=true holds a connection and polls the store: a worker serves at most 4 for each of --max-num-seqs
+    (1 here) at once; past them a 429 naming `stream`, and the others go on to their end."""
+    url = f"{timeout_srv.base_url}/v1/responses"
+    body = {"model": MODEL, "input": "Write a very long story about the sea.", "max_output_tokens": 1500,
+            "temperature": 0, "background": True, "stream": True}
+
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            for _ in range(100):  # the background response of the test before may still be ending (a 429)
+                async with client.stream("POST", url, json=body) as created:
+                    if created.status_code == 200:
+                        line = await anext(line async for line in created.aiter_lines() if line.startswith("data: "))
+                        break
+                await asyncio.sleep(0.1)
+            response_id = json.loads(line[6:])["response"]["id"]
+            readers, stacks = [], contextlib.AsyncExitStack()
+            async with stacks:
+                for _ in range(4):
+                    r = await stacks.enter_async_context(client.stream("GET", f"{url}/{response_id}?stream=true"))
+                    assert r.status_code == 200
+                    readers.append(r)
+                extra = await client.get(f"{url}/{response_id}?stream=true")
+                assert extra.status_code == 429 and extra.json()["error"]["param"] == "stream", extra.text
+                await client.post(f"{url}/{response_id}/cancel")
+                ends = [[line async for line in r.aiter_lines() if line.startswith("event: ")][-1] for r in readers]
+            assert ends == ["event: response.failed"] * 4  # cancelled
+            again = await client.get(f"{url}/{response_id}?stream=true")  # the readers have left: room again
+            assert again.status_code == 200 and "event: response.failed" in again.text
+    asyncio.run(go())

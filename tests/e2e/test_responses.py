@@ -217,6 +217,52 @@ def test_background_responses_are_polled_and_cancelled(client):
     assert cancelled.status == "cancelled" and cancelled.usage.output_tokens < 1500
 
 
+def raw_events(server, path: str) -> list:
+    with httpx.stream("GET", f"{server.base_url}{path}", timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return parse_sse(r.iter_lines())
+
+
+def test_a_background_stream_goes_on_without_its_client_and_resumes(client, server):
+    """`background` with `stream`: the create streams the events; a client that leaves loses nothing, the response
+    runs on and GET ?stream=true&starting_after=N sends the rest, numbered on, to the terminal event; the text is the
+    foreground's. Once it has ended the whole stream reads again from the store, event for event."""
+    body = dict(model=MODEL, input="Name three colors.", max_output_tokens=24, temperature=0)
+    plain = client.responses.create(**body)
+    first = []
+    with client.responses.create(**body, background=True, stream=True) as stream:
+        for event in stream:
+            first.append(event)
+            if event.type == "response.output_text.delta":
+                break  # the client leaves
+    response_id = first[0].response.id
+    assert first[0].response.background is True
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=first[-1].sequence_number))
+    events = first + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == f"response.{plain.status}"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == plain.output_text == events[-1].response.output_text
+    again = raw_events(server, f"/v1/responses/{response_id}?stream=true")
+    assert check_stream(again)["output_text"] == text  # the event grammar and OpenAI's spec, event by event
+    assert [e for _, e in again] == [e.model_dump(mode="json", exclude_unset=True) for e in events]
+    assert raw_events(server, f"/v1/responses/{response_id}?stream=true&starting_after={len(events) - 1}") == []
+    assert client.responses.retrieve(response_id).status == plain.status  # without stream: the Response
+    whole = list(client.responses.create(**body, background=True, stream=True))  # read to its end
+    assert whole[-1].response.output_text == text and whole[-1].sequence_number == len(whole) - 1
+
+
+@pytest.mark.parametrize("query, param", [("stream=true", "stream"), ("stream=maybe", "stream"),
+                                          ("stream=true&starting_after=-1", "starting_after"),
+                                          ("stream=true&starting_after=x", "starting_after"),
+                                          ("stream=true&starting_after=1234567890123", "starting_after")])
+def test_a_stream_is_kept_only_for_background_streams(client, server, query, param):
+    """GET ?stream=true of a response made without `background` and `stream` (none of its events were kept)."""
+    made = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    r = httpx.get(f"{server.base_url}/v1/responses/{made.id}?{query}", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [WEATHER_TOOL, {"type": "file_search"}]}, "tools[1].type"),
@@ -224,7 +270,6 @@ def test_background_responses_are_polled_and_cancelled(client):
     ({"metadata": {"k" * 65: "v"}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"background": True, "store": False}, "background"),
-    ({"background": True, "stream": True}, "stream"),
     ({"truncation": "sometimes"}, "truncation"),
     ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
     ({"conversation": 5}, "conversation"),

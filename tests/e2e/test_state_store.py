@@ -153,6 +153,21 @@ def test_two_servers_share_one_redis(model_dir, tmp_path_factory, redis_server):
         client(a).responses.delete(chained.id)
         assert get(b, f"/v1/responses/{chained.id}").status_code == 404
         assert redis_server.command("EXISTS", f"rill:resp:{chained.id}") == b":0\r\n"  # the key itself is gone
+        # A background stream left on A resumes on B, which follows it through Redis while A runs it.
+        first = []
+        with client(a).responses.create(model=MODEL, input="Count to a hundred.", max_output_tokens=60,
+                                        temperature=0, background=True, stream=True) as stream:
+            for event in stream:
+                first.append(event)
+                if len(first) == 6:
+                    break
+        rest = list(client(b).responses.retrieve(first[0].response.id, stream=True, starting_after=5))
+        events = first + rest
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].response.output_text == \
+            "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        client(b).responses.delete(events[0].response.id)
+        assert redis_server.command("EXISTS", f"rill:resp-events:{events[0].response.id}") == b":0\r\n"
     finally:
         stop_server(a)
         stop_server(b)

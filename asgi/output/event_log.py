@@ -89,6 +89,10 @@ class EventLog:
                 self.kept = await self.store.append_response_events(self.response_id, self.stored, batch)
             except StoreUnavailable:
                 return  # tried again with the next frames, and at the end
+            except Exception:  # a bug: the stream and the response go on, their events are no longer kept
+                log.exception("response %s: its events could not be stored", self.response_id)
+                self.kept = False
+                return
             if self.kept:
                 self.stored += len(batch)
                 self.trim()
@@ -201,11 +205,14 @@ async def send_events(http, response_id: str, after: int) -> None:
     sse = SSEWriter(http.send, keepalive_s)
     try:
         await sse.start()
-        async for frames in follow(http.state, response_id, after, reader):
-            for frame in frames:
-                await sse.event(frame)
-            if not frames and sse.keepalive_due_in() <= 0:
-                await sse.keepalive()
+        try:
+            async for frames in follow(http.state, response_id, after, reader):
+                for frame in frames:
+                    await sse.event(frame)
+                if not frames and sse.keepalive_due_in() <= 0:
+                    await sse.keepalive()
+        except StoreUnavailable:  # logged by the store; the status went out already, so the stream just ends
+            pass
         if not reader.gone:
             await sse.close()
     finally:

@@ -3,8 +3,9 @@
 transformers' config classes import about 1.4 s of modules through their field validators (accelerate,
 torch.distributed.tensor, sympy): a third of an engine's start on the bundled model, which needs none of
 them. Read here only where the file holds nothing this reader does not know, with transformers 5's own
-defaults for what it leaves out; anything else (a RoPE scaling, a sliding window, a quantization_config,
-a key not listed) gives None, and transformers reads the file as before. tests/model/test_config_json.py
+defaults for what it leaves out; its RoPE plain or scaled as Llama 3.x (`llama3`) or linearly, which
+engine_proc/model/rope.py computes itself. Anything else (another RoPE scaling, a sliding window, a
+quantization_config, a key not listed) gives None, and transformers reads the file as before. tests/model/test_config_json.py
 holds this reader to transformers' reading, field by field.
 """
 from __future__ import annotations
@@ -73,7 +74,7 @@ def read_config_json(model_dir: str | Path) -> JsonConfig | None:
         return None
     if "head_dim" in fields and fields["head_dim"] is None:
         fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
-    rope = _default_rope(raw)
+    rope = _rope(raw)
     if rope is None or not _full_attention_only(raw, fields):
         return None
     fields["rope_parameters"] = fields["rope_scaling"] = rope
@@ -85,17 +86,32 @@ def _is_size(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _default_rope(raw: dict) -> dict | None:
-    """{"rope_theta", "rope_type": "default"} as transformers 5 writes it, or None for any scaling."""
-    if raw.get("rope_scaling") is not None and raw.get("rope_scaling") != raw.get("rope_parameters"):
+# The RoPE scalings read here, and the keys each takes besides rope_theta and rope_type: all of them, numbers.
+SCALINGS = {"default": set(), "linear": {"factor"},
+            "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
+
+
+def _rope(raw: dict) -> dict | None:
+    """rope_parameters as transformers 5 makes them (the older rope_scaling with the top-level rope_theta, or
+    rope_parameters as it writes them), or None for any other scaling or shape."""
+    scaling, params = raw.get("rope_scaling"), raw.get("rope_parameters")
+    if scaling is not None and params is not None and scaling != params:
         return None
-    params = raw.get("rope_parameters") or {"rope_theta": raw.get("rope_theta", DEFAULT_ROPE_THETA)}
-    if not isinstance(params, dict) or set(params) - {"rope_theta", "rope_type"}:
+    given = params if params is not None else scaling if scaling is not None else {}
+    if not isinstance(given, dict) or (rope_type := given.get("rope_type", "default")) not in SCALINGS:
         return None
-    theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
-    if params.get("rope_type", "default") != "default" or not isinstance(theta, (int, float)) or theta <= 0:
+    keys = set(given) - {"rope_theta", "rope_type"}
+    theta = given.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
+    if keys != SCALINGS[rope_type] or not all(_is_number(value) for value in (theta, *map(given.get, keys))):
         return None
-    return {"rope_theta": theta, "rope_type": "default"}
+    if rope_type == "llama3" and (given["high_freq_factor"] <= given["low_freq_factor"]
+                                  or not _is_size(given["original_max_position_embeddings"])):
+        return None
+    return {**{key: given[key] for key in keys}, "rope_theta": theta, "rope_type": rope_type}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _full_attention_only(raw: dict, fields: dict) -> bool:

@@ -1,6 +1,12 @@
-"""RoPE's frequencies for the native model: the default, or a scaling fixed at load, from transformers' own functions."""
+"""RoPE's frequencies for the native model: the default, or a scaling fixed at load.
+
+The default, Llama 3.x's (`llama3`) and linear scaling are computed here, in the same float32 steps as transformers,
+so that they match its frequencies bit for bit (tests/unit/test_rope.py); YaRN, and any of them with a partial
+rotary factor, by transformers' own functions.
+"""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,17 +35,32 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 def rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim / 2] and the factor cos and sin are scaled by (YaRN's attention
-    factor; 1 otherwise): the default written as transformers does, the scalings by transformers' own
-    functions, so that fp32 matches bit for bit."""
+    factor; 1 otherwise)."""
     params = rope_parameters(config)
     rope_type = params["rope_type"]  # one of ROPE_TYPES (check_supported)
-    if rope_type != "default":
+    if rope_type not in ("default", "linear", "llama3") or params.get("partial_rotary_factor", 1.0) != 1.0:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         with torch.device("cpu"):  # the model may be built under a meta-device context
             inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
         return inv_freq.float(), float(factor)
     dim = head_dim_of(config)
-    base = params["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    if rope_type == "linear":
+        inv_freq /= params["factor"]
+    elif rope_type == "llama3":
+        inv_freq = _llama3(inv_freq, params)
     return inv_freq, 1.0
+
+
+def _llama3(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Llama 3.1's scaling: wavelengths shorter than the original context over high_freq_factor are kept, those longer
+    than it over low_freq_factor are divided by `factor`, and those between go smoothly from one to the other."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    context = params["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    long = wavelength > context / low
+    scaled = torch.where(long, inv_freq / factor, inv_freq)
+    smooth = (context / wavelength - low) / (high - low)
+    between = ~(wavelength < context / high) * ~long
+    return torch.where(between, (1 - smooth) * scaled / factor + smooth * scaled, scaled)

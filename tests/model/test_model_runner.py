@@ -1,6 +1,7 @@
 """The native model runner against transformers: same greedy tokens, same logits, any batching."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -89,11 +90,23 @@ def test_dummy_weights_read_no_weight_file(model_dir, tmp_path):
 
 
 
-def test_an_eager_runner_imports_neither_the_compiler_nor_transformers(model_dir):
+@pytest.mark.parametrize("rope", [None, {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}],
+                         ids=["bundled", "llama3-rope"])
+def test_an_eager_runner_imports_neither_the_compiler_nor_transformers(model_dir, tmp_path, rope):
     """Choosing and building the eager runner (as `rill serve --enforce-eager` does) imports no torch._dynamo (a random
     init of the embedding on the meta device once did, 0.8 s of every eager engine's start), no transformers (its
-    config classes' 1.4 s: engine_proc/model/config_json.py reads the bundled model's config) and no sympy (torch's
-    Python meta kernels, which to_empty ran: memory.empty_like_on)."""
+    config classes' 1.4 s: engine_proc/model/config_json.py reads the bundled model's config, and Llama 3.x's RoPE
+    scaling, which engine_proc/model/rope.py computes) and no sympy (torch's Python meta kernels, which to_empty ran:
+    memory.empty_like_on)."""
+    if rope is not None:  # the bundled model's files, its config with Llama 3.2's scaling
+        for path in model_dir.iterdir():
+            (tmp_path / path.name).symlink_to(path)
+        (tmp_path / "config.json").unlink()
+        config = json.loads((model_dir / "config.json").read_text())
+        config["rope_parameters"] = {**config["rope_parameters"], **rope}  # as transformers 5 writes it
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        model_dir = tmp_path
     code = ("import sys, torch; from pathlib import Path; from tests.helpers.runners import make_runner; "
             "from rill.engine_proc.model.choice import choose_runner, eos_token_ids; "
             "from rill.engine_proc.model.loader import load_config; "

@@ -121,7 +121,13 @@ def test_the_bundled_model_and_the_tiny_one(model_dir, tmp_path):
 @pytest.mark.parametrize("change", [
     {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64}},
-    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_scaling": {"type": "linear", "factor": 2.0}},  # the older key: transformers renames it
+    {"rope_scaling": {"rope_type": "linear", "factor": "2"}},
+    {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 64}},
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}},
+    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "linear", "factor": 3.0}},
     {"partial_rotary_factor": 0.5},
     {"quantization_config": {"quant_method": "gptq", "bits": 4}},
     {"model_type": "qwen2", "use_sliding_window": True},
@@ -136,7 +142,26 @@ def test_anything_else_is_left_to_transformers(tmp_path, change):
     assert read_config_json(model_dir) is None
 
 
-def test_the_llama_3_2_1b_shape_in_the_repository_goes_to_transformers():
+def test_the_llama_3_2_1b_shape_in_the_repository():
+    """Its llama3 RoPE scaling is read here too (engine_proc/model/rope.py computes it: tests/unit/test_rope.py)."""
     model_dir = ROOT / "bench" / "models" / "llama-3.2-1b"
-    assert read_config_json(model_dir) is None  # its llama3 RoPE scaling
-    assert load_config(model_dir).rope_parameters["rope_type"] == "llama3"
+    ours = _same_reading(model_dir)
+    assert load_config(model_dir).__class__ is JsonConfig and ours.rope_parameters["rope_type"] == "llama3"
+    check_supported(ours)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 4},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+])
+@pytest.mark.parametrize("written", ["rope_scaling", "rope_parameters"])
+def test_scalings_read_as_transformers_reads_them(tmp_path, rope, written):
+    """The older file (rope_scaling, rope_theta beside it) and transformers 5's (rope_parameters holding rope_theta)."""
+    config = {"model_type": "llama", **SHAPE}
+    if written == "rope_scaling":
+        config.update(rope_scaling=rope, rope_theta=500000.0)
+    else:
+        config.update(rope_parameters={**rope, "rope_theta": 500000.0})
+    ours = _same_reading(_write(tmp_path, config))
+    assert ours.rope_parameters == {**rope, "rope_theta": 500000.0}

@@ -3,9 +3,15 @@ sequence number, kept across the Response's rewrites, counted in its bytes, gone
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from rill.asgi.stores.base import Bounds, StoredResponse
-from tests.unit.test_state_store import backend, run  # noqa: F401 (the fixture)
+from tests.unit.test_state_store import Backend, run
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request, tmp_path):
+    return Backend(request.param, tmp_path, request)
 
 
 def in_progress(i: int, text: str = "") -> StoredResponse:

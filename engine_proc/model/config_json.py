@@ -3,7 +3,7 @@
 transformers' config classes import about 1.4 s of modules through their field validators (accelerate,
 torch.distributed.tensor, sympy): a third of an engine's start on the bundled model, which needs none of
 them. Read here only where the file holds nothing this reader does not know, with transformers 5's own
-defaults for what it leaves out; its RoPE plain or scaled as Llama 3.x (`llama3`) or linearly, which
+defaults for what it leaves out; its RoPE plain or scaled (Llama 3.x's `llama3`, `linear`, `yarn`), which
 engine_proc/model/rope.py computes itself. Anything else (another RoPE scaling, a sliding window, a
 quantization_config, a key not listed) gives None, and transformers reads the file as before. tests/model/test_config_json.py
 holds this reader to transformers' reading, field by field.
@@ -86,28 +86,41 @@ def _is_size(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-# The RoPE scalings read here, and the keys each takes besides rope_theta and rope_type: all of them, numbers.
-SCALINGS = {"default": set(), "linear": {"factor"},
-            "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
+# The RoPE scalings read here: the keys each must have besides rope_theta and rope_type, and those it may have. All
+# numbers, but YaRN's `truncate` (a boolean).
+SCALINGS: dict[str, tuple[set[str], set[str]]] = {
+    "default": (set(), set()),
+    "linear": ({"factor"}, set()),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, set()),
+    "yarn": ({"factor", "original_max_position_embeddings"},
+             {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+}
 
 
 def _rope(raw: dict) -> dict | None:
-    """rope_parameters as transformers 5 makes them (the older rope_scaling with the top-level rope_theta, or
-    rope_parameters as it writes them), or None for any other scaling or shape."""
+    """rope_parameters as transformers 5 makes them (the older rope_scaling with the top-level rope_theta, and its
+    `type` for rope_type, or rope_parameters as it writes them), or None for any other scaling or shape."""
     scaling, params = raw.get("rope_scaling"), raw.get("rope_parameters")
     if scaling is not None and params is not None and scaling != params:
         return None
     given = params if params is not None else scaling if scaling is not None else {}
-    if not isinstance(given, dict) or (rope_type := given.get("rope_type", "default")) not in SCALINGS:
+    if not isinstance(given, dict):
         return None
-    keys = set(given) - {"rope_theta", "rope_type"}
+    rope_type = given.get("rope_type", given.get("type", "default"))
+    if rope_type not in SCALINGS:
+        return None
+    required, optional = SCALINGS[rope_type]
+    keys = set(given) - {"rope_theta", "rope_type", "type"}
     theta = given.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
-    if keys != SCALINGS[rope_type] or not all(_is_number(value) for value in (theta, *map(given.get, keys))):
+    if not required <= keys <= required | optional or not _is_number(theta) or \
+            not all(isinstance(given[k], bool) if k == "truncate" else _is_number(given[k]) for k in keys):
         return None
-    if rope_type == "llama3" and (given["high_freq_factor"] <= given["low_freq_factor"]
-                                  or not _is_size(given["original_max_position_embeddings"])):
+    if "original_max_position_embeddings" in keys and not _is_size(given["original_max_position_embeddings"]):
         return None
-    return {**{key: given[key] for key in keys}, "rope_theta": theta, "rope_type": rope_type}
+    if rope_type == "llama3" and given["high_freq_factor"] <= given["low_freq_factor"]:
+        return None
+    kept = {"type": given["type"]} if "type" in given else {}  # transformers keeps the older key beside rope_type
+    return {**{key: given[key] for key in keys}, **kept, "rope_theta": theta, "rope_type": rope_type}
 
 
 def _is_number(value) -> bool:

@@ -1,8 +1,8 @@
 """RoPE's frequencies for the native model: the default, or a scaling fixed at load.
 
-The default, Llama 3.x's (`llama3`) and linear scaling are computed here, in the same float32 steps as transformers,
-so that they match its frequencies bit for bit (tests/unit/test_rope.py); YaRN, and any of them with a partial
-rotary factor, by transformers' own functions.
+The default and the `linear`, `llama3` (Llama 3.x's) and `yarn` scalings are computed here, in the same float32 steps
+as transformers, so that they match its frequencies bit for bit (tests/unit/test_rope.py); any of them with a partial
+rotary factor by transformers' own functions.
 """
 from __future__ import annotations
 
@@ -38,13 +38,15 @@ def rope_inv_freq(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
     factor; 1 otherwise)."""
     params = rope_parameters(config)
     rope_type = params["rope_type"]  # one of ROPE_TYPES (check_supported)
-    if rope_type not in ("default", "linear", "llama3") or params.get("partial_rotary_factor", 1.0) != 1.0:
+    if rope_type not in ("default", "linear", "llama3", "yarn") or params.get("partial_rotary_factor", 1.0) != 1.0:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         with torch.device("cpu"):  # the model may be built under a meta-device context
             inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
         return inv_freq.float(), float(factor)
     dim = head_dim_of(config)
+    if rope_type == "yarn":
+        return _yarn(dim, params)
     inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope_type == "linear":
         inv_freq /= params["factor"]
@@ -64,3 +66,32 @@ def _llama3(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     smooth = (context / wavelength - low) / (high - low)
     between = ~(wavelength < context / high) * ~long
     return torch.where(between, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def _yarn(dim: int, params: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): dimensions that turn many times within the original context keep their frequency,
+    those that turn less than once are interpolated (divided by `factor`), a linear ramp between; cos and sin are
+    scaled by the attention factor (given, or 0.1 ln(factor) + 1, or DeepSeek's ratio of two such with mscale)."""
+    base, factor, context = params["rope_theta"], params["factor"], params["original_max_position_embeddings"]
+    attention = params.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        attention = float(_mscale(factor, mscale) / _mscale(factor, mscale_all_dim)) if mscale and mscale_all_dim \
+            else _mscale(factor)
+
+    def dimension(rotations: float) -> float:  # where a dimension turns `rotations` times in the original context
+        return (dim * math.log(context / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dimension(params.get("beta_fast") or 32), dimension(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    kept = 1 - torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    powers = base ** (torch.arange(0, dim, 2).float() / dim)
+    return (1.0 / (factor * powers)) * (1 - kept) + (1.0 / powers) * kept, attention
+
+
+def _mscale(factor: float, mscale: float = 1) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

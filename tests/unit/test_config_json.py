@@ -119,9 +119,11 @@ def test_the_bundled_model_and_the_tiny_one(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("change", [
-    {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                         "original_max_position_embeddings": 64}},
-    {"rope_scaling": {"type": "linear", "factor": 2.0}},  # the older key: transformers renames it
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},  # transformers takes max_position_embeddings for it
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": 1}},
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                      "attention_factor": None}},
+    {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
     {"rope_scaling": {"rope_type": "linear", "factor": "2"}},
     {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 64}},
     {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
@@ -154,6 +156,10 @@ def test_the_llama_3_2_1b_shape_in_the_repository():
     {"rope_type": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 4},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 8192},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+     "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": False},
+    {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
 ])
 @pytest.mark.parametrize("written", ["rope_scaling", "rope_parameters"])
 def test_scalings_read_as_transformers_reads_them(tmp_path, rope, written):
@@ -164,4 +170,4 @@ def test_scalings_read_as_transformers_reads_them(tmp_path, rope, written):
     else:
         config.update(rope_parameters={**rope, "rope_theta": 500000.0})
     ours = _same_reading(_write(tmp_path, config))
-    assert ours.rope_parameters == {**rope, "rope_theta": 500000.0}
+    assert ours.rope_parameters == {**rope, "rope_theta": 500000.0, "rope_type": rope.get("rope_type", rope.get("type"))}

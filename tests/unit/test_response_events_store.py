@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from rill.asgi.stores.base import Bounds, StoredResponse
-from tests.unit.test_state_store import Backend, run
+from tests.helpers.state_stores import Backend, run
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -88,8 +88,8 @@ def _yarn(dim: int, params: dict) -> tuple[torch.Tensor, float]:
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    kept = 1 - torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    powers = base ** (torch.arange(0, dim, 2).float() / dim)
+    kept = 1 - torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    powers = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
     return (1.0 / (factor * powers)) * (1 - kept) + (1.0 / powers) * kept, attention
 
 

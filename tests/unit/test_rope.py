@@ -46,6 +46,8 @@ def test_the_frequencies_are_transformers(tmp_path, head_dim, theta, scaling):
         (1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)), 1.0)
     got, got_factor = rope_inv_freq(ours)
     assert got.dtype == torch.float32 and torch.equal(got, expected.float()) and got_factor == factor
+    with torch.device("meta"):  # as the model is built: the frequencies are still real numbers
+        assert torch.equal(rope_inv_freq(ours)[0], got)
     if rope_type != "default":
         assert not torch.equal(got, rope_inv_freq(JsonConfig(**{**vars(ours), "rope_parameters": {
             "rope_theta": theta, "rope_type": "default"}}))[0])  # the scaling changed them

@@ -75,7 +75,8 @@ def make_draining_granian():
                 self.monitor.abort_all(worker_id=str(proc.pid))
 
         def _init_shared_socket(self):
-            """systemd's socket (socket activation), where it passed one; else Granian's own."""
+            """systemd's socket (socket activation) or the launcher's (rill/listening.py reserve_port); else
+            Granian's own (a Unix socket)."""
             if self.listen_fd < 0:
                 return super()._init_shared_socket()
             from granian._granian import SocketHolder
@@ -145,8 +146,9 @@ def listen_settings(http: HttpConfig, listener: Listener) -> dict:
 
 
 def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporter: ServiceReporter,
-                listener: Listener, log_config: dict | None = None) -> bool:
-    """Serve until stopped; True when Granian reports a failure (a worker crashed)."""
+                listener: Listener, log_config: dict | None = None, own_socket: socket.socket | None = None) -> bool:
+    """Serve until stopped; True when Granian reports a failure (a worker crashed). `own_socket`: the TCP socket the
+    launcher bound at its start (rill/listening.py reserve_port), served as systemd's would be."""
     from granian.constants import Interfaces, Loops
 
     http = config.http
@@ -170,6 +172,9 @@ def run_granian(config: Config, paths: RunPaths, monitor: EngineMonitor, reporte
         backlog=2048,
     )
     server.listen_fd = listener.fd
+    if own_socket is not None:
+        own_socket.listen(server.backlog)
+        server.listen_fd = own_socket.fileno()
     die_with_launcher_when_forked()
     try:
         server.serve()

@@ -35,7 +35,7 @@ from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
 from rill.ipc.images import PIXEL_BUDGET_TYPES
 from rill.ipc.logs import configure_logging
-from rill.listening import Listener, systemd_socket
+from rill.listening import Listener, reserve_port, systemd_socket
 from rill.ollama_models import ollama_blob, ollama_name
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
@@ -172,6 +172,14 @@ def serve(args) -> int:
         return 2
     notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
     listener = Listener.of(args.host, args.port, args.uds, systemd_socket(), tls=bool(args.ssl_certfile))
+    own_socket = None
+    if listener.fd < 0 and not listener.uds:
+        try:
+            own_socket = reserve_port(args.host, args.port)
+        except OSError as exc:
+            log.error("--host %s --port %d: %s (another server listens there?)", args.host, args.port,
+                      exc.strerror or exc)
+            return 2
     notifier.send("STATUS=loading the model")
     set_engine_env_defaults()
     remove_stale_run_dirs()
@@ -228,7 +236,7 @@ def serve(args) -> int:
         reporter = ServiceReporter(notifier, monitor, model_id, listener)
         reporter.start()
         log.info("serving on %s", listener.url())
-        http_failed = run_granian(config, paths, monitor, reporter, listener, log_config)
+        http_failed = run_granian(config, paths, monitor, reporter, listener, log_config, own_socket)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1

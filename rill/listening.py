@@ -66,6 +66,24 @@ def systemd_socket(environ: dict | None = None) -> int:
     return SD_LISTEN_FDS_START
 
 
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The TCP socket the workers will serve, bound now, before the model loads, and listening only once they start.
+    Granian's own socket takes SO_REUSEPORT, under which a second `rill serve` on a port already served started as
+    if nothing were wrong and took part of its connections; bound here without it, a port another process holds is
+    an OSError (EADDRINUSE) at once. SO_REUSEADDR lets a restart bind despite its predecessor's closed connections."""
+    family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)  # Granian's workers serve it
+    return sock
+
+
 @dataclass(frozen=True)
 class Listener:
     """Where the workers answer, as the launcher reaches them."""

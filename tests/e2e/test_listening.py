@@ -154,3 +154,29 @@ def test_bad_listening_flags_stop_the_start_naming_the_flag(flags, message, caps
         rill_main(["serve", *flags])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_port_another_process_holds_stops_the_start_at_once(tmp_path, tiny_dir):
+    """Granian's own socket took SO_REUSEPORT: a second `rill serve` on a port already served started and took part
+    of its connections. The launcher binds the port first (rill/listening.py reserve_port): one held by another
+    process (here a plain listening socket; another `rill serve` holds its own the same way) is status 2 with one
+    line naming it, before any engine starts; once the port is free the same command serves on it."""
+    import socket
+    import subprocess
+
+    port = free_port()
+    holder = socket.create_server(("127.0.0.1", port))
+    try:
+        argv = [str(RILL), "serve", "--model", str(tiny_dir), "--load-format", "dummy", "--port", str(port)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"--port {port}: Address already in use" in done.stderr and "starting engine" not in done.stderr
+    finally:
+        holder.close()
+    srv = serve([], tmp_path, tiny_dir, port=port)
+    with httpx.Client() as http:
+        wait_ready(srv, http, f"http://127.0.0.1:{port}")
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=120)  # held by a Rill now
+        assert again.returncode == 2 and "Address already in use" in again.stderr, again.stderr[-2000:]
+        assert http.post(f"http://127.0.0.1:{port}/v1/completions", json=BODY, timeout=60).status_code == 200
+    stop(srv)

@@ -16,6 +16,7 @@ import msgspec
 from rill.asgi.engine_link.generate import ChoiceDelta, Usage
 from rill.asgi.output.logprobs_format import ChatLogprobs
 from rill.asgi.parsers.chat_output import OutputParser
+from rill.asgi.requests.reasoning_blob import seal
 from rill.asgi.requests.responses_input import new_item_id
 
 TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed",
@@ -37,8 +38,12 @@ def sse_event(event: dict) -> bytes:
 
 
 class ResponseBuilder:
-    def __init__(self, fields: dict[str, Any], parser: OutputParser, logprobs: ChatLogprobs | None):
+    def __init__(self, fields: dict[str, Any], parser: OutputParser, logprobs: ChatLogprobs | None,
+                 sealed_reasoning: bool = False):
         self.fields = fields  # the Response's echoed request fields: id, model, instructions, tools, ...
+        # include reasoning.encrypted_content: each reasoning item, once done, carries its text sealed
+        # (asgi/requests/reasoning_blob.py), for the client to send back
+        self.sealed_reasoning = sealed_reasoning
         self.created_at = int(time.time())
         self.parser = parser
         self.logprobs = logprobs
@@ -184,6 +189,8 @@ class ResponseBuilder:
         elif item["type"] == "reasoning":
             events.append(self._event("response.reasoning_text.done", **where, content_index=0,
                                       text=item["content"][0]["text"]))
+            if self.sealed_reasoning:
+                item["encrypted_content"] = seal(item["content"][0]["text"])
         else:
             events.append(self._event("response.function_call_arguments.done", **where, name=item["name"],
                                       arguments=item["arguments"]))

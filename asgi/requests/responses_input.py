@@ -3,7 +3,7 @@
 Items: `message` (a string, or input_text / output_text parts, and for a vision model input_image parts with an
 `image_url`: docs/vision.md), `function_call` (an assistant's
 tool call), `function_call_output` (a tool message), `reasoning` (attached to the next assistant
-message, as templates that show thinking take it). Each input item gets an id, kept for
+message, as templates that show thinking take it: its content, or the text sealed in its `encrypted_content`). Each input item gets an id, kept for
 GET /v1/responses/{id}/input_items.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from rill.asgi.errors import APIError
 from rill.asgi.requests.bounds import MAX_CONTENT_PARTS
+from rill.asgi.requests.reasoning_blob import unseal
 from rill.asgi.requests.responses_request import ResponsesRequest, wants_logprobs
 from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
 from rill.asgi.requests.thinking import effort_of
@@ -64,9 +65,11 @@ def items_to_messages(items: list[dict[str, Any]], param: str = "input", images:
     for i, item in enumerate(items):
         where = f"{param}[{i}]"
         kind = item["type"]
-        if kind == "reasoning":
-            parts_field = "content" if item.get("content") else "summary"
-            if text := _text(item.get(parts_field), f"{where}.{parts_field}"):
+        if kind == "reasoning":  # its content, else the text sealed in its encrypted_content, else its summary
+            text = _text(item.get("content"), f"{where}.content") or \
+                unseal(item.get("encrypted_content"), f"{where}.encrypted_content") or \
+                _text(item.get("summary"), f"{where}.summary")
+            if text:
                 reasoning.append(text)
         elif kind == "message":
             role = item.get("role")

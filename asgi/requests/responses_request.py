@@ -64,6 +64,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 
 responses_decoder = msgspec.json.Decoder(ResponsesRequest)
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+REASONING_INCLUDE = "reasoning.encrypted_content"  # asgi/requests/reasoning_blob.py
 
 
 def check_request(req: ResponsesRequest) -> None:
@@ -86,9 +87,9 @@ def check_request(req: ResponsesRequest) -> None:
         if not tool.name:
             raise APIError(400, "A function tool needs a `name`.", param=f"tools[{i}].name")
     for i, what in enumerate(req.include or []):
-        if what != LOGPROBS_INCLUDE:
-            raise APIError(400, f"`include` value `{what}` is not supported; only `{LOGPROBS_INCLUDE}`.",
-                           param=f"include[{i}]", code="unsupported_parameter")
+        if what not in (LOGPROBS_INCLUDE, REASONING_INCLUDE):
+            raise APIError(400, f"`include` value `{what}` is not supported; only `{LOGPROBS_INCLUDE}` and "
+                                f"`{REASONING_INCLUDE}`.", param=f"include[{i}]", code="unsupported_parameter")
 
 
 def check_metadata(metadata: dict[str, str] | None) -> None:
@@ -108,3 +109,7 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
 
 def wants_logprobs(req: ResponsesRequest) -> bool:
     return LOGPROBS_INCLUDE in (req.include or [])
+
+
+def wants_sealed_reasoning(req: ResponsesRequest) -> bool:
+    return REASONING_INCLUDE in (req.include or [])

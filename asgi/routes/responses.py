@@ -21,7 +21,13 @@ from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.responses_input import chat_request, input_items, items_to_messages
-from rill.asgi.requests.responses_request import ResponsesRequest, check_request, responses_decoder, wants_logprobs
+from rill.asgi.requests.responses_request import (
+    ResponsesRequest,
+    check_request,
+    responses_decoder,
+    wants_logprobs,
+    wants_sealed_reasoning,
+)
 from rill.asgi.routes.conversations import append_items, conversation_id_of, items_or_404
 from rill.asgi.state import WorkerState
 from rill.asgi.stores.base import StoredResponse, StoreUnavailable
@@ -104,7 +110,8 @@ async def create_response(http: HTTPRequest) -> None:
     response_id = new_request_id("resp").replace("-", "_")
     gen = Generation(state.client, response_id, [prompt_ids], params, plan.make_detok, cache_salt=req.cache_salt)
     logprobs = ChatLogprobs(state.token_texts, num_top) if wants_logprobs(req) and num_top is not None else None
-    builder = ResponseBuilder(echoed_fields(req, response_id, state, plan.effort), plan.make_parser(), logprobs)
+    builder = ResponseBuilder(echoed_fields(req, response_id, state, plan.effort), plan.make_parser(), logprobs,
+                              sealed_reasoning=wants_sealed_reasoning(req))
     builder.usage = Usage(prompt_tokens=len(prompt_ids))  # the spec requires usage, even in progress
     gen.on_cancel = lambda: _cancel(gen, builder)  # a cancel from another API worker, through the engine
     entry = None

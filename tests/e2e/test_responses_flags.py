@@ -113,3 +113,33 @@ def test_truncation_auto_drops_the_oldest_items_to_fit(flagged):
                          timeout=60).json()["input_tokens"]
     assert counted == used
     assert create(flagged, input=items, truncation="sometimes").json()["error"]["param"] == "truncation"
+
+
+def test_reasoning_carried_by_the_client_as_codex_carries_it(flagged):
+    """Codex CLI and the Agents SDK send `store: false` with `include: ["reasoning.encrypted_content"]` (a 400 here
+    before), and send each reasoning item back with its encrypted_content in the next turn's input. The SDK reads the
+    items with strict validation; the stream's events are the spec's; the next turn takes the item; a blob of Rill's
+    that does not decode is a 400 naming it."""
+    import openai
+
+    from rill.asgi.requests.reasoning_blob import unseal
+    from tests.helpers.openapi import validate
+
+    sdk = openai.OpenAI(base_url=f"{flagged.base_url}/v1", api_key="x", _strict_response_validation=True)
+    ask = dict(model=MODEL, input="Think about the sea.", max_output_tokens=6, temperature=0, store=False,
+               include=["reasoning.encrypted_content"])
+    first = sdk.responses.create(**ask)
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and unseal(reasoning.encrypted_content, "x") == reasoning.content[0].text
+    raw = create(flagged, **{k: v for k, v in ask.items() if k != "model"}).json()
+    validate("Response", raw)
+    with sdk.responses.create(**ask, stream=True) as stream:
+        done = [e.item for e in stream if e.type == "response.output_item.done"]
+    assert done[0].encrypted_content == reasoning.encrypted_content  # greedy: the same thinking
+    carried = {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}
+    turn = [{"role": "user", "content": "Think about the sea."}, carried,
+            {"role": "assistant", "content": "The sea is wide."}, {"role": "user", "content": "And the sky?"}]
+    again = create(flagged, input=turn, store=False, include=["reasoning.encrypted_content"])
+    assert again.status_code == 200, again.text
+    broken = create(flagged, input=[*turn[:1], {**carried, "encrypted_content": "rill-reasoning-v1.%%"}, *turn[2:]])
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "input[1].encrypted_content", broken.text

@@ -6,6 +6,7 @@ import pytest
 from rill.asgi.engine_link.generate import ChoiceDelta, Usage
 from rill.asgi.errors import APIError
 from rill.asgi.output.responses_format import ResponseBuilder, sse_event
+from rill.asgi.requests.reasoning_blob import PREFIX, seal, unseal
 from rill.asgi.requests.responses_input import items_to_messages
 from tests.helpers.responses_events import check_stream, parse_sse
 
@@ -31,8 +32,8 @@ class ScriptedParser:
         return {}
 
 
-def run(script: list[dict], finish: str = "stop") -> tuple[list[dict], dict]:
-    builder = ResponseBuilder(dict(FIELDS), ScriptedParser(script), None)
+def run(script: list[dict], finish: str = "stop", sealed: bool = False) -> tuple[list[dict], dict]:
+    builder = ResponseBuilder(dict(FIELDS), ScriptedParser(script), None, sealed_reasoning=sealed)
     builder.usage = Usage(prompt_tokens=5)
     events = builder.start()
     for i in range(len(script)):
@@ -83,3 +84,35 @@ def test_input_item_errors_name_the_item():
     with pytest.raises(APIError) as info:
         items_to_messages([{"type": "message", "role": "tool", "content": "x"}])
     assert info.value.param == "input[0].role"
+
+
+def test_sealed_reasoning_comes_back_into_the_prompt():
+    """include reasoning.encrypted_content (Codex CLI, the Agents SDK, with store false): each reasoning item carries
+    its text sealed, in the Response and in its output_item.done event; sent back with no content (as such clients
+    send it), the text is the next assistant message's reasoning again."""
+    thought = "Ünïcode thoughts, \n and a second line."
+    events, response = run([{"reasoning_content": thought}, {"content": "Hi."}], sealed=True)
+    item = response["output"][0]
+    assert item["encrypted_content"].startswith(PREFIX) and unseal(item["encrypted_content"], "x") == thought
+    done = [e for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "reasoning"]
+    assert done[0]["item"]["encrypted_content"] == item["encrypted_content"]
+    carried = [{"type": "reasoning", "id": item["id"], "summary": [], "encrypted_content": item["encrypted_content"]},
+               {"type": "message", "role": "assistant", "content": "Hi."}]
+    assert items_to_messages(carried)[0] == {"role": "assistant", "content": "Hi.", "reasoning": thought}
+    assert "encrypted_content" not in run([{"reasoning_content": thought}])[1]["output"][0]  # not asked for
+    # content wins over the blob, the blob over the summary; another server's blob is passed over
+    both = [{**carried[0], "content": [{"type": "reasoning_text", "text": "shown"}]}, carried[1]]
+    assert items_to_messages(both)[0]["reasoning"] == "shown"
+    summary = [{**carried[0], "summary": [{"type": "summary_text", "text": "short"}]}, carried[1]]
+    assert items_to_messages(summary)[0]["reasoning"] == thought
+    foreign = [{**summary[0], "encrypted_content": "gAAAAABoOpenAIs"}, carried[1]]
+    assert items_to_messages(foreign)[0]["reasoning"] == "short"
+    assert seal("") == PREFIX and unseal(None, "x") == ""
+
+
+@pytest.mark.parametrize("blob", [PREFIX + "%%%", PREFIX + "gA", PREFIX + "_w=="])  # not base64; cut; not UTF-8
+def test_a_blob_of_rills_that_does_not_decode_is_a_400_naming_it(blob):
+    with pytest.raises(APIError) as info:
+        items_to_messages([{"type": "message", "role": "user", "content": "x"},
+                           {"type": "reasoning", "summary": [], "encrypted_content": blob}])
+    assert info.value.status == 400 and info.value.param == "input[1].encrypted_content"

@@ -58,7 +58,10 @@ def run(runner, prompts, grammar, speculator, params=None):
     return outputs, steps, grammars
 
 
-def test_the_same_tokens_in_fewer_steps(runner, model_dir, prompts, order_grammar):
+def test_the_same_tokens_in_fewer_steps(runner, model_dir, prompts, order_grammar, monkeypatch):
+    # The counts below measure the drafting, not the 2 ms cut-off (test_a_grammar_slow_to_jump_drafts_no_more): on a
+    # loaded CI machine a forced text slow to find turned a grammar's drafting off and kept fewer than a fifth.
+    monkeypatch.setattr(matcher, "JUMP_BUDGET_S", 1.0)
     off = Speculator(None, 0, jump_forward_tokens=0)
     plain, plain_steps, _ = run(runner, prompts, order_grammar, off)
     on = Speculator(None, 0)

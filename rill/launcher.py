@@ -35,7 +35,7 @@ from rill.ipc.channels import RunPaths, make_socket, remove_stale_run_dirs
 from rill.ipc.config import EngineConfig
 from rill.ipc.images import PIXEL_BUDGET_TYPES
 from rill.ipc.logs import configure_logging
-from rill.listening import Listener, reserve_port, systemd_socket
+from rill.listening import Listener, free_uds, reserve_port, systemd_socket
 from rill.ollama_models import ollama_blob, ollama_name
 from rill.parallel_flags import engine_configs
 from rill.sdnotify import Notifier, ServiceReporter
@@ -173,6 +173,9 @@ def serve(args) -> int:
     notifier = Notifier.from_env()  # takes $NOTIFY_SOCKET out of the environment: children stay quiet
     listener = Listener.of(args.host, args.port, args.uds, systemd_socket(), tls=bool(args.ssl_certfile))
     own_socket = None
+    if listener.fd < 0 and listener.uds and (why := free_uds(listener.uds)):
+        log.error("--uds %s: %s", listener.uds, why)
+        return 2
     if listener.fd < 0 and not listener.uds:
         try:
             own_socket = reserve_port(args.host, args.port)

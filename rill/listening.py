@@ -13,6 +13,7 @@ import http.client
 import os
 import socket
 import ssl
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,28 @@ def reserve_port(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(True)  # Granian's workers serve it
     return sock
+
+
+def free_uds(path: str) -> str | None:
+    """None when `path` is free for --uds: nothing there, or a socket no process listens on (a server killed before it
+    could remove its own, which Granian's bind then refused: "Address already in use", and no restart came up),
+    removed here. Else why not: another server listens there, or it is not a socket (never removed)."""
+    there = Path(path)
+    if not there.exists() and not there.is_symlink():
+        return None
+    if not stat.S_ISSOCK(there.lstat().st_mode):
+        return f"{path} exists and is not a socket"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return f"another server listens on {path}"
+    except ConnectionRefusedError:
+        there.unlink()
+        return None
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    finally:
+        probe.close()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 
 from rill.bench.serving.servers import RILL, ServerProcess, free_port
 from rill.cli import main as rill_main
-from rill.listening import Listener, systemd_socket
+from rill.listening import Listener, free_uds, systemd_socket
 from tests.helpers.server import TINY_MODEL, leftovers
 
 trustme = pytest.importorskip("trustme")
@@ -93,7 +93,17 @@ def test_https_with_client_certificates(tmp_path, tiny_dir, certs):
 
 
 def test_a_unix_domain_socket(tmp_path, tiny_dir):
+    """Served on the socket, and only there. A socket file that a killed server left (no process listens) is taken
+    over: Granian refused it (Address already in use) and a restart never came up. Another server on the path, or a
+    file that is not a socket, stops the start with status 2 before any engine starts."""
+    import socket
+    import subprocess
+
     path = tmp_path / "rill.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, and nothing listens on it: a server killed with SIGKILL
+    assert path.exists()
     srv = serve([], tmp_path, tiny_dir, "--uds", str(path), port=free_port())
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(path))) as http:
@@ -102,6 +112,13 @@ def test_a_unix_domain_socket(tmp_path, tiny_dir):
                                 _strict_response_validation=True)
             assert sdk.completions.create(**BODY).usage.completion_tokens == 3
         assert Listener(uds=str(path)).answers()
+        second = subprocess.run([str(RILL), "serve", "--model", str(tiny_dir), "--load-format", "dummy", "--uds",
+                                 str(path)], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and f"--uds {path}: another server listens on" in second.stderr, second.stderr
+        assert "starting engine" not in second.stderr and Listener(uds=str(path)).answers()  # the first serves on
+        (tmp_path / "file").write_text("x")
+        assert free_uds(str(tmp_path / "file")) == f"{tmp_path / 'file'} exists and is not a socket"
+        assert (tmp_path / "file").read_text() == "x"
         with pytest.raises(httpx.ConnectError):  # nothing on the TCP port
             httpx.get(f"http://127.0.0.1:{srv.port}/health", timeout=5)
     finally:

@@ -47,12 +47,14 @@ class GenerationPlan:
 async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int | None,
                           prompt_ids: list[int] | None = None, prompt_param: str = "messages",
                           max_tokens_param: str = "max_tokens", text_format: dict[str, Any] | None = None,
+                          text_format_param: str = "text.format",
                           thinking_tokens: int | None | object = _FROM_REQUEST, stop: list[str] | None = None,
                           skip_special_tokens: bool = True, include_stop: bool = False,
                           logprobs: int | None = None, prompt_logprobs: int | None = None,
                           lora: str = "", images: ImageInputs | None = None) -> GenerationPlan:
     """`prompt_ids`: already rendered (the Responses API renders first, to store its messages), with its `images`;
-    `text_format`: the Responses API's `text.format`; `thinking_tokens`: a budget the route worked out
+    `text_format`: the Responses API's `text.format` (or the Messages API's output format, named `text_format_param`
+    in errors); `thinking_tokens`: a budget the route worked out
     itself (Anthropic's budget_tokens), else the chat request's own; `lora`: the LoRA adapter (resolve_model's);
     the rest as sampling_params and the detokenizer take them."""
     http = state.settings.http
@@ -65,7 +67,8 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
                        param="truncate_prompt_tokens")
     [prompt_ids] = truncate([prompt_ids], chat.truncate_prompt_tokens, state.settings.limits.max_model_len)
     strict = strict_calls(tool_plan, parser_name)
-    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format, strict=strict)
+    await load_checker(chat, forced_schema=tool_plan.schema, text_format=text_format, strict=strict,
+                       text_format_param=text_format_param)
     params = sampling_params(chat, max_tokens=max_tokens, prompt_len=len(prompt_ids),
                              max_model_len=state.settings.limits.max_model_len, prompt_param=prompt_param,
                              vocab_size=state.settings.limits.vocab_size, logprobs=logprobs,
@@ -75,7 +78,7 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     params.lora = lora
     params.images = images
     params.priority = request_priority(chat.priority, state.settings.limits)
-    constraint = text_format_spec(text_format) if text_format else params.structured
+    constraint = text_format_spec(text_format, text_format_param) if text_format else params.structured
     # Think, then constrain: the request's constraint (else strict tools' calls) from the end of the thinking on;
     # a forced call's (tool_choice required or named) from the first token.
     template_kwargs = {**http.default_chat_template_kwargs, **(chat.chat_template_kwargs or {})}

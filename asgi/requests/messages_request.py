@@ -2,7 +2,9 @@
 
 Taken: `system`, `messages` (asgi/requests/messages_content.py: text, tool_use, tool_result and
 thinking blocks), `max_tokens` (required), `temperature`, `top_p`, `top_k`, `stop_sequences`,
-`metadata`, `stream`, and `tools`, `tool_choice`, `thinking` (asgi/requests/messages_tools.py).
+`metadata`, `stream`, and `tools`, `tool_choice`, `thinking` (asgi/requests/messages_tools.py); `output_config`:
+its `effort` (a thinking budget with a reasoning parser, and the template's reasoning_effort, as chat's) and its
+`format` (structured outputs: JSON that follows a schema, as the beta's `output_format` too).
 A final assistant turn of text is continued, as Anthropic's "prefill": the answer takes up where it ends.
 `service_tier`, `container` and `mcp_servers` are refused with a 400 naming the field.
 """
@@ -14,7 +16,15 @@ import msgspec
 from msgspec import Meta
 
 from rill.asgi.errors import APIError
-from rill.asgi.requests.bounds import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_METADATA, MAX_STOP, MAX_TOOLS, StopString
+from rill.asgi.requests.bounds import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_METADATA,
+    MAX_STOP,
+    MAX_TOOLS,
+    Name,
+    StopString,
+)
 from rill.asgi.requests.cache_salt import CacheSalt
 from rill.asgi.requests.messages_content import bad, chat_messages
 from rill.asgi.requests.messages_tools import (
@@ -31,6 +41,15 @@ from rill.asgi.requests.schemas import ChatCompletionRequest, chat_from
 UNSUPPORTED = ("service_tier", "container", "mcp_servers")
 
 
+# Anthropic's effort levels (output_config.effort), each as chat's reasoning_effort (asgi/requests/thinking.py).
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    effort: Name | None = None
+    format: dict[str, Any] | None = None  # {"type": "json_schema", "schema": {...}}
+
+
 class PromptFields(msgspec.Struct, kw_only=True):
     """What builds the prompt: a create request's and count_tokens' fields."""
 
@@ -40,6 +59,7 @@ class PromptFields(msgspec.Struct, kw_only=True):
     tools: Annotated[list[AnthropicTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(PromptFields, kw_only=True):
@@ -53,6 +73,7 @@ class MessagesRequest(PromptFields, kw_only=True):
     service_tier: Any = None
     container: Any = None
     mcp_servers: Any = None
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's name of output_config.format
     cache_salt: CacheSalt | None = None  # vLLM's: a namespace of its own in the prefix cache (asgi/requests/cache_salt.py)
     priority: Priority = 0  # vLLM's, under --scheduling-policy priority (asgi/requests/priority.py)
 
@@ -87,7 +108,22 @@ def prompt_body(req: PromptFields, max_tokens: int | None = None, images: bool =
     if thinking is not None:
         # Templates that can switch thinking on and off (Qwen3's) read this; others ignore it.
         body["chat_template_kwargs"] = {"enable_thinking": thinking}
+    if (effort := req.output_config.effort if req.output_config else None) is not None:
+        if effort not in EFFORTS:
+            raise bad("output_config.effort", f"must be one of {', '.join(EFFORTS)}; got {effort!r}.")
+        body["reasoning_effort"] = effort
     return body
+
+
+def output_format(req: MessagesRequest) -> tuple[dict[str, Any] | None, str]:
+    """The structured output asked for, as the Responses API's text.format (the same shape), and its field's name."""
+    config = req.output_config.format if req.output_config else None
+    if config is not None and req.output_format is not None:
+        raise bad("output_format", "and `output_config.format` are the same setting: send only output_config.format.")
+    fmt, where = (config, "output_config.format") if config is not None else (req.output_format, "output_format")
+    if fmt is not None and fmt.get("type") != "json_schema":
+        raise bad(f"{where}.type", f"must be json_schema; got {str(fmt.get('type'))[:50]!r}.")
+    return fmt, where
 
 
 def _prefilled(req: PromptFields, messages: list[dict[str, Any]], thinking: bool | None) -> bool:

@@ -37,7 +37,8 @@ _checker_loaded = False
 
 
 async def load_checker(req: SamplingFields, constrained: bool = False, *, forced_schema: dict[str, Any] | None = None,
-                       text_format: dict[str, Any] | None = None, strict: StructuredSpec | None = None) -> None:
+                       text_format: dict[str, Any] | None = None, strict: StructuredSpec | None = None,
+                       text_format_param: str = "text.format") -> None:
     """Imports xgrammar the first time a request may need it, on a thread: it imports torch (about
     2 s here), which on the event loop would stall every stream of this worker. `constrained`: the
     caller knows of a constraint `req` does not hold (the Responses API's `text.format`).
@@ -45,7 +46,8 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     Then compiles the request's constraints on a thread too (a 400 if one is bad): xgrammar
     releases the GIL, and a schema at MAX_CONSTRAINT_LEN can take a second. The checks that build
     the request's spec later find the result in their cache. `forced_schema`: a tool plan's
-    (required or named); `text_format`: the Responses API's; `strict`: the grammar of strict tools' calls
+    (required or named); `text_format`: the Responses API's (or the Messages API's output format, its errors naming
+    `text_format_param`); `strict`: the grammar of strict tools' calls
     (asgi/requests/strict_calls.py), bounded and compiled like the rest, its errors naming `tools`."""
     global _checker_loaded
     if text_format is not None and text_format.get("type") == "text":
@@ -58,16 +60,16 @@ async def load_checker(req: SamplingFields, constrained: bool = False, *, forced
     if not _checker_loaded:
         await asyncio.to_thread(importlib.import_module, "rill.ipc.grammar_spec")
         _checker_loaded = True
-    await asyncio.to_thread(_check_all, req, forced_schema, text_format, strict)
+    await asyncio.to_thread(_check_all, req, forced_schema, text_format, strict, text_format_param)
 
 
 def _check_all(req: SamplingFields, forced_schema: dict[str, Any] | None, text_format: dict[str, Any] | None,
-               strict: StructuredSpec | None) -> None:
+               strict: StructuredSpec | None, text_format_param: str) -> None:
     structured_spec(req)
     if forced_schema is not None:
         json_schema_spec(forced_schema)
     if text_format is not None:
-        text_format_spec(text_format)
+        text_format_spec(text_format, text_format_param)
     if strict is not None:
         checked(strict, "tools")
 
@@ -143,17 +145,17 @@ def _response_format(rf: Any) -> tuple[StructuredSpec, str] | None:
     return _json_schema_format(js, "response_format.json_schema", name_required=True)
 
 
-def text_format_spec(fmt: dict[str, Any]) -> StructuredSpec | None:
-    """The Responses API's `text.format` (its json_schema fields flat, beside `type`), checked to
-    compile, with errors naming `text.format...`; None for plain text."""
+def text_format_spec(fmt: dict[str, Any], where: str = "text.format") -> StructuredSpec | None:
+    """The Responses API's `text.format` (its json_schema fields flat, beside `type`; Anthropic's output format has the
+    same shape), checked to compile, with errors naming `where...`; None for plain text."""
     kind = fmt.get("type")
     if kind not in _RESPONSE_FORMAT_TYPES:
-        raise _bad("text.format.type", f"must be one of {', '.join(_RESPONSE_FORMAT_TYPES)}; got {str(kind)[:50]!r}")
+        raise _bad(f"{where}.type", f"must be one of {', '.join(_RESPONSE_FORMAT_TYPES)}; got {str(kind)[:50]!r}")
     if kind == "text":
         return None
     if kind == "json_object":
         return StructuredSpec(StructuredKind.JSON_OBJECT, "")
-    return checked(*_json_schema_format(fmt, "text.format", name_required=False))
+    return checked(*_json_schema_format(fmt, where, name_required=False))
 
 
 def _json_schema_format(js: dict[str, Any], where: str, *, name_required: bool) -> tuple[StructuredSpec, str]:

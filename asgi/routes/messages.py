@@ -20,7 +20,13 @@ from rill.asgi.output.respond import respond
 from rill.asgi.prompt.chat_messages import render_messages
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.generation_plan import plan_generation
-from rill.asgi.requests.messages_request import chat_request, count_request, count_tokens_decoder, messages_decoder
+from rill.asgi.requests.messages_request import (
+    chat_request,
+    count_request,
+    count_tokens_decoder,
+    messages_decoder,
+    output_format,
+)
 from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.state import WorkerState
 
@@ -46,10 +52,13 @@ async def create_message(http: HTTPRequest) -> None:
     lora = await resolve_model(state, req.model)  # the served model or a LoRA adapter
     log_request_content(settings.http.log_requests, req)
     chat = chat_request(req, images=state.vision is not None)
-    # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py)
-    budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
-    plan = await plan_generation(state, chat, max_tokens=req.max_tokens, thinking_tokens=budget,
-                                 stop=req.stop_sequences, lora=lora)
+    fmt, fmt_param = output_format(req)
+    # Anthropic's budget_tokens, enforced with a reasoning parser (asgi/requests/thinking.py); else the budget of
+    # output_config.effort, as chat's reasoning_effort
+    budget = {"thinking_tokens": req.thinking.budget_tokens} if req.thinking is not None and \
+        req.thinking.type == "enabled" else {}
+    plan = await plan_generation(state, chat, max_tokens=req.max_tokens, stop=req.stop_sequences, lora=lora,
+                                 text_format=fmt, text_format_param=fmt_param, **budget)
     message_id = f"msg_{uuid.uuid4().hex}"
     gen = Generation(state.client, message_id, [plan.prompt_ids], plan.params, plan.make_detok,
                      cache_salt=req.cache_salt)

@@ -160,3 +160,39 @@ def test_the_sdk_raises_its_own_errors(claude):
         claude.messages.create(model=MODEL, max_tokens=5, messages=ASK, tools=[{"name": "f", "input_schema": {}}])
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="claude-nope", max_tokens=5, messages=ASK)
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
+        "required": ["city"], "additionalProperties": False}
+
+
+def test_structured_outputs_and_effort(claude, server):
+    """`output_config.format` (Anthropic's structured outputs; the beta's `output_format` too): the text is JSON that
+    follows the schema, through the grammar engine as chat's. `output_config.effort` is taken (with a reasoning parser
+    it is a thinking budget, as chat's reasoning_effort). Each bad value is a 400 naming its field."""
+    import json
+
+    config = {"format": {"type": "json_schema", "schema": CITY}, "effort": "low"}
+    message = claude.messages.create(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "A city?"}],
+                                     output_config=config, **GREEDY)
+    assert json.loads(message.content[0].text)["city"] in ("Paris", "Rome", "Oslo")
+    assert message.stop_reason == "end_turn"  # the grammar ended it
+    final = sdk_stream(claude, server, {"max_tokens": 40, "messages": [{"role": "user", "content": "A city?"}],
+                                        "output_config": config})
+    assert blocks(final) == blocks(message)
+    url = f"{server.base_url}/v1/messages"
+    beta = httpx.post(url, json={"model": MODEL, "max_tokens": 40, "messages": ASK, "temperature": 0,
+                                 "output_format": {"type": "json_schema", "schema": CITY}}, timeout=60).json()
+    assert set(json.loads(beta["content"][0]["text"])) == {"city"}
+    for extra, field in [({"output_config": {"effort": "huge"}}, "output_config.effort"),
+                         ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
+                         ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "bogus"}}}},
+                          "output_config.format.schema"),
+                         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+                         ({"output_format": {"type": "json_schema", "schema": CITY},
+                           "output_config": {"format": {"type": "json_schema", "schema": CITY}}}, "output_format")]:
+        r = httpx.post(url, json={"model": MODEL, "max_tokens": 40, "messages": ASK, **extra}, timeout=60)
+        assert r.status_code == 400 and f"`{field}" in r.json()["error"]["message"], (extra, r.text)
+    counted = httpx.post(f"{url}/count_tokens", json={"model": MODEL, "messages": ASK, "output_config": config},
+                         timeout=60)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0

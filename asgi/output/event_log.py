@@ -177,9 +177,8 @@ async def follow(state, response_id: str, after: int, reader: Reader) -> AsyncIt
                 events.readers.pop(reader, None)
                 events.trim()
             continue
-        entry = await state.store.get_response(response_id)  # its status first: once it has ended, its events
-        frames = await state.store.response_events(response_id, nxt - 1, PAGE)  # are all in the store
-        if entry is None or frames is None:
+        frames = await state.store.response_events(response_id, nxt - 1, PAGE)
+        if frames is None:
             return
         if frames:
             nxt += len(frames)
@@ -187,13 +186,20 @@ async def follow(state, response_id: str, after: int, reader: Reader) -> AsyncIt
             if is_terminal(frames[-1]):
                 return
             continue
-        if entry.response["status"] not in ("queued", "in_progress"):
-            if not entry.events_whole:  # not all kept: the stored Response's end stands for the rest
-                yield [sse_event({"type": TERMINAL[entry.response["status"]],
-                                  "sequence_number": max(nxt, entry.events or 0), "response": entry.response})]
+        # None new: the Response (read only now, not at every poll) says whether it has ended
+        entry = await state.store.get_response(response_id)
+        if entry is None:
             return
-        await reader.sleep(POLL_S)
-        yield []
+        if entry.response["status"] in ("queued", "in_progress"):
+            await reader.sleep(POLL_S)
+            yield []
+            continue
+        if await state.store.response_events(response_id, nxt - 1, 1):
+            continue  # stored between the two reads: its final Response comes after its last events
+        if not entry.events_whole:  # not all kept: the stored Response's end stands for the rest
+            yield [sse_event({"type": TERMINAL[entry.response["status"]],
+                              "sequence_number": max(nxt, entry.events or 0), "response": entry.response})]
+        return
 
 
 async def send_events(http, response_id: str, after: int) -> None:

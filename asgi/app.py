@@ -28,6 +28,7 @@ from rill.asgi.routes import (
     router_probes,
     sagemaker,
     sglang,
+    stored_chats,
     tgi,
 )
 from rill.asgi.routes import stored_responses as stored
@@ -42,6 +43,7 @@ from rill.asgi.routes.responses import count_input_tokens, create_response, stop
 from rill.asgi.routes.tokenize import detokenize, get_version, tokenize
 from rill.asgi.state import WorkerSettings, WorkerState, dumps
 from rill.asgi.stores.base import StoreUnavailable
+from rill.asgi.stores.chat_store import CHAT_ID
 from rill.asgi.stores.items import CONVERSATION_ID, ITEM_ID, RESPONSE_ID
 from rill.ipc.lifetime import die_with_parent
 
@@ -122,6 +124,11 @@ ROUTES = [
     ("GET", "/v1/models", list_models),
     ("GET", "/v1/models/{model_id:path}", get_model),  # ids may hold slashes (org/name)
     ("POST", "/v1/chat/completions", generative(chat_completions)),
+    ("GET", "/v1/chat/completions", stored_chats.list_completions),  # `store: true`'s (asgi/routes/stored_chats.py)
+    ("GET", "/v1/chat/completions/{completion_id:chat}", stored_chats.retrieve),
+    ("POST", "/v1/chat/completions/{completion_id:chat}", stored_chats.update),
+    ("DELETE", "/v1/chat/completions/{completion_id:chat}", stored_chats.delete),
+    ("GET", "/v1/chat/completions/{completion_id:chat}/messages", stored_chats.list_messages),
     ("POST", "/v1/completions", generative(completions)),
     ("POST", "/v1/embeddings", create_embeddings),
     ("POST", "/v1/rerank", rerank),  # Jina's and Cohere's shapes, as vLLM serves them (asgi/routes/rerank.py)
@@ -196,7 +203,7 @@ ROUTES += [  # SageMaker's (asgi/routes/sagemaker.py): its probe, and every body
     ("POST", "/invocations", sagemaker.make_invocations({path: h for method, path, h in ROUTES if method == "POST"})),
 ]
 ROUTER = Router(ROUTES, shapes={"resp": RESPONSE_ID, "conv": CONVERSATION_ID, "item": ITEM_ID,  # the ids the store
-                                "file": FILE_ID, "batch": BATCH_ID})  # mints and keeps
+                                "file": FILE_ID, "batch": BATCH_ID, "chat": CHAT_ID})  # mints and keeps
 NEEDS_BODY = {"POST"}
 
 

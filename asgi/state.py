@@ -27,8 +27,10 @@ from rill.asgi.requests.sampling_defaults import sampling_defaults
 from rill.asgi.routes.metrics import Metrics
 from rill.asgi.stores.base import Bounds, StateStore
 from rill.asgi.stores.batch_store import BatchStore
+from rill.asgi.stores.chat_store import ChatStore
 from rill.asgi.stores.open import open_store
 from rill.asgi.stores.open_batches import batch_store_for
+from rill.asgi.stores.open_chats import chat_store_for
 from rill.ipc.channels import RunPaths
 from rill.ipc.config import HttpConfig
 from rill.ipc.pair_segments import pair_separator
@@ -73,6 +75,7 @@ class WorkerState:
     traces: object | None = None  # --otlp-traces-endpoint: asgi/http/trace_export.py TraceExport
     store: StateStore | None = None
     batches: BatchStore | None = None  # the Batch API's records, in `store`
+    chats: ChatStore | None = None  # stored chat completions (`store: true`), beside `store`
     files: FileDisk | None = None  # the Batch API's files
     # Responses in progress on this worker, by id: how to cancel each (the store holds their snapshot).
     in_progress: dict[str, Callable[[], None]] = field(default_factory=dict)
@@ -115,6 +118,7 @@ class WorkerState:
                                  Bounds(http.responses_store_max_entries, http.responses_store_ttl_s),
                                  Bounds(http.conversations_store_max_entries, http.conversations_store_ttl_s))
         state.batches = batch_store_for(state.store)
+        state.chats = chat_store_for(state.store, Bounds(http.chat_store_max_entries, http.chat_store_ttl_s))
         state.files = FileDisk(files_folder(http.files_dir, http.state_store_url, paths.run_dir))
         state.metrics = Metrics(http.metrics_prefix, http.served_model_name, settings.limits.max_model_len)
         state.observers.append(state.metrics.observe)

@@ -152,6 +152,8 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     responses_store_ttl_s: float = 3600.0
     conversations_store_max_entries: int = 1000
     conversations_store_ttl_s: float = 3600.0
+    chat_store_max_entries: int = 1000  # stored chat completions (asgi/stores/chat_store.py)
+    chat_store_ttl_s: float = 3600.0
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     enable_cache_reset: bool = False  # POST /reset_prefix_cache and /flush_cache (asgi/routes/cache_reset.py)
     # The Batch API (docs/batch.md): where its files live (empty: beside the state store), their

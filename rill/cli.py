@@ -57,6 +57,11 @@ def serve_parser(sub) -> argparse.ArgumentParser:
                           "(0 disables the store)")
     net.add_argument("--conversations-store-ttl", type=float, default=3600.0,
                      help="seconds a conversation is kept, counted from its creation (0 disables the store)")
+    net.add_argument("--chat-completions-store-max-entries", type=int, default=1000,
+                     help="chat completions created with `store: true` kept (by the store, across workers) for "
+                          "GET /v1/chat/completions and its routes; the oldest go first (0 disables the store)")
+    net.add_argument("--chat-completions-store-ttl", type=float, default=3600.0,
+                     help="seconds a stored chat completion is kept, counted from its creation (0 disables the store)")
     net.add_argument("--files-dir", default="", metavar="PATH",
                      help="where the Batch API's files are kept (default: a `files` folder beside the SQLite state "
                           "store; in the run directory for the default store or Redis: give a shared folder to "

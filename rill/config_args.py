@@ -67,6 +67,8 @@ def config_from_args(args: argparse.Namespace, model_dir: Path | str, model_id: 
         responses_store_ttl_s=max(args.responses_store_ttl, 0.0),
         conversations_store_max_entries=max(args.conversations_store_max_entries, 0),
         conversations_store_ttl_s=max(args.conversations_store_ttl, 0.0),
+        chat_store_max_entries=max(args.chat_completions_store_max_entries, 0),
+        chat_store_ttl_s=max(args.chat_completions_store_ttl, 0.0),
         files_dir=args.files_dir, files_max_bytes=args.files_max_bytes, files_max_count=max(args.files_max_count, 1),
         batch_max_lines=max(args.batch_max_lines, 1), batch_concurrency=max(args.batch_concurrency, 0),
     )

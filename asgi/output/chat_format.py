@@ -43,6 +43,7 @@ class ChatFormatter(ChunkFormatter):
         ids = prompt_token_ids is not None
         self._pending_ids: list[list[int]] | None = [[] for _ in range(num_choices)] if ids else None
         self._token_ids: list[list[int]] = [[] for _ in range(num_choices)]
+        self.keep_whole = False  # chunks() merges too: a streamed completion to store (asgi/routes/stored_chats.py)
 
     def opening_chunks(self, usage: Usage | None = None) -> list[bytes]:
         first = {} if self.prompt_token_ids is None else {"prompt_token_ids": self.prompt_token_ids}
@@ -52,12 +53,19 @@ class ChatFormatter(ChunkFormatter):
 
     def chunks(self, deltas: list[ChoiceDelta], usage: Usage | None = None) -> list[bytes]:
         """One chunk per choice, as OpenAI and vLLM stream n > 1; none for a choice whose parser
-        held its text back when there is nothing else to send."""
-        return [self._chunk([choice], usage) for choice in self._choices(deltas)]
+        held its text back when there is nothing else to send. With `keep_whole` (a stream to store), each is
+        merged too, as add() does, for body() to give the whole completion at the end."""
+        choices = self._choices(deltas)
+        if self.keep_whole:
+            self._merge(choices)
+        return [self._chunk([choice], usage) for choice in choices]
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
         """For the non-streamed body: the same choice pieces a stream would send, merged."""
-        for choice in self._choices(deltas):
+        self._merge(self._choices(deltas))
+
+    def _merge(self, choices: list[dict]) -> None:
+        for choice in choices:
             i = choice["index"]
             merge_delta(self._merged[i], choice["delta"])
             if choice["logprobs"] is not None:

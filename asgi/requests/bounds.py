@@ -29,6 +29,9 @@ MAX_CHOICES = 2048  # completions prompts x n: each choice is an engine request 
 MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs entries
 MAX_CHAT_DOCUMENTS = 256  # chat `documents` (vLLM's, for RAG templates), each rendered into the prompt
 MAX_METADATA = 16  # metadata entries (OpenAI's limit)
+# OpenAI's metadata: 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+                     Meta(max_length=MAX_METADATA)]
 MAX_SMALL_LIST = 16  # include, modalities, nvext annotations and extra fields: a few known names
 MAX_CHAT_TEMPLATE_LEN = 256 * 1024  # a request's own chat template (real ones are under 30 KiB)
 # A structured output's grammar (a schema, regex, grammar or choice list as JSON text) is compiled

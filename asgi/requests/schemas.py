@@ -32,6 +32,7 @@ from rill.asgi.requests.bounds import (
     MAX_TOOL_CALLS,
     MAX_TOOLS,
     LogprobsCount,
+    Metadata,
     Name,
     StopString,
     TruncatePromptTokens,
@@ -197,6 +198,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     modalities: Annotated[list[Name], Meta(max_length=MAX_SMALL_LIST)] | None = None
     prediction: Prediction | None = None  # asgi/requests/prediction.py
     web_search_options: Any = None
+    store: bool | None = None  # kept for the stored completions' routes (asgi/routes/stored_chats.py)
+    metadata: Metadata | None = None  # kept with them
 
 
 def echoed_text(req: ChatCompletionRequest) -> str:

@@ -30,7 +30,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.requests.body import decode_json
-from rill.asgi.routes.conversations import Metadata
+from rill.asgi.requests.bounds import Metadata
 from rill.asgi.routes.files import file_or_404, limit_of
 
 MAX_PAGE = 100

@@ -14,6 +14,7 @@ from rill.asgi.requests.model_choice import resolve_model
 from rill.asgi.requests.nvext import NvExtReply
 from rill.asgi.requests.prediction import prediction_ids
 from rill.asgi.requests.schemas import chat_decoder, decode_request, echoed_text, stop_strings, stream_usage
+from rill.asgi.routes.stored_chats import keeper
 from rill.asgi.state import WorkerState
 
 
@@ -45,4 +46,4 @@ async def chat_completions(http: HTTPRequest) -> None:
     shape = ChunkStream(fmt, include_usage=include_usage, continuous_usage=continuous_usage,
                         nvext=NvExtReply.of(req.nvext, [prompt_ids], state.decode_prompt))
     await respond(gen, shape, stream=req.stream, receive=http.receive, send=http.send,
-                  keepalive_s=state.settings.http.sse_keepalive_s)
+                  keepalive_s=state.settings.http.sse_keepalive_s, before_last=keeper(state, req, fmt, gen))

@@ -20,6 +20,7 @@ from rill.asgi.errors import APIError
 from rill.asgi.http.primitives import send_response
 from rill.asgi.http.router import HTTPRequest
 from rill.asgi.requests.body import decode_json
+from rill.asgi.requests.bounds import Metadata
 from rill.asgi.requests.responses_input import items_to_messages, typed_items
 from rill.asgi.state import WorkerState
 from rill.asgi.stores.base import MAX_CONVERSATION_ITEMS, MAX_PAGE, Conversation, Order, Page
@@ -28,9 +29,6 @@ from rill.asgi.stores.items import Refused, stored_items
 log = logging.getLogger("rill.store")
 
 MAX_ITEMS_PER_CALL = 20  # as OpenAI: items of one create or add call
-# OpenAI's metadata: 16 pairs, keys up to 64 characters, values up to 512.
-Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
-                     Meta(max_length=16)]
 
 
 class ConversationBody(msgspec.Struct):
@@ -173,7 +171,7 @@ def page(got: Page) -> dict:
             "last_id": got.items[-1]["id"] if got.items else None, "has_more": got.has_more}
 
 
-def page_query(query: bytes) -> tuple[int, Order, str | None]:
+def page_query(query: bytes, default_order: Order = "desc") -> tuple[int, Order, str | None]:
     """OpenAI's list: `limit` (1 to 100, default 20), `order` (desc by default), `after` an item id."""
     args = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
     try:
@@ -182,7 +180,7 @@ def page_query(query: bytes) -> tuple[int, Order, str | None]:
         limit = 0
     if not 1 <= limit <= MAX_PAGE:
         raise APIError(400, f"`limit` must be an integer from 1 to {MAX_PAGE}.", param="limit")
-    order = args.get("order", "desc")
+    order = args.get("order", default_order)
     if order not in ("asc", "desc"):
         raise APIError(400, "`order` must be asc or desc.", param="order")
     return limit, order, args.get("after")

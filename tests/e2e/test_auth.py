@@ -24,6 +24,7 @@ ORIGIN = "https://app.example"
 MSGS = [{"role": "user", "content": "Say hi"}]
 KEEP_ALIVE_S = 2
 NO_FILE, NO_BATCH = "file-" + "0" * 32, "batch_" + "0" * 32  # well-shaped ids of nothing
+NO_CHAT = "chatcmpl-" + "0" * 32
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,12 @@ def check_401(resp: httpx.Response) -> dict:
     ("POST", "/v1/batches", {"input_file_id": NO_FILE, "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
     ("GET", f"/v1/batches/{NO_BATCH}", None),
     ("POST", f"/v1/batches/{NO_BATCH}/cancel", None),
+    # Stored chat completions (docs/stored-chat-completions.md): a list, and one that is not kept.
+    ("GET", "/v1/chat/completions", None),
+    ("GET", f"/v1/chat/completions/{NO_CHAT}", None),
+    ("POST", f"/v1/chat/completions/{NO_CHAT}", {"metadata": {}}),
+    ("DELETE", f"/v1/chat/completions/{NO_CHAT}", None),
+    ("GET", f"/v1/chat/completions/{NO_CHAT}/messages", None),
 ])
 def test_v1_needs_a_valid_key(srv, method, path, body):
     url = f"{srv.base_url}{path}"
@@ -102,7 +109,8 @@ def test_v1_needs_a_valid_key(srv, method, path, body):
         assert "sk-" not in err["message"], "the presented key is echoed back"
     ok = httpx.request(method, url, json=body, headers=bearer(FILE_KEY), timeout=60)
     refused = path == "/infill" or path.endswith(("/rerank", "/score", "/classify", "/pooling"))
-    expected = 404 if "no-such" in path or NO_FILE in path or NO_BATCH in path or (body or {}).get("input_file_id") \
+    expected = 404 if "no-such" in path or NO_FILE in path or NO_BATCH in path or NO_CHAT in path \
+        or (body or {}).get("input_file_id") \
         or path in ("/reset_prefix_cache", "/flush_cache") \
         else 415 if path == "/v1/files" and method == "POST" else 400 if refused else 200
     assert ok.status_code == expected, ok.text

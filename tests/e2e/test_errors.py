@@ -104,7 +104,7 @@ def test_body_over_limit_is_413(server):
 
 
 def test_wrong_method_and_unknown_path(server):
-    check_error(httpx.get(f"{server.base_url}/v1/chat/completions"), 405)
+    check_error(httpx.put(f"{server.base_url}/v1/chat/completions"), 405)  # GET lists the stored ones
     check_error(httpx.delete(f"{server.base_url}/v1/models"), 405)
     check_error(httpx.get(f"{server.base_url}/v1/nothing-here"), 404)
 

@@ -1,7 +1,7 @@
 """Stored Chat Completions in the Redis state store, under the store's prefix and on its client.
 
 Keys: `chat:<id>` (a record's JSON, expiring with its TTL), `chat-index` (id -> its model and metadata),
-`index:chat` (ids by creation time), `bytes:chat` (each one's size) and `total:chat` (their sum). A write and its
+`index:chat` (ids by creation time, and by `chat-seq` within a millisecond), `bytes:chat` (each one's size) and `total:chat` (their sum). A write and its
 eviction run in one Lua script, so the bounds hold across servers; a list reads the live ids and their index in one
 script, then only its page's records.
 """
@@ -11,7 +11,7 @@ from rill.asgi.stores.base import Bounds
 from rill.asgi.stores.chat_store import ChatStore, Order
 from rill.asgi.stores.redis_store import RedisStore, _ms
 
-# KEYS: index:chat, bytes:chat, total:chat, chat-index; ARGV[1]: the record key prefix, ARGV[2]: the id.
+# KEYS: index:chat, bytes:chat, total:chat, chat-index, chat-seq; ARGV[1]: the record key prefix, ARGV[2]: the id.
 _COMMON = """
 local A, id = ARGV[1], ARGV[2]
 local function now_ms()
@@ -37,7 +37,8 @@ _PUT = _COMMON + """
 local ttl = tonumber(ARGV[3])
 redis.call('SET', A .. id, ARGV[6], 'PX', ttl)
 redis.call('HSET', KEYS[4], id, ARGV[7])
-redis.call('ZADD', KEYS[1], now_ms(), id)
+-- Creation order within a millisecond too: a count (chat-seq) as the score's fraction, 1/4096 of a millisecond a step.
+redis.call('ZADD', KEYS[1], now_ms() + (redis.call('INCR', KEYS[5]) % 4096) / 4096, id)
 resize(string.len(ARGV[6]) + string.len(ARGV[7]))
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms() - ttl)) do
   if old ~= id then drop(old) end
@@ -80,7 +81,8 @@ class RedisChats(ChatStore):
         self.store = store
         prefix = store.prefix
         self._entry = f"{prefix}chat:"
-        self._keys = [f"{prefix}index:chat", f"{prefix}bytes:chat", f"{prefix}total:chat", f"{prefix}chat-index"]
+        self._keys = [f"{prefix}index:chat", f"{prefix}bytes:chat", f"{prefix}total:chat", f"{prefix}chat-index",
+                      f"{prefix}chat-seq"]
         script = store._redis.register_script
         self._put_script, self._replace_script = script(_PUT), script(_REPLACE)
         self._delete_script, self._ids_script = script(_DELETE), script(_IDS)

@@ -56,6 +56,12 @@ constexpr int64_t kPrefetchAhead = 128 * 1024;
 constexpr int64_t kChunkedRowBytes = 1 << 20;
 constexpr int64_t kChunkGroup = 8;
 constexpr int64_t kRowBlock = 512;
+// Past kDotMaxRows rows of at most kDotShortK inputs, ATen's brgemm rather than bf16_dot_panel.h's micro-kernel (the
+// two give the same bits): on a 2-core Zen 4 at Qwen2.5-1.5B's shape (1,536 inputs) brgemm took 0.86-0.99x its time
+// on qkv_proj, o_proj and gate_up_proj at 64 to 512 rows, the micro-kernel 0.75-1.00x brgemm's at 1 to 32, and on
+// down_proj's 8,960 inputs 0.38-0.47x at every row count (bench/results/linear_kernels-qwen2.5-1.5b-amd-zen4.md).
+constexpr int64_t kDotMaxRows = 32;
+constexpr int64_t kDotShortK = 2048;
 // Rows per call with fixed_tiles, chosen once per CPU. With AMX one tile's height, 16: a decode
 // step's rows are padded to it, so the padded rows cost half what 32 did (the LM head's most of
 // all): a --batch-invariant decode step at batch 1 took 17.1 against 20.9 ms, at 8 20.3 against
@@ -197,7 +203,7 @@ void linear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const floa
     constexpr bool tiles = false;
 #endif
 #ifdef RILL_BF16_DOT
-    const bool dot = !tiles && rill_bf16_dot::available();
+    const bool dot = !tiles && rill_bf16_dot::available() && (fixed_tiles || M <= kDotMaxRows || K > kDotShortK);
 #else
     constexpr bool dot = false;
 #endif

@@ -65,15 +65,16 @@ resize(tonumber(ARGV[9]) + events - old)
 evict()
 """
 # ARGV[8]: max bytes of a response, ARGV[9]: the number of events it holds already, ARGV[10]: the new events' bytes,
-# then the events. 1 appended; 0 gone, out of room or out of order. They expire with the response.
+# then the events. 1 appended; 0 gone, out of room or out of order. A write: the response's TTL starts again from
+# it (its keys and events, and its place in the index), so a background stream outlives the TTL while it runs.
 APPEND_EVENTS = COMMON + """
-local ttl = redis.call('PTTL', A .. id)
-if ttl <= 0 then return 0 end
+if redis.call('PTTL', A .. id) <= 0 then return 0 end
 if redis.call('LLEN', KEYS[4] .. id) ~= tonumber(ARGV[9]) then return 0 end
 local size = tonumber(ARGV[10])
 if tonumber(redis.call('HGET', KEYS[2], id) or '0') + size > tonumber(ARGV[8]) then return 0 end
 for i = 11, #ARGV do redis.call('RPUSH', KEYS[4] .. id, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[4] .. id, ttl)
+for _, key in ipairs({A .. id, B .. id, C .. id, KEYS[4] .. id}) do redis.call('PEXPIRE', key, ARGV[5]) end
+redis.call('ZADD', KEYS[1], now_ms(), id)
 redis.call('HINCRBY', KEYS[5], id, size)
 resize(size)
 evict()

@@ -200,7 +200,9 @@ class SQLiteStore(StateStore):
                 return False
             conn.executemany("INSERT INTO response_events (response_id, seq, body) VALUES (?, ?, ?)",
                              [(response_id, first + i, body) for i, body in enumerate(events)])
-            conn.execute("UPDATE responses SET num_bytes = num_bytes + ? WHERE id = ?", (num_bytes, response_id))
+            # A write: the TTL counts from it, so a background stream that outlives the TTL is not lost under its readers.
+            conn.execute("UPDATE responses SET num_bytes = num_bytes + ?, stored_at = ? WHERE id = ?",
+                         (num_bytes, self.clock(), response_id))
             self._evict(conn, RESPONSES, response_id)
         return True
 

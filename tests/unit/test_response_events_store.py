@@ -107,3 +107,19 @@ def test_events_expire_with_their_response(backend):
         assert not await store.append_response_events("resp_1", 2, frames(2, 1))
         await store.close()
     run(go())
+
+
+def test_appending_events_is_a_write_the_ttl_counts_from(backend):
+    """A background stream that runs longer than the TTL keeps its response and events while events come."""
+    async def go():
+        store = backend.store(responses=Bounds(100, 1.0))
+        await store.put_response(in_progress(1))
+        for first in range(3):
+            backend.advance(0.6)
+            assert await store.append_response_events("resp_1", first, frames(first, 1))
+        assert (await store.get_response("resp_1")).response["status"] == "in_progress"  # 1.8 s after its put
+        assert len(await store.response_events("resp_1", -1, 10)) == 3
+        backend.advance(1.2)  # no write for longer than the TTL: gone
+        assert await store.get_response("resp_1") is None and await store.response_events("resp_1", -1, 10) is None
+        await store.close()
+    run(go())

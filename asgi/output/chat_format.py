@@ -100,6 +100,10 @@ class ChatFormatter(ChunkFormatter):
         return out
 
     def body(self, usage: Usage) -> bytes:
+        return _encode(self.whole(usage))
+
+    def whole(self, usage: Usage) -> dict:
+        """The non-streamed answer as an object (body()'s, before it is encoded)."""
         choices = [{"index": i, "message": message(self._merged[i]),
                     "logprobs": None if self.logprobs is None else {"content": self._logprobs[i], "refusal": None},
                     "finish_reason": self._finish_reasons[i]} for i in range(self.num_choices)]
@@ -111,4 +115,4 @@ class ChatFormatter(ChunkFormatter):
             body["prompt_token_ids"] = self.prompt_token_ids
         if self.prompt_scores is not None:
             body["prompt_logprobs"] = self._prompt_logprobs
-        return _encode(body)
+        return body

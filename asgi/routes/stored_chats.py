@@ -20,10 +20,10 @@ from rill.asgi.output.respond import BeforeLast
 from rill.asgi.requests.body import decode_json
 from rill.asgi.requests.bounds import MAX_METADATA, MAX_NAME_LEN, Metadata
 from rill.asgi.requests.schemas import ChatCompletionRequest, ChatMessage
-from rill.asgi.routes.conversations import page_query
+from rill.asgi.routes.conversations import page, page_query
 from rill.asgi.state import WorkerState
-from rill.asgi.stores.base import StoreUnavailable
-from rill.asgi.stores.chat_store import MESSAGE_ID, ChatStore, StoredChat
+from rill.asgi.stores.base import Page, StoreUnavailable
+from rill.asgi.stores.chat_store import ChatStore, StoredChat
 
 log = logging.getLogger("rill.store")
 
@@ -39,7 +39,7 @@ def keeper(state: WorkerState, req: ChatCompletionRequest, fmt: ChatFormatter, g
     async def keep(failed: bool) -> None:
         if failed or gen.disconnected:
             return
-        completion = {**msgspec.json.decode(fmt.body(gen.usage())), "metadata": req.metadata or {}}
+        completion = {**fmt.whole(gen.usage()), "metadata": req.metadata or {}}
         try:
             await state.chats.put(StoredChat(completion=completion, messages=stored_messages(completion["id"],
                                                                                               req.messages)))
@@ -135,8 +135,7 @@ async def list_completions(http: HTTPRequest) -> None:
     got = await _store(http).list(model, metadata, limit, order, after)
     if got is None:
         raise APIError(400, "`after` names no stored chat completion.", param="after")
-    data, has_more = got
-    await send_response(http.send, 200, msgspec.json.encode(_list(data, has_more)))
+    await send_response(http.send, 200, msgspec.json.encode(page(Page(*got))))
 
 
 async def list_messages(http: HTTPRequest) -> None:
@@ -145,16 +144,8 @@ async def list_messages(http: HTTPRequest) -> None:
     messages = (await _stored(http)).messages
     if order == "desc":
         messages = messages[::-1]
-    start = 0
-    if after is not None:
-        start = next((i + 1 for i, m in enumerate(messages) if m["id"] == after), -1) if MESSAGE_ID.fullmatch(
-            after) else -1
-        if start < 0:
-            raise APIError(400, "`after` names no message of this chat completion.", param="after")
-    page = messages[start:start + limit]
-    await send_response(http.send, 200, msgspec.json.encode(_list(page, start + limit < len(messages))))
-
-
-def _list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    start = 0 if after is None else next((i + 1 for i, m in enumerate(messages) if m["id"] == after), -1)
+    if start < 0:
+        raise APIError(400, "`after` names no message of this chat completion.", param="after")
+    got = Page(messages[start:start + limit], start + limit < len(messages))
+    await send_response(http.send, 200, msgspec.json.encode(page(got)))

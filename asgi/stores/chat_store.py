@@ -23,7 +23,6 @@ log = logging.getLogger("rill.store")
 # The ids Rill mints for chat completions (asgi/engine_link/generate.py new_request_id): only these are keys.
 CHAT_ID = r"^chatcmpl-[A-Za-z0-9_-]{1,128}\Z"  # the router's `{completion_id:chat}`
 COMPLETION_ID = re.compile(CHAT_ID)
-MESSAGE_ID = re.compile(r"chatcmpl-[A-Za-z0-9_-]{1,128}-\d{1,6}")
 Order = Literal["asc", "desc"]
 
 

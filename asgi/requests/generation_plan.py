@@ -86,7 +86,11 @@ async def plan_generation(state, chat: ChatCompletionRequest, *, max_tokens: int
     markers = thinking_markers(reasoning_parser, harmony_calls=tool_plan.mode is ToolMode.AUTO and
                                parser_name == HARMONY_PARSER)
     encode = state.encode_markers
-    params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, markers, encode))
+    if constraint is None and strict is not None and parser_name == HARMONY_PARSER:
+        # Harmony's strict calls: the whole output's grammar, thinking included, its markers the model's tokens.
+        params.structured = strict_calls(tool_plan, parser_name, encode)
+    else:
+        params.structured = forced_spec(tool_plan, after_reasoning(constraint or strict, markers, encode))
     if thinking_tokens is _FROM_REQUEST:
         params.thinking = thinking_budget(requested_tokens(chat), markers, encode, param=(
             "thinking_token_budget" if chat.thinking_token_budget is not None else None))

@@ -3,22 +3,31 @@ once the model has opened the call, the text around calls free (an xgrammar stru
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
+from rill.asgi.parsers.thinking_markers import HARMONY_PARSER
 from rill.asgi.parsers.tools import TOOL_PARSERS
+from rill.asgi.requests.harmony_calls import harmony_calls
 from rill.asgi.requests.tool_choice import EMPTY_PARAMETERS, ToolMode, ToolPlan
 from rill.ipc.protocol import StructuredKind, StructuredSpec
 
 
-def strict_calls(plan: ToolPlan, tool_parser: str | None) -> StructuredSpec | None:
+def strict_calls(plan: ToolPlan, tool_parser: str | None,
+                 encode: Callable[[str], list[int]] | None = None) -> StructuredSpec | None:
     """With `tool_choice: auto` and functions marked `strict`: free text, until the model opens a call (the
     parser's trigger); then the call is one of the tools', written the parser's way, its arguments (JSON, or the
     XML formats' parameters: qwen3_coder's and seed_oss's, glm45's, minimax_m2's) held to the function's schema
     where it is strict (any object where not). With parallel_tool_calls false, the output ends at the first
-    call. None where no function is strict, or the parser's format has no fixed call text (the pythonic and
-    granite lists, kimi_k2's ids, olmo3's and hunyuan_a13b's)."""
+    call. Harmony's (`openai`) is the whole output's grammar instead, its markers the model's tokens where
+    `encode` finds each one token (asgi/requests/harmony_calls.py). None where no function is strict, or the
+    parser's format has no fixed call text (the pythonic and granite lists, kimi_k2's ids, olmo3's and
+    hunyuan_a13b's)."""
+    if plan.mode is not ToolMode.AUTO or not plan.strict:
+        return None
+    if tool_parser == HARMONY_PARSER:
+        return harmony_calls(plan, encode)
     parser = TOOL_PARSERS.get(tool_parser) if tool_parser else None
-    call_tag = getattr(parser, "call_tag", None)
-    if plan.mode is not ToolMode.AUTO or not plan.strict or call_tag is None:
+    if (call_tag := getattr(parser, "call_tag", None)) is None:
         return None
     trigger, begin, end = call_tag
     style = getattr(parser, "call_style", "json")  # the XML formats' parameters: xgrammar's style of each

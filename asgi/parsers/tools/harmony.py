@@ -5,16 +5,17 @@
 
 Each message is a header (after `<|start|>`: the role, `<|channel|>` and its name, a recipient `to=...`, a
 `<|constrain|>` type) up to `<|message|>`, then its body up to `<|end|>`, `<|call|>` or `<|return|>` (or the end
-of the output: `<|call|>` and `<|return|>` are stop tokens). The body of an `analysis` message is reasoning; of a
-message to `functions.NAME`, a call of NAME whose arguments are the body as written; of any other (`final`, a
-`commentary` preamble to the user) content. A message to another recipient (the built-in `browser` or `python`
+of the output: `<|call|>` and `<|return|>` are stop tokens). The recipient may come first, as the template writes
+a past call back (`<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`). The body of an
+`analysis` message is reasoning; of a message to `functions.NAME`, a call of NAME whose arguments are the body as
+written; of any other (`final`, a `commentary` preamble to the user) content. A message to another recipient (the built-in `browser` or `python`
 tools, which Rill does not run) is content too.
 
 The markers are special tokens: the text keeps them (reads_special_tokens). An output that does not open with
-`<|channel|>` or `<|start|>` is not harmony: all content. The parser does the reasoning part itself
+`<|channel|>`, `<|start|>` or `to=` is not harmony: all content. The parser does the reasoning part itself
 (handles_reasoning), so it replaces a --reasoning-parser for the requests it parses; `--reasoning-parser
-openai_gptoss` is the same parser for requests without tools. `strict` functions are not enforced here: the call
-text runs through special tokens, which a grammar does not write.
+openai_gptoss` is the same parser for requests without tools. `strict` functions: the grammar of the whole output
+(asgi/requests/harmony_calls.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rill.asgi.parsers.tools.deltas import DeltaBuilder, held_tail, new_call_id
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
+HEADS = (CHANNEL, START, "to=")  # how a message's header opens (the recipient first: the template's own order)
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 
@@ -51,9 +53,9 @@ class HarmonyParser(BufferedParser):
         while self.pending or final:
             if self.state == "start":
                 head = self.pending.lstrip()
-                if head.startswith((CHANNEL, START)):
+                if head.startswith(HEADS):
                     self.pending, self.state = head, "header"
-                elif not final and (CHANNEL.startswith(head) or START.startswith(head)):
+                elif not final and any(h.startswith(head) for h in HEADS):
                     break  # nothing yet, or maybe a marker
                 else:
                     self.state = "content"

@@ -16,11 +16,11 @@ def strict_calls(plan: ToolPlan, tool_parser: str | None,
                  encode: Callable[[str], list[int]] | None = None) -> StructuredSpec | None:
     """With `tool_choice: auto` and functions marked `strict`: free text, until the model opens a call (the
     parser's trigger); then the call is one of the tools', written the parser's way, its arguments (JSON, or the
-    XML formats' parameters: qwen3_coder's and seed_oss's, glm45's, minimax_m2's) held to the function's schema
-    where it is strict (any object where not). With parallel_tool_calls false, the output ends at the first
-    call. Harmony's (`openai`) is the whole output's grammar instead, its markers the model's tokens where
-    `encode` finds each one token (asgi/requests/harmony_calls.py). None where no function is strict, or the
-    parser's format has no fixed call text (the pythonic and granite lists, kimi_k2's ids, olmo3's and
+    XML formats' parameters: qwen3_coder's and seed_oss's, glm45's, minimax_m2's; after kimi_k2's index) held to
+    the function's schema where it is strict (any object where not). With parallel_tool_calls false, the output
+    ends at the first call. Harmony's (`openai`) is the whole output's grammar instead, its markers the model's
+    tokens where `encode` finds each one token (asgi/requests/harmony_calls.py). None where no function is
+    strict, or the parser's format has no fixed call text (the pythonic and granite lists, olmo3's and
     hunyuan_a13b's)."""
     if plan.mode is not ToolMode.AUTO or not plan.strict:
         return None
@@ -36,8 +36,12 @@ def strict_calls(plan: ToolPlan, tool_parser: str | None,
         function = tool["function"]
         schema = (function.get("parameters") or EMPTY_PARAMETERS) if function["name"] in plan.strict \
             else {"type": "object"}
-        tags.append({"begin": begin.replace("NAME", json.dumps(function["name"])[1:-1]),
-                     "content": {"type": "json_schema", "json_schema": schema, "style": style}, "end": end})
+        content = {"type": "json_schema", "json_schema": schema, "style": style}
+        if (index_end := getattr(parser, "call_index", None)) is not None:  # Kimi's: the model's index, then this
+            content = {"type": "sequence", "elements": [{"type": "regex", "pattern": "[0-9]{1,9}"},
+                                                        {"type": "const_string", "value": index_end}, content]}
+        tags.append({"begin": begin.replace("NAME", json.dumps(function["name"])[1:-1]), "content": content,
+                     "end": end})
     if (block := getattr(parser, "call_block", None)) is not None:  # MiniMax's: the calls one after another in a block
         calls = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
                  "stop_after_first": plan.max_calls == 1}

@@ -236,15 +236,16 @@ def test_required_tool_choice_forces_calls(sdk):
     assert [{**c, "id": None} for c in calls] == [{**c, "id": None} for c in as_streamed(choice.message)]
 
 
-def weather_shots(*cities: str) -> list[dict]:
-    """Past turns in which the assistant called get_weather for each city: the bundled model then writes such a
-    call itself (no grammar forces it), for the question that follows, on Lisbon."""
+def weather_shots(*cities: str, ids: str = "call_{}") -> list[dict]:
+    """Past turns in which the assistant called get_weather for each city (the calls' ids `ids` of their index):
+    the bundled model then writes such a call itself (no grammar forces it), for the question that follows, on
+    Lisbon."""
     messages = []
     for i, city in enumerate(cities):
         messages += [{"role": "user", "content": f"What is the weather in {city}?"},
-                     {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function",
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": ids.format(i), "type": "function",
                       "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
-                     {"role": "tool", "tool_call_id": f"call_{i}", "content": "Sunny."},
+                     {"role": "tool", "tool_call_id": ids.format(i), "content": "Sunny."},
                      {"role": "assistant", "content": "It is sunny."}]
     return [*messages, {"role": "user", "content": "What is the weather in Lisbon?"}]
 
@@ -284,18 +285,22 @@ def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_serv
     assert json.loads(call.arguments) == {"city": "Rome"}
 
 
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "openai"])
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "kimi_k2", "openai"])
 def test_a_strict_function_holds_a_call_in_the_template_s_format(sdk, fmt):
     """The same where the request's template writes calls in an XML format: from the model's `<tool_call>` on, the
-    call is the template's text and its parameters are held to the schema in that format. And in harmony, whose
-    grammar is the whole output's (its markers text here: the bundled tokenizer has none of them)."""
-    body = dict(messages=weather_shots("Paris", "Berlin"), temperature=0, max_tokens=60,
+    call is the template's text and its parameters are held to the schema in that format. Kimi's call ids hold
+    an index the model writes (its template writes them back); harmony's grammar is the whole output's (its
+    markers text here: the bundled tokenizer has none of them)."""
+    ids = "functions.get_weather:{}" if fmt == "kimi_k2" else "call_{}"
+    body = dict(messages=weather_shots("Paris", "Berlin", ids=ids), temperature=0, max_tokens=120,
                 extra_body={"chat_template": chat_template(fmt)})
     free = sdk.chat.completions.create(model=MODEL, tools=[weather(False)], **body).choices[0]
     assert [json.loads(c.function.arguments) for c in free.message.tool_calls] == [{"city": "Lisbon"}]
     held = sdk.chat.completions.create(model=MODEL, tools=[weather(True)], **body).choices[0]
     assert held.finish_reason == "tool_calls"
     assert [json.loads(c.function.arguments) for c in held.message.tool_calls] == [{"city": "Rome"}]
+    if fmt == "kimi_k2":
+        assert [c.id for c in held.message.tool_calls] == ["functions.get_weather:2"]
 
 
 # Seven formats of different kinds (XML typed by the schema, GLM's keys and values, a marker and a name, special

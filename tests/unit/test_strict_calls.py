@@ -38,18 +38,21 @@ def arguments_text(parser: str, arguments: dict) -> str:
 
 def call_text(parser: str, name: str, arguments: dict) -> str:
     _, begin, end = TOOL_PARSERS[parser].call_tag
-    text = begin.replace("NAME", name) + arguments_text(parser, arguments) + end
+    index = "3" + TOOL_PARSERS[parser].call_index if parser == "kimi_k2" else ""  # the model's own index
+    text = begin.replace("NAME", name) + index + arguments_text(parser, arguments) + end
     if block := getattr(TOOL_PARSERS[parser], "call_block", None):  # MiniMax's block around its calls
         text = block[0] + text + block[1]
     if parser.startswith("deepseek"):  # the calls' block around the call: free text to the grammar
         text = "<｜tool▁calls▁begin｜>" + text + "<｜tool▁calls▁end｜>"
+    if parser == "kimi_k2":  # its section, the same
+        text = "<|tool_calls_section_begin|>" + text + "<|tool_calls_section_end|>"
     return text
 
 
 def test_the_formats_with_a_fixed_call_text():
-    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "glm45", "glm47", "hermes", "llama3_json",
-                         "minimax_m2", "mistral", "qwen3_coder", "seed_oss"]  # ernie45: hermes'; glm47: glm45's
-    for parser in ("pythonic", "granite", "kimi_k2", "olmo3", "hunyuan_a13b"):
+    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "glm45", "glm47", "hermes", "kimi_k2",
+                         "llama3_json", "minimax_m2", "mistral", "qwen3_coder", "seed_oss"]  # ernie45: hermes'; glm47: glm45's
+    for parser in ("pythonic", "granite", "olmo3", "hunyuan_a13b"):
         assert strict_calls(plan(), parser) is None
     assert strict_calls(plan(strict=()), "hermes") is None  # nothing strict: no grammar
     assert strict_calls(ToolPlan(ToolMode.NONE, [CITY]), "hermes") is None
@@ -70,6 +73,8 @@ def test_a_strict_call_follows_its_schema_and_reads_back(parser):
     [call] = message["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
+    if parser == "kimi_k2":  # the id the model wrote, its index included
+        assert call["id"] == "functions.get_weather:3"
 
 
 def test_minimax_blocks_hold_several_calls_and_glm_takes_either_versions_newline():
@@ -93,3 +98,11 @@ def test_parallel_tool_calls_false_ends_at_the_first_call():
     assert admits(strict_calls(plan(), "hermes"), one + one)
     assert admits(strict_calls(plan(max_calls=1), "hermes"), one)
     assert not admits(strict_calls(plan(max_calls=1), "hermes"), one + one)
+
+
+def test_kimi_s_call_index_is_the_model_s_own():
+    spec = strict_calls(plan(), "kimi_k2")
+    section = '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:{}<|tool_call_argument_begin|>' \
+              '{{"city": "Rome"}}<|tool_call_end|><|tool_calls_section_end|>'
+    assert admits(spec, section.format("0")) and admits(spec, section.format("12"))
+    assert not admits(spec, section.format("")) and not admits(spec, section.format("x"))

@@ -105,26 +105,34 @@ def _named(choice: NamedToolChoice, tools: list[dict[str, Any]]) -> ToolPlan:
 
 
 def required_schema(tools: list[dict[str, Any]], parallel_tool_calls: bool | None) -> dict[str, Any]:
-    """vLLM's schema for `required`: [{"name": one tool, "parameters": that tool's schema}, ...];
-    the tools' `$defs` are lifted to the top, where their `$ref`s point."""
+    """vLLM's schema for `required`: [{"name": one tool, "parameters": that tool's schema}, ...]."""
+    return calls_schema(tools, max_calls=1 if parallel_tool_calls is False else None)
+
+
+def calls_schema(tools: list[dict[str, Any]], *, max_calls: int | None, key: str = "parameters",
+                 strict: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A JSON array of one or more calls, each {"name": one tool, `key`: that tool's schema} (any object for a
+    tool not in `strict`, where given); the tools' `$defs` are lifted to the top, where their `$ref`s point."""
     defs: dict[str, Any] = {}
     choices = []
     for tool in tools:
         function = tool["function"]
-        parameters = dict(function.get("parameters") or EMPTY_PARAMETERS)
+        if strict is not None and function["name"] not in strict:
+            parameters: dict[str, Any] = {"type": "object"}
+        else:
+            parameters = dict(function.get("parameters") or EMPTY_PARAMETERS)
         tool_defs = parameters.pop("$defs", None) if isinstance(parameters.get("$defs"), dict) else {}
         for name, schema in tool_defs.items():
             if defs.get(name, schema) != schema:
-                raise APIError(400, f"Two tools define `$defs.{name}` differently; `tool_choice: required` "
+                raise APIError(400, f"Two tools define `$defs.{name}` differently; a grammar over all their calls "
                                     "needs one definition.", param="tools")
             defs[name] = schema
-        choices.append({"properties": {"name": {"type": "string", "enum": [function["name"]]},
-                                       "parameters": parameters},
-                        "required": ["name", "parameters"]})
+        choices.append({"properties": {"name": {"type": "string", "enum": [function["name"]]}, key: parameters},
+                        "required": ["name", key]})
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"type": "object", "anyOf": choices}}
-    if parallel_tool_calls is False:
-        schema["maxItems"] = 1
+    if max_calls is not None:
+        schema["maxItems"] = max_calls
     if defs:
         schema["$defs"] = defs
     return schema

@@ -52,7 +52,7 @@ def call_text(parser: str, name: str, arguments: dict) -> str:
 def test_the_formats_with_a_fixed_call_text():
     assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "glm45", "glm47", "hermes", "kimi_k2",
                          "llama3_json", "minimax_m2", "mistral", "qwen3_coder", "seed_oss"]  # ernie45: hermes'; glm47: glm45's
-    for parser in ("pythonic", "granite", "olmo3", "hunyuan_a13b"):
+    for parser in ("pythonic", "olmo3"):
         assert strict_calls(plan(), parser) is None
     assert strict_calls(plan(strict=()), "hermes") is None  # nothing strict: no grammar
     assert strict_calls(ToolPlan(ToolMode.NONE, [CITY]), "hermes") is None
@@ -106,3 +106,26 @@ def test_kimi_s_call_index_is_the_model_s_own():
               '{{"city": "Rome"}}<|tool_call_end|><|tool_calls_section_end|>'
     assert admits(spec, section.format("0")) and admits(spec, section.format("12"))
     assert not admits(spec, section.format("")) and not admits(spec, section.format("x"))
+
+
+@pytest.mark.parametrize(("parser", "begin", "end"), [("granite", "<|tool_call|>", ""), ("granite", "<tool_call>", ""),
+                                                      ("phi4_mini_json", "functools", ""),
+                                                      ("hunyuan_a13b", "<tool_calls>", "</tool_calls>")])
+def test_an_array_of_calls_follows_the_schemas(parser, begin, end):
+    """Granite's, Phi-4-mini's and Hunyuan's calls: from the marker, a JSON array of {name, arguments}."""
+    def array(*calls):
+        return begin + json.dumps([{"name": name, "arguments": arguments} for name, arguments in calls]) + end
+
+    spec = strict_calls(plan(), parser)
+    two = array(("get_weather", {"city": "Rome"}), ("get_time", {"anything": 1}))  # get_time: not strict
+    lead = "Let me check." if parser == "hunyuan_a13b" else ""  # the others read only an output that is calls
+    assert admits(spec, lead + two) and admits(spec, "No call needed.")
+    assert not admits(spec, array(("get_weather", {"city": "Berlin"})))
+    assert not admits(spec, array(("get_weather", {"town": "Rome"})))
+    assert not admits(spec, array(("get_news", {})))
+    assert not admits(spec, begin + "[]" + end)
+    assert not admits(strict_calls(plan(max_calls=1), parser), two)
+    assert admits(strict_calls(plan(max_calls=1), parser), array(("get_weather", {"city": "Paris"})))
+    message = check_every_split(lambda: TOOL_PARSERS[parser](tools=[CITY, TIME]), lead + two)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Rome"}), ("get_time", {"anything": 1})]

@@ -19,6 +19,7 @@ MARKERS = ("<|tool_call|>", "<tool_call>")
 class GraniteParser(BufferedParser):
     reads_special_tokens = True  # Granite 3.0's <|tool_call|>
     markers = MARKERS
+    call_arrays = tuple((m, "") for m in MARKERS)  # a strict call's (requests/strict_calls.py): (marker, end)
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         self.calls = CallCounter(make_id)
@@ -65,3 +66,4 @@ class Phi4MiniJsonParser(GraniteParser):
 
     reads_special_tokens = False
     markers = ("functools",)
+    call_arrays = (("functools", ""),)

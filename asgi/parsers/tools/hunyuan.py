@@ -21,6 +21,7 @@ class HunyuanParser(GraniteParser):
     """Granite's counter, content and array, after any text."""
 
     reads_special_tokens = False
+    call_arrays = ((OPEN, CLOSE),)
 
     def __init__(self, make_id: Callable[[], str] = new_call_id, tools: list[dict] | None = None):
         super().__init__(make_id, tools)

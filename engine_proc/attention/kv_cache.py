@@ -23,13 +23,23 @@ def num_kv_heads_of(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
+    """Each layer's (num_kv_heads, head_dim): the config's own, or each layer's in a heterogeneous config
+    (transformers' per_layer_config: Gemma 4's global layers have wider heads, maybe fewer, than its sliding ones)."""
+    if not getattr(config, "is_heterogeneous", False):
+        return [(num_kv_heads_of(config), head_dim_of(config))] * config.num_hidden_layers
+    layers = [config.per_layer_config[i] for i in range(config.num_hidden_layers)]
+    return [(num_kv_heads_of(layer), head_dim_of(layer)) for layer in layers]
+
+
 def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int, num_layers: int | None = None,
                     kv_cache_dtype: str = "auto") -> int:
-    """K and V of `block_size` tokens across all layers (or `num_layers` of them); with
-    --kv-cache-dtype int8 a row is head_dim bytes and its scale (kv_int8.py), not head_dim of `dtype`."""
-    num_kv_heads, head_dim = num_kv_heads_of(config), head_dim_of(config)
-    num_rows = 2 * (num_layers or config.num_hidden_layers) * block_size * num_kv_heads
-    return num_rows * (kv_int8.row_bytes(head_dim) if kv_cache_dtype == "int8" else head_dim * dtype.itemsize)
+    """K and V of `block_size` tokens across all layers (or `num_layers` block tensors, which window tables
+    share: layers of one shape); with --kv-cache-dtype int8 a row is head_dim bytes and its scale (kv_int8.py),
+    not head_dim of `dtype`."""
+    shapes = layer_kv_shapes(config)[:num_layers]  # [:None]: all of them
+    return sum(2 * block_size * num_kv_heads * (kv_int8.row_bytes(head_dim) if kv_cache_dtype == "int8"
+                                                else head_dim * dtype.itemsize) for num_kv_heads, head_dim in shapes)
 
 
 def num_blocks_for_memory(
@@ -70,26 +80,42 @@ class KVCache:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.num_kv_heads = num_kv_heads_of(config)
-        self.head_dim = head_dim_of(config)
+        shapes = layer_kv_shapes(config)
+        self.num_kv_heads, self.head_dim = shapes[0]
         num_layers = config.num_hidden_layers
+        if window_layers and len(set(shapes)) > 1:
+            raise ValueError("window tables share block tensors between layers: they need one K/V shape")
         # Each layer's (group, tensor): group 0 the global layers, 1.. the sliding layers' groups
         self.num_window_groups, self.layer_places = (layer_groups(window_layers, num_layers) if window_layers
                                                      else (0, [(0, layer) for layer in range(num_layers)]))
         num_tensors = 1 + max(slot for _, slot in self.layer_places)
         self.kv_cache_dtype = kv_cache_dtype
-        row = kv_int8.row_bytes(self.head_dim) if kv_cache_dtype == "int8" else self.head_dim
         dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
-        shape = (num_tensors, 2, num_blocks, block_size, self.num_kv_heads, row)
-        # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
-        # a masked NaN left in uninitialised memory would still poison the weighted sum.
-        self._storage = resident_zeros(shape, dtype, device)
-        self.k_caches = [self._storage[slot, 0] for _, slot in self.layer_places]
-        self.v_caches = [self._storage[slot, 1] for _, slot in self.layer_places]
+
+        def zeros(count: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+            row = kv_int8.row_bytes(head_dim) if kv_cache_dtype == "int8" else head_dim
+            # Zeros, not empty: attention reads whole blocks and masks the unused slots, and
+            # a masked NaN left in uninitialised memory would still poison the weighted sum.
+            return resident_zeros((count, 2, num_blocks, block_size, num_kv_heads, row), dtype, device)
+
+        if len(set(shapes)) == 1:
+            self._storages = [zeros(num_tensors, *shapes[0])]
+            tensors = [self._storages[0][slot] for _, slot in self.layer_places]
+        else:  # layers of several shapes: a tensor of each layer's own
+            self._storages = [zeros(1, *shape) for shape in shapes]
+            tensors = [storage[0] for storage in self._storages]
+        self.k_caches = [t[0] for t in tensors]
+        self.v_caches = [t[1] for t in tensors]
 
     @property
     def num_bytes(self) -> int:
-        return self._storage.numel() * self._storage.element_size()
+        return sum(s.numel() * s.element_size() for s in self._storages)
+
+    @property
+    def _storage(self) -> torch.Tensor:
+        if len(self._storages) > 1:
+            raise ValueError("the disk tier of the KV cache needs layers of one K/V shape (not Gemma 4's)")
+        return self._storages[0]
 
     def read_blocks(self, block_ids: torch.Tensor) -> torch.Tensor:
         """A copy of these blocks, whole in every tensor ([num_tensors, 2, len(block_ids), ...]): the disk tier's

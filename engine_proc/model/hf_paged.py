@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
-from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.attention.kv_cache import KVCache, layer_kv_shapes
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
@@ -45,8 +45,6 @@ def paged_unsupported(config) -> str | None:
     layer_types = set(getattr(text_config, "layer_types", None) or ())
     if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
         return f"its {other[0]!r} layers have no paged form"
-    if getattr(text_config, "num_kv_shared_layers", 0):
-        return "its layers share KV caches"
     return None
 
 
@@ -75,7 +73,7 @@ def interleaved_window(config, max_model_len: int) -> tuple[int, tuple[int, ...]
     their own that hold the window only (engine_proc/sched/window_tables.py). None for any other."""
     window = _short_window(config, max_model_len)
     layer_types = getattr(config, "layer_types", None) or ()
-    if window is None:
+    if window is None or len(set(layer_kv_shapes(config))) > 1:  # a tensor shared by layers of one shape only
         return None
     sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     return (window, sliding) if 0 < len(sliding) < len(layer_types) else None
@@ -127,6 +125,12 @@ class PagedTransformersRunner(SamplingRunner):
         self.attention = create_attention_backend(self.attention_backend, self.device, dtype, model.block_size,
                                                   model.batch_invariant)
         self.model = load_hf_model(model.model_dir, self.config, dtype, self.device, model.load_format)
+        for module in self.model.modules():
+            if hasattr(module, "_maybe_slice_kv_shared_inputs"):
+                # Gemma 4 cuts a prompt to its kept rows before its layers that reuse others' K/V, for an int
+                # logits_to_keep: this route keeps rows by index, so never; the check's guard on the step's
+                # length would stop torch.compile.
+                module._maybe_slice_kv_shared_inputs = _unsliced
         # "dynamic" and "longrope" RoPE independent of the step's other sequences (hf_rope.py)
         served_len = min(max_model_len or self.max_model_len, self.max_model_len)
         if (_rope_types(text_config) & set(LENGTH_DEPENDENT_TYPES)
@@ -238,6 +242,10 @@ class PagedTransformersRunner(SamplingRunner):
 def _num_experts(config) -> int:
     return next((getattr(config, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")
                  if getattr(config, name, None)), 0)
+
+
+def _unsliced(hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping, *args, **kwargs):
+    return hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping
 
 
 def _is_attention(module: torch.nn.Module) -> bool:

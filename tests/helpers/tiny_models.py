@@ -74,7 +74,8 @@ def tiny_config(kind: str):
 
 # Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
 # with prompts longer than its window where it has one (WINDOW tokens).
-PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2")
+PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
+                     "gemma4_text")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -96,6 +97,14 @@ def _paged_route_config(kind: str):
     if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
         return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                                 query_pre_attn_scalar=48)
+    if kind == "gemma4_text":  # Gemma 4: wider global layers (heads of 32, one K/V head, keys as values, partial
+        # RoPE), per-layer input embeddings, the last two layers reusing the K/V of the first two
+        from transformers import Gemma4TextConfig
+
+        return Gemma4TextConfig(**{**TINY, "num_hidden_layers": 4}, **special, head_dim=16, global_head_dim=32,
+                                num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+                                sliding_window=WINDOW, layer_types=alternating * 2, hidden_size_per_layer_input=8,
+                                vocab_size_per_layer_input=128, final_logit_softcapping=8.0)
     if kind == "gemma2":  # soft-capped attention and final logits
         return Gemma2Config(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                             attn_logit_softcapping=5.0, final_logit_softcapping=8.0, query_pre_attn_scalar=32)

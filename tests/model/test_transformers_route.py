@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rill.engine_proc.attention.kv_cache import layer_kv_shapes
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
@@ -149,6 +150,10 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     cache = zoo.runner.kv_cache
     config = zoo.runner.config
     assert cache.num_blocks == 64 and len(cache.k_caches) == config.num_hidden_layers
+    # Each layer's own K/V shape: Gemma 4's global layers one head of 32 (its sliding ones two of 16)
+    shapes = [tuple(k.shape[-2:]) for k in cache.k_caches]
+    assert shapes == [tuple(v.shape[-2:]) for v in cache.v_caches] == layer_kv_shapes(config.get_text_config())
+    assert (shapes == [(2, 16), (1, 32)] * 2) == (zoo.kind == "gemma4_text")
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]

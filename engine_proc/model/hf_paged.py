@@ -249,8 +249,11 @@ def _unsliced(hidden_states, per_layer_inputs, position_embeddings, causal_mask_
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
-    """A decoder layer's self-attention: what transformers names *Attention and gives a layer index."""
-    return type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
+    """A decoder layer's self-attention: what transformers names *Attention and gives a layer index, over the paged
+    cache (not a vision tower's, as Gemma 4's, which indexes its layers too)."""
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", IMPLEMENTATION)
+    return (type(module).__name__.endswith("Attention") and isinstance(getattr(module, "layer_idx", None), int)
+            and implementation == IMPLEMENTATION)
 
 
 def load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, load_format: str,
@@ -259,7 +262,8 @@ def load_hf_model(model_dir, config, dtype: torch.dtype, device: torch.device, l
     auto_class = AutoModelForCausalLM
     if is_vision_model(config):  # its vision tower's attention is not over the paged cache
         auto_class = AutoModelForImageTextToText
-        attn_implementation = attention_implementations(config, attn_implementation or "sdpa")
+    if "text_config" in (getattr(config, "sub_configs", None) or {}):  # nor a tower of a model served for its
+        attn_implementation = attention_implementations(config, attn_implementation or "sdpa")  # text (Gemma 4)
     if load_format == "dummy":
         # Seeded, as the native model's dummy weights are: every data-parallel engine (and every
         # start) gets the same weights, so they answer alike.

@@ -45,7 +45,7 @@ def tiny_config(kind: str):
         rotary = 0.75 if kind == "phi3-partial-rotary" else 1.0
         return Phi3Config(**TINY, sliding_window=window, partial_rotary_factor=rotary, tie_word_embeddings=False,
                           pad_token_id=None, bos_token_id=1, eos_token_id=2)
-    if kind in PAGED_ROUTE_KINDS:
+    if kind in (*PAGED_ROUTE_KINDS, "gemma4"):
         return _paged_route_config(kind)
     if kind == "phi4-mini-longrope":  # Phi-4-mini's 3/4 rotary with LongRoPE, its original context 24 tokens
         rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": ROPE_SWITCH,
@@ -75,7 +75,7 @@ def tiny_config(kind: str):
 # Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
-                     "gemma4_text")
+                     "gemma4_text", "gemma4-moe")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -97,6 +97,21 @@ def _paged_route_config(kind: str):
     if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
         return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                                 query_pre_attn_scalar=48)
+    if kind == "gemma4":  # the checkpoints' class: Gemma 4's text model beside a vision tower, served for its text
+        from transformers import Gemma4Config
+
+        vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=16)
+        return Gemma4Config(text_config={**_paged_route_config("gemma4_text").to_dict(), "pad_token_id": 0},
+                            vision_config=vision, audio_config=None, boi_token_id=120, eoi_token_id=121,
+                            image_token_id=122, video_token_id=123, boa_token_id=124, eoa_token_index=125,
+                            audio_token_id=126)
+    if kind == "gemma4-moe":  # Gemma 4's 26B-A4B: a dense MLP beside experts in every layer
+        from transformers import Gemma4TextConfig
+
+        return Gemma4TextConfig(**TINY, **special, head_dim=16, global_head_dim=32, sliding_window=WINDOW,
+                                layer_types=alternating, hidden_size_per_layer_input=0, enable_moe_block=True,
+                                num_experts=8, top_k_experts=2, moe_intermediate_size=48)
     if kind == "gemma4_text":  # Gemma 4: wider global layers (heads of 32, one K/V head, keys as values, partial
         # RoPE), per-layer input embeddings, the last two layers reusing the K/V of the first two
         from transformers import Gemma4TextConfig

@@ -31,8 +31,8 @@ from tests.helpers.scheduled import (
 )
 from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
-KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox")
-MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss")
+KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox", "gemma4")
+MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe")
 
 
 @dataclass
@@ -148,12 +148,12 @@ def test_the_triton_backend_under_the_route_matches_transformers(kind, tmp_path)
 
 def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     cache = zoo.runner.kv_cache
-    config = zoo.runner.config
+    config = zoo.runner.config.get_text_config()
     assert cache.num_blocks == 64 and len(cache.k_caches) == config.num_hidden_layers
     # Each layer's own K/V shape: Gemma 4's global layers one head of 32 (its sliding ones two of 16)
     shapes = [tuple(k.shape[-2:]) for k in cache.k_caches]
-    assert shapes == [tuple(v.shape[-2:]) for v in cache.v_caches] == layer_kv_shapes(config.get_text_config())
-    assert (shapes == [(2, 16), (1, 32)] * 2) == (zoo.kind == "gemma4_text")
+    assert shapes == [tuple(v.shape[-2:]) for v in cache.v_caches] == layer_kv_shapes(config)
+    assert (shapes == [(2, 16), (1, 32)] * 2) == (zoo.kind in ("gemma4_text", "gemma4"))
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]

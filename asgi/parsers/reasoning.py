@@ -54,6 +54,9 @@ THINK_FORMATS = {
     # Kimi K2 Thinking: its calls' section may follow the thinking with no `</think>` (the tags are special tokens)
     "kimi_k2": ThinkFormat("<think>", "</think>", opening_optional=True, reads_special_tokens=True,
                            answer_opens="<|tool_calls_section_begin|>", switch="thinking"),
+    # Gemma 4 (`enable_thinking`): its thought channel, the label `thought` dropped; a call may end it too
+    "gemma4": ThinkFormat("<|channel>thought\n", "<channel|>", opening_optional=False, reads_special_tokens=True,
+                          answer_opens="<|tool_call>", alt_open=("<|channel>",)),
     # DeepSeek V3.1 and later: R1's thinking where the template is asked for it (`thinking: true`), else none
     "deepseek_v3": ThinkFormat("<think>", "</think>", opening_optional=True, switch="thinking", on_by_default=False),
     "olmo3": R1,  # OLMo 3 Think: its template opens the thinking
@@ -95,11 +98,11 @@ class ThinkParser(BufferedParser):
         fmt = self.fmt
         if self.state == "start":
             head = self.pending.lstrip()
+            if not final and any(tag.startswith(head) and tag != head for tag in fmt.opens):
+                return {}  # nothing yet, or maybe an opening tag (the longest that fits: Gemma 4's with its label)
             opening = next((tag for tag in fmt.opens if head.startswith(tag)), None)
             if opening is not None:
                 self.pending, self.state = head[len(opening):], "reasoning"
-            elif not final and any(tag.startswith(head) for tag in fmt.opens):
-                return {}
             else:
                 self.state = "reasoning" if fmt.opening_optional else "answer"
         if self.state == "reasoning":

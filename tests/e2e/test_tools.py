@@ -285,7 +285,7 @@ def test_a_strict_function_holds_the_call_the_model_chose_to_make(sdk, tool_serv
     assert json.loads(call.arguments) == {"city": "Rome"}
 
 
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "kimi_k2", "granite", "hunyuan_a13b", "openai"])
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "kimi_k2", "gemma4", "granite", "hunyuan_a13b", "openai"])
 def test_a_strict_function_holds_a_call_in_the_template_s_format(sdk, fmt):
     """The same where the request's template writes calls in an XML format: from the model's `<tool_call>` on, the
     call is the template's text and its parameters are held to the schema in that format. Kimi's call ids hold

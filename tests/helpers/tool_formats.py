@@ -11,6 +11,8 @@ CALL_RENDERINGS = {
                    "<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n</tool_call>",
     "glm45": "<tool_call>{{ tc.function.name }}\n{% for k, v in tc.function.arguments | items %}<arg_key>{{ k }}"
              "</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}</tool_call>",
+    "gemma4": "<|tool_call>call:{{ tc.function.name }}{{ '{' }}{% for k, v in tc.function.arguments | items %}{{ k }}:"
+              '<|"|>{{ v }}<|"|>{% if not loop.last %},{% endif %}{% endfor %}{{ \'}\' }}<tool_call|>',
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
                "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>",
     "minimax_m2": '<minimax:tool_call>\n<invoke name="{{ tc.function.name }}">\n{% for k, v in tc.function.arguments '
@@ -65,6 +67,8 @@ OUTPUTS = {
                     "Let me check.\n", [PARIS, NONE]),
     "glm45": ("Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
               "</tool_call>\n<tool_call>get_time\n</tool_call>", "Let me check.\n", [PARIS, NONE]),
+    "gemma4": ('Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|><|tool_call>call:get_time{}'
+               "<tool_call|>", "Let me check.", [PARIS, NONE]),
     "kimi_k2": ("Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                 '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "Let me check.", [PARIS, NONE]),

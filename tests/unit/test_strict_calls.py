@@ -33,6 +33,10 @@ def arguments_text(parser: str, arguments: dict) -> str:
         return "".join(f"<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n" for key, value in plain.items())
     if style == "minimax_xml":
         return "".join(f'<parameter name="{key}">{value}</parameter>\n' for key, value in plain.items())
+    if style == "gemma":  # Gemma 4's: bare keys, strings between its markers
+        quoted = {key: f'<|"|>{value}<|"|>' if isinstance(value, str) else json.dumps(value)
+                  for key, value in arguments.items()}
+        return "{" + ",".join(f"{key}:{value}" for key, value in quoted.items()) + "}"
     return json.dumps(arguments)
 
 
@@ -50,7 +54,7 @@ def call_text(parser: str, name: str, arguments: dict) -> str:
 
 
 def test_the_formats_with_a_fixed_call_text():
-    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "glm45", "glm47", "hermes", "kimi_k2",
+    assert WITH_TAGS == ["deepseek_v3", "deepseek_v31", "ernie45", "gemma4", "glm45", "glm47", "hermes", "kimi_k2",
                          "llama3_json", "minimax_m2", "mistral", "qwen3_coder", "seed_oss"]  # ernie45: hermes'; glm47: glm45's
     for parser in ("pythonic", "olmo3"):
         assert strict_calls(plan(), parser) is None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rill.asgi.parsers.tools.deepseek_v3 import DeepSeekV3Parser, DeepSeekV31Parser
+from rill.asgi.parsers.tools.gemma4 import Gemma4Parser
 from rill.asgi.parsers.tools.glm45 import Glm45Parser
 from rill.asgi.parsers.tools.granite import GraniteParser, Phi4MiniJsonParser
 from rill.asgi.parsers.tools.harmony import HarmonyParser
@@ -20,6 +21,7 @@ TOOL_PARSERS = {
     "deepseek_v3": DeepSeekV3Parser,
     "deepseek_v31": DeepSeekV31Parser,
     "ernie45": HermesParser,  # ERNIE 4.5: hermes' JSON calls in <tool_call>
+    "gemma4": Gemma4Parser,
     "glm45": Glm45Parser,
     "glm47": Glm45Parser,
     "granite": GraniteParser,

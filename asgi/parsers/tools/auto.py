@@ -17,6 +17,7 @@ FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3_coder", ("<tool_call>", "<function=")),
     ("glm45", ("<tool_call>", "<arg_key>", "<arg_value>")),  # GLM-4.5 to 4.7: keys and values inside <tool_call>
     ("kimi_k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
+    ("gemma4", ("<|tool_call>", "<tool_call|>")),  # Gemma 4: call:NAME{...} between its own markers
     ("deepseek_v3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json")),  # type, sep, name, a fenced block
     ("deepseek_v31", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>")),  # name, sep, the arguments as written
     ("mistral", ("[TOOL_CALLS]",)),

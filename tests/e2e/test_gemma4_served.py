@@ -1,0 +1,59 @@
+"""End to end: a tiny random-weight Gemma 4 checkpoint (Gemma4ForConditionalGeneration: the text model beside a
+vision tower; wider global layers with one K/V head, per-layer input embeddings, layers reusing others' K/V) served
+by `rill serve` for its text, through the OpenAI SDK: its greedy tokens and prompt logprobs are transformers' own."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import Gemma4ForConditionalGeneration
+
+from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
+from tests.helpers.http_calls import post
+from tests.helpers.server import sdk_client, start_server, stop_server
+from tests.helpers.tiny_models import tiny_config
+
+MODEL = "tiny-gemma4"
+TEXT = "The keeper of the lighthouse wrote in his log, every night for forty years, what the sea had done that day."
+VOCAB = 49152  # the bundled tokenizer's
+
+
+@pytest.fixture(scope="module")
+def gemma4(model_dir, tmp_path_factory):
+    config = tiny_config("gemma4")
+    config.text_config.vocab_size = config.text_config.vocab_size_per_layer_input = VOCAB
+    for i, name in enumerate(("boi_token_id", "eoi_token_id", "image_token_id", "video_token_id", "boa_token_id",
+                              "eoa_token_index", "audio_token_id")):
+        setattr(config, name, VOCAB - 1 - i)  # ids the prompts never hold
+    path = tmp_path_factory.mktemp("gemma4")
+    torch.manual_seed(0)
+    hf = Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.normal_(0.0, 0.2)
+    hf.save_pretrained(path)
+    for name in TOKENIZER_FILE_NAMES:
+        if (model_dir / name).is_file() and name != "generation_config.json":
+            shutil.copyfile(model_dir / name, path / name)
+    srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32",
+                       "--enforce-eager", "--log-level", "info")
+    yield hf, srv
+    stop_server(srv)
+
+
+def test_greedy_tokens_and_prompt_logprobs_are_transformers_own(gemma4, tokenizer):
+    hf, srv = gemma4
+    assert "transformers' model over the paged KV cache" in srv.log()
+    ids = tokenizer.encode(TEXT).ids
+    resp = sdk_client(srv).completions.create(model=MODEL, prompt=ids, max_tokens=20, temperature=0, logprobs=1,
+                                              extra_body={"ignore_eos": True})
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+        logprobs = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    expected = [tokenizer.decode([t], skip_special_tokens=False) for t in out[0, len(ids):].tolist()]
+    assert resp.choices[0].logprobs.tokens == expected and resp.usage.completion_tokens == 20
+    r = post(srv, "/v1/completions", {"model": MODEL, "prompt": TEXT, "max_tokens": 0, "echo": True, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    want = [float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids))]
+    assert r.json()["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(want, abs=1e-3)

@@ -55,6 +55,10 @@ def family_configs() -> dict:
         "olmo2": t.Olmo2Config(**SHAPE),
         "gemma3_text": t.Gemma3TextConfig(**SHAPE, sliding_window=WINDOW,
                                           layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+        # Gemma 4: global layers of twice the head width, per-layer input embeddings
+        "gemma4": t.Gemma4TextConfig(**SHAPE, global_head_dim=128, sliding_window=WINDOW,
+                                     layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                     hidden_size_per_layer_input=64, vocab_size_per_layer_input=SHAPE["vocab_size"]),
         "gemma2": t.Gemma2Config(**SHAPE, sliding_window=WINDOW, layer_types=ALTERNATING),
         "mistral-window": t.MistralConfig(**SHAPE, sliding_window=WINDOW),
         "qwen3_moe": t.Qwen3MoeConfig(**SHAPE, **experts, num_experts=8, moe_intermediate_size=256),

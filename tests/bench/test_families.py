@@ -8,6 +8,7 @@ import json
 import pytest
 
 from rill.bench.families import SHAPE, family_configs, write_model_dir
+from rill.engine_proc.attention.kv_cache import layer_kv_shapes
 from rill.engine_proc.model.choice import choose_runner
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.loader import load_config
@@ -21,7 +22,7 @@ def test_each_family_takes_its_route_at_the_shared_shape(name, tmp_path):
     model_dir = write_model_dir(family_configs()[name], tmp_path / name)
     config = load_config(model_dir)
     assert choose_runner("auto", config) is (ModelRunner if name in NATIVE else PagedTransformersRunner)
-    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (256, 4, 64)
+    assert (config.hidden_size, config.num_hidden_layers, layer_kv_shapes(config)[0][1]) == (256, 4, 64)
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     assert len(tokenizer["model"]["vocab"]) == SHAPE["vocab_size"] == config.vocab_size
 

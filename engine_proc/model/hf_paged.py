@@ -155,6 +155,9 @@ class PagedTransformersRunner(SamplingRunner):
         if model.max_loras:  # adapters on transformers' own linears, per row (engine_proc/lora/layers.py)
             if is_vision_model(self.config):
                 raise ValueError("--enable-lora is not served for vision models")
+            if getattr(text_config, "is_heterogeneous", False):
+                raise ValueError("--enable-lora is not served for a model whose layers differ in shape (Gemma 4): "
+                                 "an adapter's matrices are sized by the model's one shape")
             from rill.engine_proc.lora.layers import wrap_transformers_linears
             from rill.engine_proc.lora.manager import LoRAManager
 

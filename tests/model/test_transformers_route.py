@@ -130,11 +130,12 @@ def test_a_sliding_layer_holds_its_window_of_blocks(kind, window, tmp_path):
         assert max(held) <= -(-window // BLOCK_SIZE) + 1 < longest_blocks
 
 
-@pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss", "gemma4_text"])
 def test_the_triton_backend_under_the_route_matches_transformers(kind, tmp_path):
     """The GPU's attention backend (on a GPU when there is one, else on CPU tensors under Triton's
     interpreter): its flat step layout, the masked layers' view of it and Gemma 3's and GPT-OSS's
-    window tables included, in chunks mixed with decodes (bench/gpu_tier.sh runs it on a GPU)."""
+    window tables included, Gemma 4's layers of two shapes, in chunks mixed with decodes (bench/gpu_tier.sh
+    runs it on a GPU)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     hf = save_tiny_model(kind, tmp_path)
@@ -225,6 +226,13 @@ def test_a_model_the_paged_route_cannot_run_is_refused_with_why(tmp_path):
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(ValueError, match="cannot run this model: its 'linear_attention' layers have no paged form"):
         make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=8, eos_token_ids=[EOS_ID])
+
+
+def test_lora_on_a_model_whose_layers_differ_in_shape_is_refused_at_start(tmp_path):
+    save_tiny_model("gemma4_text", tmp_path)
+    with pytest.raises(ValueError, match="--enable-lora is not served for a model whose layers differ in shape"):
+        make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=8, eos_token_ids=[EOS_ID],
+                    max_loras=1)
 
 
 def test_a_soft_capped_chunk_goes_a_few_queries_at_a_time(monkeypatch, tmp_path):

@@ -32,12 +32,27 @@ def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
     return [(num_kv_heads_of(layer), head_dim_of(layer)) for layer in layers]
 
 
+def kv_sources(config: PretrainedConfig) -> list[int]:
+    """Each layer's K/V: its own (its index), or, for a layer that reuses another's (transformers' kv_sharing_modes
+    "reuse": Gemma 4's and Gemma 3n's last layers), the layer of its type that keeps them for it ("store")."""
+    num_layers = config.num_hidden_layers
+    modes = getattr(config, "kv_sharing_modes", None) if getattr(config, "num_kv_shared_layers", 0) else None
+    if not modes:
+        return list(range(num_layers))
+    types = config.layer_types
+    keeper = {types[i]: i for i in range(num_layers) if modes[i] == "store"}
+    if any(modes[i] == "reuse" and types[i] not in keeper for i in range(num_layers)):
+        return list(range(num_layers))  # no layer of its own keeps them (a draft model's): each its own
+    return [keeper[types[i]] if modes[i] == "reuse" else i for i in range(num_layers)]
+
+
 def bytes_per_block(config: PretrainedConfig, dtype: torch.dtype, block_size: int, num_layers: int | None = None,
                     kv_cache_dtype: str = "auto") -> int:
-    """K and V of `block_size` tokens across all layers (or `num_layers` block tensors, which window tables
-    share: layers of one shape); with --kv-cache-dtype int8 a row is head_dim bytes and its scale (kv_int8.py),
-    not head_dim of `dtype`."""
-    shapes = layer_kv_shapes(config)[:num_layers]  # [:None]: all of them
+    """K and V of `block_size` tokens across the layers that keep their own (kv_sources), or `num_layers` block
+    tensors, which window tables share (layers of one shape); with --kv-cache-dtype int8 a row is head_dim bytes and
+    its scale (kv_int8.py), not head_dim of `dtype`."""
+    shapes = layer_kv_shapes(config)
+    shapes = shapes[:num_layers] if num_layers is not None else [shapes[i] for i in sorted(set(kv_sources(config)))]
     return sum(2 * block_size * num_kv_heads * (kv_int8.row_bytes(head_dim) if kv_cache_dtype == "int8"
                                                 else head_dim * dtype.itemsize) for num_kv_heads, head_dim in shapes)
 
@@ -85,9 +100,14 @@ class KVCache:
         num_layers = config.num_hidden_layers
         if window_layers and len(set(shapes)) > 1:
             raise ValueError("window tables share block tensors between layers: they need one K/V shape")
-        # Each layer's (group, tensor): group 0 the global layers, 1.. the sliding layers' groups
-        self.num_window_groups, self.layer_places = (layer_groups(window_layers, num_layers) if window_layers
-                                                     else (0, [(0, layer) for layer in range(num_layers)]))
+        # Each layer's (group, tensor): group 0 the global layers, 1.. the sliding layers' groups. Without window
+        # tables, a layer that reuses another's K/V (kv_sources) has that layer's tensor: both write the same K/V.
+        if window_layers:
+            self.num_window_groups, self.layer_places = layer_groups(window_layers, num_layers)
+        else:
+            sources = kv_sources(config)
+            slot_of = {owner: slot for slot, owner in enumerate(sorted(set(sources)))}
+            self.num_window_groups, self.layer_places = 0, [(0, slot_of[sources[layer]]) for layer in range(num_layers)]
         num_tensors = 1 + max(slot for _, slot in self.layer_places)
         self.kv_cache_dtype = kv_cache_dtype
         dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
@@ -101,9 +121,10 @@ class KVCache:
         if len(set(shapes)) == 1:
             self._storages = [zeros(num_tensors, *shapes[0])]
             tensors = [self._storages[0][slot] for _, slot in self.layer_places]
-        else:  # layers of several shapes: a tensor of each layer's own
-            self._storages = [zeros(1, *shape) for shape in shapes]
-            tensors = [storage[0] for storage in self._storages]
+        else:  # layers of several shapes: a tensor of each one's shape
+            owners = {slot: layer for layer, (_, slot) in reversed(list(enumerate(self.layer_places)))}
+            self._storages = [zeros(1, *shapes[owners[slot]]) for slot in range(num_tensors)]
+            tensors = [self._storages[slot][0] for _, slot in self.layer_places]
         self.k_caches = [t[0] for t in tensors]
         self.v_caches = [t[1] for t in tensors]
 

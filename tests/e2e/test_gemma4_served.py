@@ -3,16 +3,12 @@ vision tower; wider global layers with one K/V head, per-layer input embeddings,
 by `rill serve` for its text, through the OpenAI SDK: its greedy tokens and prompt logprobs are transformers' own."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from transformers import Gemma4ForConditionalGeneration
 
-from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
 from tests.helpers.http_calls import post
 from tests.helpers.server import sdk_client, start_server, stop_server
-from tests.helpers.tiny_models import tiny_config
+from tests.helpers.tiny_models import save_random_model, tiny_config
 
 MODEL = "tiny-gemma4"
 TEXT = "The keeper of the lighthouse wrote in his log, every night for forty years, what the sea had done that day."
@@ -27,15 +23,8 @@ def gemma4(model_dir, tmp_path_factory):
                               "eoa_token_index", "audio_token_id")):
         setattr(config, name, VOCAB - 1 - i)  # ids the prompts never hold
     path = tmp_path_factory.mktemp("gemma4")
-    torch.manual_seed(0)
-    hf = Gemma4ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for param in hf.parameters():
-            param.normal_(0.0, 0.2)
-    hf.save_pretrained(path)
-    for name in TOKENIZER_FILE_NAMES:
-        if (model_dir / name).is_file() and name != "generation_config.json":
-            shutil.copyfile(model_dir / name, path / name)
+    hf = save_random_model(config, path, tokenizer_dir=model_dir)
+    assert type(hf).__name__ == "Gemma4ForConditionalGeneration"  # the checkpoints' class
     srv = start_server(tmp_path_factory, "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32",
                        "--enforce-eager", "--log-level", "info")
     yield hf, srv

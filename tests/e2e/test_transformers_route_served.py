@@ -7,19 +7,16 @@ in a pool of their own, while its global layers hold every block."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
 from tests.helpers.http_calls import post
 from tests.helpers.server import sdk_client, start_server, stats, stop_server
-from tests.helpers.tiny_models import WINDOW, tiny_config
+from tests.helpers.tiny_models import WINDOW, save_random_model, tiny_config
 
 MODEL = "tiny-gemma3"
 TEXT = ("The keeper of the lighthouse wrote in his log, every night for forty years, what the sea had done "
@@ -33,16 +30,7 @@ def save_servable(kind: str, model_dir, tmp_path_factory, **overrides):
     config.vocab_size = 49152  # the bundled tokenizer's
     for name, value in overrides.items():
         setattr(config, name, value)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for param in hf.parameters():
-            param.normal_(0.0, 0.2)
-    hf.save_pretrained(path)
-    for name in TOKENIZER_FILE_NAMES:
-        if (model_dir / name).is_file() and name != "generation_config.json":
-            shutil.copyfile(model_dir / name, path / name)
-    return hf, path
+    return save_random_model(config, path, tokenizer_dir=model_dir), path
 
 
 @pytest.fixture(scope="module")

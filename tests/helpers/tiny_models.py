@@ -140,10 +140,23 @@ def _paged_route_config(kind: str):
 
 def save_tiny_model(kind: str, path):
     """A tiny model of `kind` (tiny_config) with seeded random weights, saved at `path`; returned."""
+    return save_random_model(tiny_config(kind), path)
+
+
+def save_random_model(config, path, tokenizer_dir=None):
+    """A model of `config` with seeded random weights, saved at `path` (with the tokenizer files of
+    `tokenizer_dir`, the bundled model's, where given: a directory `rill serve` serves); returned."""
+    import shutil
+
+    from rill.bench.serving.tiny_model import TOKENIZER_FILE_NAMES
+
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for param in hf.parameters():  # biases and norms too, so that loading each is checked
             param.normal_(0.0, 0.2)
     hf.save_pretrained(path)
+    for name in TOKENIZER_FILE_NAMES if tokenizer_dir is not None else ():
+        if (tokenizer_dir / name).is_file() and name != "generation_config.json":
+            shutil.copyfile(tokenizer_dir / name, path / name)
     return hf

@@ -155,6 +155,11 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     shapes = [tuple(k.shape[-2:]) for k in cache.k_caches]
     assert shapes == [tuple(v.shape[-2:]) for v in cache.v_caches] == layer_kv_shapes(config)
     assert (shapes == [(2, 16), (1, 32)] * 2) == (zoo.kind in ("gemma4_text", "gemma4"))
+    # Layers that reuse others' K/V (Gemma 4's last two) hold those layers' tensors: memory for two layers only
+    shared = [k.data_ptr() == cache.k_caches[i - 2].data_ptr() for i, k in enumerate(cache.k_caches) if i >= 2]
+    assert shared == ([True, True] if zoo.kind in ("gemma4_text", "gemma4") else [False] * (len(shapes) - 2))
+    if any(shared):
+        assert cache.num_bytes == sum(2 * 64 * BLOCK_SIZE * heads * dim * 4 for heads, dim in shapes[:2])  # float32
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]

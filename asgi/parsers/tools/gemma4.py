@@ -24,6 +24,7 @@ _HEADER = re.compile(r"\s*call:([\w.\-]+)\s*\{")
 
 class Gemma4Parser(StateParser):
     reads_special_tokens = True
+    close = CLOSE
     # A strict call (requests/strict_calls.py): its arguments in xgrammar's "gemma" style, braces included
     call_tag = (OPEN, f"{OPEN}call:NAME", CLOSE)
     call_style = "gemma"
@@ -57,12 +58,6 @@ class Gemma4Parser(StateParser):
         self.state = "not_call"
         return True
 
-    def _at_not_call(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((CLOSE,), final)
-        self.content.add(text + (tag or ""), delta)
-        if tag:
-            self.state = "text"
-        return tag is not None
 
     def _at_args(self, delta: DeltaBuilder, final: bool) -> bool:
         text, tag = self._take((CLOSE,), final)

@@ -30,6 +30,7 @@ KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</ar
 
 class Glm45Parser(StateParser):
     reads_special_tokens = True
+    close = CLOSE
     # A strict call, its arguments in xgrammar's "glm_xml" style, which takes GLM-4.5's newline after the name or
     # GLM-4.7's none
     call_tag = (OPEN, f"{OPEN}NAME", CLOSE)
@@ -82,12 +83,6 @@ class Glm45Parser(StateParser):
             self._end_call(delta)
         return tag is not None
 
-    def _at_not_call(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((CLOSE,), final)
-        self.content.add(text + (tag or ""), delta)
-        if tag:
-            self.state = "text"
-        return tag is not None
 
     def _at_params(self, delta: DeltaBuilder, final: bool) -> bool:
         _, tag = self._take((KEY, CLOSE), final)  # text between pairs is layout

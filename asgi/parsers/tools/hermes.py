@@ -62,6 +62,7 @@ class StateParser(BufferedParser):
     content: ContentAroundCalls
     num_calls: int
     state: str
+    close: str  # a call's closing tag
 
     pending: str
 
@@ -81,6 +82,14 @@ class StateParser(BufferedParser):
         """Where the first of `tags` begins in `pending`, and which ((len(pending), None) for none)."""
         return min(((at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0),
                    default=(len(self.pending), None))
+
+    def _at_not_call(self, delta: DeltaBuilder, final: bool) -> bool:
+        """An opening tag that opened no call: its text is content as written, up to its `close` tag."""
+        text, tag = self._take((self.close,), final)
+        self.content.add(text + (tag or ""), delta)
+        if tag:
+            self.state = "text"
+        return tag is not None
 
     def _take(self, tags: tuple[str, ...], final: bool) -> tuple[str, str | None]:
         """Removes from `pending` the text before the first of `tags`, and that tag; with none of them,

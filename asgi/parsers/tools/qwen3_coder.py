@@ -101,12 +101,6 @@ class Qwen3CoderParser(StateParser):
         self.state = "params"
         return True
 
-    def _at_not_call(self, delta: DeltaBuilder, final: bool) -> bool:
-        text, tag = self._take((self.close,), final)
-        self.content.add(text + (tag or ""), delta)
-        if tag:
-            self.state = "text"
-        return tag is not None
 
     def _at_params(self, delta: DeltaBuilder, final: bool) -> bool:
         _, tag = self._take(self._ends(self.parameter), final)  # text between parameters is layout

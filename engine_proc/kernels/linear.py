@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from rill.engine_proc.kernels import extension
+from rill.engine_proc.kernels.quantization import swappable
 
 log = logging.getLogger("rill.model")
 
@@ -129,7 +130,7 @@ def pack_linears_for_cpu(model: nn.Module, batch_invariant: bool = False) -> Non
             (parent, child_name, packed_linear(child.weight, child.bias, child_name, batch_invariant))
             for parent in model.modules()
             for child_name, child in parent.named_children()
-            if type(child) is nn.Linear
+            if swappable(parent, child)
         ]
         # A packed copy of the tied embedding, for a head that is about a fifth of a small model's weight
         # reads per step; on AmxLinear it serves the embedding's lookups too (PanelEmbedding).

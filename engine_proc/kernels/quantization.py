@@ -25,6 +25,12 @@ def check_quantization(method: str, device: torch.device, group_size: int = 32, 
                          "C++ for x86 CPUs; use --quantization none")
 
 
+def swappable(parent: nn.Module, child: nn.Module) -> bool:
+    """An nn.Linear the CPU kernels or a quantized linear may take over: not a mixture of experts' router (HunYuan's
+    gate keeps its float32 weight, which its forward reads), whose routing a rounding would change."""
+    return type(child) is nn.Linear and not type(parent).__name__.endswith(("Gate", "Router"))
+
+
 def linear_class(method: str, group_size: int = 32, symmetric: bool = False) -> Callable[..., nn.Module]:
     """The quantized linear of a method other than "none": Int8Linear, or Int4Linear with int4's options."""
     if method == "int8":
@@ -55,7 +61,7 @@ def quantize_linears(model: nn.Module, method: str = "int8", packed: dict | None
         (parent, child_name, child, f"{prefix}.{child_name}".lstrip("."))
         for prefix, parent in model.named_modules()
         for child_name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if swappable(parent, child)
     ]
     for parent, child_name, child, name in replacements:
         if child_name == "lm_head" or name in int8:

@@ -131,6 +131,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     after RoPE; the output [1, T, H, D]. `rill_graph`: a compiled decode step's metadata, which the
     runner passes through the model's forward (transformers hands its extra arguments down to here)."""
     layer = module.layer_idx
+    sliding_window = sliding_window or getattr(module, "rill_window", None)  # the model's, every layer's (hf_paged.py)
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scaling is None else scaling

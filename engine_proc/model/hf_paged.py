@@ -175,6 +175,9 @@ class PagedTransformersRunner(SamplingRunner):
         for module in self.model.modules():
             if _is_attention(module):  # 0: the global layers' table; 1..: a sliding group's window table
                 module.rill_table_group = self.kv_cache.layer_places[module.layer_idx][0]
+                # A family that windows every layer through its mask alone (PhiMoE passes no sliding_window to the
+                # attention function) still attends within the window whose blocks the scheduler releases
+                module.rill_window = self.sliding_window
         self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
                                use_triton=self.attention_backend == "triton")
         self.decode_graphs = None

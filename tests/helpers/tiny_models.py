@@ -75,7 +75,7 @@ def tiny_config(kind: str):
 # Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
-                     "gemma4_text", "gemma4-moe")
+                     "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -97,6 +97,15 @@ def _paged_route_config(kind: str):
     if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
         return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                                 query_pre_attn_scalar=48)
+    if kind == "phimoe-window":  # PhiMoE windows its layers through its mask alone (no sliding_window to attention)
+        from transformers import PhimoeConfig
+
+        return PhimoeConfig(**TINY, **special, **experts, num_local_experts=4, sliding_window=WINDOW)
+    if kind == "hunyuan_v1_moe":  # a float32 router (its gate's nn.Linear) beside the experts, QK norms
+        from transformers import HunYuanMoEV1Config
+
+        return HunYuanMoEV1Config(**TINY, **special, num_experts=4, moe_topk=2, moe_intermediate_size=48,
+                                  head_dim=16)
     if kind == "gemma4":  # the checkpoints' class: Gemma 4's text model beside a vision tower, served for its text
         from transformers import Gemma4Config
 

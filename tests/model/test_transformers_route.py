@@ -32,7 +32,7 @@ from tests.helpers.scheduled import (
 from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox", "gemma4")
-MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe")
+MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe")
 
 
 @dataclass
@@ -103,12 +103,12 @@ def test_preempted_requests_match_transformers(zoo):
     assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
 
 
-@pytest.mark.parametrize("kind, window", [("mistral-window", 16), ("phi3-window", 32), ("gemma3_text", None),
-                                          ("gpt_oss", None)])
+@pytest.mark.parametrize("kind, window", [("mistral-window", 16), ("phi3-window", 32), ("phimoe-window", 16),
+                                          ("gemma3_text", None), ("gpt_oss", None)])
 def test_a_sliding_layer_holds_its_window_of_blocks(kind, window, tmp_path):
-    """Mistral's and Phi-3-mini's layers all slide: a request holds the blocks of its last `window`
-    positions and the one being written, the rest released as it goes (and its logits stay
-    transformers'). Gemma 3 and GPT-OSS have global layers too, which need every block: their sliding
+    """Mistral's, Phi-3-mini's and PhiMoE's layers all slide (PhiMoE's through its mask alone): a request holds the
+    blocks of its last `window` positions and the one being written, the rest released as it goes (and its logits
+    stay transformers'). Gemma 3 and GPT-OSS have global layers too, which need every block: their sliding
     layers have window tables of their own (window_tables.py), which hold a request's window."""
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,

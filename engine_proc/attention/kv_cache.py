@@ -25,7 +25,12 @@ def num_kv_heads_of(config: PretrainedConfig) -> int:
 
 def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
     """Each layer's (num_kv_heads, head_dim): the config's own, or each layer's in a heterogeneous config
-    (transformers' per_layer_config: Gemma 4's global layers have wider heads, maybe fewer, than its sliding ones)."""
+    (transformers' per_layer_config: Gemma 4's global layers have wider heads, maybe fewer, than its sliding ones).
+    Multi-head latent attention (DeepSeek V2 and V3, GLM-4.7-Flash) caches every query head's expanded keys, and its
+    values padded to their width (hf_attention.py)."""
+    if getattr(config, "qk_nope_head_dim", None) and getattr(config, "v_head_dim", None):
+        key_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+        return [(config.num_attention_heads, max(key_dim, config.v_head_dim))] * config.num_hidden_layers
     if not getattr(config, "is_heterogeneous", False):
         return [(num_kv_heads_of(config), head_dim_of(config))] * config.num_hidden_layers
     layers = [config.per_layer_config[i] for i in range(config.num_hidden_layers)]

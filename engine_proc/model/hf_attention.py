@@ -133,6 +133,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     layer = module.layer_idx
     sliding_window = sliding_window or getattr(module, "rill_window", None)  # the model's, every layer's (hf_paged.py)
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    value_dim = v.shape[-1]
+    if value_dim < k.shape[-1]:  # MLA (DeepSeek V2 and V3, GLM-4.7-Flash): values narrower than keys, cached padded
+        v = torch.nn.functional.pad(v, (0, k.shape[-1] - value_dim))
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scaling is None else scaling
     # The kernels scale by 1/sqrt(D): a family's own scale goes on their queries.
@@ -144,7 +147,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                         if group else (rill_graph.slot_mapping, rill_graph.block_table))
         out = torch.ops.rill_cpu.paged_decode_layer(kernel_q, k, v, slots, table, rill_graph.context_lens, layer,
                                                     sliding_window or 0, softcap or 0.0, s_aux)
-        return out.unsqueeze(0), None
+        return out[..., :value_dim].unsqueeze(0), None
     step = current_step()
     k_cache, v_cache = step.kv_cache.k_caches[layer], step.kv_cache.v_caches[layer]
     meta = step.window_metas[group - 1] if group else step.meta
@@ -168,7 +171,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         if step.images:  # an image's tokens see the rest of their image too: those rows again
             tables = step.window_tables[group - 1] if group else step.tables
             attend_whole_images(q, k_cache, v_cache, tables, scale, step.images, out)
-    return out.unsqueeze(0), None
+    return out[..., :value_dim].unsqueeze(0), None
 
 
 AttentionInterface.register(IMPLEMENTATION, paged_attention_forward)

@@ -75,7 +75,7 @@ def tiny_config(kind: str):
 # Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
-                     "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe")
+                     "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -97,6 +97,14 @@ def _paged_route_config(kind: str):
     if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
         return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                                 query_pre_attn_scalar=48)
+    if kind == "deepseek_v3":  # multi-head latent attention (keys of 16 + 8 rotary, values of 16), a dense first layer
+        # then routed and shared experts (DeepSeek V3, Kimi K2, GLM-4.7-Flash's shape)
+        from transformers import DeepseekV3Config
+
+        return DeepseekV3Config(**{**TINY, "num_key_value_heads": 4}, **special, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                v_head_dim=16, kv_lora_rank=32, q_lora_rank=None, n_routed_experts=4, n_shared_experts=1,
+                                moe_intermediate_size=48, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                first_k_dense_replace=1)
     if kind == "phimoe-window":  # PhiMoE windows its layers through its mask alone (no sliding_window to attention)
         from transformers import PhimoeConfig
 

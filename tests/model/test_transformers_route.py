@@ -32,7 +32,7 @@ from tests.helpers.scheduled import (
 from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox", "gemma4")
-MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe")
+MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3")
 
 
 @dataclass
@@ -163,7 +163,8 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
-    assert len(packed) == (config.num_hidden_layers if zoo.kind in MOE_KINDS else 0)
+    dense = getattr(config, "first_k_dense_replace", 0)  # DeepSeek's first layers: a plain MLP
+    assert len(packed) == (config.num_hidden_layers - dense if zoo.kind in MOE_KINDS else 0)
     assert all(m.config._experts_implementation == "rill_experts" and m.gate_up_proj.numel() == 0 for m in packed)
 
 

@@ -125,6 +125,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         raise ValueError("--enable-embeddings needs the native runner (a Llama-family model)")
     paged_transformers = False
     if not native:  # transformers' model: imported here, as the native runner needs none of its 2 s of imports
+        from rill.engine_proc.model.hf_linear_attention import has_linear_attention
         from rill.engine_proc.model.hf_paged import PagedTransformersRunner, route_layer_window
 
         paged_transformers = runner_class is PagedTransformersRunner
@@ -135,6 +136,9 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
         # Its per-request caches share nothing: a prefix "hit" would still be recomputed,
         # reported as cached_tokens, and held twice in memory beyond the blocks counted.
         log.info("prefix caching off: the transformers runner recomputes every prompt")
+        enable_prefix_caching = False
+    if paged_transformers and enable_prefix_caching and has_linear_attention(hf_config.get_text_config()):
+        log.info("prefix caching off: a linear-attention layer's state at a cached prefix is not kept")
         enable_prefix_caching = False
     eos_ids = eos_token_ids(model_dir, hf_config)
     # A model with sliding and global layers: as many block tensors as global layers, their blocks

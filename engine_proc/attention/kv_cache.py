@@ -39,8 +39,13 @@ def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
 
 def kv_sources(config: PretrainedConfig) -> list[int]:
     """Each layer's K/V: its own (its index), or, for a layer that reuses another's (transformers' kv_sharing_modes
-    "reuse": Gemma 4's and Gemma 3n's last layers), the layer of its type that keeps them for it ("store")."""
+    "reuse": Gemma 4's and Gemma 3n's last layers), the layer of its type that keeps them for it ("store"); a
+    linear-attention layer, which has none, a full layer's tensor it never touches."""
     num_layers = config.num_hidden_layers
+    types = getattr(config, "layer_types", None) or ()
+    if "linear_attention" in types:  # Qwen3.5's: no K/V (states of their own); they hold a full layer's, unused
+        first = types.index("full_attention") if "full_attention" in types else 0
+        return [first if kind == "linear_attention" else i for i, kind in enumerate(types)]
     modes = getattr(config, "kv_sharing_modes", None) if getattr(config, "num_kv_shared_layers", 0) else None
     if not modes:
         return list(range(num_layers))

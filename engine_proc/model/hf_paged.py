@@ -17,6 +17,12 @@ from rill.engine_proc.kernels.quantization import check_quantization, linear_cla
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
+from rill.engine_proc.model.hf_linear_attention import (
+    LINEAR_LAYER_TYPE,
+    LinearStates,
+    has_linear_attention,
+    install_linear_attention,
+)
 from rill.engine_proc.model.hf_logits import LogitsForward, final_soft_cap
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
@@ -40,9 +46,10 @@ def paged_unsupported(config) -> str | None:
                    else MODEL_FOR_CAUSAL_LM_MAPPING).get(type(config), None)
     if model_class is None:
         return f"model_type {config.model_type!r} has no transformers causal-LM class"
-    if not getattr(model_class, "_supports_attention_backend", False):
+    linear = has_linear_attention(text_config)  # its full-attention layers through the interface (hf_linear_attention)
+    if not linear and not getattr(model_class, "_supports_attention_backend", False):
         return f"{model_class.__name__}'s attention does not go through transformers' attention interface"
-    layer_types = set(getattr(text_config, "layer_types", None) or ())
+    layer_types = set(getattr(text_config, "layer_types", None) or ()) - ({LINEAR_LAYER_TYPE} if linear else set())
     if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
         return f"its {other[0]!r} layers have no paged form"
     return None
@@ -138,7 +145,18 @@ class PagedTransformersRunner(SamplingRunner):
             raise ValueError("the paged transformers route cannot run this model: its RoPE scaling depends on the "
                              "sequence's length and its rotary module is not one transformers' shared code builds")
         layers = sorted(m.layer_idx for m in self.model.modules() if _is_attention(m))
-        if layers != list(range(text_config.num_hidden_layers)):
+        # A linear-attention layer keeps a state per request instead (hf_linear_attention.py): no drafts, no graphs
+        self.linear_states = None
+        expected = list(range(text_config.num_hidden_layers))
+        if has_linear_attention(text_config):
+            self.linear_states = LinearStates()
+            self.verifies_drafts = False
+            expected = [i for i in expected if text_config.layer_types[i] != LINEAR_LAYER_TYPE]
+            num_linear = install_linear_attention(self.model, self.linear_states)
+            if num_linear != text_config.num_hidden_layers - len(expected):
+                raise ValueError(f"the paged transformers route cannot run this model: it found {num_linear} "
+                                 "linear-attention layers of a kind it runs, not one per linear layer")
+        if layers != expected:
             raise ValueError(f"the paged transformers route cannot run this model: it found attention layers "
                              f"{layers[:8]}, not one per decoder layer ({text_config.num_hidden_layers})")
         # The native model's linear kernels under transformers' modules: int8, or on the CPU the
@@ -181,7 +199,7 @@ class PagedTransformersRunner(SamplingRunner):
         self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
                                use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
-        if not model.enforce_eager and not model.batch_invariant:
+        if not model.enforce_eager and not model.batch_invariant and self.linear_states is None:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs)
         if self.decode_graphs is not None and self.images is not None and self.images.mrope:
             self.decode_graphs.rope_offset = self.images.rope_offset

@@ -75,7 +75,8 @@ def tiny_config(kind: str):
 # Families with no native implementation: the paged transformers route's zoo (hf_paged.py). Each
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
-                     "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3")
+                     "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3", "qwen3_5_text",
+                     "qwen3_next")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -97,6 +98,16 @@ def _paged_route_config(kind: str):
     if kind == "gemma3_text":  # a sliding and a global layer, queries scaled by query_pre_attn_scalar
         return Gemma3TextConfig(**TINY, **special, head_dim=32, sliding_window=WINDOW, layer_types=alternating,
                                 query_pre_attn_scalar=48)
+    if kind in ("qwen3_5_text", "qwen3_next"):  # Gated DeltaNet layers (a state per sequence) beside full attention;
+        # Qwen3-Next's with experts
+        from transformers import Qwen3_5TextConfig, Qwen3NextConfig
+
+        linear = dict(layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+                      linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, head_dim=16)
+        if kind == "qwen3_5_text":
+            return Qwen3_5TextConfig(**{**TINY, "num_hidden_layers": 4}, **special, **linear)
+        return Qwen3NextConfig(**{**TINY, "num_hidden_layers": 4}, **special, **linear, **experts, num_experts=4,
+                               moe_intermediate_size=48, shared_expert_intermediate_size=48)
     if kind == "deepseek_v3":  # multi-head latent attention (keys of 16 + 8 rotary, values of 16), a dense first layer
         # then routed and shared experts (DeepSeek V3, Kimi K2, GLM-4.7-Flash's shape)
         from transformers import DeepseekV3Config

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rill.engine_proc.attention.kv_cache import layer_kv_shapes
+from rill.engine_proc.attention.kv_cache import kv_sources, layer_kv_shapes
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
+from rill.engine_proc.spec.build import build_speculator
 from rill.engine_proc.spec.speculator import Speculator
 from rill.ipc.protocol import SamplingParams
 from tests.helpers.generation import BlockAllocator
@@ -32,7 +33,8 @@ from tests.helpers.scheduled import (
 from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox", "gemma4")
-MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3")
+MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3",
+             "qwen3_next")
 
 
 @dataclass
@@ -65,6 +67,8 @@ def test_chunked_prefill_mixed_with_decodes_matches_transformers(zoo):
 
 
 def test_prefix_cache_hit_matches_transformers(zoo):
+    if zoo.runner.linear_states is not None:
+        pytest.skip("a model with linear-attention layers is served without prefix caching (engine_proc/main.py)")
     reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "a2": 6}, caching=True)
     assert reqs["a2"].num_cached_tokens == len(SHARED) // BLOCK_SIZE * BLOCK_SIZE
     assert outputs(reqs) == {k: zoo.expected[k] for k in ("a", "b", "a2")}
@@ -84,6 +88,9 @@ class OracleProposer:
 def test_drafts_are_verified_as_transformers_would(zoo):
     """Speculative drafts (and so predicted outputs, jump-forward and n-grams) on the route: every draft's row is
     transformers' logits after the drafts before it, beside other requests' prompts and decodes."""
+    if zoo.runner.linear_states is not None:  # its layers' states cannot be rewound past a refused draft
+        assert build_speculator("", zoo.runner) == (None, "")
+        pytest.skip("a model with linear-attention layers is served without drafts")
     speculator = Speculator(OracleProposer(zoo.expected), 4)
     reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 2, "c": 3}, max_num_batched_tokens=16,
                          speculator=speculator)
@@ -97,7 +104,8 @@ def test_preempted_requests_match_transformers(zoo):
     # model whose every layer slides holds its window only (released blocks): it may fit them. One with
     # window tables needs 12 for "a" alone (the scheduler's bound: half the cache, with one window table).
     num_blocks = 13 if zoo.runner.layer_window else 8
-    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=num_blocks, caching=True)
+    reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 0, "c": 0}, num_blocks=num_blocks,
+                         caching=zoo.runner.linear_states is None)  # as the engine serves it (main.py)
     if zoo.runner.sliding_window is None:
         assert sum(r.num_preemptions for r in reqs.values()) > 0
     assert outputs(reqs) == {k: zoo.expected[k] for k in "abc"}
@@ -155,11 +163,17 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     shapes = [tuple(k.shape[-2:]) for k in cache.k_caches]
     assert shapes == [tuple(v.shape[-2:]) for v in cache.v_caches] == layer_kv_shapes(config)
     assert (shapes == [(2, 16), (1, 32)] * 2) == (zoo.kind in ("gemma4_text", "gemma4"))
-    # Layers that reuse others' K/V (Gemma 4's last two) hold those layers' tensors: memory for two layers only
-    shared = [k.data_ptr() == cache.k_caches[i - 2].data_ptr() for i, k in enumerate(cache.k_caches) if i >= 2]
-    assert shared == ([True, True] if zoo.kind in ("gemma4_text", "gemma4") else [False] * (len(shapes) - 2))
-    if any(shared):
-        assert cache.num_bytes == sum(2 * 64 * BLOCK_SIZE * heads * dim * 4 for heads, dim in shapes[:2])  # float32
+    # Layers that reuse others' K/V (Gemma 4's last two) hold those layers' tensors, and linear-attention layers
+    # (Qwen3.5's first and third) a full layer's they never touch: memory for the layers that keep their own only
+    sources = kv_sources(config)
+    assert sources == {"gemma4_text": [0, 1, 0, 1], "gemma4": [0, 1, 0, 1], "qwen3_5_text": [1, 1, 1, 3],
+                       "qwen3_next": [1, 1, 1, 3]}.get(zoo.kind, list(range(config.num_hidden_layers)))
+    if not zoo.runner.layer_window:
+        pointers = [k.data_ptr() for k in cache.k_caches]
+        assert all(pointers[i] == pointers[source] for i, source in enumerate(sources))
+        assert len(set(pointers)) == len(set(sources))
+        assert cache.num_bytes == sum(2 * 64 * BLOCK_SIZE * shapes[i][0] * shapes[i][1] * 4  # float32
+                                      for i in set(sources))
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
@@ -185,7 +199,8 @@ def test_int8_experts_barely_move_the_logits(kind, tmp_path):
     got = runner.compute_logits(Batch([ScheduledSeq(req, 0, req.num_tokens)]))[0].softmax(-1)
     with torch.inference_mode():
         want = hf(torch.tensor([PROMPTS["a"]])).logits[0, -1].softmax(-1)
-    assert float((want * (want.log() - got.log())).sum()) < 1e-4
+    # Qwen3-Next's linear layers carry int8's rounding over every token in their recurrent state
+    assert float((want * (want.log() - got.log())).sum()) < (1e-2 if kind == "qwen3_next" else 1e-4)
 
 
 @pytest.mark.parametrize("kind", ["olmo2", "gemma3_text", "gpt_oss"])

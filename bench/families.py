@@ -60,6 +60,10 @@ def family_configs() -> dict:
                                      layer_types=["sliding_attention"] * 3 + ["full_attention"],
                                      hidden_size_per_layer_input=64, vocab_size_per_layer_input=SHAPE["vocab_size"]),
         "gemma2": t.Gemma2Config(**SHAPE, sliding_window=WINDOW, layer_types=ALTERNATING),
+        # Qwen3.5: three Gated DeltaNet layers (a state per sequence, run one sequence at a time) to a full one
+        "qwen3_5": t.Qwen3_5TextConfig(**SHAPE, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                                       linear_value_head_dim=64),
         "mistral-window": t.MistralConfig(**SHAPE, sliding_window=WINDOW),
         "qwen3_moe": t.Qwen3MoeConfig(**SHAPE, **experts, num_experts=8, moe_intermediate_size=256),
         "mixtral": t.MixtralConfig(**SHAPE, **experts, num_local_experts=8),

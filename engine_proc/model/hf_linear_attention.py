@@ -103,14 +103,43 @@ def install_linear_attention(model: torch.nn.Module, states: LinearStates) -> in
 
 def _per_sequence(forward, states: LinearStates):
     def run(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs) -> torch.Tensor:
-        step = current_step()
-        outputs, row = [], 0
+        """A prompt chunk alone, with its request's states; the step's decodes (one token each, their states
+        begun) together, their states stacked as one batch's."""
+        layer, step = self.layer_idx, current_step()
+        out = torch.empty_like(hidden_states)
+        decodes, moved, row = [], [], 0
         for seq in row_order(step.batch, decodes_first=not step.backend.flat):
             num = seq.num_new_tokens
-            own = states.of(seq.req, self.layer_idx, seq.start_pos)
-            outputs.append(forward(self, hidden_states[:, row:row + num], cache=own, attention_mask=None))
-            own.position[self.layer_idx] = seq.start_pos + num
+            own = states.of(seq.req, layer, seq.start_pos)
+            if num == 1 and layer in own.recurrent and layer in own.conv:
+                decodes.append((row, own))
+            else:
+                out[:, row:row + num] = forward(self, hidden_states[:, row:row + num], cache=own, attention_mask=None)
+            moved.append((own, seq.start_pos + num))
             row += num
-        return torch.cat(outputs, dim=1)
+        if decodes:
+            rows = torch.tensor([r for r, _ in decodes], device=hidden_states.device)
+            stacked = StackedStates([own for _, own in decodes], layer)
+            out[0, rows] = forward(self, hidden_states[0, rows].unsqueeze(1), cache=stacked, attention_mask=None)[:, 0]
+            stacked.give_back()
+        for own, position in moved:
+            own.position[layer] = position
+        return out
 
     return run
+
+
+class StackedStates(RequestStates):
+    """Several requests' states in one layer as one batch's (a decode step's), given back to each after the call."""
+
+    def __init__(self, owners: list[RequestStates], layer_idx: int) -> None:
+        super().__init__()
+        self.owners, self.layer_idx = owners, layer_idx
+        self.conv[layer_idx] = torch.cat([own.conv[layer_idx] for own in owners])
+        self.recurrent[layer_idx] = torch.cat([own.recurrent[layer_idx] for own in owners])
+
+    def give_back(self) -> None:
+        layer = self.layer_idx
+        for i, own in enumerate(self.owners):
+            own.conv[layer] = self.conv[layer][i:i + 1]
+            own.recurrent[layer] = self.recurrent[layer][i:i + 1]

@@ -19,6 +19,9 @@ def build_speculator(text: str, runner, jump_forward_tokens: int = 8) -> tuple[S
     verifies = getattr(runner, "verifies_drafts", False)
     if config is None:
         return (Speculator(None, 0, jump_forward_tokens=jump_forward_tokens) if verifies else None), ""
+    if not verifies and getattr(runner, "linear_states", None) is not None:
+        raise ValueError("--speculative-config is not served for a model with linear-attention layers (Qwen3.5): "
+                         "their states cannot be rewound past a refused draft")
     if not verifies:
         raise ValueError("--speculative-config needs the native runner or the paged transformers route "
                          "(a model run one sequence at a time verifies no drafts)")

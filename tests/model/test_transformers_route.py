@@ -90,6 +90,8 @@ def test_drafts_are_verified_as_transformers_would(zoo):
     transformers' logits after the drafts before it, beside other requests' prompts and decodes."""
     if zoo.runner.linear_states is not None:  # its layers' states cannot be rewound past a refused draft
         assert build_speculator("", zoo.runner) == (None, "")
+        with pytest.raises(ValueError, match="not served for a model with linear-attention layers"):
+            build_speculator('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}', zoo.runner)
         pytest.skip("a model with linear-attention layers is served without drafts")
     speculator = Speculator(OracleProposer(zoo.expected), 4)
     reqs = run_scheduled(zoo.runner, zoo.hf_model, {"a": 0, "b": 2, "c": 3}, max_num_batched_tokens=16,

@@ -2,9 +2,10 @@
 keep a state per sequence (a causal convolution's last inputs and a recurrent matrix) instead of keys and values.
 
 The step's sequences go through the model as one row of tokens (hf_attention.py); such a layer would run them as one
-sequence. So each of these layers runs its own transformers forward once per sequence of the step, on that sequence's
-rows, with that request's states: a `RequestStates`, which answers the cache calls the layer makes as transformers'
-own cache does (`cache_utils.LinearAttentionLayer`). A request's states start empty at its first prompt token
+sequence. So each of these layers runs its own transformers forward on each prompt chunk of the step alone, with that
+request's states (a `RequestStates`, which answers the cache calls the layer makes as transformers' own cache does:
+`cache_utils.LinearAttentionLayer`), and on the step's decodes together, their states stacked as one batch's
+(`StackedStates`) and given back after. A request's states start empty at its first prompt token
 (a preempted request recomputes from there) and carry over from chunk to chunk and step to step; they are kept
 beside the request, and go with it. They cannot be rewound or shared, so these models are served without prefix
 caching, drafts or compiled decode steps (hf_paged.py, main.py).
@@ -93,8 +94,8 @@ class LinearStates:
 
 
 def install_linear_attention(model: torch.nn.Module, states: LinearStates) -> int:
-    """Runs each linear-attention layer of `model` once per sequence of a step, with its request's states; returns
-    how many layers."""
+    """Runs each linear-attention layer of `model` per sequence of a step (its decodes together), with each request's
+    states; returns how many layers."""
     layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
     for layer in layers:
         layer.forward = types.MethodType(_per_sequence(type(layer).forward, states), layer)

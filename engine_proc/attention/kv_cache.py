@@ -49,7 +49,6 @@ def kv_sources(config: PretrainedConfig) -> list[int]:
     modes = getattr(config, "kv_sharing_modes", None) if getattr(config, "num_kv_shared_layers", 0) else None
     if not modes:
         return list(range(num_layers))
-    types = config.layer_types
     keeper = {types[i]: i for i in range(num_layers) if modes[i] == "store"}
     if any(modes[i] == "reuse" and types[i] not in keeper for i in range(num_layers)):
         return list(range(num_layers))  # no layer of its own keeps them (a draft model's): each its own
@@ -132,7 +131,9 @@ class KVCache:
             self._storages = [zeros(num_tensors, *shapes[0])]
             tensors = [self._storages[0][slot] for _, slot in self.layer_places]
         else:  # layers of several shapes: a tensor of each one's shape
-            owners = {slot: layer for layer, (_, slot) in reversed(list(enumerate(self.layer_places)))}
+            owners: dict[int, int] = {}  # each tensor's first layer, whose shape it takes
+            for layer, (_, slot) in enumerate(self.layer_places):
+                owners.setdefault(slot, layer)
             self._storages = [zeros(1, *shapes[owners[slot]]) for slot in range(num_tensors)]
             tensors = [self._storages[slot][0] for _, slot in self.layer_places]
         self.k_caches = [t[0] for t in tensors]

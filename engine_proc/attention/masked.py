@@ -72,6 +72,14 @@ def row_order(batch: Batch, decodes_first: bool) -> list:
     return [s for s in batch.seqs if s.num_new_tokens == 1] + [s for s in batch.seqs if s.num_new_tokens > 1]
 
 
+def start_rows(batch: Batch, decodes_first: bool):
+    """(seq, its first row in the step's input ids), in the backend's row order (row_order)."""
+    row = 0
+    for seq in row_order(batch, decodes_first):
+        yield seq, row
+        row += seq.num_new_tokens
+
+
 def token_tables(batch: Batch, block_size: int, positions: torch.Tensor, decodes_first: bool) -> TokenTables:
     """TokenTables of `batch` in the row order of the step's inputs (row_order)."""
     seqs = row_order(batch, decodes_first)

@@ -18,7 +18,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from rill.engine_proc.attention.masked import row_order
+from rill.engine_proc.attention.masked import start_rows
 from rill.engine_proc.model.hf_attention import current_step
 
 # Families whose linear layers this runs, by the text model's model_type (the classes' forward takes `cache`)
@@ -108,8 +108,8 @@ def _per_sequence(forward, states: LinearStates):
         begun) together, their states stacked as one batch's."""
         layer, step = self.layer_idx, current_step()
         out = torch.empty_like(hidden_states)
-        decodes, moved, row = [], [], 0
-        for seq in row_order(step.batch, decodes_first=not step.backend.flat):
+        decodes, moved = [], []
+        for seq, row in start_rows(step.batch, decodes_first=not step.backend.flat):
             num = seq.num_new_tokens
             own = states.of(seq.req, layer, seq.start_pos)
             if num == 1 and layer in own.recurrent and layer in own.conv:
@@ -117,7 +117,6 @@ def _per_sequence(forward, states: LinearStates):
             else:
                 out[:, row:row + num] = forward(self, hidden_states[:, row:row + num], cache=own, attention_mask=None)
             moved.append((own, seq.start_pos + num))
-            row += num
         if decodes:
             rows = torch.tensor([r for r, _ in decodes], device=hidden_states.device)
             stacked = StackedStates([own for _, own in decodes], layer)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rill.engine_proc.attention.masked import ImageSpan, row_order
+from rill.engine_proc.attention.masked import ImageSpan, start_rows
 from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.images import MROPE_MODEL_TYPES, VISION_MODEL_TYPES, arrays_of
@@ -76,7 +76,7 @@ class ImageEmbedder:
         if not self.mrope or all(s.req.params.images is None for s in batch.seqs):
             return None
         out = positions.expand(3, -1).clone()
-        for seq, row in _start_rows(batch, self.decodes_first):
+        for seq, row in start_rows(batch, self.decodes_first):
             if seq.req.params.images is None:
                 continue
             rope, start, end = self._rope_of(seq.req), seq.start_pos, seq.start_pos + seq.num_new_tokens
@@ -106,7 +106,7 @@ class ImageEmbedder:
         image tokens in their order as the model's own image outputs, which its forward puts in place and adds to
         its first layers' hidden states."""
         pieces = []  # (the image tokens' rows in the step, their rows of each of _Features.rows)
-        for seq, row in _start_rows(batch, self.decodes_first):
+        for seq, row in start_rows(batch, self.decodes_first):
             req, images = seq.req, seq.req.params.images
             end = seq.start_pos + seq.num_new_tokens
             if images is None or seq.start_pos >= req.num_prompt_tokens:
@@ -178,18 +178,9 @@ def whole_images(batch: Batch, decodes_first: bool) -> list[ImageSpan]:
     per image, in the step's row order (masked.py's row_order): each sees its whole image, which the scheduler put
     in this chunk whole (request.py chunk_end). [] in a step without one."""
     spans = []
-    for i, (seq, row) in enumerate(_start_rows(batch, decodes_first)):
+    for i, (seq, row) in enumerate(start_rows(batch, decodes_first)):
         start, end = seq.start_pos, seq.start_pos + seq.num_new_tokens
         for first, last in seq.req.image_runs:
             if max(first, start) < min(last, end):
                 spans.append(ImageSpan(i, row + max(first, start) - start, row + min(last, end) - start, last - 1))
     return spans
-
-
-def _start_rows(batch: Batch, decodes_first: bool):
-    """(seq, its first row in the step's input ids): the backend's row order (masked.py row_order: the decode rows
-    first, then each prompt chunk's, or a flat backend's batch order)."""
-    row = 0
-    for seq in row_order(batch, decodes_first):
-        yield seq, row
-        row += seq.num_new_tokens

@@ -9,7 +9,7 @@ import pytest
 from rill.asgi.parsers.chat_parsing import parser_factory
 from rill.asgi.parsers.reasoning import REASONING_PARSERS
 from rill.asgi.parsers.tools.gemma4 import Gemma4Parser
-from rill.asgi.parsers.tools.gemma4_args import read_arguments
+from rill.asgi.parsers.tools.gemma4_args import MAX_DEPTH, read_arguments
 from rill.asgi.requests.tool_choice import ToolMode, ToolPlan
 from tests.helpers.parser_checks import check_every_split
 
@@ -30,6 +30,11 @@ def test_arguments_of_every_kind_become_json():
     # Cut off: what it has
     assert read_arguments("{a:[1,2") == {"a": [1, 2]} and read_arguments(f"{{a:{Q}cut") == {"a": "cut"}
     assert read_arguments("{a:1,b") == {"a": 1} and read_arguments("{a:[1}") == {"a": [1]}
+    # Nesting past MAX_DEPTH (a model's output a prompt can steer) reads the rest as one string, never deeper
+    value, lists = read_arguments("{a:" + "[" * 5000)["a"], 0
+    while isinstance(value, list):
+        value, lists = value[0], lists + 1
+    assert lists == MAX_DEPTH and value == "[" * (5000 - MAX_DEPTH)
 
 
 def test_calls_between_content():

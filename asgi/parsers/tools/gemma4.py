@@ -20,6 +20,7 @@ from rill.asgi.parsers.tools.hermes import ContentAroundCalls, StateParser
 
 OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
 _HEADER = re.compile(r"\s*call:([\w.\-]+)\s*\{")
+_HEADER_SO_FAR = re.compile(r"\s*(c(a(l(l(:[\w.\-]*\s*)?)?)?)?)?")  # what may still become one
 
 
 class Gemma4Parser(StateParser):
@@ -51,13 +52,11 @@ class Gemma4Parser(StateParser):
             delta.open_call(self.num_calls - 1, self.make_id(), m.group(1))
             self.pending, self.args, self.state = self.pending[m.end():], ["{"], "args"
             return True
-        if not final and CLOSE not in self.pending and re.fullmatch(r"\s*(c(a(l(l(:[\w.\-]*\s*)?)?)?)?)?",
-                                                                     self.pending):
+        if not final and CLOSE not in self.pending and _HEADER_SO_FAR.fullmatch(self.pending):
             return False  # maybe the header, still coming
         self.content.add(OPEN, delta)  # not a call: its text is content as written
         self.state = "not_call"
         return True
-
 
     def _at_args(self, delta: DeltaBuilder, final: bool) -> bool:
         text, tag = self._take((CLOSE,), final)

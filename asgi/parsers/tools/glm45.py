@@ -83,7 +83,6 @@ class Glm45Parser(StateParser):
             self._end_call(delta)
         return tag is not None
 
-
     def _at_params(self, delta: DeltaBuilder, final: bool) -> bool:
         _, tag = self._take((KEY, CLOSE), final)  # text between pairs is layout
         if tag == KEY:

@@ -101,7 +101,6 @@ class Qwen3CoderParser(StateParser):
         self.state = "params"
         return True
 
-
     def _at_params(self, delta: DeltaBuilder, final: bool) -> bool:
         _, tag = self._take(self._ends(self.parameter), final)  # text between parameters is layout
         if tag == self.parameter:

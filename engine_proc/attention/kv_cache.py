@@ -231,6 +231,11 @@ class GraphDecodeMetadata:
     # engine_proc/sched/window_tables.py)
     window_slot_mapping: torch.Tensor | None = None
     window_block_table: torch.Tensor | None = None
+    # A model with linear-attention layers: each row's slot [rows], each layer's pools of states (None for an
+    # attention layer; engine_proc/model/hf_linear_attention.py)
+    linear_slots: torch.Tensor | None = None
+    linear_conv: list[torch.Tensor | None] | None = None
+    linear_recurrent: list[torch.Tensor | None] | None = None
 
 
 @dataclass

@@ -81,6 +81,8 @@ class DecodeGraphs:
         default_cache_dir_env()
         # A request's rotary positions past its tokens' index (3-D rotary models with images: hf_vision.py)
         self.rope_offset: Callable[[EngineRequest], int] | None = None
+        # A model with linear-attention layers: their states' slots and pools go in with each step's inputs (the CPU)
+        self.linear_states = None
         model.attention.bind_kv_caches(kv_cache)  # the op reads each layer's cache by its index
         self.kv_cache = kv_cache
         # Window tables (engine_proc/sched/window_tables.py): each sliding group's slots and table too
@@ -165,7 +167,9 @@ class DecodeGraphs:
             ids, positions, slots, context_lens = (torch.from_numpy(f.copy()) for f in fields[:4])
             window = ((torch.from_numpy(fields[4:].copy()), torch.from_numpy(tables[1:].copy()))
                       if self.num_groups else None)
-            logits = self._forward(ids, positions, slots, torch.from_numpy(tables[0].copy()), context_lens, window)
+            linear = self.linear_states.slots(batch, padded) if self.linear_states is not None else None
+            logits = self._forward(ids, positions, slots, torch.from_numpy(tables[0].copy()), context_lens, window,
+                                   linear)
         elif self.graphs:  # the inputs into the captured graph's buffers, then the graph
             self.inputs.to_device(padded, width)
             graph, logits = self.graphs[padded]
@@ -177,12 +181,21 @@ class DecodeGraphs:
         # A one-token chunk in the middle of a prompt is computed but not sampled.
         return logits[torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)]
 
-    def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens, window=None) -> torch.Tensor:
-        """`window`: the window tables' slot mappings [groups, rows] and tables [groups, rows, width]."""
+    def _forward(self, input_ids, positions, slot_mapping, block_table, context_lens, window=None,
+                 linear_slots=None) -> torch.Tensor:
+        """`window`: the window tables' slot mappings [groups, rows] and tables [groups, rows, width];
+        `linear_slots` [rows]: each row's slot of the linear-attention layers' states."""
         to = lambda t: t.to(self.device)  # noqa: E731
         meta = GraphDecodeMetadata(to(slot_mapping), to(block_table), to(context_lens))
         if window is not None:
             meta.window_slot_mapping, meta.window_block_table = window
+        if linear_slots is not None:  # the pools grow with the requests running at once: their rows vary
+            meta.linear_slots = to(linear_slots)
+            pools = self.linear_states.pools
+            meta.linear_conv, meta.linear_recurrent = ([p and p[i] for p in pools] for i in (0, 1))
+            for pool in (p for p in meta.linear_conv + meta.linear_recurrent if p is not None):
+                torch._dynamo.decorators.mark_unbacked(pool, 0)
+            torch._dynamo.decorators.mark_unbacked(meta.linear_slots, 0)
         logits_indices = torch.arange(input_ids.shape[0], device=self.device)
         args = (to(input_ids), to(positions), meta, self.kv_cache, logits_indices)
         # One compiled graph for every batch size (on a GPU, one CUDA graph recorded from it per
@@ -243,7 +256,8 @@ class DecodeGraphs:
                 groups = self.num_groups
                 window = (torch.zeros(groups, size, dtype=torch.long),
                           torch.zeros(groups, size, num_blocks, dtype=torch.long)) if groups else None
-                self._forward(zeros(), zeros(), zeros(), table(), torch.ones(size, dtype=torch.long), window)
+                linear = zeros() if self.linear_states is not None else None  # the scratch slot 0
+                self._forward(zeros(), zeros(), zeros(), table(), torch.ones(size, dtype=torch.long), window, linear)
         elapsed = time.perf_counter() - started
         log.info("decode graphs compiled in %.1f s (%s)", elapsed, "one for every batch size" if self.sizes is None
                  else f"CUDA graphs {'captured' if self.graphs else 'by torch.compile'} for batch sizes {list(self.sizes)}")

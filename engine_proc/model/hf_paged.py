@@ -17,12 +17,7 @@ from rill.engine_proc.kernels.quantization import check_quantization, linear_cla
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
-from rill.engine_proc.model.hf_linear_attention import (
-    LINEAR_LAYER_TYPE,
-    LinearStates,
-    has_linear_attention,
-    install_linear_attention,
-)
+from rill.engine_proc.model.hf_linear_attention import LINEAR_LAYER_TYPE, has_linear_attention, install_linear_attention
 from rill.engine_proc.model.hf_logits import LogitsForward, final_soft_cap
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
@@ -145,14 +140,14 @@ class PagedTransformersRunner(SamplingRunner):
             raise ValueError("the paged transformers route cannot run this model: its RoPE scaling depends on the "
                              "sequence's length and its rotary module is not one transformers' shared code builds")
         layers = sorted(m.layer_idx for m in self.model.modules() if _is_attention(m))
-        # A linear-attention layer keeps a state per request instead (hf_linear_attention.py): no drafts, no graphs
+        # A linear-attention layer keeps a state per request instead (hf_linear_attention.py): no drafts
         self.linear_states = None
         expected = list(range(text_config.num_hidden_layers))
         if has_linear_attention(text_config):
-            self.linear_states = LinearStates()
+            self.linear_states = install_linear_attention(self.model, dtype, self.device)
             self.verifies_drafts = False
             expected = [i for i in expected if text_config.layer_types[i] != LINEAR_LAYER_TYPE]
-            num_linear = install_linear_attention(self.model, self.linear_states)
+            num_linear = sum(p is not None for p in (self.linear_states.pools if self.linear_states else ()))
             if num_linear != text_config.num_hidden_layers - len(expected):
                 raise ValueError(f"the paged transformers route cannot run this model: it found {num_linear} "
                                  "linear-attention layers of a kind it runs, not one per linear layer")
@@ -199,7 +194,7 @@ class PagedTransformersRunner(SamplingRunner):
         self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
                                use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
-        if not model.enforce_eager and not model.batch_invariant and self.linear_states is None:
+        if not model.enforce_eager and not model.batch_invariant:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs)
         if self.decode_graphs is not None and self.images is not None and self.images.mrope:
             self.decode_graphs.rope_offset = self.images.rope_offset
@@ -212,6 +207,7 @@ class PagedTransformersRunner(SamplingRunner):
             return None
         try:
             graphs = DecodeGraphs(self.forward_logits, self.kv_cache, self.block_size, self.device, max_num_seqs)
+            graphs.linear_states = self.linear_states
             graphs.warm_up()
         except Exception as exc:  # a family whose forward does not compile: serve, slower
             log.warning("decode steps run eagerly: torch.compile failed (%s: %s)", type(exc).__name__, exc)
@@ -241,6 +237,8 @@ class PagedTransformersRunner(SamplingRunner):
         assert not hidden_only, "the transformers route does not embed (refused at start)"
         # A step with an adapter runs eagerly: the compiled graph holds the base linears alone.
         uses_lora = self.lora is not None and any(s.req.lora for s in batch.seqs)
+        if self.linear_states is not None:  # each sequence's slot of states, at its position
+            self.linear_states.begin_step(batch)
         if self.decode_graphs is not None and not eager and not uses_lora and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
         with self.lora.step_rows(batch, self.attention.flat) if uses_lora else contextlib.nullcontext():

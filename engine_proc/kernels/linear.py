@@ -32,6 +32,10 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() > 3:  # as rows: Inductor's freezing pass takes a reshape to more than 2-D before this op for
+            # one of its own (DeepSeek V3's kv_b_proj after its view), and fails
+            rows = torch.ops.mkldnn._linear_pointwise(x.flatten(0, -2), self.packed_weight, self.bias, "none", [], "")
+            return rows.unflatten(0, x.shape[:-1])
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 

@@ -11,7 +11,7 @@ from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, hf_continuations, output
 from tests.helpers.tiny_models import save_tiny_model
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gemma4_text", "qwen3_5_text", "qwen3_next"])
+@pytest.mark.parametrize("kind", ["gemma2", "gemma4_text", "qwen3_5_text", "qwen3_next", "deepseek_v3"])
 def test_compiled_decode_steps_match_transformers(kind, tmp_path, monkeypatch):
     """Decode-only steps through torch.compile (engine_proc/model/decode_graphs.py), as `rill serve`
     runs them: Gemma 2's windows and soft-caps inside the graph; Qwen3.5's and Qwen3-Next's

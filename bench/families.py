@@ -64,6 +64,15 @@ def family_configs() -> dict:
         "qwen3_5": t.Qwen3_5TextConfig(**SHAPE, layer_types=["linear_attention"] * 3 + ["full_attention"],
                                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
                                        linear_value_head_dim=64),
+        # Granite 4's hybrid: three Mamba 2 layers (8 heads of 64, states of 64) to an attention layer without RoPE,
+        # experts and a shared MLP each as wide as Qwen3-MoE's here (Granite 4's real experts are a third of its
+        # hidden size, its shared MLP two thirds)
+        "granitemoehybrid": t.GraniteMoeHybridConfig(**{**SHAPE, "intermediate_size": 256}, **experts,
+                                                     num_local_experts=8,
+                                                     layer_types=["linear_attention"] * 3 + ["full_attention"],
+                                                     shared_intermediate_size=256, position_embedding_type="nope",
+                                                     mamba_n_heads=8, mamba_d_head=64, mamba_d_state=64,
+                                                     mamba_chunk_size=64),
         "mistral-window": t.MistralConfig(**SHAPE, sliding_window=WINDOW),
         "qwen3_moe": t.Qwen3MoeConfig(**SHAPE, **experts, num_experts=8, moe_intermediate_size=256),
         "mixtral": t.MixtralConfig(**SHAPE, **experts, num_local_experts=8),

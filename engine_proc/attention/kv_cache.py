@@ -23,6 +23,13 @@ def num_kv_heads_of(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+# Layers with no K/V (engine_proc/model/hf_linear_attention.py): transformers' names for those keeping a state per
+# sequence (linear attention and Mamba's "linear_attention", LFM2's short convolutions), and for Nemotron-H's layers
+# of an MLP or experts alone
+STATE_LAYER_TYPES = ("linear_attention", "conv")
+STATELESS_LAYER_TYPES = ("mlp", "moe")
+
+
 def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
     """Each layer's (num_kv_heads, head_dim): the config's own, or each layer's in a heterogeneous config
     (transformers' per_layer_config: Gemma 4's global layers have wider heads, maybe fewer, than its sliding ones).
@@ -40,12 +47,13 @@ def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
 def kv_sources(config: PretrainedConfig) -> list[int]:
     """Each layer's K/V: its own (its index), or, for a layer that reuses another's (transformers' kv_sharing_modes
     "reuse": Gemma 4's and Gemma 3n's last layers), the layer of its type that keeps them for it ("store"); a
-    linear-attention layer, which has none, a full layer's tensor it never touches."""
+    layer without attention (a state layer's, an MLP's alone), which has none, a full layer's tensor it never
+    touches."""
     num_layers = config.num_hidden_layers
     types = getattr(config, "layer_types", None) or ()
-    if "linear_attention" in types:  # Qwen3.5's: no K/V (states of their own); they hold a full layer's, unused
+    if set(types) & {*STATE_LAYER_TYPES, *STATELESS_LAYER_TYPES}:  # no K/V: they hold a full layer's, unused
         first = types.index("full_attention") if "full_attention" in types else 0
-        return [first if kind == "linear_attention" else i for i, kind in enumerate(types)]
+        return [first if kind in (*STATE_LAYER_TYPES, *STATELESS_LAYER_TYPES) else i for i, kind in enumerate(types)]
     modes = getattr(config, "kv_sharing_modes", None) if getattr(config, "num_kv_shared_layers", 0) else None
     if not modes:
         return list(range(num_layers))

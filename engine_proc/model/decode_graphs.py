@@ -191,8 +191,9 @@ class DecodeGraphs:
             meta.window_slot_mapping, meta.window_block_table = window
         if linear_slots is not None:  # the pools grow with the requests running at once: their rows vary
             meta.linear_slots = to(linear_slots)
-            pools = self.linear_states.pools
-            meta.linear_conv, meta.linear_recurrent = ([p and p[i] for p in pools] for i in (0, 1))
+            states, layers = self.linear_states, range(1 + max(self.linear_states.conv))
+            meta.linear_conv, meta.linear_recurrent = ([pools.get(i) for i in layers]
+                                                       for pools in (states.conv, states.recurrent))
             for pool in (p for p in meta.linear_conv + meta.linear_recurrent if p is not None):
                 torch._dynamo.decorators.mark_unbacked(pool, 0)
             torch._dynamo.decorators.mark_unbacked(meta.linear_slots, 0)

@@ -10,14 +10,14 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
-from rill.engine_proc.attention.kv_cache import KVCache, layer_kv_shapes
+from rill.engine_proc.attention.kv_cache import STATE_LAYER_TYPES, STATELESS_LAYER_TYPES, KVCache, layer_kv_shapes
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.hf_attention import IMPLEMENTATION, PagedStep, step_context, window_view
 from rill.engine_proc.model.hf_experts import pack_experts
-from rill.engine_proc.model.hf_linear_attention import LINEAR_LAYER_TYPE, has_linear_attention, install_linear_attention
+from rill.engine_proc.model.hf_linear_attention import has_linear_attention, install_linear_attention, state_layers
 from rill.engine_proc.model.hf_logits import LogitsForward, final_soft_cap
 from rill.engine_proc.model.hf_rope import LENGTH_DEPENDENT_TYPES, install_paged_rope
 from rill.engine_proc.model.hf_vision import ImageEmbedder, attention_implementations, is_vision_model
@@ -44,7 +44,9 @@ def paged_unsupported(config) -> str | None:
     linear = has_linear_attention(text_config)  # its full-attention layers through the interface (hf_linear_attention)
     if not linear and not getattr(model_class, "_supports_attention_backend", False):
         return f"{model_class.__name__}'s attention does not go through transformers' attention interface"
-    layer_types = set(getattr(text_config, "layer_types", None) or ()) - ({LINEAR_LAYER_TYPE} if linear else set())
+    layer_types = set(getattr(text_config, "layer_types", None) or ())
+    if linear:  # its state layers (hf_linear_attention.py) and layers of an MLP alone
+        layer_types -= {*STATE_LAYER_TYPES, *STATELESS_LAYER_TYPES}
     if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
         return f"its {other[0]!r} layers have no paged form"
     return None
@@ -144,13 +146,15 @@ class PagedTransformersRunner(SamplingRunner):
         self.linear_states = None
         expected = list(range(text_config.num_hidden_layers))
         if has_linear_attention(text_config):
-            self.linear_states = install_linear_attention(self.model, dtype, self.device)
             self.verifies_drafts = False
-            expected = [i for i in expected if text_config.layer_types[i] != LINEAR_LAYER_TYPE]
-            num_linear = sum(p is not None for p in (self.linear_states.pools if self.linear_states else ()))
-            if num_linear != text_config.num_hidden_layers - len(expected):
-                raise ValueError(f"the paged transformers route cannot run this model: it found {num_linear} "
-                                 "linear-attention layers of a kind it runs, not one per linear layer")
+            expected = [i for i in expected if text_config.layer_types[i] in ATTENTION_LAYER_TYPES]
+            state_modules = state_layers(self.model, text_config)
+            if sorted(m.layer_idx for m in state_modules) != [i for i, kind in enumerate(text_config.layer_types)
+                                                               if kind in STATE_LAYER_TYPES]:
+                raise ValueError(f"the paged transformers route cannot run this model: it found "
+                                 f"{len(state_modules)} layers keeping a state of a kind it runs, not one per linear "
+                                 "layer")
+            self.linear_states = install_linear_attention(self.model, state_modules, self.device)
         if layers != expected:
             raise ValueError(f"the paged transformers route cannot run this model: it found attention layers "
                              f"{layers[:8]}, not one per decoder layer ({text_config.num_hidden_layers})")
@@ -194,7 +198,10 @@ class PagedTransformersRunner(SamplingRunner):
         self.sampler = Sampler(eos_token_ids, model.seed, device=self.device,
                                use_triton=self.attention_backend == "triton")
         self.decode_graphs = None
-        if not model.enforce_eager and not model.batch_invariant:
+        if self.linear_states is not None and not self.linear_states.compiled:
+            log.info("decode steps run eagerly: its state layers (%s) have no decode step written for Inductor",
+                     type(state_modules[0]).__name__)
+        elif not model.enforce_eager and not model.batch_invariant:
             self.decode_graphs = self._compiled_decode(model.max_num_seqs)
         if self.decode_graphs is not None and self.images is not None and self.images.mrope:
             self.decode_graphs.rope_offset = self.images.rope_offset

@@ -32,7 +32,8 @@ def tiny_config(kind: str):
     if kind == "qwen3-yarn":  # a long-context Qwen3: YaRN, 4x its original 64 positions
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
         return Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False, rope_parameters=rope)
-    if kind.startswith("granite"):  # its four multipliers, each away from 1; tied or not, biased or not
+    if kind.startswith("granite") and kind not in PAGED_ROUTE_KINDS:  # its four multipliers, each away from 1; tied
+        # or not, biased or not
         tied = kind == "granite"
         return GraniteConfig(**TINY, tie_word_embeddings=tied, attention_bias=not tied, mlp_bias=not tied,
                              embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.05,
@@ -76,7 +77,7 @@ def tiny_config(kind: str):
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
                      "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3", "qwen3_5_text",
-                     "qwen3_next")
+                     "qwen3_next", "granitemoehybrid", "nemotron_h", "lfm2")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -108,6 +109,27 @@ def _paged_route_config(kind: str):
             return Qwen3_5TextConfig(**{**TINY, "num_hidden_layers": 4}, **special, **linear)
         return Qwen3NextConfig(**{**TINY, "num_hidden_layers": 4}, **special, **linear, **experts, num_experts=4,
                                moe_intermediate_size=48, shared_expert_intermediate_size=48)
+    if kind == "granitemoehybrid":  # Granite 4's hybrid: Mamba 2 layers (8 heads of 16, states of 16, a 16-token
+        # scan chunk) beside attention layers without RoPE, experts and a shared MLP, Granite's multipliers
+        from transformers import GraniteMoeHybridConfig
+
+        return GraniteMoeHybridConfig(**{**TINY, "num_hidden_layers": 4}, **special, **experts,
+                                      layer_types=["linear_attention", "full_attention"] * 2, num_local_experts=4,
+                                      shared_intermediate_size=48, position_embedding_type="nope", mamba_n_heads=8,
+                                      mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+                                      embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.05,
+                                      logits_scaling=2.5)
+    if kind == "nemotron_h":  # Nemotron-H: a Mamba 2 layer, attention, Mamba 2 again, then a layer of experts alone
+        from transformers import NemotronHConfig
+
+        return NemotronHConfig(**{**TINY, "num_hidden_layers": 4}, **special, hybrid_override_pattern="M*ME",
+                               mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, chunk_size=16, n_groups=1,
+                               head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                               moe_shared_expert_intermediate_size=48)
+    if kind == "lfm2":  # LFM2: gated short convolutions (a state of their last 3 inputs) beside attention
+        from transformers import Lfm2Config
+
+        return Lfm2Config(**{**TINY, "num_hidden_layers": 4}, **special, layer_types=["conv", "full_attention"] * 2)
     if kind == "deepseek_v3":  # multi-head latent attention (keys of 16 + 8 rotary, values of 16), a dense first layer
         # then routed and shared experts (DeepSeek V3, Kimi K2, GLM-4.7-Flash's shape)
         from transformers import DeepseekV3Config

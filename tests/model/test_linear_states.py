@@ -1,6 +1,6 @@
-"""Linear-attention layers' states on the paged transformers route (engine_proc/model/hf_linear_attention.py): a slot a
-request in pools that grow with the requests running at once, zeroed at a request's first token, kept across steps,
-given back when the request is gone. (The route's tests check the states' use against transformers' logits.)"""
+"""State layers' states on the paged transformers route (engine_proc/model/linear_states.py): a slot a request in pools
+that grow with the requests running at once, zeroed at a request's first token, kept across steps, given back when the
+request is gone. (The route's tests check the states' use against transformers' logits.)"""
 from __future__ import annotations
 
 import gc
@@ -8,7 +8,8 @@ import gc
 import pytest
 import torch
 
-from rill.engine_proc.model.hf_linear_attention import FIRST_SLOTS, LinearStates
+from rill.engine_proc.model import gated_deltanet
+from rill.engine_proc.model.linear_states import FIRST_SLOTS, LinearStates
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest
 from rill.ipc.protocol import SamplingParams
@@ -20,8 +21,11 @@ def states() -> LinearStates:
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
     config = tiny_config("qwen3_5_text")
-    layers = [Qwen3_5GatedDeltaNet(config, i) for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]
-    return LinearStates(layers, torch.float32, torch.device("cpu"))
+    states = LinearStates(torch.device("cpu"))
+    for i, kind in enumerate(config.layer_types):
+        if kind == "linear_attention":
+            gated_deltanet.prepare(Qwen3_5GatedDeltaNet(config, i), states)
+    return states
 
 
 def _request(name: str) -> EngineRequest:
@@ -35,13 +39,12 @@ def _step(states: LinearStates, seqs: list[tuple[EngineRequest, int, int]]) -> N
 
 @torch.inference_mode()
 def _fill(states: LinearStates, slot: int, value: float) -> None:
-    for pool in filter(None, states.pools):
-        pool[0][slot] = value
-        pool[1][slot] = value
+    for pool in (*states.conv.values(), *states.recurrent.values()):
+        pool[slot] = value
 
 
 def _held(states: LinearStates, slot: int) -> set[float]:
-    return {float(v) for pool in filter(None, states.pools) for t in pool for v in t[slot].unique()}
+    return {float(v) for pool in (*states.conv.values(), *states.recurrent.values()) for v in pool[slot].unique()}
 
 
 def test_the_pools_grow_with_the_requests_running_at_once_and_keep_their_states(states):

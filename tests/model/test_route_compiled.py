@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from rill.engine_proc.model import hf_linear_attention
+from rill.engine_proc.model import linear_states
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from tests.helpers.runners import make_runner
 from tests.helpers.scheduled import BLOCK_SIZE, EOS_ID, hf_continuations, outputs, run_scheduled
 from tests.helpers.tiny_models import save_tiny_model
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gemma4_text", "qwen3_5_text", "qwen3_next", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["gemma2", "gemma4_text", "qwen3_5_text", "qwen3_next", "granitemoehybrid", "deepseek_v3"])
 def test_compiled_decode_steps_match_transformers(kind, tmp_path, monkeypatch):
     """Decode-only steps through torch.compile (engine_proc/model/decode_graphs.py), as `rill serve`
-    runs them: Gemma 2's windows and soft-caps inside the graph; Qwen3.5's and Qwen3-Next's
-    linear-attention states, their pools grown while the graph runs (from 2 slots, the scratch slot's
-    one). (GPT-OSS's sinks and experts go through the same op and opaque op; one compile of each family
+    runs them: Gemma 2's windows and soft-caps inside the graph; Qwen3.5's and Qwen3-Next's Gated
+    DeltaNet and Granite 4's Mamba 2 states, their pools grown while the graph runs (from 2 slots, the
+    scratch slot's one); DeepSeek V3's latent attention. (GPT-OSS's sinks and experts go through the same
+    op and opaque op, Nemotron-H's Mamba 2 through Granite 4's decode step; one compile of each family
     would cost CI about 15 s.)"""
-    monkeypatch.setattr(hf_linear_attention, "FIRST_SLOTS", 2)
+    monkeypatch.setattr(linear_states, "FIRST_SLOTS", 2)
     hf = save_tiny_model(kind, tmp_path)
     runner = make_runner(tmp_path, runner_class=PagedTransformersRunner, num_kv_blocks=64, block_size=BLOCK_SIZE,
                          eos_token_ids=[EOS_ID], compile_decode=True, max_num_seqs=8)

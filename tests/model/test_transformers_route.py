@@ -34,7 +34,7 @@ from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox")  # Gemma 4's checkpoint class: tests/e2e
 MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3",
-             "qwen3_next")
+             "qwen3_next", "granitemoehybrid")  # (Nemotron-H's experts stay transformers' own)
 
 
 @dataclass
@@ -168,8 +168,8 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     # Layers that reuse others' K/V (Gemma 4's last two) hold those layers' tensors, and linear-attention layers
     # (Qwen3.5's first and third) a full layer's they never touch: memory for the layers that keep their own only
     sources = kv_sources(config)
-    assert sources == {"gemma4_text": [0, 1, 0, 1], "qwen3_5_text": [1, 1, 1, 3],
-                       "qwen3_next": [1, 1, 1, 3]}.get(zoo.kind, list(range(config.num_hidden_layers)))
+    assert sources == {"gemma4_text": [0, 1, 0, 1], "qwen3_5_text": [1, 1, 1, 3], "qwen3_next": [1, 1, 1, 3],
+                       "granitemoehybrid": [1, 1, 1, 3], "nemotron_h": [1, 1, 1, 1], "lfm2": [1, 1, 1, 3]}.get(zoo.kind, list(range(config.num_hidden_layers)))
     if not zoo.runner.layer_window:
         pointers = [k.data_ptr() for k in cache.k_caches]
         assert all(pointers[i] == pointers[source] for i, source in enumerate(sources))

@@ -79,12 +79,12 @@ def family_configs() -> dict:
         "gpt_oss": t.GptOssConfig(**{**SHAPE, "intermediate_size": 256}, **experts, num_local_experts=8,
                                   sliding_window=WINDOW, layer_types=ALTERNATING,
                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-        # DeepSeek V3's multi-head latent attention (a 128-wide latent, keys of 64 + 32 rotary, values of 64; its
+        # DeepSeek V3's multi-head latent attention (a 128-wide latent, keys of 32 + 32 rotary, values of 64; its
         # rotary modules' head_dim the rotary part's), a dense first layer, then routed and shared experts
         "deepseek_v3": t.DeepseekV3Config(**{**SHAPE, "num_key_value_heads": 4, "head_dim": 32}, **experts, n_routed_experts=8,
                                           moe_intermediate_size=256, n_shared_experts=1, first_k_dense_replace=1,
                                           n_group=1, topk_group=1, q_lora_rank=None, kv_lora_rank=128,
-                                          qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64),
+                                          qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=64),
     }
 
 

@@ -49,7 +49,7 @@ class LinearStates:
             slot = self._slots.get(seq.req)
             if slot is None:
                 slot = self._slots[seq.req] = self._take()
-                weakref.finalize(seq.req, self._free.append, slot.index)
+                weakref.finalize(seq.req, self._give_back, slot.index)
             if seq.start_pos == 0:
                 for pool in (*self.conv.values(), *self.recurrent.values()):
                     pool[slot.index].zero_()
@@ -82,6 +82,9 @@ class LinearStates:
         for pool, states in ((self.conv.get(layer), gathered.conv), (self.recurrent.get(layer), gathered.recurrent)):
             if pool is not None:
                 pool.index_copy_(0, slots, states)
+
+    def _give_back(self, index: int) -> None:
+        self._free.append(index)  # the list of now: growing makes a new one
 
     def _take(self) -> _Slot:
         if not self._free:  # twice the slots, the states kept

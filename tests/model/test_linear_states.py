@@ -62,6 +62,14 @@ def test_the_pools_grow_with_the_requests_running_at_once_and_keep_their_states(
     new = [states.slot(req) for req in more]
     assert len(set(new) | set(slots) | {0}) == len(new) + len(slots) + 1
     assert all(_held(states, slot) == {0.0} for slot in new)
+    # A request from before the pools grew gives its slot back too
+    gone = slots[0]
+    del first[0], req
+    gc.collect()
+    free = 2 * FIRST_SLOTS - len(slots) - len(more) - 1  # those never taken, then the one given back
+    later = [_request(f"t{i}") for i in range(free + 1)]
+    _step(states, [(req, 0, 4) for req in later])
+    assert states.capacity == 2 * FIRST_SLOTS and gone in {states.slot(req) for req in later}
 
 
 def test_a_requests_slot_goes_back_when_it_is_gone_and_starts_at_zero_again(states):

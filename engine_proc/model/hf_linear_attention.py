@@ -27,7 +27,7 @@ from rill.engine_proc.model.linear_states import LinearStates
 # (tests/model/test_transformers_route.py): their attention layers through transformers' attention interface, their
 # state layers through transformers' cache calls, one state of each kind a layer
 LINEAR_ATTENTION_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid", "nemotron_h",
-                                "lfm2")
+                                "lfm2", "lfm2_moe")
 DECODE_STEPS = (gated_deltanet, mamba2)  # the layers whose decode is written for Inductor: takes, prepare, decode_step
 
 

@@ -77,7 +77,7 @@ def tiny_config(kind: str):
 # with prompts longer than its window where it has one (WINDOW tokens).
 PAGED_ROUTE_KINDS = ("gemma3_text", "gemma2", "mistral-window", "qwen3_moe", "mixtral", "gpt_oss", "olmo2",
                      "gemma4_text", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3", "qwen3_5_text",
-                     "qwen3_next", "granitemoehybrid", "nemotron_h", "lfm2")
+                     "qwen3_next", "granitemoehybrid", "nemotron_h", "lfm2", "lfm2_moe")
 WINDOW = 16
 ROPE_SWITCH = 24  # where the length-dependent RoPE scalings change: between tests/helpers/scheduled.py's prompts' lengths
 
@@ -130,6 +130,12 @@ def _paged_route_config(kind: str):
         from transformers import Lfm2Config
 
         return Lfm2Config(**{**TINY, "num_hidden_layers": 4}, **special, layer_types=["conv", "full_attention"] * 2)
+    if kind == "lfm2_moe":  # LFM2's MoE (LFM2-8B-A1B): a dense first layer, then experts
+        from transformers import Lfm2MoeConfig
+
+        return Lfm2MoeConfig(**{**TINY, "num_hidden_layers": 4}, **special, **experts,
+                             layer_types=["conv", "full_attention"] * 2, num_experts=4, moe_intermediate_size=48,
+                             num_dense_layers=1)
     if kind == "deepseek_v3":  # multi-head latent attention (keys of 16 + 8 rotary, values of 16), a dense first layer
         # then routed and shared experts (DeepSeek V3, Kimi K2, GLM-4.7-Flash's shape)
         from transformers import DeepseekV3Config

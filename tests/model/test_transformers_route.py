@@ -34,7 +34,7 @@ from tests.helpers.tiny_models import PAGED_ROUTE_KINDS, save_tiny_model
 
 KINDS = (*PAGED_ROUTE_KINDS, "phi3-window", "gpt2", "gpt_neox")  # Gemma 4's checkpoint class: tests/e2e
 MOE_KINDS = ("qwen3_moe", "mixtral", "gpt_oss", "gemma4-moe", "phimoe-window", "hunyuan_v1_moe", "deepseek_v3",
-             "qwen3_next", "granitemoehybrid")  # (Nemotron-H's experts stay transformers' own)
+             "qwen3_next", "granitemoehybrid", "lfm2_moe")  # (Nemotron-H's experts stay transformers' own)
 
 
 @dataclass
@@ -169,7 +169,8 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     # (Qwen3.5's first and third) a full layer's they never touch: memory for the layers that keep their own only
     sources = kv_sources(config)
     assert sources == {"gemma4_text": [0, 1, 0, 1], "qwen3_5_text": [1, 1, 1, 3], "qwen3_next": [1, 1, 1, 3],
-                       "granitemoehybrid": [1, 1, 1, 3], "nemotron_h": [1, 1, 1, 1], "lfm2": [1, 1, 1, 3]}.get(zoo.kind, list(range(config.num_hidden_layers)))
+                       "granitemoehybrid": [1, 1, 1, 3], "nemotron_h": [1, 1, 1, 1], "lfm2": [1, 1, 1, 3],
+                       "lfm2_moe": [1, 1, 1, 3]}.get(zoo.kind, list(range(config.num_hidden_layers)))
     if not zoo.runner.layer_window:
         pointers = [k.data_ptr() for k in cache.k_caches]
         assert all(pointers[i] == pointers[source] for i, source in enumerate(sources))
@@ -179,7 +180,8 @@ def test_runner_holds_a_paged_cache_of_the_models_shape(zoo):
     assert zoo.runner.info.kind == "transformers" and zoo.runner.info.attention_backend in ("cpu", "torch")
     # the MoE families' experts run on the native linear kernels (hf_experts.py): the tests above checked them
     packed = [m for m in zoo.runner.model.modules() if hasattr(m, "rill_gate_up_proj")]
-    dense = getattr(config, "first_k_dense_replace", 0)  # DeepSeek's first layers: a plain MLP
+    # DeepSeek's and LFM2-MoE's first layers: a plain MLP
+    dense = getattr(config, "first_k_dense_replace", 0) or getattr(config, "num_dense_layers", 0)
     assert len(packed) == (config.num_hidden_layers - dense if zoo.kind in MOE_KINDS else 0)
     assert all(m.config._experts_implementation == "rill_experts" and m.gate_up_proj.numel() == 0 for m in packed)
 

@@ -87,7 +87,7 @@ def build_engine(config: EngineConfig, paths: RunPaths, rank: int = 0):
     import torch
 
     from rill.engine_proc.assembly import start_core
-    from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
+    from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
     from rill.engine_proc.grammar.compiler import GrammarCompiler
     from rill.engine_proc.grammar.gate import GrammarGate
     from rill.engine_proc.model.config_json import JsonConfig

@@ -19,7 +19,7 @@ from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig
 
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
-from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
+from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
 from rill.engine_proc.model.hf_paged import interleaved_window
 from rill.engine_proc.sched.block_manager import BlockManager
 from rill.engine_proc.sched.window_tables import layer_groups

@@ -37,7 +37,7 @@ from rill.bench.kernels.quant_quality import (
 )
 from rill.bench.serving.markdown import table
 from rill.bench.serving.provenance import provenance, save_results
-from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
+from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
 from rill.engine_proc.model.bundled import ensure_bundled_model
 from rill.engine_proc.model.loader import load_config
 from rill.engine_proc.model.runner import ModelRunner

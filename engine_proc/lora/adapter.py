@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import SafetensorError, safe_open
 
-from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+from rill.engine_proc.attention.kv_layout import head_dim_of, num_kv_heads_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

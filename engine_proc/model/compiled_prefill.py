@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphPrefillMetadata, num_kv_heads_of
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphPrefillMetadata
+from rill.engine_proc.attention.kv_layout import num_kv_heads_of
 from rill.engine_proc.model.decode_graphs import GUARDS, default_cache_dir_env, own_forward
 
 log = logging.getLogger("rill.model")

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from rill.engine_proc.model.linear_states import conv_step
+
 
 def takes(layer: torch.nn.Module) -> bool:
     return type(layer).__name__.endswith("GatedDeltaNet")
@@ -38,11 +40,7 @@ def decode_step(layer: torch.nn.Module, x: torch.Tensor, conv: torch.Tensor, rec
     else:
         mixed, z = layer.in_proj_qkv(x), layer.in_proj_z(x)
         b, a = layer.rill_in_proj_ba(x).split(value_heads, dim=-1)
-    weight = layer.conv1d.weight[:, 0]
-    window = torch.cat([conv[..., 1:], mixed.to(conv.dtype)[..., None]], dim=-1)
-    mixed = (window.to(weight.dtype) * weight).sum(-1)
-    if layer.conv1d.bias is not None:
-        mixed = mixed + layer.conv1d.bias
+    mixed, window = conv_step(layer.conv1d, conv, mixed)
     mixed = ACT2FN[layer.activation](mixed).to(x.dtype)
     q, k, v = mixed.split([layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     q, k = (t.unflatten(-1, (key_heads, layer.head_k_dim)).float() for t in (q, k))

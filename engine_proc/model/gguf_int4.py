@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rill.engine_proc.attention.kv_cache import num_kv_heads_of
+from rill.engine_proc.attention.kv_layout import num_kv_heads_of
 from rill.engine_proc.kernels.int4_linear import dequantize_int4, group_params
 from rill.engine_proc.model.gguf_reader import read_gguf
 from rill.engine_proc.model.llama_weights import RENAMES, fused_shards

@@ -17,7 +17,7 @@ import types
 
 import torch
 
-from rill.engine_proc.attention.kv_cache import STATE_LAYER_TYPES
+from rill.engine_proc.attention.kv_layout import STATE_LAYER_TYPES
 from rill.engine_proc.attention.masked import start_rows
 from rill.engine_proc.model import gated_deltanet, mamba2
 from rill.engine_proc.model.hf_attention import current_step

@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
-from rill.engine_proc.attention.kv_cache import STATE_LAYER_TYPES, STATELESS_LAYER_TYPES, KVCache, layer_kv_shapes
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.attention.kv_layout import NO_KV_LAYER_TYPES, STATE_LAYER_TYPES, layer_kv_shapes
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.kernels.linear import pack_linears_for_cpu, packed_linear
 from rill.engine_proc.kernels.quantization import check_quantization, linear_class, quantize_linears
@@ -46,7 +47,7 @@ def paged_unsupported(config) -> str | None:
         return f"{model_class.__name__}'s attention does not go through transformers' attention interface"
     layer_types = set(getattr(text_config, "layer_types", None) or ())
     if linear:  # its state layers (hf_linear_attention.py) and layers of an MLP alone
-        layer_types -= {*STATE_LAYER_TYPES, *STATELESS_LAYER_TYPES}
+        layer_types -= set(NO_KV_LAYER_TYPES)
     if other := sorted(layer_types - set(ATTENTION_LAYER_TYPES)):
         return f"its {other[0]!r} layers have no paged form"
     return None

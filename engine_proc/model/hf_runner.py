@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rill.engine_proc.attention.kv_cache import bytes_per_block
+from rill.engine_proc.attention.kv_layout import bytes_per_block
 from rill.engine_proc.model.hf_paged import load_hf_model
 from rill.engine_proc.model.loader import LOAD_FORMATS, transformers_config
 from rill.engine_proc.model.runner_api import RunnerInfo

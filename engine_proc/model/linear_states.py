@@ -153,3 +153,14 @@ class SlotStates:
 def _one_state(state_idx: int) -> None:
     if state_idx:  # Kimi Linear's several states a layer: not served (paged_unsupported lists the families served)
         raise NotImplementedError("a layer with more than one state of a kind")
+
+
+def conv_step(conv1d: torch.nn.Conv1d, conv: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal depthwise convolution's decode for one input of each row, as transformers' `causal_conv1d_update`
+    (the decode steps written for Inductor: gated_deltanet.py, mamba2.py): conv [rows, channels, kernel] the kept
+    inputs, new [rows, channels]; the output before the activation and the new kept inputs."""
+    weight = conv1d.weight[:, 0]
+    window = torch.cat([conv[..., 1:], new.to(conv.dtype)[..., None]], dim=-1)
+    out = (window.to(weight.dtype) * weight).sum(-1)
+    return (out if conv1d.bias is None else out + conv1d.bias), window
+

@@ -10,14 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rill.engine_proc.attention.backend import AttentionBackend, TorchBackend
-from rill.engine_proc.attention.kv_cache import (
-    AttentionMetadata,
-    GraphDecodeMetadata,
-    GraphPrefillMetadata,
-    KVCache,
-    head_dim_of,
-    num_kv_heads_of,
-)
+from rill.engine_proc.attention.kv_cache import AttentionMetadata, GraphDecodeMetadata, GraphPrefillMetadata, KVCache
+from rill.engine_proc.attention.kv_layout import head_dim_of, num_kv_heads_of
 from rill.engine_proc.kernels import prefill_layer
 from rill.engine_proc.kernels.fused_ops import TorchOps, elementwise_ops
 from rill.engine_proc.model import llama_weights

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+from rill.engine_proc.attention.kv_layout import head_dim_of, num_kv_heads_of
 
 RENAMES = {
     "self_attn.o_proj": "attn.o_proj",

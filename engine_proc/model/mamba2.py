@@ -1,10 +1,13 @@
-"""Mamba 2's decode (Granite 4's and Nemotron-H's hybrid layers) written again for Inductor, so that the route's compiled decode steps
-(decode_graphs.py) take its layers with the rest of the model (hf_linear_attention.py): transformers' own decode, its
-single-token convolution update and state update (`mamba2_selective_state_update`), with the same casts."""
+"""Mamba 2's decode (Granite 4's and Nemotron-H's hybrid layers) written again for Inductor, so that the route's
+compiled decode steps (decode_graphs.py) take its layers with the rest of the model (hf_linear_attention.py):
+transformers' own decode, its single-token convolution update and state update (`mamba2_selective_state_update`),
+with the same casts."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from rill.engine_proc.model.linear_states import conv_step
 
 
 def takes(layer: torch.nn.Module) -> bool:
@@ -23,11 +26,7 @@ def decode_step(layer: torch.nn.Module, x: torch.Tensor, conv: torch.Tensor, rec
     size] (float32); the output [rows, hidden] and the new states."""
     heads, head_dim, size, groups = layer.num_heads, layer.head_dim, layer.ssm_state_size, layer.n_groups
     gate, mixed, dt = layer.in_proj(x).split([layer.intermediate_size, layer.conv_dim, heads], dim=-1)
-    weight = layer.conv1d.weight[:, 0]
-    window = torch.cat([conv[..., 1:], mixed.to(conv.dtype)[..., None]], dim=-1)
-    mixed = (window.to(weight.dtype) * weight).sum(-1)
-    if layer.conv1d.bias is not None:
-        mixed = mixed + layer.conv1d.bias
+    mixed, window = conv_step(layer.conv1d, conv, mixed)
     mixed = layer.act(mixed).to(x.dtype)
     hidden, b, c = mixed.split([layer.intermediate_size, groups * size, groups * size], dim=-1)
     hidden = hidden.unflatten(-1, (heads, head_dim))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rill.engine_proc.attention.kv_cache import head_dim_of
+from rill.engine_proc.attention.kv_layout import head_dim_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

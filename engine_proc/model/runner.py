@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from rill.engine_proc.attention.choice import create_attention_backend, resolve_attention_backend
-from rill.engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
 from rill.engine_proc.kernels.invariant_linear import tile_linears
 from rill.engine_proc.model.decode_graphs import DecodeGraphs
 from rill.engine_proc.model.llama_weights import has_multipliers

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rill.bench.families import SHAPE, family_configs, write_model_dir
-from rill.engine_proc.attention.kv_cache import layer_kv_shapes
+from rill.engine_proc.attention.kv_layout import layer_kv_shapes
 from rill.engine_proc.model.choice import choose_runner
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.model.loader import load_config

@@ -9,7 +9,7 @@ import torch
 
 from rill.bench.serving.servers import RILL
 from rill.cli import main
-from rill.engine_proc.attention.kv_cache import num_blocks_for_memory
+from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
 from rill.engine_proc.model.loader import load_config
 from tests.helpers.server import sdk_client, start_server, stats, stop_server
 

@@ -174,7 +174,7 @@ def test_a_request_longer_than_one_table_could_hold_is_served_with_transformers_
     """A cache of 24 blocks of the tiny Gemma 3's one global layer: one table for both layers would
     hold 11 blocks (176 tokens) of a request; with window tables, a 240-token generation runs, and its
     greedy tokens are transformers' own."""
-    from rill.engine_proc.attention.kv_cache import bytes_per_block
+    from rill.engine_proc.attention.kv_layout import bytes_per_block
 
     hf = gemma[0]
     memory = 24 * bytes_per_block(hf.config, torch.float32, 16, num_layers=1)

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from rill.engine_proc.attention import cpu as cpu_attention
 from rill.engine_proc.attention import kv_int8
-from rill.engine_proc.attention.kv_cache import KVCache, bytes_per_block, num_blocks_for_memory
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.attention.kv_layout import bytes_per_block, num_blocks_for_memory
 from rill.engine_proc.model.loader import load_config
 
 BLOCK_SIZE = 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rill.engine_proc.attention.kv_cache import bytes_per_block
+from rill.engine_proc.attention.kv_layout import bytes_per_block
 from rill.engine_proc.model.loader import load_config
 from rill.engine_proc.model.runner import ModelRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq

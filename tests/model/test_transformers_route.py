@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rill.engine_proc.attention.kv_cache import kv_sources, layer_kv_shapes
+from rill.engine_proc.attention.kv_layout import kv_sources, layer_kv_shapes
 from rill.engine_proc.model.hf_paged import PagedTransformersRunner
 from rill.engine_proc.sched.batch import Batch, ScheduledSeq
 from rill.engine_proc.sched.request import EngineRequest

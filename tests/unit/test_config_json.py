@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from rill.bench.serving.tiny_model import write_tiny_model
-from rill.engine_proc.attention.kv_cache import head_dim_of, num_kv_heads_of
+from rill.engine_proc.attention.kv_layout import head_dim_of, num_kv_heads_of
 from rill.engine_proc.model.config_json import DEFAULTS, NULLABLE, JsonConfig, read_config_json
 from rill.engine_proc.model.llama import check_supported
 from rill.engine_proc.model.loader import load_config

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import Gemma3TextConfig
 
-from rill.engine_proc.attention.kv_cache import KVCache, num_blocks_for_memory
+from rill.engine_proc.attention.kv_cache import KVCache
+from rill.engine_proc.attention.kv_layout import num_blocks_for_memory
 from rill.engine_proc.sched.batch import Batch
 from rill.engine_proc.sched.block_manager import NULL_BLOCK_ID, BlockManager
 from rill.engine_proc.sched.request import RequestState
